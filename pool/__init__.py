@@ -1,0 +1,25 @@
+"""llm-pool: one HTTP service in front of many local LLM runtimes, on Trio.
+
+Embedded use::
+
+    async with pool.open_pool(settings) as p:
+        row = await p.load("stub-fast")
+        async for event in p.stream(request): ...
+"""
+
+from pool.actors import Admission, Pool, open_pool
+from pool.config import Settings, load_settings
+from pool.errors import ConfigError, PoolError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admission",
+    "ConfigError",
+    "Pool",
+    "PoolError",
+    "Settings",
+    "__version__",
+    "load_settings",
+    "open_pool",
+]

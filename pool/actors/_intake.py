@@ -1,0 +1,96 @@
+"""Turning an API request into a backend's :class:`GenerationRequest`.
+
+This is where the per-model capability rules live (multi-turn, images, thinking,
+remote gate), so every surface (responses, OpenAI, Ollama, WebSocket) enforces them
+the same way and a rejected request never reaches a queue.
+"""
+
+from __future__ import annotations
+
+from pool.backends import Capabilities, Decoding, GenerationRequest, ImagePart, TextPart, Turn
+from pool.config import DecodingDefaults, ModelDefinition
+from pool.errors import PoolError
+from pool.schemas import ImageContent, ResponseRequest
+from pool.schemas._responses import Content
+
+
+def _turn(role: str, content: Content) -> Turn:
+    if isinstance(content, str):
+        return Turn(role, (TextPart(content),))  # type: ignore[arg-type]
+    parts: list[TextPart | ImagePart] = []
+    for item in content:
+        if isinstance(item, ImageContent):
+            parts.append(ImagePart(item.image_url.url, item.image_url.detail))
+        else:
+            parts.append(TextPart(item.text))
+    return Turn(role, tuple(parts))  # type: ignore[arg-type]
+
+
+def effective_decoding(request: ResponseRequest, defaults: DecodingDefaults) -> Decoding:
+    asked = request.decoding
+    return Decoding(
+        beam_size=asked.beam_size if asked.beam_size is not None else defaults.beam_size,
+        top_k=asked.top_k if asked.top_k is not None else defaults.top_k,
+        top_p=asked.top_p if asked.top_p is not None else defaults.top_p,
+        temperature=asked.temperature if asked.temperature is not None else defaults.temperature,
+        repetition_penalty=(
+            asked.repetition_penalty
+            if asked.repetition_penalty is not None
+            else defaults.repetition_penalty
+        ),
+        max_tokens=asked.max_tokens if asked.max_tokens is not None else defaults.max_tokens,
+        stop=tuple(dict.fromkeys([*defaults.stop, *(asked.stop or [])])),
+    )
+
+
+def build_generation_request(
+    request: ResponseRequest,
+    *,
+    request_id: str,
+    definition: ModelDefinition,
+    capabilities: Capabilities,
+    decoding_defaults: DecodingDefaults,
+) -> GenerationRequest:
+    """Check ``request`` against the model's capabilities and build the backend request.
+
+    Raises:
+        PoolError: ``remote_not_allowed``, ``multi_turn_unsupported``,
+            ``modality_unsupported`` or ``thinking_unsupported`` (all 400).
+    """
+    name = request.model
+    if definition.backend == "openai_remote" and not request.allow_remote:
+        raise PoolError(
+            "remote_not_allowed",
+            f"model {name!r} calls a remote API; set allow_remote: true to use it",
+        )
+    if request.messages is not None:
+        if not capabilities.multi_turn:
+            raise PoolError(
+                "multi_turn_unsupported",
+                f"model {name!r} accepts single-turn `input` only, not `messages`",
+            )
+        turns = tuple(_turn(m.role, m.content) for m in request.messages)
+    else:
+        assert request.input is not None
+        turns = (_turn("user", request.input),)
+    if "image" not in capabilities.modalities and any(t.has_images for t in turns):
+        raise PoolError(
+            "modality_unsupported",
+            f"model {name!r} accepts {', '.join(capabilities.modalities)} input only",
+        )
+    if request.thinking not in capabilities.thinking_modes:
+        raise PoolError(
+            "thinking_unsupported",
+            f"model {name!r} accepts thinking values {list(capabilities.thinking_modes)}",
+        )
+    return GenerationRequest(
+        request_id=request_id,
+        model=name,
+        turns=turns,
+        decoding=effective_decoding(request, decoding_defaults),
+        instructions=request.instructions,
+        multi_turn=request.messages is not None,
+        thinking=request.thinking,
+        source_lang_code=request.source_lang_code,
+        target_lang_code=request.target_lang_code,
+    )

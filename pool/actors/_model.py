@@ -1,0 +1,369 @@
+"""The model actor: one per configured model, alive for the life of the pool.
+
+It owns the model's runtime state, its scheduler and its replicas. Load and unload
+arrive as commands in a bounded inbox and are carried out one at a time, so no two
+lifecycle changes ever interleave. Status is read straight from the actor's fields:
+Trio runs every task on one thread, and the actor only changes them between awaits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import trio
+
+from pool.actors._replica import Replica
+from pool.actors._scheduler import Scheduler
+from pool.actors._ticket import Ticket
+from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
+from pool.config import (
+    EngineSettings,
+    LoadRequest,
+    ModelDefinition,
+    Settings,
+    apply_override,
+    resolve_model_path,
+    validate_load_request,
+)
+from pool.errors import PoolError
+
+log = logging.getLogger("pool.model")
+
+RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+
+STATE_DESCRIPTIONS: dict[str, str] = {
+    "unloaded": "Known from config, no runtime; requests are rejected; may be loaded.",
+    "loading": "A load is under way; requests are rejected; a second load returns this row.",
+    "loaded": "Replicas are up and serving requests.",
+    "unloading": "No new requests; queued ones were cancelled; running ones finish first.",
+    "failed": "The last load failed (see last_error); requests are rejected; may be loaded again.",
+}
+
+
+@dataclass(slots=True)
+class _Command:
+    kind: Literal["load", "unload"]
+    replicas: int = 0
+    patch: dict[str, Any] = field(default_factory=dict)
+    explicit: bool = False  # the body asked for replicas or overrides
+    reply: trio.MemorySendChannel[dict[str, Any] | PoolError] | None = None
+
+
+def _collapse(exc: BaseException) -> BaseException:
+    """The single leaf of nested one-exception groups (nursery.start may wrap)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class ModelActor:
+    def __init__(self, name: str, definition: ModelDefinition, settings: Settings) -> None:
+        self.name = name
+        self.definition = definition
+        self.settings = settings
+        self.engine: EngineSettings = settings.engine
+        self.backend: Backend = get_backend(definition.backend)
+        self.state: RuntimeState = "unloaded"
+        self.last_error: str | None = None
+        self.load_override: dict[str, Any] = {}
+        self.active_definition: ModelDefinition = definition
+        self.selected_replicas = definition.replicas
+        self.replicas: list[Replica] = []
+        max_queue = (
+            definition.max_queue if definition.max_queue is not None else self.engine.max_queue
+        )
+        self.scheduler = Scheduler(max_queue, on_idle=self._on_idle)
+        self.queue_timeout_s = (
+            definition.queue_timeout_s
+            if definition.queue_timeout_s is not None
+            else self.engine.queue_timeout_s
+        )
+        self._idle = trio.Event()
+        self._idle.set()
+        self._state_changed = trio.Event()
+        self._inbox_send, self._inbox_recv = trio.open_memory_channel[_Command](
+            self.engine.command_inbox_size
+        )
+        self._nursery: trio.Nursery | None = None
+        self.artifact_mib: int | None = None
+        self.loaded_at: float | None = None
+        self.last_used_at: float = time.monotonic()
+        self.load_count = 0
+        self.unload_count = 0
+
+    # -- lifecycle of the actor itself -------------------------------------------
+    async def run(
+        self, *, task_status: trio.TaskStatus[ModelActor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self.artifact_mib = await trio.to_thread.run_sync(self._artifact_size_mib)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started(self)
+                with self._inbox_recv:
+                    async for command in self._inbox_recv:
+                        await self._handle(command)
+        finally:
+            # Pool shutdown: nobody may stay parked in the queue of a dead model.
+            self.scheduler.fail_queued(PoolError("shutting_down", "the pool is shutting down"))
+            self._set_state("unloaded" if self.state != "failed" else "failed")
+
+    def _artifact_size_mib(self) -> int | None:
+        if not self.definition.model_path:
+            return None
+        try:
+            path = resolve_model_path(self.definition.model_path, self.settings)
+            if path.is_dir():
+                size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            else:
+                size = path.stat().st_size
+        except OSError:
+            return None
+        return max(1, math.ceil(size / (1024 * 1024)))
+
+    # -- facade: called from other tasks -----------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities(self.active_definition)
+
+    @property
+    def effective_target_inflight(self) -> int:
+        return max(1, self.backend.effective_target_inflight(self.active_definition))
+
+    async def load(self, body: LoadRequest | None = None) -> dict[str, Any]:
+        """Load the model (or return its row if it is loaded or loading).
+
+        Raises:
+            PoolError: ``invalid_load_request`` for a body that does not suit the
+                backend or the state, ``model_unloading``, or ``load_failed``.
+        """
+        body = body or LoadRequest()
+        replicas, patch = validate_load_request(body, self.definition)
+        explicit = bool(body.model_fields_set)
+        return await self._call(_Command("load", replicas, patch, explicit))
+
+    async def unload(self) -> dict[str, Any]:
+        """Unload gracefully; returns the row once the model is ``unloaded``."""
+        return await self._call(_Command("unload"))
+
+    async def _call(self, command: _Command) -> dict[str, Any]:
+        if self.state == "unloading" and command.kind == "load":
+            raise PoolError("model_unloading", f"model {self.name!r} is unloading; retry after")
+        # Size 1: the actor must never block on a caller that has gone away.
+        reply_send, reply_recv = trio.open_memory_channel[dict[str, Any] | PoolError](1)
+        command.reply = reply_send
+        with reply_recv:
+            await self._inbox_send.send(command)
+            result = await reply_recv.receive()
+        if isinstance(result, PoolError):
+            raise result
+        return result
+
+    def admit(
+        self, request: GenerationRequest, *, tenant: str, priority: str, buffer: int
+    ) -> Ticket:
+        """Queue a request if the state allows it; raises the state's error otherwise."""
+        if self.state != "loaded":
+            raise self._state_error()
+        ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
+        self.scheduler.enqueue(ticket)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self.last_used_at = time.monotonic()
+        return ticket
+
+    def _state_error(self) -> PoolError:
+        if self.state == "loading":
+            return PoolError("model_loading", f"model {self.name!r} is loading", retry_after_s=1.0)
+        if self.state == "unloading":
+            return PoolError("model_unloading", f"model {self.name!r} is unloading")
+        if self.state == "failed":
+            return PoolError(
+                "model_failed",
+                f"model {self.name!r} failed to load: {self.last_error}",
+            )
+        return PoolError("model_not_loaded", f"model {self.name!r} is not loaded")
+
+    async def wait_state_change(self) -> None:
+        await self._state_changed.wait()
+
+    # -- command handling (inside the actor task) ---------------------------------
+    async def _handle(self, command: _Command) -> None:
+        try:
+            if command.kind == "load":
+                result: dict[str, Any] | PoolError = await self._do_load(command)
+            else:
+                result = await self._do_unload()
+        except PoolError as exc:
+            result = exc
+        assert command.reply is not None
+        try:
+            command.reply.send_nowait(result)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+            pass  # the caller left; the command still took effect
+        finally:
+            command.reply.close()
+
+    def _set_state(self, state: RuntimeState) -> None:
+        if state != self.state:
+            log.info("model=%s state %s -> %s", self.name, self.state, state)
+        self.state = state
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    async def _do_load(self, command: _Command) -> dict[str, Any]:
+        if self.state in ("loaded", "loading"):
+            if command.explicit:
+                raise PoolError(
+                    "invalid_load_request",
+                    f"model {self.name!r} is {self.state}; unload it before loading with"
+                    " replicas or overrides",
+                )
+            return self.row()
+        assert self._nursery is not None
+        effective = apply_override(self.definition, command.patch)
+        self.load_override = dict(command.patch)
+        self.active_definition = effective
+        self.selected_replicas = command.replicas
+        self._set_state("loading")
+        started_at = time.perf_counter()
+        capacity = max(1, self.backend.effective_target_inflight(effective))
+        replicas: list[Replica] = []
+        try:
+            for index in range(command.replicas):
+                replica = Replica(
+                    backend=self.backend,
+                    definition=effective,
+                    context=LoadContext(
+                        model_name=self.name,
+                        replica_index=index,
+                        settings_dir=(
+                            os.path.dirname(self.settings.source_files[0])
+                            if self.settings.source_files
+                            else None
+                        ),
+                    ),
+                    capacity=capacity,
+                    unload_timeout_s=self.engine.unload_timeout_s,
+                    on_job_done=self.scheduler.job_finished,
+                )
+                await self._nursery.start(replica.run)
+                replicas.append(replica)
+        except trio.Cancelled:
+            await self._stop_replicas(replicas)
+            raise
+        except BaseException as exc:
+            leaf = _collapse(exc)
+            if not isinstance(leaf, Exception):
+                raise
+            # All-or-nothing: release the replicas that did come up.
+            await self._stop_replicas(replicas)
+            self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
+            log.warning("model=%s load failed: %s", self.name, self.last_error)
+            self._set_state("failed")
+            raise PoolError(
+                "load_failed",
+                f"loading model {self.name!r} failed: {self.last_error}",
+                details={"last_error": self.last_error},
+            ) from leaf
+        self.replicas = replicas
+        self.last_error = None
+        self.loaded_at = time.monotonic()
+        self.last_used_at = self.loaded_at
+        self.load_count += 1
+        self.scheduler.set_replicas(replicas)
+        self._set_state("loaded")
+        log.info(
+            "model=%s loaded %d replica(s) in %.1f ms",
+            self.name,
+            len(replicas),
+            (time.perf_counter() - started_at) * 1000.0,
+        )
+        return self.row()
+
+    async def _do_unload(self) -> dict[str, Any]:
+        if self.state in ("unloaded", "failed"):
+            return self.row()
+        self._set_state("unloading")
+        cancelled = self.scheduler.fail_queued(
+            PoolError("model_unloading", f"model {self.name!r} is unloading")
+        )
+        if cancelled:
+            log.info("model=%s cancelled %d queued request(s)", self.name, cancelled)
+        await self._idle.wait()
+        replicas, self.replicas = self.replicas, []
+        self.scheduler.set_replicas(())
+        await self._stop_replicas(replicas)
+        self.load_override = {}
+        self.active_definition = self.definition
+        self.selected_replicas = self.definition.replicas
+        self.loaded_at = None
+        self.unload_count += 1
+        self._set_state("unloaded")
+        return self.row()
+
+    async def _stop_replicas(self, replicas: list[Replica]) -> None:
+        for replica in replicas:
+            replica.stop()
+        with trio.move_on_after(self.engine.unload_timeout_s + 1.0, shield=True):
+            for replica in replicas:
+                await replica.stopped.wait()
+
+    def _on_idle(self) -> None:
+        self._idle.set()
+
+    # -- rows ------------------------------------------------------------------------
+    @property
+    def runtime_inflight(self) -> int:
+        return self.scheduler.running
+
+    def vram_estimate(self) -> tuple[int | None, int, str]:
+        runtimes = [r.runtime for r in self.replicas if r.runtime is not None]
+        observed = [rt.vram_mib for rt in runtimes if rt.vram_mib]
+        if observed and len(observed) == len(runtimes):
+            return sum(o for o in observed if o is not None), len(runtimes), "observed_load_delta"
+        if self.artifact_mib is not None:
+            count = len(self.replicas) or self.selected_replicas
+            return self.artifact_mib * count, count, "model_artifact_size"
+        return None, len(self.replicas) or self.selected_replicas, "unavailable"
+
+    def definition_dict(self) -> dict[str, Any]:
+        return self.definition.model_dump(mode="json")
+
+    def row(self, *, full: bool = True) -> dict[str, Any]:
+        """The admin row of this model (spec: runtime-admin-api)."""
+        vram, vram_count, vram_source = self.vram_estimate()
+        queued = self.scheduler.queue_depth
+        running = self.runtime_inflight
+        row: dict[str, Any] = {
+            "name": self.name,
+            "resolved_backend": self.definition.backend,
+            "configured_enabled": self.definition.enabled,
+            "runtime_state": self.state,
+            "is_loaded": self.state == "loaded",
+            "replicas": len(self.replicas) if self.replicas else self.selected_replicas,
+            "replica_max": self.definition.effective_replica_max,
+            "loaded_replicas": len(self.replicas),
+            "inflight_requests": queued + running,
+            "queue_depth": queued,
+            "runtime_inflight": running,
+            "configured_target_inflight": self.definition.target_inflight,
+            "effective_target_inflight": self.effective_target_inflight,
+            "last_error": self.last_error,
+            "vram_estimate_mib": vram,
+            "vram_estimate_replica_count": vram_count,
+            "vram_estimate_source": vram_source,
+        }
+        if full:
+            row["load_constraints"] = {k: dict(v) for k, v in self.backend.load_constraints.items()}
+            row["load_recommendations"] = {
+                k: dict(v) for k, v in self.backend.load_recommendations.items()
+            }
+            row["load_override"] = dict(self.load_override)
+            row["capabilities"] = self.capabilities.as_dict()
+        row["definition"] = self.definition_dict()
+        return row

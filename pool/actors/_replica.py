@@ -1,0 +1,151 @@
+"""A replica actor: owns one backend runtime and runs the jobs dispatched to it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from pool.actors._ticket import Delta, Failed, Finished, Ticket
+from pool.errors import BackendError, PoolError
+
+if TYPE_CHECKING:
+    from pool.backends import Backend, LoadContext, Runtime
+    from pool.config import ModelDefinition
+
+log = logging.getLogger("pool.replica")
+
+
+class _TicketSink:
+    """Delivers text to the requester; a departed requester cancels the job."""
+
+    __slots__ = ("_ticket", "chunks", "first_at")
+
+    def __init__(self, ticket: Ticket) -> None:
+        self._ticket = ticket
+        self.chunks = 0
+        self.first_at: float | None = None
+
+    async def send(self, text: str) -> None:
+        if not text:
+            return
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+        self.chunks += 1
+        try:
+            await self._ticket.send_channel.send(Delta(text))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
+            self._ticket.scope.cancel()
+            await trio.lowlevel.checkpoint()
+
+
+class Replica:
+    """One loaded instance of a model.
+
+    ``run`` loads the runtime before it reports started (so ``nursery.start`` raises a
+    load failure to the caller), serves jobs until :meth:`stop`, then releases the
+    runtime under a shielded, bounded ``finally``.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        definition: ModelDefinition,
+        context: LoadContext,
+        capacity: int,
+        unload_timeout_s: float,
+        on_job_done: Callable[[], None],
+    ) -> None:
+        self.backend = backend
+        self.definition = definition
+        self.context = context
+        self.capacity = capacity
+        self.inflight = 0
+        self.runtime: Runtime | None = None
+        self._unload_timeout_s = unload_timeout_s
+        self._on_job_done = on_job_done
+        self._jobs: trio.Nursery | None = None
+        self._stop = trio.Event()
+        self.stopped = trio.Event()
+
+    @property
+    def index(self) -> int:
+        return self.context.replica_index
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Replica] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            self.runtime = await self.backend.load(self.definition, self.context)
+            try:
+                async with trio.open_nursery() as jobs:
+                    self._jobs = jobs
+                    task_status.started(self)
+                    await self._stop.wait()
+                    # The model actor drains before stopping; anything left is cut here.
+                    jobs.cancel_scope.cancel()
+            finally:
+                self._jobs = None
+                with trio.move_on_after(self._unload_timeout_s, shield=True) as cleanup:
+                    await self.runtime.close()
+                if cleanup.cancelled_caught:
+                    log.warning(
+                        "replica %s/%d: runtime did not close within %.1fs",
+                        self.context.model_name,
+                        self.index,
+                        self._unload_timeout_s,
+                    )
+                self.runtime = None
+        finally:
+            self.stopped.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def start_job(self, ticket: Ticket) -> None:
+        if self._jobs is None:
+            ticket.reject(PoolError("model_unloading", "the replica is stopping"))
+            return
+        self.inflight += 1
+        self._jobs.start_soon(self._run_job, ticket)
+
+    async def _run_job(self, ticket: Ticket) -> None:
+        try:
+            with ticket.send_channel:
+                outcome = await self._generate(ticket)
+                if outcome is not None:
+                    # The requester may have left after the last token; that is fine.
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        await ticket.send_channel.send(outcome)
+        finally:
+            self.inflight -= 1
+            self._on_job_done()
+
+    async def _generate(self, ticket: Ticket) -> Finished | Failed | None:
+        """Run the backend; None when the request was cancelled."""
+        assert self.runtime is not None
+        sink = _TicketSink(ticket)
+        with ticket.scope:
+            started = time.perf_counter()
+            try:
+                stats = await self.runtime.generate(ticket.request, sink)
+            except BackendError as exc:
+                return Failed(PoolError("backend_error", str(exc)))
+            except PoolError as exc:
+                return Failed(exc)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                # A backend bug fails this request only, not the replica's other jobs.
+                log.exception("replica %s/%d: job failed", self.context.model_name, self.index)
+                return Failed(PoolError("backend_error", f"{type(exc).__name__}: {exc}"))
+            ended = time.perf_counter()
+            first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
+            return Finished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
+        return None

@@ -1,0 +1,265 @@
+"""The pool supervisor: the root of the actor tree and the embedded API.
+
+``open_pool`` holds the root nursery; every model actor lives in it for the life of
+the pool. Requests are served in the caller's task (an HTTP handler or an embedded
+caller): admission and queueing happen there, generation happens in the replica that
+the scheduler picked, and the two meet through the request's :class:`Ticket`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from pool.actors._intake import build_generation_request
+from pool.actors._model import ModelActor
+from pool.actors._ticket import Delta, Failed, Finished, Ticket
+from pool.config import LoadRequest, Settings
+from pool.errors import PoolError
+from pool.schemas import OutputText, ResponseEnvelope, ResponseMetrics, ResponseRequest
+
+log = logging.getLogger("pool")
+
+
+def new_request_id() -> str:
+    return "resp_" + uuid.uuid4().hex
+
+
+def build_metrics(ticket: Ticket, finished: Finished, admitted_at: float) -> ResponseMetrics:
+    """The nested timers of one request, from what the replica and the ticket saw."""
+    stats = finished.stats
+    assert ticket.dispatched_at is not None
+    engine_ms = (finished.finished_at - ticket.dispatched_at) * 1000.0
+    backend_ms = finished.backend_wall_ms
+    first_ms = stats.time_to_first_token_ms
+    if first_ms is None:
+        first_ms = finished.first_token_ms
+    generate_ms = stats.generate_total_ms if stats.generate_total_ms is not None else backend_ms
+    output_tokens = stats.output_tokens if stats.output_tokens is not None else finished.sent_chunks
+    return ResponseMetrics(
+        backend_inference_wall_ms=round(backend_ms, 3),
+        engine_total_wall_ms=round(engine_ms, 3),
+        engine_outside_backend_wall_ms=round(max(0.0, engine_ms - backend_ms), 3),
+        pool_total_wall_ms=round((finished.finished_at - admitted_at) * 1000.0, 3),
+        engine_queue_wait_ms=round(ticket.queue_wait_ms, 3),
+        engine_tokenize_ms=stats.tokenize_ms,
+        gpu_time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
+        gpu_generate_total_ms=round(generate_ms, 3),
+        gpu_decode_after_first_token_ms=(
+            None if first_ms is None else round(max(0.0, generate_ms - first_ms), 3)
+        ),
+        engine_prompt_tokens=stats.prompt_tokens,
+        engine_output_tokens=output_tokens,
+        engine_tokens_per_second=(
+            round(output_tokens / (generate_ms / 1000.0), 3)
+            if generate_ms > 0 and output_tokens
+            else None
+        ),
+    )
+
+
+class Admission:
+    """A request that has a replica slot: read its events, then close it.
+
+    ``events()`` yields the stream events as dicts (``response.created``,
+    ``response.output_text.delta``, ``response.metrics``, ``response.completed``) and
+    raises :class:`PoolError` if the generation fails.
+    """
+
+    def __init__(self, ticket: Ticket, request_id: str, model: str, admitted_at: float) -> None:
+        self.ticket = ticket
+        self.id = request_id
+        self.model = model
+        self.admitted_at = admitted_at
+        self.output_text = ""
+        self.metrics: ResponseMetrics | None = None
+        self.finish_reason = "stop"
+
+    @property
+    def queue_wait_ms(self) -> float:
+        return self.ticket.queue_wait_ms
+
+    def envelope(self) -> ResponseEnvelope:
+        return ResponseEnvelope(
+            id=self.id,
+            model=self.model,
+            output=[OutputText(text=self.output_text)],
+            output_text=self.output_text,
+            finish_reason=self.finish_reason,  # type: ignore[arg-type]
+            metrics=self.metrics or ResponseMetrics(),
+        )
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        yield {"type": "response.created", "id": self.id, "model": self.model}
+        pieces: list[str] = []
+        async for item in self.ticket.receive_channel:
+            if type(item) is Delta:
+                pieces.append(item.text)
+                yield {"type": "response.output_text.delta", "delta": item.text}
+            elif isinstance(item, Finished):
+                self.output_text = "".join(pieces)
+                self.finish_reason = item.stats.finish_reason
+                self.metrics = build_metrics(self.ticket, item, self.admitted_at)
+                yield {"type": "response.metrics", "metrics": self.metrics.model_dump()}
+                yield {"type": "response.completed", "response": self.envelope().model_dump()}
+                return
+            elif isinstance(item, Failed):
+                raise item.error
+        # The channel closed without a result: the replica was stopped under us.
+        raise PoolError("shutting_down", "the model stopped before the response completed")
+
+    async def collect(self) -> ResponseEnvelope:
+        async for _ in self.events():
+            pass
+        return self.envelope()
+
+
+class Pool:
+    """The embedded API: lifecycle commands, status rows and inference.
+
+    Create it with :func:`open_pool`; every method is safe to call from any task.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.models: dict[str, ModelActor] = {
+            name: ModelActor(name, definition, settings)
+            for name, definition in settings.engine.models.items()
+        }
+        self.started_at = time.time()
+        self.shutting_down = False
+
+    def model(self, name: str) -> ModelActor:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise PoolError("unknown_model", f"model {name!r} is not configured") from None
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def load(
+        self, name: str, body: LoadRequest | dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Load a configured model; returns its admin row when the load has finished."""
+        if isinstance(body, dict):
+            body = LoadRequest.model_validate(body)
+        return await self.model(name).load(body)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        return await self.model(name).unload()
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.model(name).row()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [actor.row() for actor in self.models.values()]
+
+    def servable_models(self) -> list[str]:
+        return [n for n, a in self.models.items() if a.state == "loaded" or a.definition.on_demand]
+
+    # -- inference ---------------------------------------------------------------
+    @asynccontextmanager
+    async def admit(
+        self,
+        request: ResponseRequest,
+        *,
+        tenant: str = "default",
+        priority: str = "normal",
+        request_id: str | None = None,
+    ) -> AsyncIterator[Admission]:
+        """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
+
+        Leaving the block (normally, by error or by cancellation) removes the request
+        from the queue or stops its generation, so nothing runs for a departed caller.
+
+        Raises:
+            PoolError: for unknown models, capability or state violations, a full
+                queue (``queue_full``) or waiting past ``queue_timeout_s``.
+        """
+        admitted_at = time.perf_counter()
+        if self.shutting_down:
+            raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        actor = self.model(request.model)
+        request_id = request_id or new_request_id()
+        generation = build_generation_request(
+            request,
+            request_id=request_id,
+            definition=actor.active_definition,
+            capabilities=actor.capabilities,
+            decoding_defaults=self.settings.engine.decoding,
+        )
+        ticket = actor.admit(
+            generation,
+            tenant=tenant,
+            priority=priority,
+            buffer=self.settings.engine.stream_buffer_tokens,
+        )
+        try:
+            if not ticket.ready.is_set():
+                with trio.move_on_after(actor.queue_timeout_s):
+                    await ticket.ready.wait()
+                if not ticket.ready.is_set():
+                    actor.scheduler.remove(ticket)
+                    raise PoolError(
+                        "queue_timeout",
+                        f"waited {actor.queue_timeout_s:g}s in the queue of"
+                        f" model {request.model!r}",
+                    )
+            if ticket.error is not None:
+                raise ticket.error
+            yield Admission(ticket, request_id, request.model, admitted_at)
+        finally:
+            if not ticket.ready.is_set():
+                actor.scheduler.remove(ticket)
+            ticket.abandon()
+
+    async def stream(
+        self, request: ResponseRequest, **kwargs: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run ``request`` and yield its stream events (see :meth:`Admission.events`).
+
+        Close the iterator (``contextlib.aclosing``) if you stop reading early.
+        """
+        async with self.admit(request, **kwargs) as admission:
+            async for event in admission.events():
+                yield event
+
+    async def respond(self, request: ResponseRequest, **kwargs: Any) -> ResponseEnvelope:
+        """Run ``request`` to completion and return the response envelope."""
+        async with self.admit(request, **kwargs) as admission:
+            return await admission.collect()
+
+    async def _startup_load(self, actor: ModelActor) -> None:
+        try:
+            await actor.load()
+        except PoolError as exc:
+            log.warning("model=%s startup load failed: %s", actor.name, exc.message)
+
+
+@asynccontextmanager
+async def open_pool(settings: Settings, *, startup_loads: bool = True) -> AsyncIterator[Pool]:
+    """Start the actor tree for ``settings`` and yield the :class:`Pool`.
+
+    Models with ``enabled: true`` are loaded before this yields (a failed one is left
+    ``failed``; the pool still opens). Leaving the block cancels every request and
+    releases every runtime, each bounded by ``engine.unload_timeout_s``.
+    """
+    pool = Pool(settings)
+    async with trio.open_nursery() as nursery:
+        for actor in pool.models.values():
+            await nursery.start(actor.run)
+        if startup_loads:
+            async with trio.open_nursery() as loads:
+                for actor in pool.models.values():
+                    if actor.definition.enabled:
+                        loads.start_soon(pool._startup_load, actor)
+        try:
+            yield pool
+        finally:
+            pool.shutting_down = True
+            nursery.cancel_scope.cancel()

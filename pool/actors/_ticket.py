@@ -1,0 +1,81 @@
+"""One admitted request on its way through a model: queued, running, then finished.
+
+A ticket is shared by exactly two parties: the requester (an HTTP handler or embedded
+caller), which waits for dispatch and then reads the output channel, and the replica
+job that produces the output. Either side may end it; closing the receive end or
+cancelling the job's scope is how a departing client stops generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import trio
+
+from pool.errors import PoolError
+
+if TYPE_CHECKING:
+    from pool.backends import GenerationRequest, GenerationStats
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str
+
+
+@dataclass(slots=True)
+class Finished:
+    stats: GenerationStats
+    backend_wall_ms: float
+    first_token_ms: float | None
+    sent_chunks: int
+    finished_at: float
+
+
+@dataclass(slots=True)
+class Failed:
+    error: PoolError
+
+
+Output = Delta | Finished | Failed
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    request: GenerationRequest
+    tenant: str = "default"
+    priority: Literal["high", "normal", "low"] = "normal"
+    buffer: int = 32
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    dispatched_at: float | None = None
+    sequence: int = 0
+    error: PoolError | None = None
+    ready: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    send_channel: trio.MemorySendChannel[Output] = field(init=False)
+    receive_channel: trio.MemoryReceiveChannel[Output] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.send_channel, self.receive_channel = trio.open_memory_channel[Output](self.buffer)
+
+    @property
+    def queue_wait_ms(self) -> float:
+        end = self.dispatched_at if self.dispatched_at is not None else time.perf_counter()
+        return (end - self.enqueued_at) * 1000.0
+
+    def mark_dispatched(self) -> None:
+        self.dispatched_at = time.perf_counter()
+        self.ready.set()
+
+    def reject(self, error: PoolError) -> None:
+        """Fail a queued ticket: its waiter wakes and raises ``error``."""
+        self.error = error
+        self.send_channel.close()
+        self.ready.set()
+
+    def abandon(self) -> None:
+        """The requester is gone: stop the job (if any) and drop buffered output."""
+        self.scope.cancel()
+        self.receive_channel.close()

@@ -1,0 +1,110 @@
+"""The ``stub`` backend: deterministic, in-process, for tests and benchmarks.
+
+Its output is known in advance (``stub_reply`` or an echo of the input) and split on
+spaces, one token per word, optionally paced by ``stub_tokens_per_second``. Load and
+unload can be slowed or made to fail, so every lifecycle path of the pool can be driven
+without a real model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from pool.backends._protocol import (
+    Capabilities,
+    GenerationRequest,
+    GenerationStats,
+    LoadContext,
+    TokenSink,
+)
+from pool.config import StubModel, load_constraints, load_recommendations
+from pool.errors import BackendError
+
+if TYPE_CHECKING:
+    from pool.config import ModelDefinition
+
+
+def stub_tokens(text: str) -> list[str]:
+    """Split ``text`` into the stub's tokens: each word keeps the space before it."""
+    words = text.split(" ")
+    return [words[0]] + [" " + w for w in words[1:]] if words else []
+
+
+class StubRuntime:
+    def __init__(self, definition: StubModel) -> None:
+        self._definition = definition
+        self._closed = False
+
+    @property
+    def vram_mib(self) -> int | None:
+        return self._definition.stub_vram_mib
+
+    async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        started = time.perf_counter()
+        reply = self._definition.stub_reply
+        if reply is None:
+            reply = request.turns[-1].text
+        tokens = stub_tokens(reply)
+        limit = request.decoding.max_tokens
+        finish: Any = "length" if len(tokens) > limit else "stop"
+        tokens = tokens[:limit]
+        delay = (
+            1.0 / self._definition.stub_tokens_per_second
+            if self._definition.stub_tokens_per_second
+            else 0.0
+        )
+        first_ms: float | None = None
+        for token in tokens:
+            if delay:
+                await trio.sleep(delay)
+            await sink.send(token)
+            if first_ms is None:
+                first_ms = (time.perf_counter() - started) * 1000.0
+        prompt_tokens = sum(len(stub_tokens(t.text)) for t in request.turns)
+        return GenerationStats(
+            prompt_tokens=prompt_tokens,
+            output_tokens=len(tokens),
+            time_to_first_token_ms=first_ms,
+            generate_total_ms=(time.perf_counter() - started) * 1000.0,
+            finish_reason=finish,
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._definition.stub_unload_seconds:
+            await trio.sleep(self._definition.stub_unload_seconds)
+
+
+class StubBackend:
+    name: ClassVar[str] = "stub"
+    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("stub")
+    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("stub")
+
+    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+        return Capabilities(
+            modalities=tuple(definition.modalities),
+            multi_turn=True,
+            thinking_modes=("default", "enabled", "disabled"),
+        )
+
+    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+        # The stub holds no per-request state, so any configured target is honest.
+        return definition.target_inflight
+
+    async def load(self, definition: ModelDefinition, context: LoadContext) -> StubRuntime:
+        assert isinstance(definition, StubModel)
+        if definition.stub_load_seconds:
+            await trio.sleep(definition.stub_load_seconds)
+        if definition.stub_fail_load:
+            raise BackendError(
+                f"stub_fail_load is set for model {context.model_name!r}"
+                f" (replica {context.replica_index})"
+            )
+        return StubRuntime(definition)

@@ -1,0 +1,60 @@
+"""Settings: models, file loading and merging, load-override validation and tables."""
+
+from pool.config._files import (
+    LOCAL_SETTINGS_ENV,
+    SETTINGS_ENV,
+    build_settings,
+    load_settings,
+    merge,
+    resolve_model_path,
+)
+from pool.config._load_constraints import load_constraints, load_recommendations
+from pool.config._load_request import LoadRequest, apply_override, validate_load_request
+from pool.config._models import (
+    BACKEND_NAMES,
+    DEFINITION_CLASSES,
+    CommonModelFields,
+    Ct2Model,
+    DecodingDefaults,
+    EngineSettings,
+    ExLlamaV3Model,
+    LlamaCppModel,
+    LlamaServerModel,
+    ModelDefinition,
+    OpenAIRemoteModel,
+    ServiceSettings,
+    Settings,
+    StubModel,
+    VllmModel,
+    VllmServeModel,
+)
+
+__all__ = [
+    "BACKEND_NAMES",
+    "DEFINITION_CLASSES",
+    "LOCAL_SETTINGS_ENV",
+    "SETTINGS_ENV",
+    "CommonModelFields",
+    "Ct2Model",
+    "DecodingDefaults",
+    "EngineSettings",
+    "ExLlamaV3Model",
+    "LlamaCppModel",
+    "LlamaServerModel",
+    "LoadRequest",
+    "ModelDefinition",
+    "OpenAIRemoteModel",
+    "ServiceSettings",
+    "Settings",
+    "StubModel",
+    "VllmModel",
+    "VllmServeModel",
+    "apply_override",
+    "build_settings",
+    "load_constraints",
+    "load_recommendations",
+    "load_settings",
+    "merge",
+    "resolve_model_path",
+    "validate_load_request",
+]

@@ -1,0 +1,314 @@
+"""Pydantic models of the settings file: ``service``, ``engine`` and one model class per backend.
+
+Every model definition class forbids unknown fields, so a typo in ``settings.json`` is a
+startup error that names the field instead of a silently ignored key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+
+BACKEND_NAMES: tuple[str, ...] = (
+    "stub",
+    "llama_cpp",
+    "llama_server",
+    "ct2",
+    "exllamav3",
+    "vllm",
+    "vllm_serve",
+    "openai_remote",
+)
+
+PROMPT_FORMATS: tuple[str, ...] = (
+    "generic",
+    "mistral_template",
+    "qwen3_template",
+    "gemma4_template",
+    "translategemma_template",
+    "model_template",
+)
+
+Modality = Literal["text", "image"]
+FlashAttn = Literal["on", "off", "auto"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ServiceSettings(_Strict):
+    """The ``service`` section: how the HTTP server runs."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; 127.0.0.1 unless you add auth.")
+    port: Annotated[int, Field(ge=0, le=65535)] = 8011
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    shutdown_grace_s: NonNegativeFloat = Field(
+        10.0, description="How long open streams may run on after a shutdown signal."
+    )
+    max_body_bytes: PositiveInt = Field(
+        16 * 1024 * 1024, description="Largest accepted request body; larger gets 413."
+    )
+    model_store: str | None = Field(None, description="Folder that pulled models are written to.")
+
+
+class DecodingDefaults(_Strict):
+    """``engine.decoding``: defaults for every request field a client may omit."""
+
+    beam_size: PositiveInt = 1
+    top_k: Annotated[int, Field(ge=0)] = 40
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.8
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
+    max_tokens: PositiveInt = 256
+    stop: list[str] = Field(default_factory=list)
+
+
+class CommonModelFields(_Strict):
+    """Fields every model definition has, whatever its backend."""
+
+    backend: str
+    model_path: str | None = None
+    prompt_format: Literal[
+        "generic",
+        "mistral_template",
+        "qwen3_template",
+        "gemma4_template",
+        "translategemma_template",
+        "model_template",
+    ] = "generic"
+    enable_thinking: bool | None = None
+    enabled: bool = False
+    replicas: PositiveInt = 1
+    replica_max: PositiveInt | None = Field(
+        None, description="Most replicas one load may ask for; defaults to `replicas`."
+    )
+    target_inflight: PositiveInt = 1
+    modalities: list[Modality] = Field(default_factory=lambda: list[Modality](["text"]))
+    description: str | None = None
+    # Scheduling, on-demand and eviction (DESIGN section 6); None means "engine default".
+    max_queue: Annotated[int, Field(ge=0)] | None = None
+    queue_timeout_s: Annotated[float, Field(gt=0.0)] | None = None
+    on_demand: bool = False
+    keep_alive: float | str | None = None
+    keep_alive_pinned: bool = False
+    source: str | None = None
+    pinned: bool = False
+    priority: int = 0
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> CommonModelFields:
+        if self.replica_max is not None and self.replicas > self.replica_max:
+            raise ValueError(
+                f"replicas ({self.replicas}) is larger than replica_max ({self.replica_max})"
+            )
+        if "text" not in self.modalities:
+            raise ValueError("modalities must include 'text'")
+        return self
+
+    @property
+    def effective_replica_max(self) -> int:
+        return self.replica_max if self.replica_max is not None else self.replicas
+
+
+class StubModel(CommonModelFields):
+    """The deterministic in-process backend for tests and benchmarks."""
+
+    backend: Literal["stub"] = "stub"
+    stub_reply: str | None = Field(None, description="Whole output; default echoes the input.")
+    stub_tokens_per_second: NonNegativeFloat = Field(0.0, description="0 means no delay.")
+    stub_load_seconds: NonNegativeFloat = 0.0
+    stub_unload_seconds: NonNegativeFloat = 0.0
+    stub_fail_load: bool = False
+    stub_vram_mib: Annotated[int, Field(ge=0)] = 0
+
+
+class LlamaCppModel(CommonModelFields):
+    """GGUF in-process through llama-cpp-python."""
+
+    backend: Literal["llama_cpp"] = "llama_cpp"
+    gguf_n_gpu_layers: int = -1
+    gguf_n_ctx: PositiveInt = 4096
+    gguf_flash_attn: FlashAttn = "auto"
+    gguf_type_k: str | None = None
+    gguf_type_v: str | None = None
+    gguf_n_threads: PositiveInt | None = None
+    gguf_n_batch: PositiveInt = 512
+    gguf_seed: int | None = None
+
+
+class LlamaServerModel(CommonModelFields):
+    """A managed native ``llama-server`` subprocess."""
+
+    backend: Literal["llama_server"] = "llama_server"
+    llama_server_binary: str = "llama-server"
+    llama_server_library_path: list[str] = Field(default_factory=list)
+    llama_server_host: str = "127.0.0.1"
+    llama_server_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    llama_server_n_ctx: PositiveInt | None = None
+    llama_server_n_gpu_layers: int | str | None = None
+    llama_server_flash_attn: FlashAttn | None = None
+    llama_server_parallel: PositiveInt | None = None
+    llama_server_chat_template: str | None = None
+    llama_server_mmproj_path: str | None = None
+    llama_server_image_max_tokens: PositiveInt | None = None
+    llama_server_draft_model_path: str | None = None
+    llama_server_spec_type: str | None = None
+    llama_server_spec_draft_n_max: PositiveInt | None = None
+    llama_server_spec_draft_p_min: float | None = None
+    llama_server_spec_draft_ngl: int | str | None = None
+    llama_server_reasoning: str | None = None
+    llama_server_extra_args: list[str] = Field(default_factory=list)
+    llama_server_start_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+
+
+class Ct2Model(CommonModelFields):
+    """A CTranslate2 model in-process."""
+
+    backend: Literal["ct2"] = "ct2"
+    device: str = "cpu"
+    compute_type: str = "int8"
+
+
+class ExLlamaV3Model(CommonModelFields):
+    """An ExLlamaV3 (EXL3) model in-process; CUDA only."""
+
+    backend: Literal["exllamav3"] = "exllamav3"
+    device: str = "cuda"
+    exllama_cache_size: PositiveInt = 8192
+    exllama_cache_quant: str | None = None
+    exllama_gpu_split: list[float] | None = None
+    exllama_tensor_parallel: bool = False
+    exllama_tp_backend: str | None = None
+    exllama_max_batch_size: PositiveInt | None = None
+    exllama_max_chunk_size: PositiveInt | None = None
+    exllama_max_q_size: PositiveInt | None = None
+    exllama_max_rq_tokens: PositiveInt | None = None
+
+
+class _VllmFields(CommonModelFields):
+    vllm_model: str | None = None
+    vllm_dtype: str = "auto"
+    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    vllm_kv_cache_memory_bytes: PositiveInt | None = None
+    vllm_kv_cache_dtype: str | None = None
+    vllm_max_model_len: PositiveInt | None = None
+    vllm_tensor_parallel_size: PositiveInt = 1
+    vllm_trust_remote_code: bool = False
+    vllm_enforce_eager: bool = False
+    vllm_max_num_seqs: PositiveInt | None = None
+    vllm_limit_mm_per_prompt: dict[str, int] | None = None
+    vllm_mm_processor_kwargs: dict[str, Any] | None = None
+    vllm_max_pixels: PositiveInt | None = None
+    vllm_speculative_method: str | None = None
+    vllm_speculative_model: str | None = None
+    vllm_speculative_moe_backend: str | None = None
+    vllm_speculative_attention_backend: str | None = None
+    vllm_num_speculative_tokens: PositiveInt | None = None
+
+
+class VllmModel(_VllmFields):
+    """vLLM's AsyncLLMEngine in-process on its own event-loop thread."""
+
+    backend: Literal["vllm"] = "vllm"
+
+
+class VllmServeModel(_VllmFields):
+    """A managed ``vllm serve`` subprocess."""
+
+    backend: Literal["vllm_serve"] = "vllm_serve"
+    vllm_serve_binary: str = "vllm"
+    vllm_serve_host: str = "127.0.0.1"
+    vllm_serve_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    vllm_serve_library_path: list[str] = Field(default_factory=list)
+    vllm_serve_env: dict[str, str] = Field(default_factory=dict)
+    vllm_serve_api_key: str | None = None
+    vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
+    vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
+    vllm_serve_extra_args: list[str] = Field(default_factory=list)
+
+
+class OpenAIRemoteModel(CommonModelFields):
+    """An upstream OpenAI-compatible Chat Completions API."""
+
+    backend: Literal["openai_remote"] = "openai_remote"
+    remote_api_kind: Literal["chat_completions"] = "chat_completions"
+    remote_base_url: str
+    remote_api_key_env: str | None = None
+    remote_model: str
+    remote_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+    remote_health_check: Literal["config_only", "models_endpoint"] = "config_only"
+    remote_max_retries: Annotated[int, Field(ge=0, le=10)] = 0
+    remote_thinking: Literal["enabled", "disabled"] | None = None
+
+
+ModelDefinition = (
+    StubModel
+    | LlamaCppModel
+    | LlamaServerModel
+    | Ct2Model
+    | ExLlamaV3Model
+    | VllmModel
+    | VllmServeModel
+    | OpenAIRemoteModel
+)
+
+DEFINITION_CLASSES: dict[str, type[CommonModelFields]] = {
+    "stub": StubModel,
+    "llama_cpp": LlamaCppModel,
+    "llama_server": LlamaServerModel,
+    "ct2": Ct2Model,
+    "exllamav3": ExLlamaV3Model,
+    "vllm": VllmModel,
+    "vllm_serve": VllmServeModel,
+    "openai_remote": OpenAIRemoteModel,
+}
+
+
+class EngineSettings(BaseModel):
+    """The ``engine`` section: defaults shared by all models, then the models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal[
+        "stub",
+        "llama_cpp",
+        "llama_server",
+        "ct2",
+        "exllamav3",
+        "vllm",
+        "vllm_serve",
+        "openai_remote",
+    ] = Field("llama_cpp", description="Backend of a model that names none.")
+    decoding: DecodingDefaults = Field(default_factory=DecodingDefaults)
+    max_queue: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        64, description="Queued requests per model beyond the running ones."
+    )
+    queue_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
+        300.0, description="Longest time a request waits in a model's queue."
+    )
+    stream_buffer_tokens: Annotated[int, Field(ge=0, le=4096)] = Field(
+        32, description="Text chunks buffered between a running generation and its client."
+    )
+    command_inbox_size: Annotated[int, Field(ge=1, le=4096)] = Field(
+        16, description="Pending load/unload commands per model before callers wait."
+    )
+    unload_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
+        30.0, description="Bound on releasing one replica's resources."
+    )
+    keep_alive: float | str = Field(
+        300.0, description="Idle seconds before an on-demand model unloads (-1 forever)."
+    )
+    models: dict[str, ModelDefinition] = Field(default_factory=dict)
+
+
+class Settings(BaseModel):
+    """The merged settings (``settings.json`` with ``local.json`` over it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    # Where the files came from, for relative paths and error messages.
+    source_files: list[str] = Field(default_factory=list, exclude=True)

@@ -1,0 +1,127 @@
+"""``POST /v1/responses``: the request, the response envelope, metrics and stream events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# Bounds that keep a single request from exhausting the pool; anything past them is a
+# 422 before it reaches a model.
+MAX_TEXT_CHARS = 4_000_000
+MAX_ITEMS = 1024
+
+BoundedText = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+LangCode = Annotated[str, StringConstraints(min_length=1, max_length=35)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextContent(_Strict):
+    type: Literal["text", "input_text"] = Field(description="A text part.")
+    text: BoundedText
+
+
+class ImageUrl(_Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageContent(_Strict):
+    type: Literal["image_url"] = Field(description="An image part (data:, file:// or http(s) URL).")
+    image_url: ImageUrl
+
+
+ContentItem = Annotated[TextContent | ImageContent, Field(discriminator="type")]
+Content = BoundedText | Annotated[list[ContentItem], Field(min_length=1, max_length=MAX_ITEMS)]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"] = Field(
+        description="Only user and assistant turns; `instructions` carries the system prompt."
+    )
+    content: Content
+
+
+class DecodingRequest(_Strict):
+    """Decoding fields; each omitted one falls back to ``engine.decoding``."""
+
+    beam_size: Annotated[int, Field(ge=1, le=64)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    stop: (
+        Annotated[
+            list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]],
+            Field(max_length=64),
+        ]
+        | None
+    ) = None
+
+
+class ResponseRequest(_Strict):
+    """Body of ``POST /v1/responses``: give either ``input`` or ``messages``."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    input: Content | None = Field(None, description="Single-turn input: text or content items.")
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_ITEMS)] | None = Field(
+        None, description="Multi-turn conversation ending with a user message."
+    )
+    instructions: BoundedText | None = Field(None, description="System prompt.")
+    source_lang_code: LangCode | None = None
+    target_lang_code: LangCode | None = None
+    allow_remote: bool = Field(False, description="Must be true to use a remote backend.")
+    stream: bool = Field(False, description="true: Server-Sent Events; false: one JSON body.")
+    thinking: Literal["default", "enabled", "disabled"] = "default"
+    decoding: DecodingRequest = Field(default_factory=DecodingRequest)
+    keep_alive: float | str | None = Field(
+        None, description="On-demand models: idle time before unload (seconds or '5m')."
+    )
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ResponseRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of `input` or `messages`")
+        if self.messages is not None and self.messages[-1].role != "user":
+            raise ValueError("the last message must have role `user`")
+        return self
+
+
+class ResponseMetrics(BaseModel):
+    """Nested timers of one request (ms) and token counts; null where unknown."""
+
+    backend_inference_wall_ms: float | None = Field(None, description="Inside the backend call.")
+    engine_total_wall_ms: float | None = Field(
+        None, description="Backend plus scheduler and engine work (queue wait excluded)."
+    )
+    engine_outside_backend_wall_ms: float | None = None
+    pool_total_wall_ms: float | None = Field(None, description="The whole request in the pool.")
+    engine_queue_wait_ms: float | None = None
+    engine_tokenize_ms: float | None = None
+    gpu_time_to_first_token_ms: float | None = None
+    gpu_generate_total_ms: float | None = None
+    gpu_decode_after_first_token_ms: float | None = None
+    engine_prompt_tokens: int | None = None
+    engine_output_tokens: int | None = None
+    engine_tokens_per_second: float | None = None
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+
+
+class ResponseEnvelope(BaseModel):
+    """The JSON answer of a non-streamed request (and the payload of ``response.completed``)."""
+
+    id: str
+    object: Literal["response"] = "response"
+    model: str
+    output: list[OutputText]
+    output_text: str
+    finish_reason: Literal["stop", "length", "cancelled"] = "stop"
+    metrics: ResponseMetrics
