@@ -1,0 +1,49 @@
+"""Shared helpers for the actor tests: settings builders and request runners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from pool import Pool, PoolError
+from pool.config import Settings, build_settings
+from pool.schemas import ResponseRequest
+
+
+def stub_settings(models: dict[str, dict[str, Any]], **engine: Any) -> Settings:
+    return build_settings(
+        {"engine": {**engine, "models": {n: {"backend": "stub", **m} for n, m in models.items()}}}
+    )
+
+
+def ask(model: str, text: str = "hello world", **fields: Any) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": model, "input": text, **fields})
+
+
+class Outcome:
+    """What one background request ended with."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.error: PoolError | None = None
+        self.done = trio.Event()
+        self.finished_at: float | None = None
+
+
+async def run_request(pool: Pool, request: ResponseRequest, outcome: Outcome, **kw: Any) -> None:
+    try:
+        envelope = await pool.respond(request, **kw)
+        outcome.text = envelope.output_text
+    except PoolError as exc:
+        outcome.error = exc
+    finally:
+        outcome.finished_at = trio.current_time()
+        outcome.done.set()
+
+
+async def wait_until(predicate: Any, within_s: float = 5.0) -> None:
+    """Wait for a condition on counters that publish no event (tests only)."""
+    with trio.fail_after(within_s):
+        while not predicate():  # noqa: ASYNC110 - observing plain counters
+            await trio.sleep(0.001)
