@@ -12,11 +12,13 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import trio
 
+from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
 from pool.actors._ticket import Ticket
@@ -62,7 +64,15 @@ def _collapse(exc: BaseException) -> BaseException:
 
 
 class ModelActor:
-    def __init__(self, name: str, definition: ModelDefinition, settings: Settings) -> None:
+    def __init__(
+        self,
+        name: str,
+        definition: ModelDefinition,
+        settings: Settings,
+        *,
+        on_change: Callable[[], None] | None = None,
+        request_load: Callable[[ModelActor], None] | None = None,
+    ) -> None:
         self.name = name
         self.definition = definition
         self.settings = settings
@@ -95,6 +105,18 @@ class ModelActor:
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
+        # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
+        # ``request_load`` starts an on-demand load owned by the pool.
+        self._on_change = on_change
+        self._request_load = request_load
+        self.load_pending = False
+        # Keep-alive (on-demand models): seconds after the last request, and the Trio
+        # clock time at which an idle model unloads (None: busy, or kept forever).
+        self.keep_alive_s = parse_keep_alive(
+            definition.keep_alive if definition.keep_alive is not None else self.engine.keep_alive
+        )
+        self.expires_at: float | None = None
+        self._keep_alive_poke = trio.Event()
 
     # -- lifecycle of the actor itself -------------------------------------------
     async def run(
@@ -104,6 +126,8 @@ class ModelActor:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.definition.on_demand:
+                    nursery.start_soon(self._keep_alive_loop)
                 task_status.started(self)
                 with self._inbox_recv:
                     async for command in self._inbox_recv:
@@ -165,15 +189,40 @@ class ModelActor:
         return result
 
     def admit(
-        self, request: GenerationRequest, *, tenant: str, priority: str, buffer: int
+        self,
+        request: GenerationRequest,
+        *,
+        tenant: str,
+        priority: str,
+        buffer: int,
+        keep_alive: float | str | None = None,
     ) -> Ticket:
-        """Queue a request if the state allows it; raises the state's error otherwise."""
-        if self.state != "loaded":
+        """Queue a request if the state allows it; raises the state's error otherwise.
+
+        An ``on_demand`` model that is not loaded starts loading and the request waits
+        in the queue (bounded by ``queue_timeout_s``) instead of failing.
+        """
+        on_demand_wait = self.definition.on_demand and self.state in (
+            "unloaded",
+            "loading",
+            "failed",
+        )
+        if self.state != "loaded" and not on_demand_wait:
             raise self._state_error()
+        keep_alive_s = self.keep_alive_s
+        if keep_alive is not None and not self.definition.keep_alive_pinned:
+            keep_alive_s = parse_keep_alive(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
         self.scheduler.enqueue(ticket)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
+        if self.definition.on_demand:
+            # Ollama semantics: the latest request's keep_alive sets the idle timer.
+            self.keep_alive_s = keep_alive_s
+            self._set_expiry(None)
+            if on_demand_wait and not self.load_pending and self._request_load is not None:
+                self.load_pending = True
+                self._request_load(self)
         return ticket
 
     def _state_error(self) -> PoolError:
@@ -214,6 +263,8 @@ class ModelActor:
         self.state = state
         self._state_changed.set()
         self._state_changed = trio.Event()
+        if self._on_change is not None:
+            self._on_change()
 
     async def _do_load(self, command: _Command) -> dict[str, Any]:
         if self.state in ("loaded", "loading"):
@@ -265,6 +316,10 @@ class ModelActor:
             self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
             log.warning("model=%s load failed: %s", self.name, self.last_error)
             self._set_state("failed")
+            self.load_pending = False
+            self.scheduler.fail_queued(
+                PoolError("model_failed", f"model {self.name!r} failed to load: {self.last_error}")
+            )
             raise PoolError(
                 "load_failed",
                 f"loading model {self.name!r} failed: {self.last_error}",
@@ -275,8 +330,11 @@ class ModelActor:
         self.loaded_at = time.monotonic()
         self.last_used_at = self.loaded_at
         self.load_count += 1
-        self.scheduler.set_replicas(replicas)
+        self.load_pending = False
         self._set_state("loaded")
+        self.scheduler.set_replicas(replicas)
+        if self.definition.on_demand and self._idle.is_set():
+            self._arm_keep_alive()
         log.info(
             "model=%s loaded %d replica(s) in %.1f ms",
             self.name,
@@ -302,6 +360,7 @@ class ModelActor:
         self.active_definition = self.definition
         self.selected_replicas = self.definition.replicas
         self.loaded_at = None
+        self.expires_at = None
         self.unload_count += 1
         self._set_state("unloaded")
         return self.row()
@@ -315,6 +374,47 @@ class ModelActor:
 
     def _on_idle(self) -> None:
         self._idle.set()
+        if self.definition.on_demand and self.state == "loaded":
+            self._arm_keep_alive()
+        if self._on_change is not None:
+            self._on_change()
+
+    # -- keep-alive (on-demand models) -----------------------------------------------
+    def _arm_keep_alive(self) -> None:
+        if self.keep_alive_s is None:
+            self._set_expiry(None)
+        else:
+            self._set_expiry(trio.current_time() + self.keep_alive_s)
+
+    def _set_expiry(self, expires_at: float | None) -> None:
+        self.expires_at = expires_at
+        self._keep_alive_poke.set()
+        self._keep_alive_poke = trio.Event()
+
+    @property
+    def expires_in_s(self) -> float | None:
+        """Seconds until an idle on-demand model unloads; None if not counting down."""
+        if self.expires_at is None or self.state != "loaded":
+            return None
+        return max(0.0, self.expires_at - trio.current_time())
+
+    async def _keep_alive_loop(self) -> None:
+        while True:
+            poke = self._keep_alive_poke
+            if self.expires_at is None:
+                await poke.wait()
+                continue
+            with trio.move_on_at(self.expires_at):
+                await poke.wait()
+                continue
+            idle = self.scheduler.queue_depth == 0 and self.scheduler.running == 0
+            if self.state == "loaded" and idle and self.expires_at is not None:
+                log.info("model=%s keep_alive expired; unloading", self.name)
+                self.expires_at = None
+                try:
+                    await self.unload()
+                except PoolError as exc:  # e.g. shutting down under us
+                    log.warning("model=%s keep-alive unload failed: %s", self.name, exc.message)
 
     # -- rows ------------------------------------------------------------------------
     @property

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from pool.actors._intake import build_generation_request
+from pool.actors._keep_alive import eviction_candidates
 from pool.actors._model import ModelActor
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
 from pool.config import LoadRequest, Settings
@@ -129,11 +130,20 @@ class Pool:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.models: dict[str, ModelActor] = {
-            name: ModelActor(name, definition, settings)
+            name: ModelActor(
+                name,
+                definition,
+                settings,
+                on_change=self._notify_change,
+                request_load=self._request_on_demand_load,
+            )
             for name, definition in settings.engine.models.items()
         }
         self.started_at = time.time()
         self.shutting_down = False
+        self._nursery: trio.Nursery | None = None
+        self._changed = trio.Event()
+        self._reserved: set[ModelActor] = set()
 
     def model(self, name: str) -> ModelActor:
         try:
@@ -198,6 +208,7 @@ class Pool:
             tenant=tenant,
             priority=priority,
             buffer=self.settings.engine.stream_buffer_tokens,
+            keep_alive=request.keep_alive,
         )
         try:
             if not ticket.ready.is_set():
@@ -234,6 +245,56 @@ class Pool:
         async with self.admit(request, **kwargs) as admission:
             return await admission.collect()
 
+    # -- on-demand loading and eviction ----------------------------------------------
+    def _notify_change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _request_on_demand_load(self, actor: ModelActor) -> None:
+        # The load belongs to the pool, not to the request that triggered it: a client
+        # that leaves does not cancel a load other requests may be waiting for.
+        if self._nursery is None:
+            actor.load_pending = False
+            return
+        self._nursery.start_soon(self._on_demand_load, actor)
+
+    async def _on_demand_load(self, actor: ModelActor) -> None:
+        try:
+            if await self._make_room(actor):
+                self._reserved.add(actor)
+                await actor.load()
+        except PoolError as exc:
+            log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
+        finally:
+            self._reserved.discard(actor)
+            actor.load_pending = False
+
+    def _loaded_count(self, exclude: ModelActor) -> int:
+        # Reserved: on-demand loads that made room but have not reached `loading` yet.
+        return sum(
+            1
+            for a in self.models.values()
+            if a is not exclude and (a.state in ("loaded", "loading") or a in self._reserved)
+        )
+
+    async def _make_room(self, actor: ModelActor) -> bool:
+        """Unload idle models until ``actor`` fits under ``engine.max_loaded_models``.
+
+        Waits while every loaded model is busy; gives up (False) once no request is
+        waiting for ``actor`` any more, so an abandoned load never evicts anything.
+        """
+        limit = self.settings.engine.max_loaded_models
+        while limit and self._loaded_count(actor) >= limit:
+            if actor.scheduler.queue_depth == 0:
+                return False
+            victims = eviction_candidates(self.models.values(), exclude=actor)
+            if victims:
+                log.info("model=%s evicting idle model %s", actor.name, victims[0].name)
+                await victims[0].unload()
+                continue
+            await self._changed.wait()
+        return True
+
     async def _startup_load(self, actor: ModelActor) -> None:
         try:
             await actor.load()
@@ -251,6 +312,7 @@ async def open_pool(settings: Settings, *, startup_loads: bool = True) -> AsyncI
     """
     pool = Pool(settings)
     async with trio.open_nursery() as nursery:
+        pool._nursery = nursery
         for actor in pool.models.values():
             await nursery.start(actor.run)
         if startup_loads:

@@ -298,7 +298,12 @@ class EngineSettings(BaseModel):
         30.0, description="Bound on releasing one replica's resources."
     )
     keep_alive: float | str = Field(
-        300.0, description="Idle seconds before an on-demand model unloads (-1 forever)."
+        300.0, description="Idle time before an on-demand model unloads ('5m'; -1 forever)."
+    )
+    max_loaded_models: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Most models loaded at once (0: no limit). An on-demand load past it"
+        " unloads idle, unpinned models first, or waits for one to become idle.",
     )
     models: dict[str, ModelDefinition] = Field(default_factory=dict)
 
