@@ -19,8 +19,10 @@ from typing import Any, Literal
 import trio
 
 from pool.actors._keep_alive import parse_keep_alive
+from pool.actors._metrics import PoolMetrics
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
+from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
 from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
 from pool.config import (
@@ -87,7 +89,10 @@ class ModelActor:
         max_queue = (
             definition.max_queue if definition.max_queue is not None else self.engine.max_queue
         )
-        self.scheduler = Scheduler(max_queue, on_idle=self._on_idle)
+        self.scheduler = Scheduler(
+            max_queue, on_idle=self._on_idle, stats=RecentStats(settings.service.stats_window)
+        )
+        self.metrics: PoolMetrics | None = None
         self.queue_timeout_s = (
             definition.queue_timeout_s
             if definition.queue_timeout_s is not None
@@ -316,6 +321,8 @@ class ModelActor:
             self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
             log.warning("model=%s load failed: %s", self.name, self.last_error)
             self._set_state("failed")
+            if self.metrics is not None:
+                self.metrics.loads.labels(self.name, "failed").inc()
             self.load_pending = False
             self.scheduler.fail_queued(
                 PoolError("model_failed", f"model {self.name!r} failed to load: {self.last_error}")
@@ -330,6 +337,9 @@ class ModelActor:
         self.loaded_at = time.monotonic()
         self.last_used_at = self.loaded_at
         self.load_count += 1
+        if self.metrics is not None:
+            self.metrics.loads.labels(self.name, "loaded").inc()
+            self.metrics.load_duration.labels(self.name).observe(time.perf_counter() - started_at)
         self.load_pending = False
         self._set_state("loaded")
         self.scheduler.set_replicas(replicas)
@@ -347,6 +357,7 @@ class ModelActor:
         if self.state in ("unloaded", "failed"):
             return self.row()
         self._set_state("unloading")
+        unload_started = time.perf_counter()
         cancelled = self.scheduler.fail_queued(
             PoolError("model_unloading", f"model {self.name!r} is unloading")
         )
@@ -362,6 +373,11 @@ class ModelActor:
         self.loaded_at = None
         self.expires_at = None
         self.unload_count += 1
+        if self.metrics is not None:
+            self.metrics.unloads.labels(self.name).inc()
+            self.metrics.unload_duration.labels(self.name).observe(
+                time.perf_counter() - unload_started
+            )
         self._set_state("unloaded")
         return self.row()
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pool.replica")
 
+_RESULT_HANDOVER_S = 5.0
+
 
 class _TicketSink:
     """Delivers text to the requester; a departed requester cancels the job."""
@@ -116,16 +118,29 @@ class Replica:
         self._jobs.start_soon(self._run_job, ticket)
 
     async def _run_job(self, ticket: Ticket) -> None:
+        released = False
         try:
             with ticket.send_channel:
                 outcome = await self._generate(ticket)
+                # The generation is over: free the slot before delivering the result,
+                # so a client that sends its next request at once finds it free.
+                released = True
+                self._release()
                 if outcome is not None:
-                    # The requester may have left after the last token; that is fine.
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    # Shielded (a stopping replica must still hand over the result) but
+                    # bounded (a client that stopped reading cannot hold it up).
+                    with (
+                        trio.move_on_after(_RESULT_HANDOVER_S, shield=True),
+                        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                    ):
                         await ticket.send_channel.send(outcome)
         finally:
-            self.inflight -= 1
-            self._on_job_done()
+            if not released:
+                self._release()
+
+    def _release(self) -> None:
+        self.inflight -= 1
+        self._on_job_done()
 
     async def _generate(self, ticket: Ticket) -> Finished | Failed | None:
         """Run the backend; None when the request was cancelled."""

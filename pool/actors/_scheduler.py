@@ -17,6 +17,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
+import trio
+
+from pool.actors._stats import RecentStats
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -43,8 +46,14 @@ class Scheduler:
         on_idle: called when nothing is queued or running any more (drain waits on it).
     """
 
-    def __init__(self, max_queue: int, on_idle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_queue: int,
+        on_idle: Callable[[], None] | None = None,
+        stats: RecentStats | None = None,
+    ) -> None:
         self.max_queue = max_queue
+        self.stats = stats or RecentStats(1024)
         self._queues: dict[Priority, OrderedDict[str, deque[Ticket]]] = {
             p: OrderedDict() for p in PRIORITIES
         }
@@ -84,6 +93,12 @@ class Scheduler:
                 "queue_full",
                 f"model {ticket.request.model!r} has {self._depth} requests queued"
                 f" (max_queue {self.max_queue})",
+                retry_after_s=self.stats.retry_after_s(trio.current_time()),
+                details={
+                    "queueDepth": self._depth,
+                    "maxDepth": self.max_queue,
+                    "avgWaitMs": round(self.stats.avg_wait_ms, 1),
+                },
             )
         ticket.sequence = next(self._sequence)
         self._queues[ticket.priority].setdefault(ticket.tenant, deque()).append(ticket)
@@ -153,10 +168,12 @@ class Scheduler:
             assert ticket is not None
             self.dispatched_total += 1
             ticket.mark_dispatched()
+            self.stats.record_wait(ticket.queue_wait_ms)
             replica.start_job(ticket)
 
     def job_finished(self) -> None:
         """A replica freed a slot."""
+        self.stats.record_completion(trio.current_time())
         self.dispatch()
         self._check_idle()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,7 +19,9 @@ import trio
 
 from pool.actors._intake import build_generation_request
 from pool.actors._keep_alive import eviction_candidates
+from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
+from pool.actors._rate_limit import RateLimiter
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
 from pool.config import LoadRequest, Settings
 from pool.errors import PoolError
@@ -73,7 +75,14 @@ class Admission:
     raises :class:`PoolError` if the generation fails.
     """
 
-    def __init__(self, ticket: Ticket, request_id: str, model: str, admitted_at: float) -> None:
+    def __init__(
+        self,
+        ticket: Ticket,
+        request_id: str,
+        model: str,
+        admitted_at: float,
+        on_finished: Callable[[Admission, Finished], None] | None = None,
+    ) -> None:
         self.ticket = ticket
         self.id = request_id
         self.model = model
@@ -81,6 +90,8 @@ class Admission:
         self.output_text = ""
         self.metrics: ResponseMetrics | None = None
         self.finish_reason = "stop"
+        self.finished: Finished | None = None
+        self._on_finished = on_finished
 
     @property
     def queue_wait_ms(self) -> float:
@@ -107,6 +118,9 @@ class Admission:
                 self.output_text = "".join(pieces)
                 self.finish_reason = item.stats.finish_reason
                 self.metrics = build_metrics(self.ticket, item, self.admitted_at)
+                self.finished = item
+                if self._on_finished is not None:
+                    self._on_finished(self, item)
                 yield {"type": "response.metrics", "metrics": self.metrics.model_dump()}
                 yield {"type": "response.completed", "response": self.envelope().model_dump()}
                 return
@@ -144,6 +158,12 @@ class Pool:
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._reserved: set[ModelActor] = set()
+        self.rate_limiter = RateLimiter(settings.service.tenancy)
+        # Set by whoever runs a GPU monitor; read at scrape time.
+        self.gpu_snapshot: Callable[[], list[dict[str, Any]]] = list
+        self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpu_snapshot())
+        for actor in self.models.values():
+            actor.metrics = self.metrics
 
     def model(self, name: str) -> ModelActor:
         try:
@@ -195,39 +215,69 @@ class Pool:
         if self.shutting_down:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
         actor = self.model(request.model)
-        request_id = request_id or new_request_id()
-        generation = build_generation_request(
-            request,
-            request_id=request_id,
-            definition=actor.active_definition,
-            capabilities=actor.capabilities,
-            decoding_defaults=self.settings.engine.decoding,
-        )
-        ticket = actor.admit(
-            generation,
-            tenant=tenant,
-            priority=priority,
-            buffer=self.settings.engine.stream_buffer_tokens,
-            keep_alive=request.keep_alive,
-        )
+        status = "cancelled"
         try:
-            if not ticket.ready.is_set():
-                with trio.move_on_after(actor.queue_timeout_s):
-                    await ticket.ready.wait()
+            request_id = request_id or new_request_id()
+            generation = build_generation_request(
+                request,
+                request_id=request_id,
+                definition=actor.active_definition,
+                capabilities=actor.capabilities,
+                decoding_defaults=self.settings.engine.decoding,
+            )
+            self.rate_limiter.admit(tenant)
+            ticket = actor.admit(
+                generation,
+                tenant=tenant,
+                priority=priority,
+                buffer=self.settings.engine.stream_buffer_tokens,
+                keep_alive=request.keep_alive,
+            )
+            try:
+                if not ticket.ready.is_set():
+                    with trio.move_on_after(actor.queue_timeout_s):
+                        await ticket.ready.wait()
+                    if not ticket.ready.is_set():
+                        actor.scheduler.remove(ticket)
+                        raise PoolError(
+                            "queue_timeout",
+                            f"waited {actor.queue_timeout_s:g}s in the queue of"
+                            f" model {request.model!r}",
+                        )
+                if ticket.error is not None:
+                    raise ticket.error
+                admission = Admission(
+                    ticket, request_id, request.model, admitted_at, self._record_finished
+                )
+                yield admission
+                if admission.finished is not None:
+                    status = "success"
+            finally:
                 if not ticket.ready.is_set():
                     actor.scheduler.remove(ticket)
-                    raise PoolError(
-                        "queue_timeout",
-                        f"waited {actor.queue_timeout_s:g}s in the queue of"
-                        f" model {request.model!r}",
-                    )
-            if ticket.error is not None:
-                raise ticket.error
-            yield Admission(ticket, request_id, request.model, admitted_at)
+                ticket.abandon()
+        except PoolError as exc:
+            status = exc.code
+            raise
         finally:
-            if not ticket.ready.is_set():
-                actor.scheduler.remove(ticket)
-            ticket.abandon()
+            self.metrics.requests.labels(actor.name, tenant, status).inc()
+
+    def _record_finished(self, admission: Admission, finished: Finished) -> None:
+        model = admission.model
+        stats = finished.stats
+        metrics = admission.metrics
+        self.metrics.queue_wait.labels(model).observe(admission.queue_wait_ms / 1000.0)
+        self.metrics.inference.labels(model).observe(finished.backend_wall_ms / 1000.0)
+        if metrics is not None and metrics.gpu_time_to_first_token_ms is not None:
+            self.metrics.first_token.labels(model).observe(
+                metrics.gpu_time_to_first_token_ms / 1000.0
+            )
+        output = metrics.engine_output_tokens if metrics is not None else None
+        self.metrics.tokens.labels(model).inc(output or 0)
+        self.metrics.prompt_tokens.labels(model).inc(stats.prompt_tokens or 0)
+        self.rate_limiter.charge_tokens(
+            admission.ticket.tenant, (output or 0) + (stats.prompt_tokens or 0)
+        )
 
     async def stream(
         self, request: ResponseRequest, **kwargs: Any

@@ -25,6 +25,8 @@ from pool.config._models import (
     ServiceSettings,
     Settings,
     StubModel,
+    TenancySettings,
+    TenantLimits,
     VllmModel,
     VllmServeModel,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "ServiceSettings",
     "Settings",
     "StubModel",
+    "TenancySettings",
+    "TenantLimits",
     "VllmModel",
     "VllmServeModel",
     "apply_override",

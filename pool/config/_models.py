@@ -38,6 +38,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class TenantLimits(_Strict):
+    """Rate limits of one tenant (``X-Tenant-ID``); unset means unlimited."""
+
+    requests_per_minute: Annotated[float, Field(gt=0.0)] | None = None
+    tokens_per_minute: Annotated[float, Field(gt=0.0)] | None = Field(
+        None, description="Prompt plus output tokens; charged when a request finishes."
+    )
+    burst: Annotated[int, Field(ge=1)] = Field(
+        1, description="Requests allowed at once above the sustained rate."
+    )
+
+
+class TenancySettings(_Strict):
+    """``service.tenants``: per-tenant limits; ``default`` applies to unnamed tenants."""
+
+    default: TenantLimits = Field(default_factory=TenantLimits)
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict)
+    max_tenants_tracked: Annotated[int, Field(ge=1)] = Field(
+        10_000, description="Rate-limit state kept for at most this many tenants (LRU)."
+    )
+
+
 class ServiceSettings(_Strict):
     """The ``service`` section: how the HTTP server runs."""
 
@@ -51,6 +73,10 @@ class ServiceSettings(_Strict):
         16 * 1024 * 1024, description="Largest accepted request body; larger gets 413."
     )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
+    tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    stats_window: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
+        1024, description="Recent requests per model kept for queue-wait and drain-rate figures."
+    )
 
 
 class DecodingDefaults(_Strict):

@@ -31,7 +31,7 @@ def _ticket(tenant: str = "default", priority: str = "normal", tag: str = "") ->
     return Ticket(request, tenant=tenant, priority=priority)  # type: ignore[arg-type]
 
 
-def test_priority_then_round_robin_across_tenants() -> None:
+async def test_priority_then_round_robin_across_tenants() -> None:
     scheduler = Scheduler(max_queue=100)
     replica = _FakeReplica(capacity=1)
     scheduler.set_replicas([replica])
@@ -56,7 +56,7 @@ def test_priority_then_round_robin_across_tenants() -> None:
     assert order == ["h1", "h2", "a1", "b1", "c1", "a2", "a3", "l1"]
 
 
-def test_dispatch_goes_to_least_loaded_replica() -> None:
+async def test_dispatch_goes_to_least_loaded_replica() -> None:
     scheduler = Scheduler(max_queue=10)
     replicas = [_FakeReplica(2), _FakeReplica(2)]
     scheduler.set_replicas(replicas)
@@ -72,7 +72,7 @@ def test_dispatch_goes_to_least_loaded_replica() -> None:
     assert scheduler.queue_depth == 0
 
 
-def test_queue_full_counts_only_waiting_requests() -> None:
+async def test_queue_full_counts_only_waiting_requests() -> None:
     scheduler = Scheduler(max_queue=2)
     scheduler.set_replicas([_FakeReplica(1)])
     for _ in range(3):  # one runs, two wait
@@ -83,7 +83,7 @@ def test_queue_full_counts_only_waiting_requests() -> None:
     assert scheduler.queue_depth == 2 and scheduler.running == 1
 
 
-def test_removed_ticket_is_never_dispatched() -> None:
+async def test_removed_ticket_is_never_dispatched() -> None:
     scheduler = Scheduler(max_queue=5)
     replica = _FakeReplica(1)
     scheduler.set_replicas([replica])

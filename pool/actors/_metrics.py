@@ -1,0 +1,150 @@
+"""Prometheus metrics of one pool (its own registry, so several pools never collide).
+
+Counters and histograms are updated where things happen; gauges that describe live
+state (queue depth, in-flight, model state, GPU memory) are read from the actors at
+scrape time by a collector, so they can never drift from the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pool.actors._model import ModelActor
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
+_STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
+
+
+class _LiveState(Collector):
+    def __init__(
+        self,
+        models: Callable[[], Iterable[ModelActor]],
+        gpus: Callable[[], list[dict[str, Any]]],
+    ) -> None:
+        self._models = models
+        self._gpus = gpus
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "llm_pool_queue_depth", "Requests waiting in the queue", labels=["model"]
+        )
+        inflight = GaugeMetricFamily(
+            "llm_pool_inflight_requests", "Requests running on replicas", labels=["model"]
+        )
+        replicas = GaugeMetricFamily(
+            "llm_pool_loaded_replicas", "Loaded replicas", labels=["model"]
+        )
+        state = GaugeMetricFamily(
+            "llm_pool_model_state",
+            "1 for the model's current runtime state",
+            labels=["model", "state"],
+        )
+        for actor in self._models():
+            depth.add_metric([actor.name], actor.scheduler.queue_depth)
+            inflight.add_metric([actor.name], actor.scheduler.running)
+            replicas.add_metric([actor.name], len(actor.replicas))
+            for name in _STATES:
+                state.add_metric([actor.name, name], 1.0 if actor.state == name else 0.0)
+        yield from (depth, inflight, replicas, state)
+        used = GaugeMetricFamily(
+            "llm_pool_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]
+        )
+        total = GaugeMetricFamily(
+            "llm_pool_gpu_memory_total_bytes", "GPU memory in all", labels=["gpu"]
+        )
+        for gpu in self._gpus():
+            used.add_metric([str(gpu["index"])], gpu["used_mib"] * 1024 * 1024)
+            total.add_metric([str(gpu["index"])], gpu["total_mib"] * 1024 * 1024)
+        yield from (used, total)
+
+
+class PoolMetrics:
+    """Every metric the pool exports, in one registry."""
+
+    def __init__(
+        self,
+        models: Callable[[], Iterable[ModelActor]],
+        gpus: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "llm_pool_requests",
+            "Inference requests by outcome",
+            ["model", "tenant", "status"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "llm_pool_queue_wait_seconds",
+            "Time from admission to a replica",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "llm_pool_inference_duration_seconds",
+            "Time inside the backend",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "llm_pool_time_to_first_token_seconds",
+            "Time to the first generated text",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "llm_pool_generated_tokens", "Output tokens generated", ["model"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "llm_pool_prompt_tokens", "Prompt tokens processed", ["model"], registry=r
+        )
+        self.loads = Counter(
+            "llm_pool_model_loads", "Model loads by outcome", ["model", "outcome"], registry=r
+        )
+        self.unloads = Counter("llm_pool_model_unloads", "Model unloads", ["model"], registry=r)
+        self.load_duration = Histogram(
+            "llm_pool_model_load_duration_seconds",
+            "Time to load a model",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.unload_duration = Histogram(
+            "llm_pool_model_unload_duration_seconds",
+            "Time to unload a model (drain included)",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        r.register(_LiveState(models, gpus or list))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
