@@ -7,11 +7,10 @@ Embedded use::
         async for event in p.stream(request): ...
 """
 
+from pool._version import __version__
 from pool.actors import Admission, Pool, open_pool
 from pool.config import Settings, load_settings
 from pool.errors import ConfigError, PoolError
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Admission",

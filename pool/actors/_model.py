@@ -107,6 +107,7 @@ class ModelActor:
         self._nursery: trio.Nursery | None = None
         self.artifact_mib: int | None = None
         self.loaded_at: float | None = None
+        self.loaded_at_wall: float | None = None
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
@@ -335,6 +336,7 @@ class ModelActor:
         self.replicas = replicas
         self.last_error = None
         self.loaded_at = time.monotonic()
+        self.loaded_at_wall = time.time()
         self.last_used_at = self.loaded_at
         self.load_count += 1
         if self.metrics is not None:

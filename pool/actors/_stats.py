@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
+
+
+def percentile(values: Iterable[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (0 for none)."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
 class RecentStats:
@@ -22,15 +31,16 @@ class RecentStats:
         self._completions.append(at)
 
     @property
+    def waits_ms(self) -> list[float]:
+        return list(self._waits)
+
+    @property
     def avg_wait_ms(self) -> float:
         return sum(self._waits) / len(self._waits) if self._waits else 0.0
 
     @property
     def p95_wait_ms(self) -> float:
-        if not self._waits:
-            return 0.0
-        ordered = sorted(self._waits)
-        return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        return percentile(self._waits, 0.95)
 
     def drain_rate(self, now: float, horizon_s: float = 60.0) -> float:
         """Completions per second over the last ``horizon_s`` (0 when unknown)."""

@@ -9,6 +9,7 @@ the scheduler picked, and the two meet through the request's :class:`Ticket`.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,11 +18,14 @@ from typing import Any
 
 import trio
 
+from pool._version import __version__
 from pool.actors._intake import build_generation_request
 from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
+from pool.actors._stats import percentile
+from pool.actors._tasks import CONTEXT_FIELD, LoadTask, LoadTasks
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
 from pool.config import LoadRequest, Settings
 from pool.errors import PoolError
@@ -161,6 +165,8 @@ class Pool:
         self.rate_limiter = RateLimiter(settings.service.tenancy)
         # Set by whoever runs a GPU monitor; read at scrape time.
         self.gpu_snapshot: Callable[[], list[dict[str, Any]]] = list
+        self.gpu_error: Callable[[], str | None] = lambda: "no GPU monitor is running"
+        self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpu_snapshot())
         for actor in self.models.values():
             actor.metrics = self.metrics
@@ -294,6 +300,116 @@ class Pool:
         """Run ``request`` to completion and return the response envelope."""
         async with self.admit(request, **kwargs) as admission:
             return await admission.collect()
+
+    # -- runner API -------------------------------------------------------------------
+    def start_load_task(
+        self, name: str, overrides: dict[str, Any] | None = None, evict: str | None = None
+    ) -> LoadTask:
+        """Start loading ``name`` in the background (after unloading ``evict``)."""
+        if self._nursery is None or self.shutting_down:
+            raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        return self.load_tasks.start(self._nursery, name, overrides or {}, evict)
+
+    async def flush_cache(
+        self,
+        scope: str,
+        *,
+        model: str | None = None,
+        tenant: str | None = None,
+        tag: str | None = None,
+    ) -> dict[str, Any]:
+        """Flush prompt caches; backends without one report nothing removed."""
+        actors = [self.model(model)] if scope == "model" and model else list(self.models.values())
+        entries = 0
+        freed_mib = 0.0
+        for actor in actors:
+            for replica in actor.replicas:
+                flush = getattr(replica.runtime, "flush_cache", None)
+                if flush is not None:
+                    removed, mib = await flush(scope=scope, tenant=tenant, tag=tag)
+                    entries += removed
+                    freed_mib += mib
+        return {"flushed": True, "entriesRemoved": entries, "memoryFreedMB": round(freed_mib)}
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(serving?, body) for ``GET /health``."""
+        loaded = sum(1 for a in self.models.values() if a.state == "loaded")
+        body: dict[str, Any] = {
+            "status": "healthy",
+            "uptime": round(time.time() - self.started_at),
+            "modelsLoaded": loaded,
+            "queueDepth": sum(a.scheduler.queue_depth for a in self.models.values()),
+        }
+        reason = None
+        if self.shutting_down:
+            reason = "the pool is shutting down"
+        elif self.models and all(a.state == "failed" for a in self.models.values()):
+            reason = "every model failed to load"
+        if reason is not None:
+            body["status"] = "unhealthy"
+            body["reason"] = reason
+        return reason is None, body
+
+    def capabilities(self) -> dict[str, Any]:
+        """The runner descriptor of ``GET /v1/capabilities``."""
+        actors = list(self.models.values())
+        loaded = []
+        for a in actors:
+            if a.state != "loaded":
+                continue
+            context_field = CONTEXT_FIELD.get(a.definition.backend)
+            vram, _, _ = a.vram_estimate()
+            loaded.append(
+                {
+                    "id": a.name,
+                    "backend": a.definition.backend,
+                    "contextLength": getattr(a.active_definition, context_field, None)
+                    if context_field
+                    else None,
+                    "loadedAt": round(a.loaded_at_wall or 0),
+                    "gpuMemoryMB": vram,
+                    "replicas": len(a.replicas),
+                }
+            )
+        waits = [w for a in actors for w in a.scheduler.stats.waits_ms]
+        gpus = self.gpu_snapshot()
+        healthy, health = self.health()
+        return {
+            "runnerType": f"llm-pool-{__version__}",
+            "runnerId": self.settings.service.runner_id or socket.gethostname(),
+            "models": {
+                "loaded": loaded,
+                "loading": [
+                    {"id": a.name, "progress": None, "eta": None}
+                    for a in actors
+                    if a.state == "loading"
+                ],
+                "available": [a.name for a in actors if a.state in ("unloaded", "failed")],
+            },
+            "resources": {
+                "gpuIds": [g["index"] for g in gpus],
+                "gpuMemoryTotalMB": sum(g["total_mib"] for g in gpus),
+                "gpuMemoryUsedMB": sum(g["used_mib"] for g in gpus),
+                "gpuMemoryFreeMB": sum(g["total_mib"] - g["used_mib"] for g in gpus),
+                "error": None if gpus else self.gpu_error(),
+            },
+            "queue": {
+                "depth": sum(a.scheduler.queue_depth for a in actors),
+                "maxDepth": sum(a.scheduler.max_queue for a in actors if a.state == "loaded"),
+                "avgWaitMs": round(sum(waits) / len(waits), 1) if waits else 0.0,
+                "p95WaitMs": round(percentile(waits, 0.95), 1),
+            },
+            "capabilities": {
+                "streaming": True,
+                "prefixCaching": False,
+                "multiTenant": True,
+                "visionInput": any("image" in a.capabilities.modalities for a in actors),
+                "audioInput": False,
+                "functionCalling": False,
+            },
+            "health": "healthy" if healthy else "unhealthy",
+            "healthReason": health.get("reason"),
+        }
 
     # -- on-demand loading and eviction ----------------------------------------------
     def _notify_change(self) -> None:

@@ -74,6 +74,10 @@ class ServiceSettings(_Strict):
     )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")
+    max_load_tasks: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        256, description="Finished async load tasks kept for polling."
+    )
     stats_window: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
         1024, description="Recent requests per model kept for queue-wait and drain-rate figures."
     )
