@@ -11,6 +11,7 @@ from pool.config._files import (
 from pool.config._load_constraints import load_constraints, load_recommendations
 from pool.config._load_request import LoadRequest, apply_override, validate_load_request
 from pool.config._models import (
+    AuthSettings,
     BACKEND_NAMES,
     DEFINITION_CLASSES,
     CommonModelFields,
@@ -32,6 +33,7 @@ from pool.config._models import (
 )
 
 __all__ = [
+    "AuthSettings",
     "BACKEND_NAMES",
     "DEFINITION_CLASSES",
     "LOCAL_SETTINGS_ENV",

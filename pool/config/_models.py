@@ -60,6 +60,33 @@ class TenancySettings(_Strict):
     )
 
 
+class AuthSettings(_Strict):
+    """``service.auth``: bearer tokens and signed operation tokens (all optional).
+
+    Tokens may also come from the environment: ``LLM_POOL_API_TOKENS`` (comma-separated
+    inference tokens), ``LLM_POOL_ADMIN_TOKEN`` and ``LLM_POOL_OP_TOKEN_KEY_PATH``.
+    """
+
+    inference_tokens: list[str] = Field(
+        default_factory=list, description="Bearer tokens accepted on inference routes."
+    )
+    admin_token: str | None = Field(
+        None, description="Bearer token for admin and lifecycle routes (also valid for inference)."
+    )
+    op_token_key_path: str | None = Field(
+        None, description="File with the HMAC key of `verifiedOpToken` (runner lifecycle routes)."
+    )
+    op_token_window_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        300.0, description="How far an op token's issuedAt may be from now."
+    )
+    op_token_min_signers: Annotated[int, Field(ge=1)] = Field(
+        1, description="Signers an op token must list (M of N)."
+    )
+    op_token_signers: list[str] | None = Field(
+        None, description="If set, only these signers count towards the minimum."
+    )
+
+
 class ServiceSettings(_Strict):
     """The ``service`` section: how the HTTP server runs."""
 
@@ -74,6 +101,7 @@ class ServiceSettings(_Strict):
     )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")
     max_load_tasks: Annotated[int, Field(ge=1, le=100_000)] = Field(
         256, description="Finished async load tasks kept for polling."

@@ -1,0 +1,140 @@
+"""Bearer tokens and signed operation tokens (unit level; routes are tested with HTTP)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pool.config import AuthSettings
+from pool.errors import PoolError
+from pool.http._auth import Authenticator, sign_op_token
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+def _auth(tmp_path: Path, **settings: Any) -> Authenticator:
+    key_file = tmp_path / "op.key"
+    key_file.write_bytes(KEY + b"\n")
+    return Authenticator(AuthSettings(op_token_key_path=str(key_file), **settings), environ={})
+
+
+def _claims(**over: Any) -> dict[str, Any]:
+    return {
+        "operation": "model-load",
+        "modelId": "m",
+        "issuedAt": time.time(),
+        "signers": ["admin1"],
+        "nonce": "nonce-0001",
+        **over,
+    }
+
+
+def test_open_pool_without_tokens() -> None:
+    auth = Authenticator(AuthSettings(), environ={})
+    assert not auth.enabled
+    auth.check_bearer(None, "inference")
+    auth.check_bearer(None, "admin")
+
+
+def test_inference_and_admin_tokens() -> None:
+    auth = Authenticator(
+        AuthSettings(inference_tokens=["user-token"], admin_token="admin-token"), environ={}
+    )
+    auth.check_bearer("Bearer user-token", "inference")
+    auth.check_bearer("bearer admin-token", "inference")
+    auth.check_bearer("Bearer admin-token", "admin")
+    for header, access in [
+        (None, "inference"),
+        ("Bearer wrong", "inference"),
+        ("Basic user-token", "inference"),
+        ("Bearer user-token", "admin"),
+        ("Bearer " + "x" * 10_000, "admin"),
+    ]:
+        with pytest.raises(PoolError) as info:
+            auth.check_bearer(header, access)  # type: ignore[arg-type]
+        assert info.value.code == "unauthorized" and info.value.status == 401
+
+
+def test_tokens_from_environment() -> None:
+    auth = Authenticator(
+        AuthSettings(), environ={"LLM_POOL_API_TOKENS": "a, b", "LLM_POOL_ADMIN_TOKEN": "root"}
+    )
+    auth.check_bearer("Bearer b", "inference")
+    auth.check_bearer("Bearer root", "admin")
+    with pytest.raises(PoolError):
+        auth.check_bearer("Bearer a", "admin")
+
+
+def test_admin_token_only_leaves_inference_open_to_admin_only() -> None:
+    auth = Authenticator(AuthSettings(admin_token="root"), environ={})
+    with pytest.raises(PoolError):
+        auth.check_bearer(None, "inference")
+
+
+def test_valid_op_token(tmp_path: Path) -> None:
+    auth = _auth(tmp_path)
+    claims = auth.verify_op_token(sign_op_token(KEY, _claims()), operation="model-load", model="m")
+    assert claims["signers"] == ["admin1"]
+    # The plain JSON form is accepted too.
+    token = json.loads(
+        base64.urlsafe_b64decode(sign_op_token(KEY, _claims(nonce="n-000002")) + "==")
+    )
+    auth.verify_op_token(json.dumps(token), operation="model-load", model="m")
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        (sign_op_token(b"another key entirely 000000000000", _claims()), "signature"),
+        (sign_op_token(KEY, _claims(issuedAt=time.time() - 301)), "window"),
+        (sign_op_token(KEY, _claims(issuedAt=time.time() + 3600)), "window"),
+        (sign_op_token(KEY, _claims(operation="model-unload")), "model-unload"),
+        (sign_op_token(KEY, _claims(modelId="other")), "other"),
+        (sign_op_token(KEY, _claims(signers=[])), "signer"),
+        (sign_op_token(KEY, _claims(nonce="short")), "nonce"),
+        (sign_op_token(KEY, _claims(issuedAt="yesterday")), "issuedAt"),
+        ("not base64 at all!", "base64"),
+        ("e30", "opToken"),
+        ({"opToken": _claims(), "signature": "00" * 32}, "signature"),
+    ],
+)
+def test_forged_expired_or_malformed_op_tokens(tmp_path: Path, token: Any, reason: str) -> None:
+    with pytest.raises(PoolError) as info:
+        _auth(tmp_path).verify_op_token(token, operation="model-load", model="m")
+    assert info.value.code == "unauthorized" and reason in info.value.message
+
+
+def test_replayed_nonce_is_refused(tmp_path: Path) -> None:
+    auth = _auth(tmp_path)
+    token = sign_op_token(KEY, _claims())
+    auth.verify_op_token(token, operation="model-load", model="m")
+    with pytest.raises(PoolError) as info:
+        auth.verify_op_token(token, operation="model-load", model="m")
+    assert "replay" in info.value.message
+
+
+def test_m_of_n_signers(tmp_path: Path) -> None:
+    auth = _auth(tmp_path, op_token_min_signers=2, op_token_signers=["alice", "bob", "carol"])
+    with pytest.raises(PoolError):
+        auth.verify_op_token(
+            sign_op_token(KEY, _claims(signers=["alice", "mallory"])),
+            operation="model-load",
+            model="m",
+        )
+    auth.verify_op_token(
+        sign_op_token(KEY, _claims(signers=["alice", "carol"], nonce="n-000003")),
+        operation="model-load",
+        model="m",
+    )
+
+
+def test_op_tokens_refused_when_not_configured() -> None:
+    with pytest.raises(PoolError):
+        Authenticator(AuthSettings(), environ={}).verify_op_token(
+            sign_op_token(KEY, _claims()), operation="model-load", model="m"
+        )
