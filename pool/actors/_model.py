@@ -51,10 +51,12 @@ STATE_DESCRIPTIONS: dict[str, str] = {
 
 @dataclass(slots=True)
 class _Command:
-    kind: Literal["load", "unload"]
+    kind: Literal["load", "unload", "replica_failed"]
     replicas: int = 0
     patch: dict[str, Any] = field(default_factory=dict)
     explicit: bool = False  # the body asked for replicas or overrides
+    reason: str = ""
+    replica: Replica | None = None
     reply: trio.MemorySendChannel[dict[str, Any] | PoolError] | None = None
 
 
@@ -251,8 +253,11 @@ class ModelActor:
         try:
             if command.kind == "load":
                 result: dict[str, Any] | PoolError = await self._do_load(command)
-            else:
+            elif command.kind == "unload":
                 result = await self._do_unload()
+            else:
+                await self._do_replica_failed(command)
+                return
         except PoolError as exc:
             result = exc
         assert command.reply is not None
@@ -307,6 +312,7 @@ class ModelActor:
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,
                     on_job_done=self.scheduler.job_finished,
+                    on_failure=self._replica_failed,
                 )
                 await self._nursery.start(replica.run)
                 replicas.append(replica)
@@ -382,6 +388,35 @@ class ModelActor:
             )
         self._set_state("unloaded")
         return self.row()
+
+    def _replica_failed(self, replica: Replica, reason: str) -> None:
+        command = _Command("replica_failed", reason=reason, replica=replica)
+        try:
+            self._inbox_send.send_nowait(command)
+        except trio.WouldBlock:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._inbox_send.send, command)
+
+    async def _do_replica_failed(self, command: _Command) -> None:
+        if self.state != "loaded" or command.replica not in self.replicas:
+            return  # already unloaded or reloaded since: nothing to fail
+        log.warning("model=%s replica failed: %s", self.name, command.reason)
+        self.last_error = command.reason
+        self._set_state("failed")
+        self.scheduler.fail_queued(
+            PoolError("model_failed", f"model {self.name!r} failed: {command.reason}")
+        )
+        error = PoolError("backend_error", f"model {self.name!r} failed: {command.reason}")
+        for replica in self.replicas:
+            for ticket in replica.running_tickets:
+                ticket.error = ticket.error or error
+        replicas, self.replicas = self.replicas, []
+        self.scheduler.set_replicas(())
+        await self._stop_replicas(replicas)
+        self.load_override = {}
+        self.active_definition = self.definition
+        self.loaded_at = None
+        self.expires_at = None
 
     async def _stop_replicas(self, replicas: list[Replica]) -> None:
         for replica in replicas:

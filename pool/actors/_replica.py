@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -63,6 +63,7 @@ class Replica:
         capacity: int,
         unload_timeout_s: float,
         on_job_done: Callable[[], None],
+        on_failure: Callable[[Replica, str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.definition = definition
@@ -72,6 +73,8 @@ class Replica:
         self.runtime: Runtime | None = None
         self._unload_timeout_s = unload_timeout_s
         self._on_job_done = on_job_done
+        self._on_failure = on_failure
+        self._running: set[Ticket] = set()
         self._jobs: trio.Nursery | None = None
         self._stop = trio.Event()
         self.stopped = trio.Event()
@@ -84,37 +87,73 @@ class Replica:
         self, *, task_status: trio.TaskStatus[Replica] = trio.TASK_STATUS_IGNORED
     ) -> None:
         try:
-            self.runtime = await self.backend.load(self.definition, self.context)
+            runtime = self.runtime = await self.backend.load(self.definition, self.context)
             try:
                 async with trio.open_nursery() as jobs:
                     self._jobs = jobs
+                    watch = getattr(runtime, "wait_failed", None)
+                    if watch is not None:
+                        jobs.start_soon(self._watch_runtime, watch)
                     task_status.started(self)
                     await self._stop.wait()
                     # The model actor drains before stopping; anything left is cut here.
                     jobs.cancel_scope.cancel()
+            except Exception as exc:
+                # Supervision boundary: a replica never takes its model actor down with
+                # it; it reports the failure and the model goes `failed`.
+                log.exception("replica %s/%d crashed", self.context.model_name, self.index)
+                self._report_failure(f"{type(exc).__name__}: {exc}")
             finally:
                 self._jobs = None
-                with trio.move_on_after(self._unload_timeout_s, shield=True) as cleanup:
-                    await self.runtime.close()
-                if cleanup.cancelled_caught:
-                    log.warning(
-                        "replica %s/%d: runtime did not close within %.1fs",
-                        self.context.model_name,
-                        self.index,
-                        self._unload_timeout_s,
-                    )
-                self.runtime = None
+                await self._close_runtime(runtime)
         finally:
             self.stopped.set()
 
+    async def _close_runtime(self, runtime: Runtime) -> None:
+        with trio.move_on_after(self._unload_timeout_s, shield=True) as cleanup:
+            try:
+                await runtime.close()
+            except Exception:
+                log.exception(
+                    "replica %s/%d: closing the runtime failed", self.context.model_name, self.index
+                )
+        if cleanup.cancelled_caught:
+            log.warning(
+                "replica %s/%d: runtime did not close within %.1fs",
+                self.context.model_name,
+                self.index,
+                self._unload_timeout_s,
+            )
+        self.runtime = None
+
+    async def _watch_runtime(self, wait_failed: Callable[[], Awaitable[str]]) -> None:
+        reason = await wait_failed()
+        self._report_failure(reason)
+
+    def _report_failure(self, reason: str) -> None:
+        if self._stop.is_set():
+            return  # an exit we asked for is not a failure
+        error = PoolError(
+            "backend_error", f"the runtime of model {self.context.model_name!r} failed: {reason}"
+        )
+        for ticket in self._running:
+            ticket.error = error
+        if self._on_failure is not None:
+            self._on_failure(self, reason)
+
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def running_tickets(self) -> frozenset[Ticket]:
+        return frozenset(self._running)
 
     def start_job(self, ticket: Ticket) -> None:
         if self._jobs is None:
             ticket.reject(PoolError("model_unloading", "the replica is stopping"))
             return
         self.inflight += 1
+        self._running.add(ticket)
         self._jobs.start_soon(self._run_job, ticket)
 
     async def _run_job(self, ticket: Ticket) -> None:
@@ -122,6 +161,7 @@ class Replica:
         try:
             with ticket.send_channel:
                 outcome = await self._generate(ticket)
+                self._running.discard(ticket)
                 # The generation is over: free the slot before delivering the result,
                 # so a client that sends its next request at once finds it free.
                 released = True
@@ -135,6 +175,7 @@ class Replica:
                     ):
                         await ticket.send_channel.send(outcome)
         finally:
+            self._running.discard(ticket)
             if not released:
                 self._release()
 

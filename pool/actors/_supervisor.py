@@ -131,6 +131,8 @@ class Admission:
             elif isinstance(item, Failed):
                 raise item.error
         # The channel closed without a result: the replica was stopped under us.
+        if self.ticket.error is not None:
+            raise self.ticket.error
         raise PoolError("shutting_down", "the model stopped before the response completed")
 
     async def collect(self) -> ResponseEnvelope:

@@ -247,3 +247,61 @@ async def test_closing_the_pool_ends_open_requests_in_bounded_time(
 async def test_registry_returns_one_backend_per_name() -> None:
     assert get_backend("stub") is get_backend("stub")
     assert get_backend("vllm").name == "unavailable"
+
+
+class _DyingRuntime(StubRuntime):
+    """A stub runtime that can die on its own, like a crashed subprocess."""
+
+    def __init__(self, definition: Any, died: trio.Event, closes: list[int]) -> None:
+        super().__init__(definition)
+        self._died = died
+        self._closes = closes
+
+    async def wait_failed(self) -> str:
+        await self._died.wait()
+        return "child exited with status -9; last output: out of memory"
+
+    async def close(self) -> None:
+        self._closes.append(1)
+        raise RuntimeError("close blew up too")
+
+
+class _DyingBackend(StubBackend):
+    def __init__(self) -> None:
+        self.died = trio.Event()
+        self.closes: list[int] = []
+
+    async def load(self, definition: Any, context: Any) -> StubRuntime:
+        died = self.died if context.replica_index == 0 else trio.Event()
+        return _DyingRuntime(definition, died, self.closes)
+
+
+async def test_a_runtime_that_dies_fails_the_model(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dying = _DyingBackend()
+    monkeypatch.setattr(model_module, "get_backend", lambda name: dying)
+    settings = stub_settings(
+        {"m": {"replicas": 2, "stub_reply": "a " * 50, "stub_tokens_per_second": 1}, "other": {}}
+    )
+    async with open_pool(settings) as pool:
+        await pool.load("m")
+        outcomes = [Outcome(), Outcome(), Outcome()]
+        async with trio.open_nursery() as nursery:
+            for outcome in outcomes:
+                nursery.start_soon(run_request, pool, ask("m"), outcome)
+            await wait_until(lambda: pool.status("m")["queue_depth"] == 1)
+            dying.died.set()
+        row = pool.status("m")
+        assert row["runtime_state"] == "failed" and "out of memory" in row["last_error"]
+        assert row["loaded_replicas"] == row["runtime_inflight"] == row["queue_depth"] == 0
+        codes = sorted(o.error.code for o in outcomes if o.error is not None)
+        assert codes == ["backend_error", "backend_error", "model_failed"]
+        assert len(dying.closes) == 2  # both replicas released, despite close() raising
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("m"))
+        assert info.value.code == "model_failed"
+        # The rest of the pool is untouched and the model can be loaded again.
+        await pool.load("other")
+        assert (await pool.respond(ask("other", "fine"))).output_text == "fine"
+        assert (await pool.load("m"))["runtime_state"] == "loaded"
