@@ -37,15 +37,20 @@ def get_backend(name: str) -> Backend:
     """The backend registered as ``name``, or an :class:`UnavailableBackend` placeholder."""
     if name in _instances:
         return _instances[name]
+    from pool.backends._unavailable import UnavailableBackend
+
     entry = _REGISTRY.get(name)
     backend: Backend
     if entry is None:
-        from pool.backends._unavailable import UnavailableBackend
-
         backend = UnavailableBackend(name)
     else:
-        module = importlib.import_module(entry[0])
-        backend = getattr(module, entry[1])()
+        try:
+            module = importlib.import_module(entry[0])
+        except ImportError as exc:
+            # Listing and rows still work; loading says what is missing.
+            backend = UnavailableBackend(name, reason=f"{type(exc).__name__}: {exc}")
+        else:
+            backend = getattr(module, entry[1])()
     _instances[name] = backend
     return backend
 

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 class UnavailableBackend:
     name: ClassVar[str] = "unavailable"
 
-    def __init__(self, backend_name: str) -> None:
+    def __init__(self, backend_name: str, reason: str | None = None) -> None:
         self.backend_name = backend_name
+        self.reason = reason
         # Rows of its models still show the backend's real tables.
         self.load_constraints = load_constraints(backend_name)
         self.load_recommendations = load_recommendations(backend_name)
