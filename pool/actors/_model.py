@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,7 +148,7 @@ class ModelActor:
         if not self.definition.model_path:
             return None
         try:
-            path = resolve_model_path(self.definition.model_path, self.settings)
+            path = resolve_model_path(self.definition.model_path, self.settings.base_dir)
             if path.is_dir():
                 size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
             else:
@@ -303,11 +302,7 @@ class ModelActor:
                     context=LoadContext(
                         model_name=self.name,
                         replica_index=index,
-                        settings_dir=(
-                            os.path.dirname(self.settings.source_files[0])
-                            if self.settings.source_files
-                            else None
-                        ),
+                        settings_dir=self.settings.base_dir,
                     ),
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,

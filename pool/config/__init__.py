@@ -11,9 +11,9 @@ from pool.config._files import (
 from pool.config._load_constraints import load_constraints, load_recommendations
 from pool.config._load_request import LoadRequest, apply_override, validate_load_request
 from pool.config._models import (
-    AuthSettings,
     BACKEND_NAMES,
     DEFINITION_CLASSES,
+    AuthSettings,
     CommonModelFields,
     Ct2Model,
     DecodingDefaults,
@@ -33,11 +33,11 @@ from pool.config._models import (
 )
 
 __all__ = [
-    "AuthSettings",
     "BACKEND_NAMES",
     "DEFINITION_CLASSES",
     "LOCAL_SETTINGS_ENV",
     "SETTINGS_ENV",
+    "AuthSettings",
     "CommonModelFields",
     "Ct2Model",
     "DecodingDefaults",

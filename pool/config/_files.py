@@ -159,7 +159,7 @@ def load_settings(settings_path: Path | None = None, local_path: Path | None = N
     return build_settings(data, files)
 
 
-def resolve_model_path(value: str, settings: Settings) -> Path:
+def resolve_model_path(value: str, base_dir: str | Path | None = None) -> Path:
     """Turn a configured ``model_path`` into a file path.
 
     ``pkg://package/relative/file`` names a file inside an installed Python package (how
@@ -179,6 +179,6 @@ def resolve_model_path(value: str, settings: Settings) -> Path:
             raise FileNotFoundError(f"{resource!r} is not in package {package!r} ({path})")
         return path
     path = Path(value).expanduser()
-    if not path.is_absolute() and settings.source_files:
-        path = Path(settings.source_files[0]).resolve().parent / path
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
     return path

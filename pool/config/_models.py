@@ -6,6 +6,7 @@ startup error that names the field instead of a silently ignored key.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
@@ -375,3 +376,10 @@ class Settings(BaseModel):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     # Where the files came from, for relative paths and error messages.
     source_files: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def base_dir(self) -> str | None:
+        """The folder of the settings file: relative model paths start there."""
+        if not self.source_files:
+            return None
+        return os.path.dirname(os.path.abspath(self.source_files[0]))

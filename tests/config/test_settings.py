@@ -149,10 +149,10 @@ def test_shipped_settings_are_valid() -> None:
 
 
 def test_package_paths_resolve_from_installed_packages(tmp_path: Path) -> None:
-    loaded = build_settings({})
-    path = resolve_model_path("pkg://pool/py.typed", loaded)
+    path = resolve_model_path("pkg://pool/py.typed")
     assert path.is_file()
     with pytest.raises(FileNotFoundError):
-        resolve_model_path("pkg://no_such_package_here/x.gguf", loaded)
+        resolve_model_path("pkg://no_such_package_here/x.gguf")
+    loaded = build_settings({})
     loaded.source_files = [str(tmp_path / "settings.json")]
-    assert resolve_model_path("models/a.gguf", loaded) == tmp_path / "models" / "a.gguf"
+    assert resolve_model_path("models/a.gguf", loaded.base_dir) == tmp_path / "models" / "a.gguf"

@@ -1,0 +1,277 @@
+"""The ``llama_cpp`` backend: GGUF models in-process through llama-cpp-python.
+
+Each replica owns one ``llama_cpp.Llama`` and one worker thread (a
+``CapacityLimiter(1)``): a llama context decodes one sequence at a time, so the honest
+inflight target is 1 and concurrency comes from replicas. Tokens cross back to Trio
+one at a time through ``trio.from_thread.run``; when the request is cancelled that
+call raises in the worker thread, which stops generating before the next token.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gc
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from pool.backends._protocol import (
+    Capabilities,
+    GenerationRequest,
+    GenerationStats,
+    LoadContext,
+    TokenSink,
+)
+from pool.backends.prompt_formats import (
+    ModelTemplate,
+    PromptFormat,
+    format_traits,
+    get_prompt_format,
+)
+from pool.config import (
+    LlamaCppModel,
+    load_constraints,
+    load_recommendations,
+    resolve_model_path,
+)
+from pool.errors import BackendError, PoolError
+
+if TYPE_CHECKING:
+    from pool.config import ModelDefinition
+
+# GGML cache type names of the load constraints -> llama.cpp's ggml_type values.
+_GGML_TYPES = {
+    "f32": "GGML_TYPE_F32",
+    "f16": "GGML_TYPE_F16",
+    "bf16": "GGML_TYPE_BF16",
+    "q8_0": "GGML_TYPE_Q8_0",
+    "q4_0": "GGML_TYPE_Q4_0",
+    "q4_1": "GGML_TYPE_Q4_1",
+    "iq4_nl": "GGML_TYPE_IQ4_NL",
+    "q5_0": "GGML_TYPE_Q5_0",
+    "q5_1": "GGML_TYPE_Q5_1",
+}
+_THINKING_FORMATS = ("gemma4_template",)
+
+
+class StopScanner:
+    """Holds back text that might be the start of a stop string.
+
+    ``feed`` returns what is safe to send now and whether a stop string was reached
+    (the stop string itself is never sent).
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        self._pending += text
+        hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            out, self._pending = self._pending[: min(hits)], ""
+            return out, True
+        hold = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(self._pending)), 0, -1):
+                if self._pending.endswith(stop[:size]):
+                    hold = max(hold, size)
+                    break
+        cut = len(self._pending) - hold
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+
+class LlamaCppRuntime:
+    def __init__(self, llama: Any, definition: LlamaCppModel, prompt_format: PromptFormat) -> None:
+        self._llama = llama
+        self._definition = definition
+        self._format = prompt_format
+        self._limiter = trio.CapacityLimiter(1)
+        self._closed = False
+
+    @property
+    def vram_mib(self) -> int | None:
+        return None
+
+    async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        rendered = self._format.render(request, enable_thinking=self._definition.enable_thinking)
+        stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
+        send: Callable[[str], None] = lambda text: trio.from_thread.run(sink.send, text)  # noqa: E731
+        return await trio.to_thread.run_sync(
+            self._generate_blocking, rendered.text, stops, request, send, limiter=self._limiter
+        )
+
+    def _generate_blocking(
+        self,
+        prompt: str,
+        stops: tuple[str, ...],
+        request: GenerationRequest,
+        send: Callable[[str], None],
+    ) -> GenerationStats:
+        import llama_cpp
+
+        llama = self._llama
+        started = time.perf_counter()
+        tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        tokenize_ms = (time.perf_counter() - started) * 1000.0
+        n_ctx = llama.n_ctx()
+        if len(tokens) + 1 > n_ctx:
+            raise PoolError(
+                "invalid_request",
+                f"the prompt is {len(tokens)} tokens; model {request.model!r} has a context of"
+                f" {n_ctx} tokens",
+                details={"prompt_tokens": len(tokens), "n_ctx": n_ctx},
+            )
+        budget = min(request.decoding.max_tokens, n_ctx - len(tokens))
+        decoding = request.decoding
+        vocab = llama._model.vocab
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        scanner = StopScanner(stops)
+        produced = 0
+        first_ms: float | None = None
+        finish = "length"
+        gen_started = time.perf_counter()
+        for token in llama.generate(
+            tokens,
+            top_k=decoding.top_k,
+            top_p=decoding.top_p,
+            min_p=0.0,
+            temp=decoding.temperature,
+            repeat_penalty=decoding.repetition_penalty,
+            reset=True,
+        ):
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                finish = "stop"
+                break
+            produced += 1
+            text, stopped = scanner.feed(decoder.decode(llama.detokenize([token])))
+            if text:
+                if first_ms is None:
+                    first_ms = (time.perf_counter() - started) * 1000.0
+                send(text)
+            if stopped:
+                finish = "stop"
+                break
+            if produced >= budget:
+                break
+        else:
+            finish = "stop"
+        if finish != "stop" or not stops:
+            tail = scanner.flush() + decoder.decode(b"", final=True)
+        else:
+            tail = ""
+        if tail:
+            send(tail)
+        return GenerationStats(
+            prompt_tokens=len(tokens),
+            output_tokens=produced,
+            tokenize_ms=round(tokenize_ms, 3),
+            time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
+            generate_total_ms=round((time.perf_counter() - gen_started) * 1000.0, 3),
+            finish_reason=finish,  # type: ignore[arg-type]
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama, self._llama = self._llama, None
+
+        def release() -> None:
+            llama.close()
+            gc.collect()
+
+        await trio.to_thread.run_sync(release, limiter=self._limiter)
+
+
+def _prompt_format(definition: LlamaCppModel, llama: Any) -> PromptFormat:
+    template = None
+    if definition.prompt_format == "model_template":
+        template = ModelTemplate.from_gguf_metadata(
+            llama.metadata,
+            lambda token_id: llama.detokenize([token_id], special=True).decode("utf-8", "replace"),
+        )
+        if template is None:
+            raise BackendError("prompt_format model_template: the GGUF has no chat template")
+    return get_prompt_format(definition.prompt_format, model_template=template)
+
+
+class LlamaCppBackend:
+    name: ClassVar[str] = "llama_cpp"
+    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("llama_cpp")
+    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("llama_cpp")
+
+    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+        multi_turn, _ = format_traits(definition.prompt_format)
+        thinking = definition.prompt_format in _THINKING_FORMATS
+        # In-process GGUF has no vision path, whatever the config says.
+        return Capabilities(
+            modalities=("text",),
+            multi_turn=multi_turn,
+            thinking_modes=("default", "enabled", "disabled") if thinking else ("default",),
+        )
+
+    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+        # One llama context decodes one sequence at a time: more would only queue
+        # inside the worker thread, hiding the wait from the scheduler.
+        return 1
+
+    async def load(self, definition: ModelDefinition, context: LoadContext) -> LlamaCppRuntime:
+        assert isinstance(definition, LlamaCppModel)
+        if not definition.model_path:
+            raise BackendError("model_path is not set")
+        try:
+            path = resolve_model_path(definition.model_path, context.settings_dir)
+        except FileNotFoundError as exc:
+            raise BackendError(str(exc)) from exc
+        if not path.is_file():
+            raise BackendError(f"model file {path} does not exist")
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise BackendError(
+                "llama-cpp-python is not installed (pip install 'llm-pool[llama_cpp]')"
+            ) from exc
+        kwargs: dict[str, Any] = {
+            "model_path": str(path),
+            "n_ctx": definition.gguf_n_ctx,
+            "n_gpu_layers": definition.gguf_n_gpu_layers,
+            "n_batch": min(definition.gguf_n_batch, definition.gguf_n_ctx),
+            # The Python API takes a bool: "auto" keeps llama-cpp-python's default (off).
+            "flash_attn": definition.gguf_flash_attn == "on",
+            "verbose": False,
+        }
+        if definition.gguf_n_threads is not None:
+            kwargs["n_threads"] = definition.gguf_n_threads
+        if definition.gguf_seed is not None:
+            kwargs["seed"] = definition.gguf_seed
+        for field in ("gguf_type_k", "gguf_type_v"):
+            value = getattr(definition, field)
+            if value is not None:
+                if value not in _GGML_TYPES:
+                    raise BackendError(f"{field} {value!r} is not a supported GGML cache type")
+                kwargs[field.removeprefix("gguf_")] = getattr(llama_cpp, _GGML_TYPES[value])
+
+        def load_blocking() -> Any:
+            try:
+                return llama_cpp.Llama(**kwargs)
+            except (ValueError, RuntimeError, OSError) as exc:
+                raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+
+        limiter = trio.CapacityLimiter(1)
+        llama = await trio.to_thread.run_sync(load_blocking, limiter=limiter)
+        try:
+            prompt_format = _prompt_format(definition, llama)
+        except (BackendError, PoolError, ValueError) as exc:
+            await trio.to_thread.run_sync(llama.close)
+            raise BackendError(str(exc)) from exc
+        return LlamaCppRuntime(llama, definition, prompt_format)
