@@ -30,6 +30,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "validation_error": 422,
     "rate_limit_exceeded": 429,
     "load_failed": 500,
+    "internal_error": 500,
     "backend_error": 502,
     "model_loading": 503,
     "queue_full": 503,

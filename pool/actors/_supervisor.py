@@ -12,9 +12,9 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -32,6 +32,8 @@ from pool.errors import PoolError
 from pool.schemas import OutputText, ResponseEnvelope, ResponseMetrics, ResponseRequest
 
 log = logging.getLogger("pool")
+
+T = TypeVar("T")
 
 
 def new_request_id() -> str:
@@ -302,6 +304,31 @@ class Pool:
         """Run ``request`` to completion and return the response envelope."""
         async with self.admit(request, **kwargs) as admission:
             return await admission.collect()
+
+    async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``fn(*args)`` in the pool's nursery and wait for its result.
+
+        The work belongs to the pool: a caller that is cancelled (a client that
+        disconnects) stops waiting, but the work itself runs to completion.
+        """
+        if self._nursery is None:
+            raise PoolError("shutting_down", "the pool is not running")
+        done = trio.Event()
+        outcome: dict[str, Any] = {}
+
+        async def run() -> None:
+            try:
+                outcome["value"] = await fn(*args)
+            except Exception as exc:  # noqa: BLE001 - re-raised in the caller below
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        self._nursery.start_soon(run)
+        await done.wait()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]  # type: ignore[no-any-return]
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(

@@ -79,6 +79,10 @@ class Authenticator:
         return bool(k.inference or k.admin or k.op_key)
 
     @property
+    def has_admin_token(self) -> bool:
+        return bool(self._keys.admin)
+
+    @property
     def op_tokens_enabled(self) -> bool:
         return self._keys.op_key is not None
 

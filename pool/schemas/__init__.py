@@ -11,8 +11,10 @@ from pool.schemas._responses import (
     ResponseRequest,
     TextContent,
 )
+from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 
 __all__ = [
+    "CacheFlushRequest",
     "ContentItem",
     "DecodingRequest",
     "ImageContent",
@@ -21,5 +23,7 @@ __all__ = [
     "ResponseEnvelope",
     "ResponseMetrics",
     "ResponseRequest",
+    "RunnerLoadRequest",
+    "RunnerUnloadRequest",
     "TextContent",
 ]

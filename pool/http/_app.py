@@ -1,0 +1,97 @@
+"""The Quart-Trio application: routes by surface, JSON errors, request ids."""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from pool.actors import Pool
+from pool.config import Settings
+from pool.errors import PoolError
+from pool.http import _admin, _responses, _runner
+from pool.http._auth import Authenticator
+from pool.http._common import (
+    AppContext,
+    SchemaError,
+    error_response,
+    json_response,
+    request_id,
+    schema_error_response,
+)
+from pool.http._openapi import docs_page, openapi_document
+
+log = logging.getLogger("pool.http")
+
+# Werkzeug's HTTP errors that reach us, as the pool's codes.
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def create_app(pool: Pool, settings: Settings, auth: Authenticator | None = None) -> QuartTrio:
+    """Build the app for ``pool``; every route module registers its own routes."""
+    app = QuartTrio("llm-pool")
+    app.config["MAX_CONTENT_LENGTH"] = settings.service.max_body_bytes
+    # Generations may run for minutes; the pool's own timeouts bound them.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = 60
+    app.config["JSON_SORT_KEYS"] = False
+    ctx = AppContext(
+        pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
+    )
+    for module in (_responses, _admin, _runner):
+        module.register(app, ctx)
+    document = openapi_document()
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        """The OpenAPI 3.1 document of this service."""
+        return json_response(document)
+
+    @app.get("/docs")
+    async def docs() -> Response:
+        return Response(docs_page(document), content_type="text/html; charset=utf-8")
+
+    @app.after_request
+    async def add_request_id(response: Response) -> Response:
+        response.headers["X-Request-Id"] = request_id()
+        return response
+
+    @app.errorhandler(PoolError)
+    async def pool_error(exc: PoolError) -> Response:
+        return error_response(exc)
+
+    @app.errorhandler(SchemaError)
+    async def schema_error(exc: SchemaError) -> Response:
+        return schema_error_response(exc)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+        message = exc.description or exc.name
+        if status == 413:
+            message = f"the body is larger than {settings.service.max_body_bytes} bytes"
+        elif status == 404:
+            message = f"no route {request.path}"
+        elif status == 405:
+            message = f"{request.method} is not allowed on {request.path}"
+        return json_response({"error": {"code": code, "message": message}}, status)
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        log.exception(
+            "request_id=%s unhandled error on %s %s", request_id(), request.method, request.path
+        )
+        return json_response(
+            {"error": {"code": "internal_error", "message": "internal error; see the server log"}},
+            500,
+        )
+
+    return app

@@ -1,0 +1,138 @@
+"""What every route module shares: JSON in and out, errors, request ids, auth checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from quart import Response, g, request
+
+from pool.errors import PoolError
+
+if TYPE_CHECKING:
+    from pool.actors import Pool
+    from pool.config import Settings
+    from pool.http._auth import Access, Authenticator
+
+log = logging.getLogger("pool.http")
+
+T = TypeVar("T", bound=BaseModel)
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+JSON_TYPE = "application/json"
+
+
+@dataclass
+class AppContext:
+    """What the routes need, built once per app."""
+
+    pool: Pool
+    settings: Settings
+    auth: Authenticator
+
+
+class SchemaError(Exception):
+    """A body that fails the schema: 422 ``validation_error`` with the details."""
+
+    def __init__(self, exc: ValidationError) -> None:
+        super().__init__(str(exc))
+        self.errors = exc.errors(include_url=False, include_context=False, include_input=False)
+
+
+def dumps(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def json_response(
+    payload: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(dumps(payload), status=status, headers=headers, content_type=JSON_TYPE)
+
+
+def error_response(exc: PoolError) -> Response:
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return json_response(exc.body(), exc.status, headers)
+
+
+def schema_error_response(exc: SchemaError) -> Response:
+    first = exc.errors[0] if exc.errors else {"loc": (), "msg": "invalid body"}
+    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+    body = {
+        "error": {
+            "code": "validation_error",
+            "message": f"{where}: {first.get('msg')}",
+            "errors": [
+                {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+                for e in exc.errors
+            ],
+        }
+    }
+    return json_response(body, 422)
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Parse a request body; anything but JSON is a 400 ``invalid_request``."""
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise PoolError("invalid_request", f"the body is not UTF-8: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise PoolError(
+            "invalid_request",
+            f"the body is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+        ) from None
+    except RecursionError:
+        raise PoolError("invalid_request", "the body is nested too deeply") from None
+
+
+def validate(model: type[T], data: Any) -> T:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SchemaError(exc) from None
+
+
+async def read_body(model: type[T], *, optional: bool = False) -> T:
+    """The request body as ``model``: 400 for non-JSON, 422 for a schema failure."""
+    raw = await request.get_data()
+    if optional and not raw.strip():
+        return model()
+    content_type = request.headers.get("content-type", "")
+    if content_type and "json" not in content_type.lower():
+        raise PoolError(
+            "invalid_request", f"expected a JSON body, got content-type {content_type!r}"
+        )
+    return validate(model, parse_json(raw))
+
+
+def request_id() -> str:
+    rid: str = g.get("request_id") or ""
+    if not rid:
+        client = request.headers.get("x-request-id", "")
+        rid = client if _REQUEST_ID.match(client) else uuid.uuid4().hex
+        g.request_id = rid
+    return rid
+
+
+def tenant_and_priority() -> tuple[str, str]:
+    """``X-Tenant-ID`` and ``X-Priority`` (400 when malformed)."""
+    tenant = request.headers.get("x-tenant-id", "default").strip() or "default"
+    if len(tenant) > 128 or not tenant.isprintable():
+        raise PoolError(
+            "invalid_request", "X-Tenant-ID must be printable and at most 128 characters"
+        )
+    priority = request.headers.get("x-priority", "normal").strip().lower() or "normal"
+    if priority not in ("high", "normal", "low"):
+        raise PoolError("invalid_request", "X-Priority must be high, normal or low")
+    return tenant, priority
+
+
+def require(ctx: AppContext, access: Access) -> None:
+    ctx.auth.check_bearer(request.headers.get("authorization"), access)

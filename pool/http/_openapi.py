@@ -1,0 +1,178 @@
+"""The OpenAPI document, generated from the pydantic models, and a small docs page."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from pool._version import __version__
+from pool.actors import STATE_DESCRIPTIONS
+from pool.config import LoadRequest
+from pool.errors import STATUS_BY_CODE
+from pool.schemas import (
+    CacheFlushRequest,
+    ResponseEnvelope,
+    ResponseRequest,
+    RunnerLoadRequest,
+    RunnerUnloadRequest,
+)
+
+# (method, path, tag, summary, description, request model, success status)
+ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
+    ("post", "/v1/responses", "inference", "Run a request",
+     "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
+     " `response.created`, one `response.output_text.delta` per generated piece,"
+     " `response.metrics`, `response.completed`; an error after the stream started is an"
+     " `error` event. The same path accepts a WebSocket: send request bodies as JSON text"
+     " frames (one at a time), receive the same events as frames; send"
+     " `{\"type\": \"response.cancel\"}` to cancel the running one (`response.cancelled`)."
+     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode`, `X-Cache-Tag`;"
+     " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
+     " `X-Cache-Tokens-Reused`.", ResponseRequest, 200),
+    ("get", "/v1/models", "inference", "List servable models",
+     "OpenAI list format of the model ids that accept requests now: loaded models and"
+     " on-demand models.", None, 200),
+    ("get", "/v1/admin/models", "admin", "List configured models",
+     "Every model of the merged config with its runtime state, queue and replica figures,"
+     " capabilities, load constraints and recommendations, load override and definition.",
+     None, 200),
+    ("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.", None, 200),
+    ("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
+     "Optional body: `replicas` and the backend's live-only load overrides (see the row's"
+     " `load_constraints`). Answers when the load has finished: 200 with the row, or 500"
+     " `load_failed` with `last_error`. Idempotent while loaded or loading (overrides then"
+     " give 400); 409 `model_unloading` while unloading. A schema failure is 422, a value the"
+     " backend does not accept is 400 `invalid_load_request`.", LoadRequest, 200),
+    ("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
+     "Graceful: new requests are refused at once, queued ones get `model_unloading`, running"
+     " ones finish, then the runtime is released. 200 if already unloaded.", None, 200),
+    ("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
+     "NVML readings per GPU; with no GPU, `gpus` is empty and `error` says why.", None, 200),
+    ("get", "/v1/capabilities", "runner", "Runner descriptor",
+     "Loaded, loading and available models, resources, queue figures (average and p95 wait"
+     " over a recent window), capability flags and health.", None, 200),
+    ("post", "/v1/models/load", "runner", "Start an asynchronous load",
+     "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
+     " `verifiedOpToken` where configured.", RunnerLoadRequest, 202),
+    ("get", "/v1/models/load/{taskId}", "runner", "Load task status",
+     "`loading`, `completed` or `failed`, with `loadTimeMs`.", None, 200),
+    ("post", "/v1/models/unload", "runner", "Unload (runner API)", "Graceful unload.",
+     RunnerUnloadRequest, 200),
+    ("post", "/v1/cache/flush", "runner", "Flush prompt caches",
+     "Scopes `all`, `model`, `tenant`, `tag`; backends without a prompt cache report 0.",
+     CacheFlushRequest, 200),
+    ("get", "/health", "operations", "Health",
+     "200 while serving; 503 with `reason` when every model failed or on shutdown.", None, 200),
+    ("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.", None, 200),
+]  # fmt: skip
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string", "enum": sorted(STATUS_BY_CODE)},
+                "message": {"type": "string"},
+            },
+            "additionalProperties": True,
+        }
+    },
+}
+
+
+def openapi_document(
+    extra_routes: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] | None = None,
+) -> dict[str, Any]:
+    routes = ROUTES + (extra_routes or [])
+    models = {m for *_, m, _ in routes if m is not None} | {ResponseEnvelope}
+    keyed, schema = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
+    )
+    components = dict(schema.get("$defs", {}))
+    components["Error"] = _ERROR_SCHEMA
+    states = "\n".join(f"- `{k}`: {v}" for k, v in STATE_DESCRIPTIONS.items())
+    paths: dict[str, Any] = {}
+    for method, path, tag, summary, description, model, status in routes:
+        operation: dict[str, Any] = {
+            "tags": [tag],
+            "summary": summary,
+            "description": description,
+            "responses": {
+                str(status): {"description": "Success"},
+                "4XX": {
+                    "description": "Client error (see the error codes)",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+                "5XX": {
+                    "description": "Load failure, queue full or timeout",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            },
+        }
+        if path == "/v1/responses":
+            operation["responses"]["200"]["content"] = {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ResponseEnvelope"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            }
+        if model is not None:
+            operation["requestBody"] = {
+                "required": model is not LoadRequest,
+                "content": {"application/json": {"schema": keyed[(model, "validation")]}},
+            }
+        parameters = [
+            {"name": p.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in path.split("/")
+            if p.startswith("{")
+        ]
+        if parameters:
+            operation["parameters"] = parameters
+        paths.setdefault(path, {})[method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "llm-pool",
+            "version": __version__,
+            "description": "One HTTP API in front of many local LLM runtimes.\n\nRuntime states:\n"
+            + states
+            + '\n\nErrors are `{"error": {"code", "message"}}`; codes and statuses: '
+            + ", ".join(
+                f"`{c}` {s}" for c, s in sorted(STATUS_BY_CODE.items(), key=lambda x: x[1])
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def docs_page(document: dict[str, Any]) -> str:
+    """A self-contained page listing every endpoint (no CDN: this may run offline)."""
+    rows = []
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            rows.append(
+                f"<h3><code>{method.upper()} {html.escape(path)}</code>"
+                f" — {html.escape(op['summary'])}</h3>"
+                f"<p>{html.escape(op['description'])}</p>"
+            )
+    info = document["info"]
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>llm-pool API</title>"
+        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.4}"
+        "code{background:#eee;padding:0 .2em}</style></head><body>"
+        f"<h1>llm-pool {html.escape(info['version'])}</h1>"
+        f"<pre style='white-space:pre-wrap'>{html.escape(info['description'])}</pre>"
+        "<p>Machine-readable: <a href='/openapi.json'>/openapi.json</a></p>"
+        + "".join(rows)
+        + "</body></html>"
+    )

@@ -1,0 +1,97 @@
+"""``serve``: the pool, the GPU monitor and Hypercorn in one nursery, with graceful stop."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from pool.actors import Pool, open_pool
+from pool.actors._gpu import GpuMonitor
+from pool.config import Settings
+from pool.http._app import create_app
+from pool.http._auth import Authenticator
+
+log = logging.getLogger("pool.server")
+
+
+@dataclass
+class ServerInfo:
+    """Where a running server listens, and how to stop it gracefully."""
+
+    url: str
+    host: str
+    port: int
+    pool: Pool
+    stopping: trio.Event = field(default_factory=trio.Event)
+
+    def shutdown(self) -> None:
+        """Stop accepting; open streams get ``service.shutdown_grace_s`` to finish."""
+        if not self.stopping.is_set():
+            log.info("shutting down: no new connections, open streams may finish")
+            self.pool.shutting_down = True
+            self.stopping.set()
+
+
+async def serve(
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the service until :meth:`ServerInfo.shutdown` (or cancellation).
+
+    Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). After a
+    shutdown, Hypercorn stops accepting and lets open responses run for up to
+    ``service.shutdown_grace_s``; then every model is unloaded.
+    """
+    host = host or settings.service.host
+    port = settings.service.port if port is None else port
+    auth = Authenticator(settings.service.auth)
+    if host not in ("127.0.0.1", "localhost", "::1") and not auth.enabled:
+        log.warning(
+            "!!! listening on %s with no tokens configured: anyone who can reach this"
+            " address can run and unload models. Set service.auth or LLM_POOL_API_TOKENS. !!!",
+            host,
+        )
+    async with open_pool(settings) as pool, trio.open_nursery() as nursery:
+        gpu = GpuMonitor()
+        await nursery.start(gpu.run)
+        pool.gpu_snapshot = gpu.snapshot
+        pool.gpu_error = lambda: gpu.error
+        config = Config()
+        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+        config.graceful_timeout = settings.service.shutdown_grace_s
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.keep_alive_timeout = 75
+        config.websocket_max_message_size = settings.service.max_body_bytes
+        info_box: list[ServerInfo] = []
+
+        async def shutdown_trigger() -> None:
+            await info_box[0].stopping.wait()
+
+        async def run_http(
+            *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+        ) -> None:
+            await hypercorn_serve(
+                create_app(pool, settings, auth),
+                config,
+                shutdown_trigger=shutdown_trigger,
+                task_status=task_status,
+            )
+            # Hypercorn returns once open connections finished (or the grace ran out).
+            nursery.cancel_scope.cancel()
+
+        stopping = trio.Event()
+        info_box.append(ServerInfo("", host, 0, pool, stopping))
+        binds = await nursery.start(run_http)
+        url = binds[0]
+        bound_port = int(url.rsplit(":", 1)[1])
+        info = info_box[0]
+        info.url, info.port = url, bound_port
+        task_status.started(info)

@@ -1,0 +1,49 @@
+"""Bodies of the runner API (``/v1/models/load``, ``/v1/models/unload``, ``/v1/cache/flush``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+ModelId = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+OpToken = Annotated[str, StringConstraints(min_length=1, max_length=16_384)] | dict[str, Any]
+
+
+class RunnerLoadRequest(BaseModel):
+    """Start loading a configured model; answered with 202 and a task id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    modelId: ModelId = Field(description="A configured model name.")
+    quantization: str | None = Field(
+        None, description="Must be omitted: a model id has one quantization (use another id)."
+    )
+    maxContextLength: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(
+        None, description="Becomes the backend's context-length load override."
+    )
+    gpuMemoryBudgetMB: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Refused (400) when the model's VRAM estimate is larger."
+    )
+    evictModel: ModelId | None = Field(None, description="Unloaded first, to make room.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Any admin load-override fields of the backend."
+    )
+    verifiedOpToken: OpToken | None = Field(None, description="Signed operation token.")
+
+
+class RunnerUnloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    modelId: ModelId
+    verifiedOpToken: OpToken | None = None
+
+
+class CacheFlushRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["all", "model", "tenant", "tag"]
+    modelId: ModelId | None = None
+    tenantId: Annotated[str, StringConstraints(max_length=128)] | None = None
+    tag: Annotated[str, StringConstraints(max_length=64)] | None = None
+    verifiedOpToken: OpToken | None = None
