@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from quart import Response, g, request
+from quart import Response, g, has_request_context, request, websocket
+from werkzeug.datastructures import Headers
 
 from pool.errors import PoolError
 
@@ -62,6 +63,10 @@ def error_response(exc: PoolError) -> Response:
 
 
 def schema_error_response(exc: SchemaError) -> Response:
+    return json_response(schema_error_body(exc), 422)
+
+
+def schema_error_body(exc: SchemaError) -> dict[str, Any]:
     first = exc.errors[0] if exc.errors else {"loc": (), "msg": "invalid body"}
     where = ".".join(str(p) for p in first.get("loc", ())) or "body"
     body = {
@@ -74,7 +79,7 @@ def schema_error_response(exc: SchemaError) -> Response:
             ],
         }
     }
-    return json_response(body, 422)
+    return body
 
 
 def parse_json(raw: bytes | str) -> Any:
@@ -112,10 +117,15 @@ async def read_body(model: type[T], *, optional: bool = False) -> T:
     return validate(model, parse_json(raw))
 
 
+def headers() -> Headers:
+    """Headers of the current HTTP request or WebSocket handshake."""
+    return request.headers if has_request_context() else websocket.headers
+
+
 def request_id() -> str:
     rid: str = g.get("request_id") or ""
     if not rid:
-        client = request.headers.get("x-request-id", "")
+        client = headers().get("x-request-id", "")
         rid = client if _REQUEST_ID.match(client) else uuid.uuid4().hex
         g.request_id = rid
     return rid
@@ -123,16 +133,16 @@ def request_id() -> str:
 
 def tenant_and_priority() -> tuple[str, str]:
     """``X-Tenant-ID`` and ``X-Priority`` (400 when malformed)."""
-    tenant = request.headers.get("x-tenant-id", "default").strip() or "default"
+    tenant = headers().get("x-tenant-id", "default").strip() or "default"
     if len(tenant) > 128 or not tenant.isprintable():
         raise PoolError(
             "invalid_request", "X-Tenant-ID must be printable and at most 128 characters"
         )
-    priority = request.headers.get("x-priority", "normal").strip().lower() or "normal"
+    priority = headers().get("x-priority", "normal").strip().lower() or "normal"
     if priority not in ("high", "normal", "low"):
         raise PoolError("invalid_request", "X-Priority must be high, normal or low")
     return tenant, priority
 
 
 def require(ctx: AppContext, access: Access) -> None:
-    ctx.auth.check_bearer(request.headers.get("authorization"), access)
+    ctx.auth.check_bearer(headers().get("authorization"), access)

@@ -22,7 +22,7 @@ from pool.http._common import (
     read_body,
     request_id,
     require,
-    schema_error_response,
+    schema_error_body,
     tenant_and_priority,
     validate,
 )
@@ -169,11 +169,8 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
         await outgoing_send.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
 
     async def send_error(exc: PoolError | SchemaError) -> None:
-        if isinstance(exc, SchemaError):
-            body = json.loads(schema_error_response(exc).get_data())  # type: ignore[arg-type]
-            await send({"type": "error", "error": body["error"]})
-        else:
-            await send({"type": "error", "error": exc.body()["error"]})
+        body = schema_error_body(exc) if isinstance(exc, SchemaError) else exc.body()
+        await send({"type": "error", "error": body["error"]})
 
     async def run_one(body: ResponseRequest) -> None:
         with trio.CancelScope() as scope:

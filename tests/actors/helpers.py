@@ -45,5 +45,5 @@ async def run_request(pool: Pool, request: ResponseRequest, outcome: Outcome, **
 async def wait_until(predicate: Any, within_s: float = 5.0) -> None:
     """Wait for a condition on counters that publish no event (tests only)."""
     with trio.fail_after(within_s):
-        while not predicate():  # noqa: ASYNC110 - observing plain counters
+        while not predicate():
             await trio.sleep(0.001)

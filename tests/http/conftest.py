@@ -1,0 +1,57 @@
+"""Servers on 127.0.0.1 port 0, started in the test's nursery."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from pool import ServerInfo, serve
+from pool.config import build_settings
+
+STUB_MODELS: dict[str, dict[str, Any]] = {
+    "echo": {"backend": "stub", "enabled": True, "target_inflight": 4},
+    "slow": {
+        "backend": "stub",
+        "enabled": True,
+        "stub_reply": " ".join(f"w{i}" for i in range(40)),
+        "stub_tokens_per_second": 20,
+        "max_queue": 1,
+    },
+    "cold": {"backend": "stub"},
+    "single": {"backend": "exllamav3"},
+}
+
+
+async def start_server(
+    nursery: trio.Nursery, models: dict[str, dict[str, Any]] | None = None, **service: Any
+) -> ServerInfo:
+    settings = build_settings(
+        {"service": {"shutdown_grace_s": 2, **service}, "engine": {"models": models or STUB_MODELS}}
+    )
+    info: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, host="127.0.0.1", port=0, task_status=task_status)
+    )
+    return info
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> ServerInfo:
+    return await start_server(nursery)
+
+
+@pytest.fixture
+async def client(server: ServerInfo) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+def sse_events(text: str) -> list[tuple[str, str]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append((lines.get("event", ""), lines.get("data", "")))
+    return events

@@ -1,0 +1,202 @@
+"""/v1/responses over real loopback HTTP: JSON, SSE, errors, headers, disconnects."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import trio
+
+from pool import ServerInfo
+
+from .conftest import sse_events, start_server
+
+
+async def _inflight(client: httpx.AsyncClient, model: str) -> int:
+    row = (await client.get(f"/v1/admin/models/{model}")).json()
+    return int(row["runtime_inflight"])
+
+
+async def test_json_response_envelope_and_headers(client: httpx.AsyncClient) -> None:
+    reply = await client.post(
+        "/v1/responses",
+        json={"model": "echo", "input": "hi there"},
+        headers={"X-Request-Id": "abc-123"},
+    )
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["object"] == "response" and body["model"] == "echo"
+    assert body["output"] == [{"type": "output_text", "text": "hi there"}]
+    assert body["output_text"] == "hi there"
+    metrics = body["metrics"]
+    for key in (
+        "backend_inference_wall_ms",
+        "engine_total_wall_ms",
+        "pool_total_wall_ms",
+        "engine_queue_wait_ms",
+        "engine_output_tokens",
+        "engine_prompt_tokens",
+    ):
+        assert metrics[key] is not None
+    assert (
+        metrics["pool_total_wall_ms"]
+        >= metrics["engine_total_wall_ms"]
+        >= metrics["backend_inference_wall_ms"]
+    )
+    assert reply.headers["x-request-id"] == "abc-123"
+    assert int(reply.headers["x-queue-wait-ms"]) >= 0
+    assert reply.headers["x-cache-hit"] == "false"
+    generated = await client.get("/v1/models")
+    assert len(generated.headers["x-request-id"]) == 32
+
+
+async def test_sse_deltas_concatenate_to_output_text(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/v1/responses", json={"model": "slow", "input": "x", "stream": True})
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith(
+        "text/event-stream"
+    )
+    events = sse_events(reply.text)
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "response.created" and kinds[-2:] == [
+        "response.metrics",
+        "response.completed",
+    ]
+    deltas = [
+        json.loads(data)["delta"] for kind, data in events if kind == "response.output_text.delta"
+    ]
+    assert len(deltas) == 40
+    completed = json.loads(events[-1][1])["response"]
+    assert "".join(deltas) == completed["output_text"] == " ".join(f"w{i}" for i in range(40))
+
+
+async def test_stream_deltas_arrive_as_generated(client: httpx.AsyncClient) -> None:
+    times = []
+    async with client.stream(
+        "POST", "/v1/responses", json={"model": "slow", "input": "x", "stream": True}
+    ) as reply:
+        async for line in reply.aiter_lines():
+            if line.startswith("event: response.output_text.delta"):
+                times.append(trio.current_time())
+    assert len(times) == 40
+    assert times[-1] - times[0] > 1.5  # 20 tokens/s: spread over ~2 s, not one burst
+
+
+async def test_errors_have_codes_and_statuses(client: httpx.AsyncClient) -> None:
+    cases = [
+        ({"model": "nope", "input": "x"}, 404, "unknown_model"),
+        ({"model": "cold", "input": "x"}, 409, "model_not_loaded"),
+        (
+            {"model": "single", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "multi_turn_unsupported",
+        ),
+        (
+            {"model": "echo", "input": [{"type": "image_url", "image_url": {"url": "data:x"}}]},
+            400,
+            "modality_unsupported",
+        ),
+        ({"model": "echo", "input": "x", "decoding": {"max_tokens": 0}}, 422, "validation_error"),
+        ({"model": "echo"}, 422, "validation_error"),
+        ({"model": "echo", "input": "x", "surprise": 1}, 422, "validation_error"),
+    ]
+    for body, status, code in cases:
+        reply = await client.post("/v1/responses", json=body)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (status, code), body
+
+
+async def test_malformed_bodies_and_routes(client: httpx.AsyncClient, server: ServerInfo) -> None:
+    bad = await client.post("/v1/responses", content=b"{not json")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    utf = await client.post("/v1/responses", content=b'{"model": "\xff\xfe"}')
+    assert utf.status_code == 400
+    missing = await client.get("/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = await client.get("/v1/responses")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    ok = await client.post("/v1/responses", json={"model": "echo", "input": "ok"})
+    assert ok.status_code == 200
+
+
+async def test_oversized_body_is_413(nursery: trio.Nursery) -> None:
+    # A small limit, so the whole body fits in the socket buffers: httpx writes it all
+    # before reading (curl, with Expect: 100-continue, gets the 413 before sending).
+    info = await start_server(nursery, max_body_bytes=1024)
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        big = await client.post("/v1/responses", content=b'{"model": "' + b"x" * 2000 + b'"}')
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+        ok = await client.post("/v1/responses", json={"model": "echo", "input": "ok"})
+        assert ok.status_code == 200
+
+
+async def test_bad_headers(client: httpx.AsyncClient) -> None:
+    for headers in (
+        {"X-Priority": "urgent"},
+        {"X-Tenant-ID": "x" * 200},
+        {"X-Cache-Mode": "always"},
+    ):
+        reply = await client.post(
+            "/v1/responses", json={"model": "echo", "input": "x"}, headers=headers
+        )
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_request"
+
+
+async def test_queue_full_over_http(client: httpx.AsyncClient) -> None:
+    statuses: list[int] = []
+    retry_after: list[str] = []
+
+    async def one() -> None:
+        reply = await client.post("/v1/responses", json={"model": "slow", "input": "x"})
+        statuses.append(reply.status_code)
+        if reply.status_code == 503:
+            assert reply.json()["error"]["code"] == "queue_full"
+            retry_after.append(reply.headers["retry-after"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):  # one runs, one waits (max_queue 1), two overflow
+            nursery.start_soon(one)
+    assert sorted(statuses) == [200, 200, 503, 503]
+    assert all(int(r) >= 1 for r in retry_after)
+
+
+async def test_closing_an_sse_stream_stops_generation(client: httpx.AsyncClient) -> None:
+    async with client.stream(
+        "POST", "/v1/responses", json={"model": "slow", "input": "x", "stream": True}
+    ) as reply:
+        async for line in reply.aiter_lines():
+            if line.startswith("event: response.output_text.delta"):
+                break
+        assert await _inflight(client, "slow") == 1
+    with trio.fail_after(1):
+        while await _inflight(client, "slow"):
+            await trio.sleep(0.02)
+
+
+async def test_unload_waits_for_open_stream(client: httpx.AsyncClient) -> None:
+    text: list[str] = []
+    unloaded: list[dict[str, object]] = []
+
+    async def stream() -> None:
+        async with client.stream(
+            "POST", "/v1/responses", json={"model": "slow", "input": "x", "stream": True}
+        ) as reply:
+            text.append(await reply.aread())  # type: ignore[arg-type]
+
+    async def unload() -> None:
+        unloaded.append((await client.post("/v1/admin/models/slow/unload")).json())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream)
+        with trio.fail_after(2):
+            while await _inflight(client, "slow") == 0:
+                await trio.sleep(0.01)
+        nursery.start_soon(unload)
+        with trio.fail_after(2):
+            while (await client.get("/v1/admin/models/slow")).json()[
+                "runtime_state"
+            ] != "unloading":
+                await trio.sleep(0.01)
+        refused = await client.post("/v1/responses", json={"model": "slow", "input": "x"})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_unloading"
+    events = sse_events(text[0].decode() if isinstance(text[0], bytes) else text[0])
+    assert events[-1][0] == "response.completed"
+    assert unloaded[0]["runtime_state"] == "unloaded"

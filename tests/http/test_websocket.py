@@ -1,0 +1,87 @@
+"""The WebSocket on /v1/responses: sequences, cancel, errors, disconnects."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from pool import ServerInfo
+
+
+def _ws_url(server: ServerInfo) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/responses"
+
+
+async def _until(ws: WebSocketConnection, kind: str) -> list[dict[str, Any]]:
+    events = []
+    with trio.fail_after(5):
+        while True:
+            event = json.loads(await ws.get_message())
+            events.append(event)
+            if event["type"] in (kind, "error"):
+                return events
+
+
+async def test_requests_in_sequence(server: ServerInfo) -> None:
+    async with open_websocket_url(_ws_url(server)) as ws:
+        for text in ("first one", "second one", "third"):
+            await ws.send_message(json.dumps({"model": "echo", "input": text}))
+            events = await _until(ws, "response.completed")
+            deltas = "".join(
+                e["delta"] for e in events if e["type"] == "response.output_text.delta"
+            )
+            assert events[0]["type"] == "response.created"
+            assert deltas == events[-1]["response"]["output_text"] == text
+
+
+async def test_errors_keep_the_connection_usable(server: ServerInfo) -> None:
+    async with open_websocket_url(_ws_url(server)) as ws:
+        for bad, code in [
+            ("{not json", "invalid_request"),
+            (json.dumps({"model": "echo"}), "validation_error"),
+            (json.dumps({"model": "nope", "input": "x"}), "unknown_model"),
+            (json.dumps({"type": "response.cancel"}), "invalid_request"),
+        ]:
+            await ws.send_message(bad)
+            event = json.loads(await ws.get_message())
+            assert event["type"] == "error" and event["error"]["code"] == code
+        await ws.send_message(json.dumps({"model": "echo", "input": "still here"}))
+        assert (await _until(ws, "response.completed"))[-1]["response"][
+            "output_text"
+        ] == "still here"
+
+
+async def test_cancel_then_reuse(server: ServerInfo) -> None:
+    async with (
+        open_websocket_url(_ws_url(server)) as ws,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        await ws.send_message(json.dumps({"model": "slow", "input": "x"}))
+        await _until(ws, "response.output_text.delta")
+        await ws.send_message(json.dumps({"model": "echo", "input": "too soon"}))
+        busy = await _until(ws, "error")
+        assert busy[-1]["error"]["message"].startswith("a request is already running")
+        await ws.send_message(json.dumps({"type": "response.cancel"}))
+        events = await _until(ws, "response.cancelled")
+        assert events[-1] == {"type": "response.cancelled"}
+        row = (await client.get("/v1/admin/models/slow")).json()
+        assert row["runtime_inflight"] == 0
+        await ws.send_message(json.dumps({"model": "echo", "input": "after cancel"}))
+        assert (await _until(ws, "response.completed"))[-1]["response"][
+            "output_text"
+        ] == "after cancel"
+
+
+async def test_closing_the_socket_cancels(server: ServerInfo) -> None:
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        async with open_websocket_url(_ws_url(server)) as ws:
+            await ws.send_message(json.dumps({"model": "slow", "input": "x"}))
+            await _until(ws, "response.output_text.delta")
+            assert (await client.get("/v1/admin/models/slow")).json()["runtime_inflight"] == 1
+        with trio.fail_after(1):
+            while (await client.get("/v1/admin/models/slow")).json()["runtime_inflight"]:
+                await trio.sleep(0.02)
