@@ -205,6 +205,17 @@ def _prompt_format(definition: LlamaCppModel, llama: Any) -> PromptFormat:
     return get_prompt_format(definition.prompt_format, model_template=template)
 
 
+def _flash_attention(definition: LlamaCppModel) -> bool:
+    """The Python API takes a bool; "auto" turns it on where llama.cpp needs it.
+
+    llama.cpp can only quantize the V cache with flash attention, so "auto" with a
+    quantized ``gguf_type_v`` means on; otherwise "auto" keeps the library default (off).
+    """
+    if definition.gguf_flash_attn != "auto":
+        return definition.gguf_flash_attn == "on"
+    return definition.gguf_type_v not in (None, "f32", "f16", "bf16")
+
+
 class LlamaCppBackend:
     name: ClassVar[str] = "llama_cpp"
     load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("llama_cpp")
@@ -246,8 +257,7 @@ class LlamaCppBackend:
             "n_ctx": definition.gguf_n_ctx,
             "n_gpu_layers": definition.gguf_n_gpu_layers,
             "n_batch": min(definition.gguf_n_batch, definition.gguf_n_ctx),
-            # The Python API takes a bool: "auto" keeps llama-cpp-python's default (off).
-            "flash_attn": definition.gguf_flash_attn == "on",
+            "flash_attn": _flash_attention(definition),
             "verbose": False,
         }
         if definition.gguf_n_threads is not None:
