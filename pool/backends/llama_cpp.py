@@ -2,9 +2,9 @@
 
 Each replica owns one ``llama_cpp.Llama`` and one worker thread (a
 ``CapacityLimiter(1)``): a llama context decodes one sequence at a time, so the honest
-inflight target is 1 and concurrency comes from replicas. Tokens cross back to Trio
-one at a time through ``trio.from_thread.run``; when the request is cancelled that
-call raises in the worker thread, which stops generating before the next token.
+inflight target is 1 and concurrency comes from replicas. Tokens reach Trio through
+:func:`stream_from_thread` without the worker ever waiting for the event loop; a
+cancelled request stops the worker at its next token.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import codecs
 import gc
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
@@ -24,6 +25,7 @@ from pool.backends._protocol import (
     LoadContext,
     TokenSink,
 )
+from pool.backends._threaded import stream_from_thread
 from pool.backends.prompt_formats import (
     ModelTemplate,
     PromptFormat,
@@ -105,9 +107,10 @@ class LlamaCppRuntime:
             raise BackendError("the llama_cpp runtime is closed")
         rendered = self._format.render(request, enable_thinking=self._definition.enable_thinking)
         stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
-        send: Callable[[str], None] = lambda text: trio.from_thread.run(sink.send, text)  # noqa: E731
-        return await trio.to_thread.run_sync(
-            self._generate_blocking, rendered.text, stops, request, send, limiter=self._limiter
+        return await stream_from_thread(
+            partial(self._generate_blocking, rendered.text, stops, request),
+            sink,
+            limiter=self._limiter,
         )
 
     def _generate_blocking(

@@ -1,0 +1,1 @@
+"""Benchmarks of llm-pool: scenarios, a harness, committed results (see docs/performance.md)."""
