@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
 from quart import Quart, Response, request, websocket
 
+from pool.actors import Admission
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -26,6 +25,7 @@ from pool.http._common import (
     tenant_and_priority,
     validate,
 )
+from pool.http._streaming import admitted_stream
 from pool.schemas import ResponseRequest
 
 log = logging.getLogger("pool.http")
@@ -88,13 +88,30 @@ def register(app: Quart, ctx: AppContext) -> None:
             )
             return json_response(envelope.model_dump(), headers=headers)
 
-        stream = _sse_stream(ctx, body, tenant, priority, started, rid)
-        # The first step admits the request: errors until then are plain HTTP errors.
-        queue_wait_ms = await anext(stream)
-        assert isinstance(queue_wait_ms, float)
-        headers = inference_headers(queue_wait_ms, None)
+        def render(admission: Admission, event: dict[str, Any]) -> bytes:
+            if event["type"] == "response.completed":
+                event["response"]["metrics"]["pool_total_wall_ms"] = round(
+                    (time.perf_counter() - started) * 1000, 3
+                )
+                log.info(
+                    "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
+                    rid,
+                    body.model,
+                    tenant,
+                    (time.perf_counter() - started) * 1000,
+                )
+            return sse(event)
+
+        def render_error(admission: Admission, exc: PoolError) -> bytes:
+            log.info("request_id=%s model=%s stream=true error=%s", rid, body.model, exc.code)
+            return sse({"type": "error", "error": exc.body()["error"]})
+
+        admission, chunks = await admitted_stream(
+            pool, body, tenant=tenant, priority=priority, render=render, render_error=render_error
+        )
+        headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response = Response(_bytes_only(stream), content_type="text/event-stream", headers=headers)
+        response = Response(chunks, content_type="text/event-stream", headers=headers)
         response.timeout = None
         return response
 
@@ -111,46 +128,6 @@ def register(app: Quart, ctx: AppContext) -> None:
             return
         await websocket.accept()
         await _socket_session(ctx, tenant, priority)
-
-
-async def _bytes_only(stream: AsyncIterator[bytes | float]) -> AsyncIterator[bytes]:
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        async for chunk in stream:
-            assert isinstance(chunk, bytes)
-            yield chunk
-
-
-async def _sse_stream(
-    ctx: AppContext,
-    body: ResponseRequest,
-    tenant: str,
-    priority: str,
-    started: float,
-    rid: str,
-) -> AsyncIterator[bytes | float]:
-    status = "200"
-    try:
-        async with ctx.pool.admit(body, tenant=tenant, priority=priority) as admission:
-            yield admission.queue_wait_ms
-            try:
-                async for event in admission.events():
-                    if event["type"] == "response.completed":
-                        event["response"]["metrics"]["pool_total_wall_ms"] = round(
-                            (time.perf_counter() - started) * 1000, 3
-                        )
-                    yield sse(event)
-            except PoolError as exc:
-                status = exc.code
-                yield sse({"type": "error", "error": exc.body()["error"]})
-    finally:
-        log.info(
-            "request_id=%s model=%s tenant=%s stream=true status=%s ms=%.1f",
-            rid,
-            body.model,
-            tenant,
-            status,
-            (time.perf_counter() - started) * 1000,
-        )
 
 
 async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:

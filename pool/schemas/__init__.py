@@ -11,9 +11,19 @@ from pool.schemas._responses import (
     ResponseRequest,
     TextContent,
 )
+from pool.schemas._compat import (
+    ChatCompletionRequest,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaModelRequest,
+)
 from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 
 __all__ = [
+    "ChatCompletionRequest",
+    "OllamaChatRequest",
+    "OllamaGenerateRequest",
+    "OllamaModelRequest",
     "CacheFlushRequest",
     "ContentItem",
     "DecodingRequest",
