@@ -1,5 +1,11 @@
 """Pydantic models of every API payload (OpenAPI is generated from these)."""
 
+from pool.schemas._compat import (
+    ChatCompletionRequest,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaModelRequest,
+)
 from pool.schemas._responses import (
     ContentItem,
     DecodingRequest,
@@ -11,24 +17,18 @@ from pool.schemas._responses import (
     ResponseRequest,
     TextContent,
 )
-from pool.schemas._compat import (
-    ChatCompletionRequest,
-    OllamaChatRequest,
-    OllamaGenerateRequest,
-    OllamaModelRequest,
-)
 from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 
 __all__ = [
-    "ChatCompletionRequest",
-    "OllamaChatRequest",
-    "OllamaGenerateRequest",
-    "OllamaModelRequest",
     "CacheFlushRequest",
+    "ChatCompletionRequest",
     "ContentItem",
     "DecodingRequest",
     "ImageContent",
     "Message",
+    "OllamaChatRequest",
+    "OllamaGenerateRequest",
+    "OllamaModelRequest",
     "OutputText",
     "ResponseEnvelope",
     "ResponseMetrics",

@@ -1,0 +1,99 @@
+"""The official openai client against the served pool."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import trio
+
+from pool import ServerInfo
+
+
+def _client(server: ServerInfo) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+async def test_plain_and_streamed_chat(server: ServerInfo) -> None:
+    client = _client(server)
+    reply = await client.chat.completions.create(
+        model="echo",
+        messages=[
+            {"role": "system", "content": "Be nice."},
+            {"role": "user", "content": "hello there"},
+        ],
+    )
+    assert reply.choices[0].message.content == "hello there"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.completion_tokens == 2
+    stream = await client.chat.completions.create(
+        model="slow",
+        messages=[{"role": "user", "content": "go"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces = []
+    usage = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(pieces) == " ".join(f"w{i}" for i in range(40))
+    assert len(pieces) == 40 and usage is not None and usage.completion_tokens == 40
+
+
+async def test_multi_turn_max_tokens_and_stop(server: ServerInfo) -> None:
+    client = _client(server)
+    reply = await client.chat.completions.create(
+        model="echo",
+        messages=[
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": "a b c d e"}]},
+        ],
+        max_completion_tokens=3,
+    )
+    assert reply.choices[0].message.content == "a b c"
+    assert reply.choices[0].finish_reason == "length"
+
+
+async def test_models_list(server: ServerInfo) -> None:
+    ids = {m.id async for m in _client(server).models.list()}
+    assert ids == {"echo", "slow"}
+
+
+async def test_errors_are_openai_shaped(server: ServerInfo) -> None:
+    client = _client(server)
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "x"}]
+        )
+    assert missing.value.body["code"] == "unknown_model"  # type: ignore[index]
+    with pytest.raises(openai.ConflictError):
+        await client.chat.completions.create(
+            model="cold", messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(
+            model="echo", messages=[{"role": "assistant", "content": "x"}]
+        )
+    with pytest.raises(openai.UnprocessableEntityError):
+        await client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "x"}], temperature=7
+        )
+
+
+async def test_closing_a_chat_stream_stops_generation(server: ServerInfo) -> None:
+    client = _client(server)
+    stream = await client.chat.completions.create(
+        model="slow", messages=[{"role": "user", "content": "go"}], stream=True
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    await stream.close()
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        with trio.fail_after(1):
+            while (await http.get("/v1/admin/models/slow")).json()["runtime_inflight"]:
+                await trio.sleep(0.02)
