@@ -117,6 +117,8 @@ class ModelActor:
         self._on_change = on_change
         self._request_load = request_load
         self.load_pending = False
+        # Load overrides an on-demand request asked for (Ollama's num_ctx), if any.
+        self.load_hint: dict[str, Any] = {}
         # Keep-alive (on-demand models): seconds after the last request, and the Trio
         # clock time at which an idle model unloads (None: busy, or kept forever).
         self.keep_alive_s = parse_keep_alive(
@@ -203,6 +205,7 @@ class ModelActor:
         priority: str,
         buffer: int,
         keep_alive: float | str | None = None,
+        load_hint: dict[str, Any] | None = None,
     ) -> Ticket:
         """Queue a request if the state allows it; raises the state's error otherwise.
 
@@ -229,6 +232,7 @@ class ModelActor:
             self._set_expiry(None)
             if on_demand_wait and not self.load_pending and self._request_load is not None:
                 self.load_pending = True
+                self.load_hint = dict(load_hint or {})
                 self._request_load(self)
         return ticket
 

@@ -27,7 +27,7 @@ from pool.actors._rate_limit import RateLimiter
 from pool.actors._stats import percentile
 from pool.actors._tasks import CONTEXT_FIELD, LoadTask, LoadTasks
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
-from pool.config import LoadRequest, Settings
+from pool.config import LoadRequest, Settings, validate_load_request
 from pool.errors import PoolError
 from pool.schemas import OutputText, ResponseEnvelope, ResponseMetrics, ResponseRequest
 
@@ -211,6 +211,7 @@ class Pool:
         tenant: str = "default",
         priority: str = "normal",
         request_id: str | None = None,
+        load_hint: dict[str, Any] | None = None,
     ) -> AsyncIterator[Admission]:
         """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
 
@@ -242,6 +243,7 @@ class Pool:
                 priority=priority,
                 buffer=self.settings.engine.stream_buffer_tokens,
                 keep_alive=request.keep_alive,
+                load_hint=load_hint,
             )
             try:
                 if not ticket.ready.is_set():
@@ -457,12 +459,24 @@ class Pool:
         try:
             if await self._make_room(actor):
                 self._reserved.add(actor)
-                await actor.load()
+                await actor.load(self._hinted_load_request(actor))
         except PoolError as exc:
             log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
         finally:
             self._reserved.discard(actor)
             actor.load_pending = False
+
+    def _hinted_load_request(self, actor: ModelActor) -> LoadRequest | None:
+        """The load overrides a triggering request hinted at, if they suit the backend."""
+        if not actor.load_hint:
+            return None
+        try:
+            body = LoadRequest.model_validate(actor.load_hint)
+            validate_load_request(body, actor.definition)
+        except (ValueError, PoolError) as exc:
+            log.info("model=%s ignoring load hint %s: %s", actor.name, actor.load_hint, exc)
+            return None
+        return body
 
     def _loaded_count(self, exclude: ModelActor) -> int:
         # Reserved: on-demand loads that made room but have not reached `loading` yet.

@@ -11,7 +11,7 @@ from werkzeug.exceptions import HTTPException
 from pool.actors import Pool
 from pool.config import Settings
 from pool.errors import PoolError
-from pool.http import _admin, _openai, _responses, _runner
+from pool.http import _admin, _ollama, _openai, _responses, _runner
 from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
@@ -45,7 +45,7 @@ def create_app(pool: Pool, settings: Settings, auth: Authenticator | None = None
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )
-    for module in (_responses, _openai, _admin, _runner):
+    for module in (_responses, _openai, _ollama, _admin, _runner):
         module.register(app, ctx)
     document = openapi_document()
 

@@ -1,0 +1,101 @@
+"""The official ollama client against the served pool; on-demand models over HTTP."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+import pytest
+import trio
+
+from pool import ServerInfo
+
+from .conftest import start_server
+
+
+def _client(server: ServerInfo) -> ollama.AsyncClient:
+    return ollama.AsyncClient(host=server.url)
+
+
+async def test_chat_plain_and_streamed(server: ServerInfo) -> None:
+    client = _client(server)
+    reply = await client.chat(
+        model="echo",
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "hello you"}],
+        stream=False,
+    )
+    assert reply.message.content == "hello you" and reply.done
+    assert reply.eval_count == 2 and reply.prompt_eval_count == 2
+    assert reply.total_duration and reply.total_duration > 0 and reply.done_reason == "stop"
+    pieces = []
+    async for part in await client.chat(
+        model="slow", messages=[{"role": "user", "content": "go"}], stream=True
+    ):
+        pieces.append(part.message.content)
+        last = part
+    assert "".join(pieces) == " ".join(f"w{i}" for i in range(40))
+    assert last.done and last.eval_count == 40
+
+
+async def test_generate_and_options(server: ServerInfo) -> None:
+    client = _client(server)
+    reply = await client.generate(
+        model="echo", prompt="a b c d e", options={"num_predict": 2}, stream=False
+    )
+    assert reply.response == "a b" and reply.done_reason == "length"
+    streamed = [
+        p.response async for p in await client.generate(model="echo", prompt="x y", stream=True)
+    ]
+    assert "".join(streamed) == "x y"
+
+
+async def test_list_show_ps_version(server: ServerInfo) -> None:
+    client = _client(server)
+    names = {m.model for m in (await client.list()).models}
+    assert names == {"echo", "slow", "cold", "single"}
+    shown = await client.show("echo")
+    assert "completion" in (shown.capabilities or [])
+    running = {m.model for m in (await client.ps()).models}
+    assert running == {"echo", "slow"}
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        assert (await http.get("/api/version")).json()["version"]
+
+
+async def test_errors_are_ollama_shaped(server: ServerInfo) -> None:
+    client = _client(server)
+    with pytest.raises(ollama.ResponseError) as info:
+        await client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 404 and "not configured" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        await client.chat(model="cold", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 409
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        bad = await http.post("/api/chat", content=b"{nope")
+        assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+async def test_on_demand_model_loads_and_unloads(nursery: trio.Nursery) -> None:
+    info = await start_server(
+        nursery,
+        {
+            "lazy": {
+                "backend": "stub",
+                "on_demand": True,
+                "keep_alive": "5m",
+                "stub_load_seconds": 0.2,
+            }
+        },
+    )
+    client = _client(info)
+    async with httpx.AsyncClient(base_url=info.url) as http:
+        listed = [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
+    assert listed == ["lazy"]  # servable although not loaded
+    reply = await client.generate(model="lazy", prompt="wake up", stream=False)
+    assert reply.response == "wake up"
+    ps = (await client.ps()).models
+    assert [m.model for m in ps] == ["lazy"] and ps[0].expires_at is not None
+    gone = await client.generate(model="lazy", prompt="", keep_alive=0)
+    assert gone.done_reason == "unload"
+    assert (await client.ps()).models == []
+    back = await client.chat(model="lazy", messages=[], keep_alive="1m")
+    assert back.done_reason == "load"
+    assert [m.model for m in (await client.ps()).models] == ["lazy"]
