@@ -178,3 +178,25 @@ async def test_bearer_tokens_and_op_tokens(nursery: trio.Nursery, tmp_path: Path
             "runtime_state"
         ] == "unloaded"
         assert (await client.get("/health")).status_code == 200  # probes need no token
+
+
+async def test_rate_limit_over_http(nursery: trio.Nursery) -> None:
+    info = await start_server(
+        nursery,
+        {"m": {"backend": "stub", "enabled": True}},
+        tenancy={"tenants": {"metered": {"requests_per_minute": 2, "burst": 2}}},
+    )
+    body = {"model": "m", "input": "x"}
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        metered = {"X-Tenant-ID": "metered"}
+        first = await client.post("/v1/responses", json=body, headers=metered)
+        assert first.status_code == 200 and first.headers["x-ratelimit-limit"] == "2"
+        assert (await client.post("/v1/responses", json=body, headers=metered)).status_code == 200
+        refused = await client.post("/v1/responses", json=body, headers=metered)
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and error["limit"] == 2
+        assert error["remaining"] == 0 and error["resetAt"] >= int(time.time())
+        assert 1 <= int(refused.headers["retry-after"]) <= 30
+        other = await client.post("/v1/responses", json=body, headers={"X-Tenant-ID": "other"})
+        assert other.status_code == 200
