@@ -1,34 +1,68 @@
-"""Prompt formats: how a conversation becomes one prompt string for completion runtimes.
+"""Prompt formats: how a neutral request becomes one prompt string for a completion API.
 
-Each format is a small class with the same shape: whether it takes multi-turn
-conversations, whether it can switch thinking per request, and ``render``. The
-``model_template`` format runs the chat template shipped inside a model file; that
-template is untrusted input, so it runs in Jinja's immutable sandbox with a bounded
-output size.
+Every format is a small class of the same shape: whether it takes a multi-turn
+conversation, whether it can switch thinking per request, and ``render``. The
+``model_template`` format runs the chat template shipped inside a model file. That
+template is untrusted input, so it runs in Jinja's immutable sandbox with limits on
+the size of every value it builds, on the work it may do and on its output.
+
+Rendered text never starts with a BOS token: runtimes add BOS when they tokenize
+(llama.cpp does so for models whose tokenizer asks for it), and a second one would
+only confuse the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+import json
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from datetime import datetime
+from functools import wraps
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from pool.backends._protocol import GenerationRequest
+from pool.backends._protocol import GenerationRequest, Turn
 from pool.errors import PoolError
 
-# Output bound of a model-supplied template: a prompt larger than this is a template
-# bug or an attack, not a conversation.
-MAX_TEMPLATE_OUTPUT = 1_000_000
+if TYPE_CHECKING:
+    from jinja2 import nodes
+    from jinja2.runtime import Context
+
+__all__ = [
+    "PROMPT_FORMAT_NAMES",
+    "Gemma4Format",
+    "GenericFormat",
+    "MistralFormat",
+    "ModelTemplate",
+    "ModelTemplateFormat",
+    "PromptFormat",
+    "Qwen3Format",
+    "RenderedPrompt",
+    "TranslateGemmaFormat",
+    "format_traits",
+    "get_prompt_format",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
+    """A prompt ready for a completion API.
+
+    Attributes:
+        text: the whole prompt, ending with the cue for the model's reply.
+        stop: the format's end-of-turn markers; generation stops at the first one.
+    """
+
     text: str
     stop: tuple[str, ...]
 
 
-def _thinking_on(request: GenerationRequest, enable_thinking: bool | None) -> bool | None:
-    """The request's thinking choice, else the model's ``enable_thinking`` (None: unset)."""
+def _effective_thinking(request: GenerationRequest, enable_thinking: bool | None) -> bool | None:
+    """The request's thinking choice, else the model's configured default (None: unset)."""
     if request.thinking == "enabled":
         return True
     if request.thinking == "disabled":
@@ -36,63 +70,109 @@ def _thinking_on(request: GenerationRequest, enable_thinking: bool | None) -> bo
     return enable_thinking
 
 
-class PromptFormat:
+def _checked_turns(request: GenerationRequest, format_name: str) -> tuple[Turn, ...]:
+    """The request's turns, refused where a text-only prompt cannot carry them."""
+    if not request.turns or request.turns[-1].role != "user":
+        raise PoolError("invalid_request", "the conversation must end with a user message")
+    # Dropping an image silently would answer a question the client never asked.
+    if any(turn.has_images for turn in request.turns):
+        raise PoolError(
+            "modality_unsupported", f"prompt_format {format_name} renders text only, not images"
+        )
+    return request.turns
+
+
+class PromptFormat(ABC):
+    """How one family of models wants its conversation laid out.
+
+    Attributes:
+        name: the ``prompt_format`` value of a model definition.
+        multi_turn: whether a multi-turn ``messages`` conversation can be rendered.
+        supports_thinking_control: whether ``render`` honours thinking enabled/disabled.
+    """
+
     name: ClassVar[str]
     multi_turn: ClassVar[bool] = True
     supports_thinking_control: ClassVar[bool] = False
 
+    @abstractmethod
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        raise NotImplementedError
+        """Lay out ``request`` as one prompt string.
+
+        Args:
+            request: the conversation, instructions and per-request options.
+            enable_thinking: the model definition's default for thinking, used when
+                ``request.thinking`` is ``"default"``; None leaves the format's own default.
+
+        Returns:
+            The prompt text and the format's stop strings.
+
+        Raises:
+            PoolError: ``invalid_request`` (or a more precise code) for a request this
+                format cannot render.
+        """
 
 
 class GenericFormat(PromptFormat):
-    """A plain transcript for models without a chat format of their own."""
+    """A plain transcript for models without a chat format of their own.
+
+    The instructions come first, then ``User:``/``Assistant:`` lines, and the prompt
+    ends with ``Assistant:`` so the model writes the next reply.
+    """
 
     name = "generic"
 
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        parts = []
+        parts: list[str] = []
         if request.instructions:
-            parts.append(f"{request.instructions.strip()}\n")
-        for turn in request.turns:
+            parts.append(f"{request.instructions.strip()}\n\n")
+        for turn in _checked_turns(request, self.name):
             speaker = "User" if turn.role == "user" else "Assistant"
-            parts.append(f"{speaker}: {turn.text}\n")
+            parts.append(f"{speaker}: {turn.text.strip()}\n")
         parts.append("Assistant:")
+        # A base model continues the transcript; the next "User:" line is where its
+        # reply ends.
         return RenderedPrompt("".join(parts), ("\nUser:",))
 
 
 class MistralFormat(PromptFormat):
-    """``[INST] ... [/INST]``; the system prompt is folded into the first user turn."""
+    """Mistral's ``[INST] ... [/INST]`` turns.
+
+    Mistral's instruct models have no system role, so the instructions open the
+    first user turn. A past assistant reply is closed with ``</s>``, as Mistral's own
+    template does.
+    """
 
     name = "mistral_template"
 
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        out = ["<s>"]
+        out: list[str] = []
         first_user = True
-        for turn in request.turns:
-            if turn.role == "user":
-                text = turn.text
-                if first_user and request.instructions:
-                    text = f"{request.instructions.strip()}\n\n{text}"
-                first_user = False
-                out.append(f"[INST] {text} [/INST]")
-            else:
-                out.append(f" {turn.text}</s>")
+        for turn in _checked_turns(request, self.name):
+            text = turn.text.strip()
+            if turn.role == "assistant":
+                out.append(f"{text}</s>")
+                continue
+            if first_user and request.instructions:
+                text = f"{request.instructions.strip()}\n\n{text}"
+            first_user = False
+            out.append(f"[INST] {text} [/INST]")
         return RenderedPrompt("".join(out), ("</s>", "[INST]"))
 
 
 class Qwen3Format(PromptFormat):
-    """ChatML, as Qwen3 and SmolLM2 speak it, with Qwen3's switch for thinking.
+    """ChatML as Qwen3 (and SmolLM2) speak it, with Qwen3's switch for thinking.
 
-    No system turn unless ``instructions`` is given: small models answer better
-    without an invented one. Thinking disabled appends the empty think block that
-    Qwen3's own template emits for ``enable_thinking=False``.
+    There is no system turn unless ``instructions`` is given: a small model answers
+    better without an invented one (SmolLM2's embedded default derails it). Thinking
+    disabled appends the empty think block that Qwen3's own template emits for
+    ``enable_thinking=False``; enabled leaves the model free to open its own.
     """
 
     name = "qwen3_template"
@@ -101,23 +181,40 @@ class Qwen3Format(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        out = []
+        out: list[str] = []
         if request.instructions:
             out.append(f"<|im_start|>system\n{request.instructions}<|im_end|>\n")
-        for turn in request.turns:
-            out.append(f"<|im_start|>{turn.role}\n{turn.text}<|im_end|>\n")
+        for turn in _checked_turns(request, self.name):
+            text = turn.text
+            if turn.role == "assistant" and "</think>" in text:
+                # Qwen3 never shows the model its earlier reasoning, only its answers.
+                text = text.rsplit("</think>", 1)[1].lstrip("\n")
+            out.append(f"<|im_start|>{turn.role}\n{text}<|im_end|>\n")
         out.append("<|im_start|>assistant\n")
-        if _thinking_on(request, enable_thinking) is False:
+        if _effective_thinking(request, enable_thinking) is False:
             out.append("<think>\n\n</think>\n\n")
         return RenderedPrompt("".join(out), ("<|im_end|>", "<|im_start|>"))
 
 
-class Gemma4Format(PromptFormat):
-    """Gemma turns (``<start_of_turn>user`` / ``model``).
+_GEMMA4_THOUGHT = re.compile(r"<\|channel>.*?<channel\|>", re.DOTALL)
 
-    Gemma has no system role: instructions open the first user turn. Thinking is
-    switched on by the ``<|think|>`` control token at the start of that text, the way
-    Gemma 4's template does it; without it the model answers directly.
+
+class Gemma4Format(PromptFormat):
+    """Gemma 4 turns: ``<|turn>role`` ... ``<turn|>``, with the reply role ``model``.
+
+    Gemma 4 replaced Gemma 2/3's ``<start_of_turn>``/``<end_of_turn>`` with these
+    control tokens and has a real system turn. Thinking follows Gemma 4's template:
+
+    - on: the ``<|think|>`` token opens the system turn (added even without
+      instructions); the model then reasons in a ``<|channel>thought`` block.
+    - off: the reply cue is followed by an empty, already closed thought channel,
+      which Gemma 4's template emits when thinking is off; it keeps a model that
+      would open a channel on its own from reasoning.
+    - unset (``"default"`` with no configured default): neither, the model's own
+      default, which is not to think.
+
+    Turn text is trimmed and earlier reasoning is dropped from past replies, as the
+    template does.
     """
 
     name = "gemma4_template"
@@ -126,49 +223,90 @@ class Gemma4Format(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        out = ["<bos>"]
-        preamble = request.instructions.strip() if request.instructions else ""
-        if _thinking_on(request, enable_thinking):
-            preamble = f"<|think|>{preamble}"
-        first_user = True
-        for turn in request.turns:
-            role = "user" if turn.role == "user" else "model"
-            text = turn.text
-            if first_user and role == "user" and preamble:
-                text = f"{preamble}\n\n{text}"
-            if role == "user":
-                first_user = False
-            out.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
-        out.append("<start_of_turn>model\n")
-        return RenderedPrompt("".join(out), ("<end_of_turn>", "<start_of_turn>"))
+        turns = _checked_turns(request, self.name)
+        thinking = _effective_thinking(request, enable_thinking)
+        out: list[str] = []
+        if thinking or request.instructions:
+            think = "<|think|>\n" if thinking else ""
+            system = request.instructions.strip() if request.instructions else ""
+            out.append(f"<|turn>system\n{think}{system}<turn|>\n")
+        for turn in turns:
+            if turn.role == "assistant":
+                text = _GEMMA4_THOUGHT.sub("", turn.text).strip()
+                out.append(f"<|turn>model\n{text}<turn|>\n")
+            else:
+                out.append(f"<|turn>user\n{turn.text.strip()}<turn|>\n")
+        out.append("<|turn>model\n")
+        if thinking is False:
+            out.append("<|channel>thought\n<channel|>")
+        return RenderedPrompt("".join(out), ("<turn|>", "<|turn>"))
 
 
-_LANGUAGES = {
-    "ar": "Arabic", "bg": "Bulgarian", "cs": "Czech", "da": "Danish", "de": "German",
-    "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish",
-    "fr": "French", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
-    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian",
-    "nl": "Dutch", "no": "Norwegian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-    "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "sv": "Swedish", "th": "Thai",
-    "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
+# Names of the languages TranslateGemma was trained on (WMT24++ and more), by ISO
+# 639 code; a regional code such as "pt-BR" is named by its base language.
+_LANGUAGE_NAMES: dict[str, str] = {
+    "af": "Afrikaans", "am": "Amharic", "ar": "Arabic", "az": "Azerbaijani",
+    "be": "Belarusian", "bg": "Bulgarian", "bn": "Bengali", "bs": "Bosnian",
+    "ca": "Catalan", "cs": "Czech", "cy": "Welsh", "da": "Danish", "de": "German",
+    "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian", "eu": "Basque",
+    "fa": "Persian", "fi": "Finnish", "fil": "Filipino", "fr": "French", "ga": "Irish",
+    "gl": "Galician", "gu": "Gujarati", "ha": "Hausa", "he": "Hebrew", "hi": "Hindi",
+    "hr": "Croatian", "hu": "Hungarian", "hy": "Armenian", "id": "Indonesian",
+    "ig": "Igbo", "is": "Icelandic", "it": "Italian", "ja": "Japanese", "jv": "Javanese",
+    "ka": "Georgian", "kk": "Kazakh", "km": "Khmer", "kn": "Kannada", "ko": "Korean",
+    "ku": "Kurdish", "ky": "Kyrgyz", "lo": "Lao", "lt": "Lithuanian", "lv": "Latvian",
+    "mk": "Macedonian", "ml": "Malayalam", "mn": "Mongolian", "mr": "Marathi",
+    "ms": "Malay", "mt": "Maltese", "my": "Burmese", "nb": "Norwegian Bokmål",
+    "ne": "Nepali", "nl": "Dutch", "nn": "Norwegian Nynorsk", "no": "Norwegian",
+    "pa": "Punjabi", "pl": "Polish", "ps": "Pashto", "pt": "Portuguese",
+    "ro": "Romanian", "ru": "Russian", "si": "Sinhala", "sk": "Slovak",
+    "sl": "Slovenian", "so": "Somali", "sq": "Albanian", "sr": "Serbian",
+    "sv": "Swedish", "sw": "Swahili", "ta": "Tamil", "te": "Telugu", "th": "Thai",
+    "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "uz": "Uzbek",
+    "vi": "Vietnamese", "xh": "Xhosa", "yo": "Yoruba", "zh": "Chinese", "zu": "Zulu",
 }  # fmt: skip
-_MIXED_SOURCE = (None, "", "auto", "mixed")
-# A valid code for the structured request when the source is mixed; the instruction
-# below tells the model to work out each segment's language itself.
-_MIXED_FALLBACK = "en"
+_LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*")
+_MIXED_SOURCE_CODES = ("", "auto", "mixed")
+# The structured request needs a real source language even when the input mixes
+# several; the prepended note tells the model to identify each segment's language
+# itself, so this code only keeps the request in the shape the model was trained on.
+_MIXED_SOURCE_FALLBACK = "en"
+# The request TranslateGemma was fine-tuned on (the user turn of its chat template):
+# the model translates best when it sees exactly this wording.
+_TRANSLATEGEMMA_REQUEST = (
+    "You are a professional {source} ({source_code}) to {target} ({target_code}) translator."
+    " Your goal is to accurately convey the meaning and nuances of the original {source}"
+    " text while adhering to {target} grammar, vocabulary, and cultural sensitivities.\n"
+    "Produce only the {target} translation, without any additional explanations or"
+    " commentary. Please translate the following {source} text into {target}:\n\n\n{text}"
+)
+_MIXED_SOURCE_NOTE = (
+    "[The text below may mix several languages. Work out the language of each part"
+    " on its own and translate every part into {target}.]\n\n"
+)
 
 
-def _language(code: str) -> str:
-    base = code.replace("_", "-").split("-")[0].lower()
-    return _LANGUAGES.get(base, code)
+def _language_code(value: str, field: str) -> str:
+    """``value`` as a BCP-47-like code with hyphens; anything else would inject text."""
+    if not _LANGUAGE_CODE.fullmatch(value):
+        raise PoolError("invalid_request", f"{field} {value!r} is not a language code")
+    return value.replace("_", "-")
+
+
+def _language_name(code: str) -> str:
+    # An unknown but well-formed code still names itself: the model knows many more
+    # codes than this table, and refusing them would be worse than a plain code.
+    return _LANGUAGE_NAMES.get(code.split("-")[0].lower(), code)
 
 
 class TranslateGemmaFormat(PromptFormat):
-    """TranslateGemma's structured single-turn request: source, target, text.
+    """TranslateGemma's structured single-turn request: source, target and text.
 
-    With no source language (or ``auto``/``mixed``) the request keeps the structured
-    shape with a fallback source code and asks the model to detect the language of
-    each segment, so one input may mix several source languages.
+    The user turn carries the source and target language (name and code) and the
+    text, worded exactly as the model was fine-tuned. With no source language, or
+    ``"auto"``/``"mixed"``, the request keeps that shape with a fallback source code
+    and puts a short note before the text asking the model to identify the
+    language of each segment, so one input may mix several source languages.
     """
 
     name = "translategemma_template"
@@ -177,48 +315,70 @@ class TranslateGemmaFormat(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        turns = _checked_turns(request, self.name)
+        if len(turns) != 1:
+            raise PoolError(
+                "multi_turn_unsupported", "translategemma_template takes one user message"
+            )
+        if request.instructions:
+            # The structured request has no place for free instructions.
+            raise PoolError("invalid_request", "translategemma_template takes no instructions")
         if not request.target_lang_code:
             raise PoolError("invalid_request", "translategemma_template needs target_lang_code")
-        if len(request.turns) != 1:
-            raise PoolError("invalid_request", "translategemma_template is single-turn")
-        target_code = request.target_lang_code
-        target = _language(target_code)
-        mixed = request.source_lang_code in _MIXED_SOURCE or str(
-            request.source_lang_code
-        ).lower() in ("auto", "mixed")
-        source_code = _MIXED_FALLBACK if mixed else str(request.source_lang_code)
-        source = _language(source_code)
-        text = request.turns[0].text
-        lead = (
-            f"You are a professional {source} ({source_code}) to {target} ({target_code})"
-            f" translator. Convey the meaning and nuance of the original faithfully in"
-            f" natural {target}. Produce only the {target} translation, with no"
-            f" explanations or commentary. Translate the following {source} text into"
-            f" {target}:"
+        target_code = _language_code(request.target_lang_code, "target_lang_code")
+        source = (request.source_lang_code or "").strip()
+        mixed = source.lower() in _MIXED_SOURCE_CODES
+        source_code = (
+            _MIXED_SOURCE_FALLBACK if mixed else _language_code(source, "source_lang_code")
         )
+        target = _language_name(target_code)
+        text = turns[0].text.strip()
         if mixed:
-            lead = (
-                "The text may mix several source languages. Detect the language of each"
-                f" segment yourself and translate every segment into {target}.\n" + lead
-            )
-        prompt = (
-            f"<bos><start_of_turn>user\n{lead}\n\n\n{text}<end_of_turn>\n<start_of_turn>model\n"
+            text = _MIXED_SOURCE_NOTE.format(target=target) + text
+        user = _TRANSLATEGEMMA_REQUEST.format(
+            source=_language_name(source_code),
+            source_code=source_code,
+            target=target,
+            target_code=target_code,
+            text=text,
         )
+        # TranslateGemma is a Gemma 3 model: Gemma 3 turn markers, no system turn.
+        prompt = f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
         return RenderedPrompt(prompt, ("<end_of_turn>", "<start_of_turn>"))
 
 
 @dataclass(frozen=True)
 class ModelTemplate:
-    """A chat template read from a model file."""
+    """A chat template read from a model file: untrusted input.
+
+    Attributes:
+        source: the Jinja source.
+        bos_token: the text of the model's BOS token, passed to the template.
+        eos_token: the text of the model's EOS token, passed to the template and used
+            as the stop string.
+        add_bos: whether the tokenizer adds BOS itself; when it does, a BOS the
+            template writes is dropped so the prompt does not start with two.
+    """
 
     source: str
     bos_token: str = ""
     eos_token: str = ""
+    add_bos: bool = True
 
     @classmethod
     def from_gguf_metadata(
         cls, metadata: Mapping[str, str], token_text: Callable[[int], str] | None = None
     ) -> ModelTemplate | None:
+        """The chat template of a GGUF file, from its metadata.
+
+        Args:
+            metadata: the GGUF key/value metadata (as llama-cpp-python's
+                ``Llama.metadata`` gives it, every value a string).
+            token_text: the text of a token id; without it BOS/EOS stay empty.
+
+        Returns:
+            The template, or None when the file has no ``tokenizer.chat_template``.
+        """
         source = metadata.get("tokenizer.chat_template")
         if not source:
             return None
@@ -232,106 +392,474 @@ class ModelTemplate:
             except (ValueError, LookupError):
                 return ""
 
+        add_bos = str(metadata.get("tokenizer.ggml.add_bos_token", "true")).lower() != "false"
         return cls(
             source,
             token("tokenizer.ggml.bos_token_id"),
             token("tokenizer.ggml.eos_token_id"),
+            add_bos,
         )
 
 
+# --- The sandbox for model templates ----------------------------------------------
+#
+# Jinja's sandbox stops a template from reaching Python internals, but not from
+# spending memory and time: `'x' * 10**9`, a string doubled in a loop, nested loops
+# over `range`. Rendering happens on the caller's thread (the event loop, for some
+# runtimes), so every value a template builds is size-checked, work is counted in
+# steps, and a render has a deadline.
+
+_MAX_OUTPUT_CHARS = 1_000_000  # the rendered prompt, and any single value built on the way
+_MAX_PRODUCED_CHARS = 8 * _MAX_OUTPUT_CHARS  # all output, captured blocks and macros included
+_MAX_STEPS = 1_000_000  # loop iterations, calls, operators and filters
+_MAX_RENDER_SECONDS = 2.0
+_MAX_INT_BITS = 4096
+# Methods of strings a template may call: none of them builds a string much larger
+# than its inputs, except replace and join, which are estimated before they run.
+_SAFE_STR_METHODS = frozenset(
+    {
+        "capitalize", "casefold", "count", "endswith", "find", "index", "isalnum",
+        "isalpha", "isascii", "isdecimal", "isdigit", "isidentifier", "islower",
+        "isnumeric", "isprintable", "isspace", "istitle", "isupper", "join", "lower",
+        "lstrip", "partition", "removeprefix", "removesuffix", "replace", "rfind",
+        "rindex", "rpartition", "rsplit", "rstrip", "split", "splitlines", "startswith",
+        "strip", "swapcase", "title", "upper",
+    }
+)  # fmt: skip
+_HUGE_FORMAT_WIDTH = re.compile(r"\d{6,}")
+
+
+class _TemplateLimitError(Exception):
+    """A model template went past one of the sandbox's limits."""
+
+
+class _Budget:
+    """What one render may still spend."""
+
+    __slots__ = ("deadline", "produced", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.produced = 0
+        self.deadline = time.monotonic() + _MAX_RENDER_SECONDS
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > _MAX_STEPS:
+            raise _TemplateLimitError(f"the template did more than {_MAX_STEPS} steps")
+        if time.monotonic() > self.deadline:
+            raise _TemplateLimitError(f"the template ran longer than {_MAX_RENDER_SECONDS} s")
+
+    def produce(self, chars: int) -> None:
+        self.produced += chars
+        if self.produced > _MAX_PRODUCED_CHARS:
+            raise _TemplateLimitError(f"the template produced over {_MAX_PRODUCED_CHARS} chars")
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("prompt_template_budget", default=None)
+
+
+def _spend() -> _Budget:
+    budget = _BUDGET.get()
+    if budget is None:
+        # Template code only runs inside ModelTemplateFormat.render, which sets one.
+        raise _TemplateLimitError("template code ran outside a render")
+    budget.step()
+    return budget
+
+
+def _check_size(value: Any) -> Any:
+    """``value`` unchanged, unless it is larger than any value a template may build."""
+    if isinstance(value, str | list | tuple | dict | set | frozenset) and (
+        len(value) > _MAX_OUTPUT_CHARS
+    ):
+        raise _TemplateLimitError(f"the template built a value of {len(value)} items")
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        raise _TemplateLimitError("the template built a huge number")
+    return value
+
+
+def _check_estimate(chars: int) -> None:
+    if chars > _MAX_OUTPUT_CHARS:
+        raise _TemplateLimitError(f"the template would build a value of {chars} chars")
+
+
+def _check_ints(values: Iterable[Any]) -> None:
+    for value in values:
+        if isinstance(value, int) and abs(value) > _MAX_OUTPUT_CHARS:
+            raise _TemplateLimitError(f"the template passed {value} as an argument")
+
+
+def _str_len(value: Any) -> int:
+    return len(value) if isinstance(value, str) else len(str(value))
+
+
+def _estimate_replace(text: str, old: Any, new: Any, count: Any = -1) -> None:
+    if not isinstance(old, str) or not isinstance(new, str):
+        return
+    hits = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    _check_estimate(len(text) + hits * (len(new) - len(old)))
+
+
+def _materialize(items: Any) -> list[Any]:
+    """A list of ``items``, counted against the budget as it is read."""
+    budget = _spend()
+    out: list[Any] = []
+    for item in items:
+        budget.step()
+        out.append(item)
+    return _check_size(out)  # type: ignore[no-any-return]
+
+
+def _estimate_join(separator: str, items: list[Any]) -> None:
+    _check_estimate(sum(_str_len(i) for i in items) + len(separator) * max(len(items) - 1, 0))
+
+
+def _estimate_format(fmt: Any, args: Iterable[Any]) -> None:
+    """``%``-formatting, checked before it runs: a width alone can ask for gigabytes."""
+    if not isinstance(fmt, str):
+        return
+    if _HUGE_FORMAT_WIDTH.search(fmt):
+        raise _TemplateLimitError("the template used a huge format width")
+    values = list(args)
+    widest = max((abs(v) for v in values if isinstance(v, int)), default=0)
+    _check_estimate(len(fmt) + sum(_str_len(v) for v in values) + fmt.count("%") * widest)
+
+
+def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (a Jinja filter) with the sandbox's limits around it."""
+    # Filters marked with pass_context/pass_environment get that object first.
+    skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
+
+    @wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _spend()
+        head, (value, *rest) = args[:skip], args[skip:]
+        _check_ints((*rest, *kwargs.values()))
+        if name == "join":
+            value = _materialize(value)
+            separator = rest[0] if rest else kwargs.get("d", "")
+            _estimate_join(separator if isinstance(separator, str) else "", value)
+        elif name == "replace" and isinstance(value, str) and len(rest) >= 2:
+            _estimate_replace(value, *rest[:3])
+        elif name == "indent" and isinstance(value, str):
+            width = rest[0] if rest else kwargs.get("width", 4)
+            per_line = width if isinstance(width, int) else _str_len(width)
+            _check_estimate(len(value) + per_line * (value.count("\n") + 1))
+        elif name == "wordwrap" and isinstance(value, str):
+            wrap = (rest[3] if len(rest) > 3 else kwargs.get("wrapstring")) or "\n"
+            _check_estimate(len(value) * (1 + _str_len(wrap)))
+        elif name == "format":
+            _estimate_format(value, (*rest, *kwargs.values()))
+        elif name == "center":
+            width = rest[0] if rest else kwargs.get("width", 80)
+            _check_estimate(width if isinstance(width, int) else 0)
+        return _check_size(func(*head, value, *rest, **kwargs))
+
+    return guarded
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    # Chat templates are written for transformers' tojson, which keeps non-ASCII
+    # text and does not HTML-escape (Jinja's own does both).
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _build_sandbox() -> Any:
+    """A sandboxed Jinja environment with the limits above; built on first use."""
+    from jinja2 import nodes
+    from jinja2.ext import loopcontrols
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.visitor import NodeTransformer
+
+    class GuardedSandbox(ImmutableSandboxedEnvironment):
+        # Arithmetic is routed through call_binop for these, so sizes can be checked.
+        intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+        def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+            # The default hands back an Undefined that renders as "" until it is used
+            # further; an escape attempt should fail the render at once.
+            raise SecurityError(
+                f"access to attribute {attribute!r} of {type(obj).__name__!r} is unsafe"
+            )
+
+        def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+            _spend()
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, str | list | tuple) and isinstance(times, int):
+                        _check_estimate(len(seq) * times)
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+                if right > 0 and abs(left) > 1:
+                    _check_int_power(left, right)
+            elif operator == "%" and isinstance(left, str):
+                args = right if isinstance(right, tuple) else (right,)
+                _estimate_format(left, args)
+            return _check_size(super().call_binop(context, operator, left, right))
+
+        def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            _spend()
+            if getattr(obj, "__self__", None) is not self:  # the hooks below take any value
+                _check_ints((*args, *(v for k, v in kwargs.items() if not k.startswith("_"))))
+            method = inspect.unwrap(obj)
+            owner = getattr(method, "__self__", None)
+            if inspect.isbuiltin(method) and isinstance(owner, str):
+                name = method.__name__
+                if name not in _SAFE_STR_METHODS:
+                    raise SecurityError(f"str.{name} is not available to chat templates")
+                if name == "replace" and len(args) >= 2:
+                    _estimate_replace(owner, *args[:3])
+                elif name == "join" and args:
+                    items = _materialize(args[0])
+                    _estimate_join(owner, items)
+                    args = (items, *args[1:])
+            return _check_size(super().call(context, obj, *args, **kwargs))
+
+        def pool_iter(self, iterable: Any) -> Iterator[Any]:
+            budget = _spend()
+            for item in iterable:
+                budget.step()
+                yield item
+
+        def pool_concat(self, *parts: Any) -> str:
+            _spend()
+            texts = [str(p) for p in parts]
+            _check_estimate(sum(len(t) for t in texts))
+            return "".join(texts)
+
+        def pool_output(self, value: Any) -> Any:
+            _spend().produce(_str_len(value))
+            return value
+
+        def pool_bounded(self, value: Any) -> Any:
+            return _check_size(value)
+
+    class Instrument(NodeTransformer):
+        """Routes loops, ``~`` joins, block captures and output through the budget.
+
+        The calls go to attributes of the environment, a name a template cannot
+        shadow with ``{% set %}``.
+        """
+
+        def _hook(self, name: str, args: list[nodes.Expr], node: nodes.Node) -> nodes.Call:
+            return nodes.Call(
+                nodes.EnvironmentAttribute(name, lineno=node.lineno),
+                args,
+                [],
+                None,
+                None,
+                lineno=node.lineno,
+            )
+
+        def visit_For(self, node: nodes.For) -> nodes.Node:
+            self.generic_visit(node)
+            node.iter = self._hook("pool_iter", [node.iter], node)
+            return node
+
+        def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+            self.generic_visit(node)
+            return self._hook("pool_concat", list(node.nodes), node)
+
+        def visit_Output(self, node: nodes.Output) -> nodes.Node:
+            self.generic_visit(node)
+            node.nodes = [
+                self._hook("pool_output", [cast("nodes.Expr", child)], child)
+                for child in node.nodes
+            ]
+            return node
+
+        def visit_AssignBlock(self, node: nodes.AssignBlock) -> nodes.Node:
+            # `{% set x %}...{% endset %}` captures output; check what it captured.
+            self.generic_visit(node)
+            node.filter = nodes.Filter(
+                node.filter, "pool_bounded", [], [], None, None, lineno=node.lineno
+            )
+            return node
+
+    # Constant folding would run filters at compile time, outside any budget.
+    env = GuardedSandbox(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], optimized=False
+    )
+    env.filters["tojson"] = _tojson
+    env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
+    env.filters["pool_bounded"] = env.pool_bounded
+    # lipsum(n=...) writes paragraphs on demand; no chat template needs it.
+    env.globals.pop("lipsum", None)
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+
+    def compile_template(source: str) -> Any:
+        tree = env.parse(source)
+        Instrument().visit(tree)
+        return env.from_string(tree)
+
+    return compile_template
+
+
+def _check_int_power(base: int, exponent: int) -> None:
+    if exponent * base.bit_length() > _MAX_INT_BITS:
+        raise _TemplateLimitError("the template computed a huge power")
+
+
+_compile_template: Callable[[str], Any] | None = None
+
+
+def _compile(source: str) -> Any:
+    global _compile_template
+    if _compile_template is None:
+        # jinja2 is imported on first use: most models never need a template.
+        _compile_template = _build_sandbox()
+    return _compile_template(source)
+
+
 class ModelTemplateFormat(PromptFormat):
-    """Renders the model's own chat template, sandboxed."""
+    """Renders the chat template shipped inside the model file, sandboxed.
+
+    The template sees ``messages`` (``{"role", "content"}`` dicts, the instructions
+    as a leading ``system`` message), ``add_generation_prompt=True``, ``bos_token``,
+    ``eos_token`` and, where thinking is set, ``enable_thinking``. A template that
+    does not compile, fails, reaches for Python internals or goes past the sandbox's
+    limits (1 MB of prompt among them) is refused with ``invalid_request``.
+
+    ``supports_thinking_control`` is true only for templates that read
+    ``enable_thinking``; constructing this class picks the matching subclass.
+
+    Args:
+        template: the template and its special tokens.
+
+    Raises:
+        PoolError: ``invalid_request`` when the template does not compile.
+    """
 
     name = "model_template"
 
+    def __new__(cls, template: ModelTemplate) -> ModelTemplateFormat:
+        if cls is ModelTemplateFormat and "enable_thinking" in template.source:
+            return super().__new__(_ThinkingModelTemplateFormat)
+        return super().__new__(cls)
+
     def __init__(self, template: ModelTemplate) -> None:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        self._template_error = TemplateError
-        self._model_template = template
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
+        self._template = template
         try:
-            self._compiled = env.from_string(template.source)
-        except TemplateError as exc:
+            self._compiled = _compile(template.source)
+        except Exception as exc:  # any failure of untrusted input
             raise PoolError(
-                "invalid_request", f"the model's chat template is invalid: {exc}"
+                "invalid_request",
+                f"the model's chat template does not compile: {type(exc).__name__}: {exc}",
             ) from exc
-
-    @property
-    def supports_thinking(self) -> bool:
-        return "enable_thinking" in self._model_template.source
 
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, str]] = []
         if request.instructions:
             messages.append({"role": "system", "content": request.instructions})
-        messages += [{"role": t.role, "content": t.text} for t in request.turns]
+        messages += [
+            {"role": turn.role, "content": turn.text} for turn in _checked_turns(request, self.name)
+        ]
         variables: dict[str, Any] = {
             "messages": messages,
             "add_generation_prompt": True,
-            "bos_token": self._model_template.bos_token,
-            "eos_token": self._model_template.eos_token,
+            "bos_token": self._template.bos_token,
+            "eos_token": self._template.eos_token,
         }
-        thinking = _thinking_on(request, enable_thinking)
+        thinking = _effective_thinking(request, enable_thinking)
         if thinking is not None:
             variables["enable_thinking"] = thinking
+        text = self._render(variables)
+        bos = self._template.bos_token
+        if self._template.add_bos and bos and text.startswith(bos):
+            text = text[len(bos) :]
+        eos = self._template.eos_token
+        return RenderedPrompt(text, (eos,) if eos else ())
+
+    def _render(self, variables: dict[str, Any]) -> str:
+        budget_token = _BUDGET.set(_Budget())
         try:
-            pieces = []
+            pieces: list[str] = []
             size = 0
             for chunk in self._compiled.generate(**variables):
                 size += len(chunk)
-                if size > MAX_TEMPLATE_OUTPUT:
-                    raise PoolError(
-                        "invalid_request", "the model's chat template output is too large"
-                    )
+                if size > _MAX_OUTPUT_CHARS:
+                    raise _TemplateLimitError(f"the prompt is over {_MAX_OUTPUT_CHARS} chars")
                 pieces.append(chunk)
-        except PoolError:
-            raise
-        except Exception as exc:  # SecurityError, TemplateError, TypeError from the template
+            return "".join(pieces)
+        except RecursionError as exc:
+            raise PoolError("invalid_request", "the model's chat template recursed") from exc
+        except Exception as exc:  # SecurityError, TemplateError, our limits, template bugs
             raise PoolError(
-                "invalid_request", f"the model's chat template failed: {type(exc).__name__}: {exc}"
+                "invalid_request",
+                f"the model's chat template failed: {type(exc).__name__}: {exc}",
             ) from exc
-        stop = tuple(t for t in (self._model_template.eos_token,) if t)
-        return RenderedPrompt("".join(pieces), stop)
+        finally:
+            _BUDGET.reset(budget_token)
+
+
+class _ThinkingModelTemplateFormat(ModelTemplateFormat):
+    """A model template that reads ``enable_thinking``, so thinking can be switched."""
+
+    supports_thinking_control = True
 
 
 _FORMATS: dict[str, type[PromptFormat]] = {
     cls.name: cls
     for cls in (GenericFormat, MistralFormat, Qwen3Format, Gemma4Format, TranslateGemmaFormat)
 }
-PROMPT_FORMAT_NAMES: tuple[str, ...] = (*_FORMATS, "model_template")
+PROMPT_FORMAT_NAMES: tuple[str, ...] = (*_FORMATS, ModelTemplateFormat.name)
 
 
 def get_prompt_format(name: str, *, model_template: ModelTemplate | None = None) -> PromptFormat:
     """The prompt format called ``name``.
 
+    Args:
+        name: one of :data:`PROMPT_FORMAT_NAMES`.
+        model_template: the model file's chat template; required for ``model_template``.
+
+    Returns:
+        A format instance, ready to render.
+
     Raises:
         ValueError: an unknown name, or ``model_template`` without a template.
+        PoolError: ``invalid_request`` when the model's template does not compile.
     """
-    if name == "model_template":
+    if name == ModelTemplateFormat.name:
         if model_template is None:
             raise ValueError(
-                "prompt_format model_template needs a chat template from the model file"
+                "prompt_format model_template needs the chat template of the model file"
             )
         return ModelTemplateFormat(model_template)
-    try:
-        return _FORMATS[name]()
-    except KeyError:
+    format_class = _FORMATS.get(name)
+    if format_class is None:
         raise ValueError(
             f"unknown prompt_format {name!r} (known: {', '.join(PROMPT_FORMAT_NAMES)})"
-        ) from None
+        )
+    return format_class()
 
 
 def format_traits(name: str) -> tuple[bool, bool]:
-    """(multi_turn, supports_thinking_control) of a format, without a template at hand."""
-    if name == "model_template":
-        return True, False
-    cls = _FORMATS[name]
-    return cls.multi_turn, cls.supports_thinking_control
+    """``(multi_turn, supports_thinking_control)`` of a format, without building it.
+
+    For ``model_template`` thinking support depends on the template, which is not
+    at hand here, so it is reported as unsupported.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == ModelTemplateFormat.name:
+        return ModelTemplateFormat.multi_turn, False
+    format_class = _FORMATS.get(name)
+    if format_class is None:
+        raise ValueError(f"unknown prompt_format {name!r}")
+    return format_class.multi_turn, format_class.supports_thinking_control
