@@ -253,7 +253,7 @@ class LlamaCppBackend:
             import llama_cpp
         except ImportError as exc:
             raise BackendError(
-                "llama-cpp-python is not installed (pip install 'llm-pool[llama_cpp]')"
+                "llama-cpp-python is not installed (pip install 'llm-pool[llama-cpp]')"
             ) from exc
         kwargs: dict[str, Any] = {
             "model_path": str(path),
