@@ -6,9 +6,10 @@ conversation, whether it can switch thinking per request, and ``render``. The
 template is untrusted input, so it runs in Jinja's immutable sandbox with limits on
 the size of every value it builds, on the work it may do and on its output.
 
-Rendered text never starts with a BOS token: runtimes add BOS when they tokenize
-(llama.cpp does so for models whose tokenizer asks for it), and a second one would
-only confuse the model.
+The built-in formats leave the BOS token out: runtimes add it when they tokenize
+(llama.cpp does for models whose tokenizer asks for it), and a second one only
+confuses the model. For the same reason a model template's leading BOS is dropped
+when the model's tokenizer adds its own.
 """
 
 from __future__ import annotations
@@ -242,8 +243,8 @@ class Gemma4Format(PromptFormat):
         return RenderedPrompt("".join(out), ("<turn|>", "<|turn>"))
 
 
-# Names of the languages TranslateGemma was trained on (WMT24++ and more), by ISO
-# 639 code; a regional code such as "pt-BR" is named by its base language.
+# English names of languages by ISO 639 code, as TranslateGemma's request spells
+# them out; a regional code such as "pt-BR" is named by its base language.
 _LANGUAGE_NAMES: dict[str, str] = {
     "af": "Afrikaans", "am": "Amharic", "ar": "Arabic", "az": "Azerbaijani",
     "be": "Belarusian", "bg": "Bulgarian", "bn": "Bengali", "bs": "Bosnian",
@@ -356,14 +357,14 @@ class ModelTemplate:
         bos_token: the text of the model's BOS token, passed to the template.
         eos_token: the text of the model's EOS token, passed to the template and used
             as the stop string.
-        add_bos: whether the tokenizer adds BOS itself; when it does, a BOS the
-            template writes is dropped so the prompt does not start with two.
+        add_bos: whether the model's tokenizer adds BOS itself; when it does, a BOS
+            the template writes is dropped so the prompt does not start with two.
     """
 
     source: str
     bos_token: str = ""
     eos_token: str = ""
-    add_bos: bool = True
+    add_bos: bool = False
 
     @classmethod
     def from_gguf_metadata(
@@ -392,7 +393,13 @@ class ModelTemplate:
             except (ValueError, LookupError):
                 return ""
 
-        add_bos = str(metadata.get("tokenizer.ggml.add_bos_token", "true")).lower() != "false"
+        flag = metadata.get("tokenizer.ggml.add_bos_token")
+        if flag is None:
+            # llama.cpp's default when the file does not say: SentencePiece
+            # vocabularies add BOS, byte-level BPE ones do not.
+            add_bos = metadata.get("tokenizer.ggml.model") == "llama"
+        else:
+            add_bos = str(flag).lower() == "true"
         return cls(
             source,
             token("tokenizer.ggml.bos_token_id"),
@@ -510,7 +517,8 @@ def _materialize(items: Any) -> list[Any]:
     for item in items:
         budget.step()
         out.append(item)
-    return _check_size(out)  # type: ignore[no-any-return]
+    _check_size(out)
+    return out
 
 
 def _estimate_join(separator: str, items: list[Any]) -> None:
@@ -549,8 +557,10 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             per_line = width if isinstance(width, int) else _str_len(width)
             _check_estimate(len(value) + per_line * (value.count("\n") + 1))
         elif name == "wordwrap" and isinstance(value, str):
+            width = rest[0] if rest else kwargs.get("width", 79)
             wrap = (rest[3] if len(rest) > 3 else kwargs.get("wrapstring")) or "\n"
-            _check_estimate(len(value) * (1 + _str_len(wrap)))
+            lines = len(value) // max(width if isinstance(width, int) else 1, 1) + 1
+            _check_estimate(len(value) + lines * _str_len(wrap))
         elif name == "format":
             _estimate_format(value, (*rest, *kwargs.values()))
         elif name == "center":
@@ -561,10 +571,18 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Chat templates are written for transformers' tojson, which keeps non-ASCII
     # text and does not HTML-escape (Jinja's own does both).
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise_exception(message: str) -> None:
@@ -580,8 +598,8 @@ def _strftime_now(fmt: str) -> str:
 def _build_sandbox() -> Any:
     """A sandboxed Jinja environment with the limits above; built on first use."""
     from jinja2 import nodes
-    from jinja2.ext import loopcontrols
     from jinja2.exceptions import SecurityError
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     from jinja2.visitor import NodeTransformer
 
@@ -666,7 +684,7 @@ def _build_sandbox() -> Any:
 
         def visit_For(self, node: nodes.For) -> nodes.Node:
             self.generic_visit(node)
-            node.iter = self._hook("pool_iter", [node.iter], node)
+            node.iter = self._hook("pool_iter", [cast("nodes.Expr", node.iter)], node)
             return node
 
         def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
@@ -675,10 +693,7 @@ def _build_sandbox() -> Any:
 
         def visit_Output(self, node: nodes.Output) -> nodes.Node:
             self.generic_visit(node)
-            node.nodes = [
-                self._hook("pool_output", [cast("nodes.Expr", child)], child)
-                for child in node.nodes
-            ]
+            node.nodes = [self._hook("pool_output", [child], child) for child in node.nodes]
             return node
 
         def visit_AssignBlock(self, node: nodes.AssignBlock) -> nodes.Node:
@@ -798,7 +813,9 @@ class ModelTemplateFormat(PromptFormat):
             return "".join(pieces)
         except RecursionError as exc:
             raise PoolError("invalid_request", "the model's chat template recursed") from exc
-        except Exception as exc:  # SecurityError, TemplateError, our limits, template bugs
+        except _TemplateLimitError as exc:
+            raise PoolError("invalid_request", f"the model's chat template stopped: {exc}") from exc
+        except Exception as exc:  # SecurityError, TemplateError, template bugs
             raise PoolError(
                 "invalid_request",
                 f"the model's chat template failed: {type(exc).__name__}: {exc}",
