@@ -6,8 +6,9 @@ changes (a request arrives, a slot frees, replicas appear): a request that fits 
 handed to a replica in the same tick, without a hop through another task, which keeps
 the pool's per-request overhead to a few microseconds.
 
-Order: priority first (``high`` > ``normal`` > ``low``), then round-robin across tenants
-within a priority, then arrival order within a tenant.
+Order: priority first (``high`` > ``normal`` > ``low``), then the least recently served
+tenant within a priority (round-robin among busy tenants, with a newcomer first), then
+arrival order within a tenant.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+# Tenants whose last service is remembered; a forgotten one counts as never served.
+_SERVED_MEMORY = 4096
 
 
 class Slots(Protocol):
@@ -61,6 +64,8 @@ class Scheduler:
         self._replicas: Sequence[Slots] = ()
         self._on_idle = on_idle
         self._sequence = itertools.count()
+        self._last_served: OrderedDict[str, int] = OrderedDict()
+        self._served = itertools.count()
         self.dispatched_total = 0
 
     # -- state -------------------------------------------------------------------
@@ -140,12 +145,19 @@ class Scheduler:
             tenants = self._queues[priority]
             if not tenants:
                 continue
-            tenant, queue = next(iter(tenants.items()))
+            # The least recently served tenant goes first, so a tenant that just
+            # arrived does not wait behind a flood from one that was served a moment ago.
+            tenant = min(
+                tenants, key=lambda t: (self._last_served.get(t, -1), tenants[t][0].sequence)
+            )
+            queue = tenants[tenant]
             ticket = queue.popleft()
-            # Round-robin: the tenant just served goes to the back of its priority.
-            del tenants[tenant]
-            if queue:
-                tenants[tenant] = queue
+            if not queue:
+                del tenants[tenant]
+            self._last_served[tenant] = next(self._served)
+            self._last_served.move_to_end(tenant)
+            while len(self._last_served) > _SERVED_MEMORY:
+                self._last_served.popitem(last=False)
             self._depth -= 1
             return ticket
         return None

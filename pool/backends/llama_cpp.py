@@ -105,25 +105,21 @@ class LlamaCppRuntime:
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
             raise BackendError("the llama_cpp runtime is closed")
-        rendered = self._format.render(request, enable_thinking=self._definition.enable_thinking)
-        stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
+        # Rendering runs on the worker too: a model's own template can be slow.
         return await stream_from_thread(
-            partial(self._generate_blocking, rendered.text, stops, request),
-            sink,
-            limiter=self._limiter,
+            partial(self._generate_blocking, request), sink, limiter=self._limiter
         )
 
     def _generate_blocking(
-        self,
-        prompt: str,
-        stops: tuple[str, ...],
-        request: GenerationRequest,
-        send: Callable[[str], None],
+        self, request: GenerationRequest, send: Callable[[str], None]
     ) -> GenerationStats:
         import llama_cpp
 
         llama = self._llama
         started = time.perf_counter()
+        rendered = self._format.render(request, enable_thinking=self._definition.enable_thinking)
+        prompt = rendered.text
+        stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
         tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         tokenize_ms = (time.perf_counter() - started) * 1000.0
         n_ctx = llama.n_ctx()
