@@ -1,0 +1,130 @@
+"""``python -m benchmarks run SCENARIO [--quick]``: run one scenario and write its results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from benchmarks._machine import describe
+from benchmarks.scenarios import SCENARIOS
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    files = []
+    if "cdf" in report:
+        fig, axes = plt.subplots(1, len(report["cdf"]), figsize=(4 * len(report["cdf"]), 3.5))
+        for ax, (key, sides) in zip(
+            list(getattr(axes, "flat", [axes])), report["cdf"].items(), strict=False
+        ):
+            for side, values in sides.items():
+                if values:
+                    ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=side)
+            ax.set_title(key, fontsize=9)
+            ax.set_xlabel("latency (ms)")
+            ax.set_xscale("log")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "latency_cdf.png", dpi=90)
+        files.append("latency_cdf.png")
+    if name == "replicas":
+        fig, ax = plt.subplots(figsize=(4, 3.5))
+        rows = report["rows"]
+        ax.plot(
+            [r["replicas"] for r in rows],
+            [r["requests_per_s"] for r in rows],
+            marker="o",
+            label="measured",
+        )
+        ax.plot(
+            [r["replicas"] for r in rows],
+            [rows[0]["requests_per_s"] * r["replicas"] for r in rows],
+            linestyle="--",
+            label="ideal",
+        )
+        ax.set_xlabel("replicas")
+        ax.set_ylabel("requests/s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=90)
+        files.append("throughput.png")
+    plt.close("all")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run")
+    run.add_argument("scenario", choices=sorted(SCENARIOS))
+    run.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    run.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    machine = describe()
+    started = time.time()
+    report = trio.run(SCENARIOS[args.scenario], args.quick)
+    out = args.out / args.scenario
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"python -m benchmarks run {args.scenario}" + (" --quick" if args.quick else "")
+    raw = report.pop("raw")
+    cdf = report.get("cdf")
+    files = _plots(args.scenario, report, out)
+    report.pop("cdf", None)
+    full = {
+        "scenario": args.scenario,
+        "command": command,
+        "machine": machine,
+        "started_at": started,
+        "duration_s": time.time() - started,
+        **report,
+        "raw": _strip(raw),
+    }
+    (out / "results.json").write_text(json.dumps(full, indent=2))
+    (out / "results.md").write_text(
+        f"# {args.scenario}\n\nCommand: `{command}`  \n"
+        f"Machine: {machine['cpu']}, {machine['cores']} cores,"
+        f" load average at start {machine['loadavg_at_start']}; took {full['duration_s']:.0f} s\n\n"
+        + _table(report["rows"])
+        + "".join(f"\n![{f}]({f})\n" for f in files)
+    )
+    print(_table(report["rows"]))
+    del cdf
+    return 0
+
+
+def _strip(raw: Any) -> Any:
+    """Drop the per-request latency lists from the raw summaries (the CDF plot has them)."""
+    if isinstance(raw, dict):
+        return {k: _strip(v) for k, v in raw.items() if k != "latencies_ms"}
+    if isinstance(raw, list):
+        return [_strip(v) for v in raw]
+    return raw
+
+
+if __name__ == "__main__":
+    sys.exit(main())

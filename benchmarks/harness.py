@@ -1,0 +1,211 @@
+"""The benchmark harness: servers on loopback, load generators, statistics, reports.
+
+Servers run in their own processes (so the client does not share their event loop and
+their CPU time can be read from /proc); the client here drives closed-loop load (N
+concurrent clients, each sending its next request when the last one is answered) or
+open-loop load (Poisson arrivals at a rate), always bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from benchmarks._http import Connection, Result
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        return host, int(port)
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time of the server process so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@contextmanager
+def run_server(name: str, command: list[str], timeout_s: float = 120.0) -> Iterator[Server]:
+    """Start ``command`` (which prints ``listening on URL``) and stop it afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        url = ""
+        while time.monotonic() < deadline:
+            line = process.stdout.readline().decode()
+            if not line:
+                raise RuntimeError(f"{name} exited before listening")
+            if "listening on " in line:
+                url = line.split("listening on ")[1].strip()
+                break
+        if not url:
+            raise RuntimeError(f"{name} did not start within {timeout_s}s")
+        yield Server(name, url, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def pool_server(models: dict[str, dict[str, Any]], **engine: Any) -> Iterator[Server]:
+    settings = {
+        "service": {"log_level": "warning", "shutdown_grace_s": 1},
+        "engine": {"max_queue": 4096, **engine, "models": models},
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "settings.json"
+        path.write_text(json.dumps(settings))
+        command = [
+            sys.executable,
+            "-m",
+            "pool",
+            "serve",
+            "--settings",
+            str(path),
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+        ]
+        with run_server("pool", command) as server:
+            yield server
+
+
+@contextmanager
+def bare_server() -> Iterator[Server]:
+    with run_server("bare", [sys.executable, "-m", "benchmarks.bare_app", "--port", "0"]) as server:
+        yield server
+
+
+BodyFor = Callable[[int], tuple[dict[str, Any], dict[str, str]]]
+
+
+async def closed_loop(
+    server: Server, concurrency: int, count: int, body_for: BodyFor, max_s: float = 120.0
+) -> list[Result]:
+    """``concurrency`` clients send ``count`` requests in all, each waiting for its answer."""
+    host, port = server.host_port
+    results: list[Result] = []
+    counter = iter(range(count))
+
+    async def client() -> None:
+        connection = Connection(host, port)
+        try:
+            for index in counter:
+                body, headers = body_for(index)
+                results.append(await connection.post("/v1/responses", body, headers))
+        finally:
+            await connection.aclose()
+
+    with trio.move_on_after(max_s):
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(client)
+    return results
+
+
+async def open_loop(
+    server: Server, rate: float, count: int, body_for: BodyFor, max_s: float = 120.0, seed: int = 7
+) -> list[Result]:
+    """Poisson arrivals at ``rate`` per second, ``count`` in all, each on its own connection."""
+    host, port = server.host_port
+    results: list[Result] = []
+    rng = random.Random(seed)
+
+    async def one(index: int) -> None:
+        connection = Connection(host, port)
+        try:
+            body, headers = body_for(index)
+            results.append(await connection.post("/v1/responses", body, headers))
+        finally:
+            await connection.aclose()
+
+    with trio.move_on_after(max_s):
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                nursery.start_soon(one, index)
+                await trio.sleep(rng.expovariate(rate))
+    return results
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def summarize(results: list[Result], wall_s: float, cpu_s: float | None = None) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None and r.status == 200]
+    latencies = [r.latency_ms for r in ok]
+    ttfts = [t for r in ok if (t := r.ttft_ms) is not None]
+    gaps = [
+        (b - a) * 1000 for r in ok for a, b in zip(r.token_times, r.token_times[1:], strict=False)
+    ]
+    tokens = sum(r.tokens for r in ok)
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "statuses": dict(
+            sorted(
+                {
+                    str(r.status): sum(1 for x in results if x.status == r.status) for r in results
+                }.items()
+            )
+        ),
+        "latency_ms": {
+            q: percentile(latencies, f) for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+        },
+        "latency_median_ms": statistics.median(latencies) if latencies else None,
+        "ttft_ms": {
+            q: percentile(ttfts, f) for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+        },
+        "inter_token_ms": {q: percentile(gaps, f) for q, f in (("p50", 0.5), ("p99", 0.99))},
+        "requests_per_s": len(ok) / wall_s if wall_s else None,
+        "tokens_per_s": tokens / wall_s if wall_s else None,
+        "server_cpu_s": cpu_s,
+        "server_cpu_ms_per_request": (cpu_s * 1000 / len(ok)) if cpu_s is not None and ok else None,
+        "latencies_ms": latencies,
+    }
+
+
+async def measure(server: Server, runner: Callable[[], Any]) -> dict[str, Any]:
+    """Run one load phase against ``server`` and summarize it with the server's CPU time."""
+    cpu_before = server.cpu_seconds()
+    started = time.perf_counter()
+    results = await runner()
+    wall = time.perf_counter() - started
+    return summarize(results, wall, server.cpu_seconds() - cpu_before)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
