@@ -15,6 +15,7 @@ from quart import Response, g, has_request_context, request, websocket
 from werkzeug.datastructures import Headers
 
 from pool.errors import PoolError
+from pool.schemas import ResponseRequest
 
 if TYPE_CHECKING:
     from pool.actors import Pool
@@ -102,6 +103,21 @@ def validate(model: type[T], data: Any) -> T:
         return model.model_validate(data)
     except ValidationError as exc:
         raise SchemaError(exc) from None
+
+
+def conversation_request(payload: dict[str, Any], turns: list[dict[str, Any]]) -> ResponseRequest:
+    """A native request from a chat surface's turns (OpenAI, Ollama).
+
+    One user turn becomes single-turn ``input``, so models without multi-turn support
+    still work with chat clients; a longer conversation becomes ``messages``.
+    """
+    if not turns or turns[-1]["role"] != "user":
+        raise PoolError("invalid_request", "the last message must come from the user")
+    if len(turns) == 1:
+        payload = {**payload, "input": turns[0]["content"]}
+    else:
+        payload = {**payload, "messages": turns}
+    return validate(ResponseRequest, payload)
 
 
 async def read_body(model: type[T], *, optional: bool = False) -> T:

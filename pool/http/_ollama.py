@@ -14,7 +14,6 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from quart import Blueprint, Quart, Response
 
 from pool._version import __version__
@@ -25,11 +24,13 @@ from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
+    conversation_request,
     dumps,
     json_response,
     read_body,
     require,
     tenant_and_priority,
+    validate,
 )
 from pool.http._streaming import admitted_stream
 from pool.schemas import (
@@ -83,13 +84,6 @@ def _load_hint(actor: ModelActor, options: OllamaOptions) -> dict[str, Any] | No
     if options.num_ctx is None or field is None:
         return None
     return {field: options.num_ctx}
-
-
-def _validate(payload: dict[str, Any]) -> ResponseRequest:
-    try:
-        return ResponseRequest.model_validate(payload)
-    except ValidationError as exc:
-        raise SchemaError(exc) from None
 
 
 def _stats(admission: Admission) -> dict[str, Any]:
@@ -250,8 +244,6 @@ def register(app: Quart, ctx: AppContext) -> None:
                     {"type": "image_url", "image_url": {"url": _image_url(i)}} for i in m.images
                 ]
             turns.append({"role": m.role, "content": content})
-        if not turns or turns[-1]["role"] != "user":
-            raise PoolError("invalid_request", "the last message must come from the user")
         payload: dict[str, Any] = {
             "model": body.model,
             "instructions": "\n\n".join(system) or None,
@@ -259,11 +251,8 @@ def register(app: Quart, ctx: AppContext) -> None:
             "decoding": _decoding(body.options),
             "keep_alive": body.keep_alive,
         }
-        if len(turns) == 1:
-            payload["input"] = turns[0]["content"]
-        else:
-            payload["messages"] = turns
-        return await run(_validate(payload), actor, body.options, body.stream, "chat")
+        request = conversation_request(payload, turns)
+        return await run(request, actor, body.options, body.stream, "chat")
 
     @blueprint.post("/api/generate")
     async def generate() -> Response:
@@ -286,7 +275,9 @@ def register(app: Quart, ctx: AppContext) -> None:
             "decoding": _decoding(body.options),
             "keep_alive": body.keep_alive,
         }
-        return await run(_validate(payload), actor, body.options, body.stream, "generate")
+        return await run(
+            validate(ResponseRequest, payload), actor, body.options, body.stream, "generate"
+        )
 
     def tag(actor: ModelActor) -> dict[str, Any]:
         size = (actor.artifact_mib or 0) * 1024 * 1024

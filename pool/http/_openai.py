@@ -11,7 +11,6 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import ValidationError
 from quart import Blueprint, Quart, Response
 
 from pool.actors import Admission
@@ -19,6 +18,7 @@ from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
+    conversation_request,
     dumps,
     json_response,
     read_body,
@@ -54,8 +54,6 @@ def to_response_request(body: ChatCompletionRequest) -> ResponseRequest:
             continue
         parts = [p.model_dump() for p in content] if isinstance(content, list) else content or ""
         conversation.append({"role": message.role, "content": parts})
-    if not conversation or conversation[-1]["role"] != "user":
-        raise PoolError("invalid_request", "the last message must come from the user")
     decoding: dict[str, Any] = {
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -69,14 +67,7 @@ def to_response_request(body: ChatCompletionRequest) -> ResponseRequest:
         "allow_remote": body.allow_remote,
         "decoding": {k: v for k, v in decoding.items() if v is not None},
     }
-    if len(conversation) == 1:
-        payload["input"] = conversation[0]["content"]
-    else:
-        payload["messages"] = conversation
-    try:
-        return ResponseRequest.model_validate(payload)
-    except ValidationError as exc:
-        raise SchemaError(exc) from None
+    return conversation_request(payload, conversation)
 
 
 def _usage(admission: Admission) -> dict[str, int]:
