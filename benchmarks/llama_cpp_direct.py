@@ -4,6 +4,7 @@ Both sides run the same ChatML prompt with the same settings (greedy, 128 tokens
 thread pool of the same size), interleaved A B A B so drift hits both equally.
 
     python -m benchmarks.llama_cpp_direct [--rounds 7]
+    python -m benchmarks run llama-cpp          (the same, through the harness)
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ async def pool_run(pool: Any) -> dict[str, float]:
     }
 
 
-async def main(rounds: int, out: Path) -> dict[str, Any]:
+async def main(rounds: int, out: Path | None) -> dict[str, Any]:
     import llama_cpp
 
     path = str(resolve_model_path(GGUF))
@@ -138,7 +139,8 @@ async def main(rounds: int, out: Path) -> dict[str, Any]:
         "ttft_added_ms": summary["pool"]["median_ttft_ms"] - summary["direct"]["median_ttft_ms"],
         "runs": results,
     }
-    write_report(out, report, rounds)
+    if out is not None:
+        write_report(out, report, rounds)
     return report
 
 

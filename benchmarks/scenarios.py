@@ -180,6 +180,29 @@ async def fairness(quick: bool) -> dict[str, Any]:
     return {"rows": rows, "raw": raw}
 
 
+async def llama_cpp(quick: bool) -> dict[str, Any]:
+    """SmolLM2 in-process through the pool vs llama-cpp-python called directly."""
+    from benchmarks.llama_cpp_direct import main as compare
+
+    report = await compare(3 if quick else 9, None)
+    rows = [
+        {
+            "side": side,
+            "median_tokens_per_s": s["median_tokens_per_s"],
+            "median_ttft_ms": s["median_ttft_ms"],
+        }
+        for side, s in report["summary"].items()
+    ]
+    rows.append(
+        {
+            "side": "pool / direct",
+            "median_tokens_per_s": report["ratio_tokens_per_s"],
+            "median_ttft_ms": report["ttft_added_ms"],
+        }
+    )
+    return {"rows": rows, "raw": report["runs"]}
+
+
 def _median(values: list[float | None]) -> float | None:
     present = sorted(v for v in values if v is not None)
     if not present:
@@ -200,4 +223,9 @@ def _cdf_series(
     return series
 
 
-SCENARIOS = {"overhead-stub": overhead_stub, "replicas": replicas, "fairness": fairness}
+SCENARIOS = {
+    "overhead-stub": overhead_stub,
+    "replicas": replicas,
+    "fairness": fairness,
+    "llama-cpp": llama_cpp,
+}
