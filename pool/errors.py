@@ -25,6 +25,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "model_not_loaded": 409,
     "model_unloading": 409,
     "model_failed": 409,
+    "model_in_use": 409,
     "request_too_large": 413,
     "unsupported_media_type": 415,
     "validation_error": 422,

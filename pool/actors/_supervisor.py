@@ -23,6 +23,7 @@ from pool.actors._intake import build_generation_request
 from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
+from pool.actors._pulls import PullManager
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._stats import percentile
 from pool.actors._tasks import CONTEXT_FIELD, LoadTask, LoadTasks
@@ -171,6 +172,7 @@ class Pool:
         self.gpu_snapshot: Callable[[], list[dict[str, Any]]] = list
         self.gpu_error: Callable[[], str | None] = lambda: "no GPU monitor is running"
         self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
+        self.pulls = PullManager(self)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpu_snapshot())
         for actor in self.models.values():
             actor.metrics = self.metrics
@@ -524,6 +526,7 @@ async def open_pool(settings: Settings, *, startup_loads: bool = True) -> AsyncI
         pool._nursery = nursery
         for actor in pool.models.values():
             await nursery.start(actor.run)
+        await nursery.start(pool.pulls.run)
         if startup_loads:
             async with trio.open_nursery() as loads:
                 for actor in pool.models.values():

@@ -101,6 +101,15 @@ class ServiceSettings(_Strict):
         16 * 1024 * 1024, description="Largest accepted request body; larger gets 413."
     )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
+    hf_endpoint: str | None = Field(
+        None, description="Hugging Face endpoint for pulls (default: $HF_ENDPOINT or the hub)."
+    )
+    pull_progress_buffer: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        16, description="Progress events buffered per pull watcher (a slow one skips some)."
+    )
+    pull_retries: Annotated[int, Field(ge=0, le=100)] = Field(
+        5, description="Resumed attempts after a cut connection before a pull fails."
+    )
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")

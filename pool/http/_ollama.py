@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -104,6 +105,13 @@ def _stats(admission: Admission) -> dict[str, Any]:
         "eval_count": m.engine_output_tokens or 0,
         "eval_duration": to_ns(m.gpu_decode_after_first_token_ms),
     }
+
+
+def _pull_line(event: dict[str, Any]) -> dict[str, Any]:
+    """A pull state as Ollama's progress line (``status``, ``total``, ``completed``, ...)."""
+    if event.get("status") == "error":
+        return {"error": event.get("error", "pull failed"), **event}
+    return event
 
 
 def _details(actor: ModelActor) -> dict[str, Any]:
@@ -333,6 +341,58 @@ def register(app: Quart, ctx: AppContext) -> None:
                 "modified_at": _now(),
             }
         )
+
+    @blueprint.post("/api/pull")
+    async def pull() -> Response:
+        """Pull a configured model from its `source`: NDJSON progress unless `stream: false`.
+
+        The pull runs in the background: a client that disconnects stops watching only.
+        """
+        require(ctx, "admin")
+        body = await read_body(OllamaModelRequest)
+        pool.pulls.pull(body.target)
+        if not body.stream:
+            async with pool.pulls.watch(body.target) as events:
+                final: dict[str, Any] = {}
+                async for event in events:
+                    final = event
+            status = 200 if final.get("status") == "success" else 500
+            return json_response(_pull_line(final), status)
+
+        async def lines() -> AsyncIterator[bytes]:
+            async with pool.pulls.watch(body.target) as events:
+                async for event in events:
+                    yield dumps(_pull_line(event)) + b"\n"
+
+        response = Response(lines(), content_type=NDJSON)
+        response.timeout = None
+        return response
+
+    @blueprint.get("/api/pull/status/<model>")
+    async def pull_status(model: str) -> Response:
+        """The current or last pull of a model."""
+        require(ctx, "admin")
+        state = pool.pulls.status(model)
+        if state is None:
+            raise PoolError("not_found", f"no pull of {model!r}")
+        return json_response(state)
+
+    @blueprint.delete("/api/pull/<model>")
+    async def pull_cancel(model: str) -> Response:
+        """Cancel a running pull; its partial files are removed."""
+        require(ctx, "admin")
+        if not await pool.pulls.cancel(model):
+            raise PoolError("not_found", f"no running pull of {model!r}")
+        return json_response({"model": model, "cancelled": True})
+
+    @blueprint.delete("/api/delete")
+    async def delete() -> Response:
+        """Remove a pulled model from the store (409 while it is loaded)."""
+        require(ctx, "admin")
+        body = await read_body(OllamaModelRequest)
+        if not await pool.pulls.delete(body.target):
+            raise PoolError("not_found", f"model {body.target!r} is not in the model store")
+        return json_response({})
 
     @blueprint.get("/api/version")
     async def version() -> Response:

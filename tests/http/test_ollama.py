@@ -99,3 +99,49 @@ async def test_on_demand_model_loads_and_unloads(nursery: trio.Nursery) -> None:
     back = await client.chat(model="lazy", messages=[], keep_alive="1m")
     assert back.done_reason == "load"
     assert [m.model for m in (await client.ps()).models] == ["lazy"]
+
+
+async def test_pull_status_cancel_and_delete_over_http(
+    nursery: trio.Nursery, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from tests.actors.test_pulls import FileServer
+
+    files = FileServer()
+    files.files["/m.bin"] = b"m" * 300_000
+    files.files["/slow.bin"] = b"s" * (4 << 20)
+    files.delay_s = 0.02
+    store = Path(str(tmp_path)) / "store"
+    info = await start_server(
+        nursery,
+        {
+            "m": {"backend": "stub", "source": files.url + "/m.bin"},
+            "slow": {"backend": "stub", "source": files.url + "/slow.bin"},
+        },
+        model_store=str(store),
+    )
+    client = _client(info)
+    statuses = [p.status async for p in await client.pull("m", stream=True)]
+    assert statuses[-1] == "success"
+    assert "downloading" in statuses
+    async with httpx.AsyncClient(base_url=info.url) as http:
+        status = (await http.get("/api/pull/status/m")).json()
+        assert status["status"] == "success" and status["completed"] == 300_000
+        assert (await http.get("/api/pull/status/none")).status_code == 404
+        async with http.stream("POST", "/api/pull", json={"model": "slow"}) as progress:
+            async for _ in progress.aiter_lines():
+                break  # disconnect: the pull goes on
+        assert (await http.get("/api/pull/status/slow")).json()["status"] == "downloading"
+        cancelled = await http.delete("/api/pull/slow")
+        assert cancelled.json() == {"model": "slow", "cancelled": True}
+        assert (await http.get("/api/pull/status/slow")).json()["status"] == "cancelled"
+        await http.post("/v1/admin/models/m/load")
+        busy = await http.request("DELETE", "/api/delete", json={"model": "m"})
+        assert busy.status_code == 409 and isinstance(busy.json()["error"], str)
+        await http.post("/v1/admin/models/m/unload")
+        await client.delete("m")
+        assert not (store / "m").exists()
+        gone = await http.request("DELETE", "/api/delete", json={"model": "m"})
+        assert gone.status_code == 404
+    files.httpd.shutdown()
