@@ -1,0 +1,115 @@
+"""The ct2 backend with SmolLM2 converted locally (GGUF -> transformers -> CTranslate2)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pool import PoolError, open_pool
+from pool.config import build_settings
+from pool.convert import cached_model
+from pool.schemas import ResponseRequest
+
+pytestmark = pytest.mark.real_model
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def ct2_dir() -> Path:
+    return cached_model("ct2")  # built once per machine, then reused from the cache
+
+
+def _settings(path: Path | str, **extra: Any) -> Any:
+    return build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0},
+                "models": {
+                    "ct": {
+                        "backend": "ct2",
+                        "model_path": str(path),
+                        "prompt_format": "qwen3_template",
+                        "enabled": True,
+                        **extra,
+                    }
+                },
+            }
+        }
+    )
+
+
+def _ask(text: str = QUESTION, **fields: Any) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": "ct", "input": text, **fields})
+
+
+async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
+    async with open_pool(_settings(ct2_dir)) as pool:
+        reply = await pool.respond(_ask())
+        assert "Paris" in reply.output_text
+        assert reply.metrics.engine_prompt_tokens and reply.metrics.engine_output_tokens
+        times = []
+        async for event in pool.stream(
+            _ask("Write a story about a cat.", decoding={"max_tokens": 48})
+        ):
+            if event["type"] == "response.output_text.delta":
+                times.append(time.perf_counter())
+        assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
+
+
+async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
+    async with open_pool(_settings(ct2_dir)) as pool:
+        reply = await pool.respond(_ask(decoding={"beam_size": 2}))
+        assert "Paris" in reply.output_text
+
+
+async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
+    async with open_pool(_settings(ct2_dir)) as pool:
+        row = pool.status("ct")
+        assert row["capabilities"] == {
+            "modalities": ["text"],
+            "multi_turn": False,
+            "thinking_modes": ["default", "enabled", "disabled"],
+        }
+        with pytest.raises(PoolError) as info:
+            await pool.respond(
+                ResponseRequest.model_validate(
+                    {"model": "ct", "messages": [{"role": "user", "content": "hi"}]}
+                )
+            )
+        assert info.value.code == "multi_turn_unsupported"
+
+
+async def test_cancel_stops_generation(ct2_dir: Path) -> None:
+    async with open_pool(_settings(ct2_dir)) as pool:
+        stream = pool.stream(_ask("Count to one thousand.", decoding={"max_tokens": 1500}))
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            deltas = 0
+            async for event in stream:
+                deltas += event["type"] == "response.output_text.delta"
+                if deltas == 3:
+                    break
+        with trio.fail_after(1):
+            while pool.status("ct")["runtime_inflight"]:
+                await trio.sleep(0.01)
+
+
+async def test_missing_model_folder_fails_the_load(tmp_path: Path) -> None:
+    async with open_pool(_settings(tmp_path / "nothing")) as pool:
+        row = pool.status("ct")
+        assert row["runtime_state"] == "failed" and "model.bin" in row["last_error"]
+
+
+def test_convert_command_reuses_the_cache(ct2_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pool", "convert", "ct2"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert Path(result.stdout.strip()) == ct2_dir
