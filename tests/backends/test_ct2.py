@@ -109,7 +109,10 @@ def test_convert_command_reuses_the_cache(ct2_dir: Path) -> None:
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "pool", "convert", "ct2"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "pool", "convert", "ct2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert Path(result.stdout.strip()) == ct2_dir
