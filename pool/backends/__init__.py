@@ -28,6 +28,9 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "stub": ("pool.backends.stub", "StubBackend"),
     "llama_cpp": ("pool.backends.llama_cpp", "LlamaCppBackend"),
     "ct2": ("pool.backends.ct2", "Ct2Backend"),
+    "llama_server": ("pool.backends.llama_server", "LlamaServerBackend"),
+    "vllm_serve": ("pool.backends.vllm_serve", "VllmServeBackend"),
+    "openai_remote": ("pool.backends.openai_remote", "OpenAIRemoteBackend"),
 }
 
 _instances: dict[str, Backend] = {}

@@ -1,0 +1,115 @@
+"""Streaming OpenAI-compatible Chat Completions: what llama-server, vllm serve and remote
+APIs speak. Shared by every backend that forwards requests over HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from pool.backends._protocol import GenerationRequest, GenerationStats, ImagePart, TokenSink
+from pool.errors import BackendError, PoolError
+
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The request as Chat Completions messages (images as ``image_url`` parts)."""
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    for turn in request.turns:
+        if turn.has_images:
+            content: Any = [
+                {
+                    "type": "image_url",
+                    "image_url": {"url": p.url, **({"detail": p.detail} if p.detail else {})},
+                }
+                if isinstance(p, ImagePart)
+                else {"type": "text", "text": p.text}
+                for p in turn.parts
+            ]
+        else:
+            content = turn.text
+        messages.append({"role": turn.role, "content": content})
+    return messages
+
+
+def _upstream_message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:500]
+    return str(error or data)[:500]
+
+
+async def stream_chat(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    sink: TokenSink,
+    *,
+    headers: dict[str, str] | None = None,
+    what: str = "upstream",
+) -> GenerationStats:
+    """POST ``body`` with ``stream: true`` and pass every content delta to ``sink``.
+
+    Raises:
+        PoolError: ``backend_timeout`` when the upstream is too slow.
+        BackendError: for an upstream error status, a broken stream or no connection.
+    """
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first_ms: float | None = None
+    pieces = 0
+    finish = "stop"
+    prompt_tokens = completion_tokens = None
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code != 200:
+                message = _upstream_message(await response.aread())
+                raise BackendError(f"{what} answered HTTP {response.status_code}: {message}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise BackendError(
+                        f"{what} failed mid-stream: {_upstream_message(data.encode())}"
+                    )
+                for choice in chunk.get("choices") or ():
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if first_ms is None:
+                            first_ms = (time.perf_counter() - started) * 1000.0
+                        pieces += 1
+                        await sink.send(text)
+                    if choice.get("finish_reason"):
+                        finish = _FINISH.get(choice["finish_reason"], "stop")
+                usage = chunk.get("usage")
+                if usage:
+                    prompt_tokens = usage.get("prompt_tokens")
+                    completion_tokens = usage.get("completion_tokens")
+    except httpx.TimeoutException as exc:
+        raise PoolError(
+            "backend_timeout", f"{what} did not answer in time ({type(exc).__name__})"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise BackendError(f"{what} connection failed: {type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise BackendError(f"{what} sent a malformed stream: {exc}") from exc
+    return GenerationStats(
+        prompt_tokens=prompt_tokens,
+        output_tokens=completion_tokens if completion_tokens is not None else pieces,
+        time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
+        generate_total_ms=round((time.perf_counter() - started) * 1000.0, 3),
+        finish_reason=finish,  # type: ignore[arg-type]
+    )

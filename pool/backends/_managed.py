@@ -1,0 +1,171 @@
+"""A runtime that is an OpenAI-compatible server process the pool starts and stops.
+
+Shared by ``llama_server`` and ``vllm_serve``: start the child, wait for readiness (a
+health endpoint, then a one-token generation) under the backend's start timeout,
+forward requests as streamed Chat Completions, and stop the process group on close.
+``wait_failed`` returns when the child exits on its own, with the tail of its output;
+the replica then fails the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import trio
+
+from pool.backends._chat_client import chat_messages, stream_chat
+from pool.backends._process import ManagedProcess
+from pool.backends._protocol import GenerationRequest, GenerationStats, TokenSink
+from pool.errors import BackendError
+
+log = logging.getLogger("pool.process")
+
+STOP_GRACE_S = 10.0
+
+
+class ManagedServerRuntime:
+    def __init__(
+        self,
+        process: ManagedProcess,
+        base_url: str,
+        *,
+        served_model: str,
+        request_timeout_s: float,
+        api_key: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.process = process
+        self.base_url = base_url
+        self._model = served_model
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._extra = extra_body or {}
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_keepalive_connections=64),
+        )
+        self._closed = False
+
+    @property
+    def vram_mib(self) -> int | None:
+        return None
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        d = request.decoding
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": chat_messages(request),
+            "max_tokens": d.max_tokens,
+            "temperature": d.temperature,
+            "top_p": d.top_p,
+            "top_k": d.top_k,
+            "repeat_penalty": d.repetition_penalty,
+            **self._extra,
+        }
+        if d.stop:
+            body["stop"] = list(d.stop)
+        return body
+
+    async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
+        if self._closed or not self.process.alive:
+            raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        try:
+            return await stream_chat(
+                self._client,
+                f"{self.base_url}/v1/chat/completions",
+                self.body(request),
+                sink,
+                headers=self._headers,
+                what=self.process.label,
+            )
+        except BackendError as exc:
+            if not self.process.alive:
+                raise BackendError(
+                    f"{self.process.label} exited (status {self.process.returncode});"
+                    f" last output: {self.process.tail()[-500:]}"
+                ) from exc
+            raise
+
+    async def wait_failed(self) -> str:
+        """Returns when the server exits on its own (the replica then fails the model)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.process.pump_output)
+            status = await self.process.wait()
+            nursery.cancel_scope.cancel()
+        return (
+            f"{self.process.label} exited with status {status}; last output:\n{self.process.tail()}"
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await self._client.aclose()
+        await self.process.stop(STOP_GRACE_S)
+
+    async def wait_ready(self, health_path: str, timeout_s: float, probe: bool = True) -> None:
+        """Health endpoint, then one generated token, within ``timeout_s``.
+
+        Raises:
+            BackendError: the process exited, or it was not ready in time (it is stopped).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.process.pump_output)
+            try:
+                with trio.move_on_after(timeout_s) as waiting:
+                    await self._poll_health(health_path)
+                    if probe:
+                        await self._probe()
+                if waiting.cancelled_caught:
+                    raise BackendError(
+                        f"{self.process.label} was not ready within {timeout_s:g}s;"
+                        f" last output:\n{self.process.tail()[-1500:]}"
+                    )
+            except BaseException:
+                await self.close()
+                raise
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _poll_health(self, path: str) -> None:
+        # The server only announces readiness by answering: nothing to await but it.
+        async with trio.open_nursery() as nursery:
+
+            async def exited() -> None:
+                status = await self.process.wait()
+                raise BackendError(
+                    f"{self.process.label} exited with status {status} while starting;"
+                    f" last output:\n{self.process.tail()[-1500:]}"
+                )
+
+            nursery.start_soon(exited)
+            while True:
+                try:
+                    response = await self._client.get(f"{self.base_url}{path}", timeout=2.0)
+                    if response.status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+
+    async def _probe(self) -> None:
+        class _Discard:
+            async def send(self, text: str) -> None:
+                pass
+
+        probe = {
+            "model": self._model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1,
+        }
+        await stream_chat(
+            self._client,
+            f"{self.base_url}/v1/chat/completions",
+            probe,
+            _Discard(),
+            headers=self._headers,
+            what=self.process.label,
+        )

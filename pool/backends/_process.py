@@ -1,0 +1,156 @@
+"""Managed child processes for the pool-managed backends (llama-server, vllm serve).
+
+The child runs in its own session (process group), so stopping it stops everything it
+started; it gets a parent-death signal, so it dies with the pool even when the pool is
+killed with SIGKILL. ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child
+ends, and Trio's ``open_process`` forks from a short-lived worker thread; so the child is
+forked here, from the Trio thread itself, which lives as long as the pool. Its exit is
+awaited through a pidfd (no polling) and its output is read line by line into the
+pool's log, with the last lines kept for error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+import trio
+
+from pool.errors import BackendError
+
+log = logging.getLogger("pool.process")
+
+_PR_SET_PDEATHSIG = 1
+_TAIL_LINES = 40
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the child binds it right away)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def child_environment(
+    env: Mapping[str, str] | None = None, library_path: Sequence[str] = ()
+) -> dict[str, str]:
+    """The pool's environment plus ``env``, with ``library_path`` before LD_LIBRARY_PATH."""
+    merged = dict(os.environ)
+    merged.update(env or {})
+    if library_path:
+        current = merged.get("LD_LIBRARY_PATH", "")
+        merged["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*library_path, current] if current else library_path
+        )
+    return merged
+
+
+class ManagedProcess:
+    def __init__(self, label: str, command: Sequence[str], env: Mapping[str, str]) -> None:
+        self.label = label
+        self.command = list(command)
+        self._env = dict(env)
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._pidfd: int | None = None
+        self._output: trio.lowlevel.FdStream | None = None
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._partial = b""
+        self._exited = trio.Event()
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None
+        return self._popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._popen is not None and not self._exited.is_set()
+
+    def tail(self) -> str:
+        return "\n".join(self._tail)
+
+    def spawn(self) -> None:
+        """Start the child (from the calling, long-lived Trio thread; see the module doc)."""
+        try:
+            self._popen = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # only prctl runs there: fork-safe
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from exc
+        assert self._popen.stdout is not None
+        self._output = trio.lowlevel.FdStream(os.dup(self._popen.stdout.fileno()))
+        self._popen.stdout.close()
+        self._pidfd = os.pidfd_open(self._popen.pid)
+        log.info("%s: started pid %d: %s", self.label, self._popen.pid, " ".join(self.command))
+
+    async def pump_output(self) -> None:
+        """Copy the child's output into the log until it closes (run as a task)."""
+        if self._output is None:
+            return
+        with contextlib.suppress(trio.ClosedResourceError, OSError):
+            while chunk := await self._output.receive_some(65536):
+                self._partial += chunk
+                *lines, self._partial = self._partial.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace").rstrip()
+                    if line:
+                        self._tail.append(line)
+                        log.info("%s: %s", self.label, line)
+
+    async def wait(self) -> int:
+        """Wait for the child to exit; returns its exit status (negative: a signal)."""
+        if self._exited.is_set():
+            assert self.returncode is not None
+            return self.returncode
+        assert self._popen is not None and self._pidfd is not None
+        await trio.lowlevel.wait_readable(self._pidfd)
+        self.returncode = self._popen.wait()  # already exited: reaps at once
+        self._exited.set()
+        return self.returncode
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM to the whole group, SIGKILL after ``grace_s``, reap. Shielded, bounded."""
+        if self._popen is None:
+            return
+        with trio.CancelScope(shield=True):
+            if not self._exited.is_set():
+                self._signal_group(signal.SIGTERM)
+                with trio.move_on_after(grace_s):
+                    await self.wait()
+                if not self._exited.is_set():
+                    log.warning("%s: did not stop within %.1fs; killing", self.label, grace_s)
+                    self._signal_group(signal.SIGKILL)
+                    with trio.move_on_after(5):
+                        await self.wait()
+            # Children the server left behind in its group go too.
+            self._signal_group(signal.SIGKILL)
+            if self._output is not None:
+                await self._output.aclose()
+                self._output = None
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+
+    def _signal_group(self, signum: int) -> None:
+        assert self._popen is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signum)

@@ -1,0 +1,130 @@
+"""The ``llama_server`` backend: a managed native ``llama-server`` per replica.
+
+The command line comes from the model's ``llama_server_*`` fields (live overrides
+already applied); requests are forwarded to its Chat Completions endpoint and streamed
+back token by token. The server's parallel slots are the replica's honest inflight
+target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
+``qwen3_template``, because the template embedded in such GGUFs adds a system prompt.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from pool.backends._managed import ManagedServerRuntime
+from pool.backends._process import ManagedProcess, child_environment, free_port
+from pool.backends._protocol import Capabilities, LoadContext
+from pool.config import LlamaServerModel, load_constraints, load_recommendations, resolve_model_path
+from pool.errors import BackendError
+
+if TYPE_CHECKING:
+    from pool.config import ModelDefinition
+
+_CHAT_TEMPLATES = {
+    "qwen3_template": "chatml",
+    "mistral_template": "mistral-v7",
+    "gemma4_template": "gemma",
+}
+
+
+def slots(definition: LlamaServerModel) -> int:
+    return definition.llama_server_parallel or definition.target_inflight
+
+
+def command_line(
+    definition: LlamaServerModel,
+    binary: str,
+    model_path: str,
+    port: int,
+    base_dir: str | None = None,
+) -> list[str]:
+    """The ``llama-server`` arguments for ``definition``."""
+    d = definition
+    args = [
+        binary,
+        "-m",
+        model_path,
+        "--host",
+        d.llama_server_host,
+        "--port",
+        str(port),
+        "--parallel",
+        str(slots(d)),
+        "--no-webui",
+    ]
+
+    def add(flag: str, value: object) -> None:
+        if value is not None:
+            args.extend([flag, str(value)])
+
+    add("-c", d.llama_server_n_ctx)
+    add("-ngl", d.llama_server_n_gpu_layers)
+    add("-fa", d.llama_server_flash_attn)
+    add("--chat-template", d.llama_server_chat_template or _CHAT_TEMPLATES.get(d.prompt_format))
+    if d.llama_server_mmproj_path:
+        add("--mmproj", resolve_model_path(d.llama_server_mmproj_path, base_dir))
+    add("--image-max-tokens", d.llama_server_image_max_tokens)
+    if d.llama_server_draft_model_path:
+        add("-md", resolve_model_path(d.llama_server_draft_model_path, base_dir))
+    add("--spec-type", d.llama_server_spec_type)
+    add("--spec-draft-n-max", d.llama_server_spec_draft_n_max)
+    add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
+    add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
+    add("--reasoning-format", d.llama_server_reasoning)
+    args.extend(d.llama_server_extra_args)
+    return args
+
+
+class LlamaServerBackend:
+    name: ClassVar[str] = "llama_server"
+    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("llama_server")
+    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("llama_server")
+
+    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+        assert isinstance(definition, LlamaServerModel)
+        images = "image" in definition.modalities and bool(definition.llama_server_mmproj_path)
+        return Capabilities(
+            modalities=("text", "image") if images else ("text",),
+            multi_turn=True,
+            thinking_modes=("default",),
+        )
+
+    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+        # Each request needs one of the server's parallel slots; more would only queue
+        # inside llama-server, out of the scheduler's sight.
+        assert isinstance(definition, LlamaServerModel)
+        return slots(definition)
+
+    async def load(self, definition: ModelDefinition, context: LoadContext) -> ManagedServerRuntime:
+        assert isinstance(definition, LlamaServerModel)
+        if not definition.model_path:
+            raise BackendError("model_path is not set")
+        try:
+            model_path = resolve_model_path(definition.model_path, context.settings_dir)
+        except FileNotFoundError as exc:
+            raise BackendError(str(exc)) from exc
+        if not await trio.to_thread.run_sync(model_path.is_file):
+            raise BackendError(f"model file {model_path} does not exist")
+        binary = shutil.which(definition.llama_server_binary) or definition.llama_server_binary
+        if not await trio.to_thread.run_sync(Path(binary).is_file):
+            raise BackendError(f"llama-server binary {definition.llama_server_binary!r} not found")
+        port = definition.llama_server_port or free_port(definition.llama_server_host)
+        command = command_line(definition, binary, str(model_path), port, context.settings_dir)
+        env = child_environment(library_path=definition.llama_server_library_path)
+        process = ManagedProcess(
+            f"model={context.model_name} llama-server[{context.replica_index}]", command, env
+        )
+        process.spawn()
+        host = definition.llama_server_host
+        runtime = ManagedServerRuntime(
+            process,
+            f"http://{f'[{host}]' if ':' in host else host}:{port}",
+            served_model=context.model_name,
+            request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
+        )
+        await runtime.wait_ready("/health", definition.llama_server_start_timeout_s)
+        return runtime

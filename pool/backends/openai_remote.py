@@ -1,0 +1,142 @@
+"""The ``openai_remote`` backend: an upstream OpenAI-compatible Chat Completions API.
+
+Nothing runs locally: a "replica" is an HTTP client. Only ``temperature``, ``top_p``,
+``max_tokens`` and ``stop`` go upstream; connection failures are retried up to
+``remote_max_retries`` times (before any text was sent), a slow upstream becomes
+``backend_timeout`` and an upstream error ``backend_error``. The pool refuses requests
+without ``allow_remote: true`` before they get here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import httpx
+import trio
+
+from pool.backends._chat_client import chat_messages, stream_chat
+from pool.backends._protocol import (
+    Capabilities,
+    GenerationRequest,
+    GenerationStats,
+    LoadContext,
+    TokenSink,
+)
+from pool.config import OpenAIRemoteModel, load_constraints, load_recommendations
+from pool.errors import BackendError, PoolError
+
+if TYPE_CHECKING:
+    from pool.config import ModelDefinition
+
+
+class _CountingSink:
+    def __init__(self, sink: TokenSink) -> None:
+        self.sink = sink
+        self.sent = 0
+
+    async def send(self, text: str) -> None:
+        self.sent += 1
+        await self.sink.send(text)
+
+
+class OpenAIRemoteRuntime:
+    def __init__(self, definition: OpenAIRemoteModel, api_key: str | None) -> None:
+        self._definition = definition
+        self._url = definition.remote_base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(definition.remote_timeout_s))
+
+    @property
+    def vram_mib(self) -> int | None:
+        return None
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        d = request.decoding
+        body: dict[str, Any] = {
+            "model": self._definition.remote_model,
+            "messages": chat_messages(request),
+            "temperature": d.temperature,
+            "top_p": d.top_p,
+            "max_tokens": d.max_tokens,
+        }
+        if d.stop:
+            body["stop"] = list(d.stop)
+        thinking = {"enabled": "enabled", "disabled": "disabled"}.get(request.thinking)
+        thinking = thinking or self._definition.remote_thinking
+        if thinking is not None:
+            body["thinking"] = {"type": thinking}
+        return body
+
+    async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
+        counting = _CountingSink(sink)
+        attempts = 0
+        while True:
+            try:
+                # The whole call, connection included, is bounded by remote_timeout_s.
+                with trio.fail_after(self._definition.remote_timeout_s):
+                    return await stream_chat(
+                        self._client,
+                        self._url,
+                        self.body(request),
+                        counting,
+                        headers=self._headers,
+                        what="remote API",
+                    )
+            except trio.TooSlowError:
+                raise PoolError(
+                    "backend_timeout",
+                    f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
+                ) from None
+            except BackendError as exc:
+                retryable = "connection failed" in str(exc) and counting.sent == 0
+                if not retryable or attempts >= self._definition.remote_max_retries:
+                    raise
+                attempts += 1
+                await trio.sleep(min(2.0, 0.25 * attempts))
+
+    async def close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._client.aclose()
+
+
+class OpenAIRemoteBackend:
+    name: ClassVar[str] = "openai_remote"
+    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("openai_remote")
+    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations(
+        "openai_remote"
+    )
+
+    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+        return Capabilities(
+            modalities=tuple(definition.modalities),
+            multi_turn=True,
+            thinking_modes=("default", "enabled", "disabled"),
+        )
+
+    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+        # Local submission concurrency; the provider's own capacity is its business.
+        return definition.target_inflight
+
+    async def load(self, definition: ModelDefinition, context: LoadContext) -> OpenAIRemoteRuntime:
+        assert isinstance(definition, OpenAIRemoteModel)
+        api_key = None
+        if definition.remote_api_key_env:
+            api_key = os.environ.get(definition.remote_api_key_env)
+            if not api_key:
+                raise BackendError(
+                    f"environment variable {definition.remote_api_key_env} is not set"
+                )
+        runtime = OpenAIRemoteRuntime(definition, api_key)
+        if definition.remote_health_check == "models_endpoint":
+            url = definition.remote_base_url.rstrip("/") + "/models"
+            try:
+                with trio.fail_after(definition.remote_timeout_s):
+                    response = await runtime._client.get(url, headers=runtime._headers)
+            except (httpx.HTTPError, trio.TooSlowError) as exc:
+                await runtime.close()
+                raise BackendError(f"remote API at {url} is unreachable: {exc!r}") from exc
+            if response.status_code != 200:
+                await runtime.close()
+                raise BackendError(f"remote API at {url} answered HTTP {response.status_code}")
+        return runtime

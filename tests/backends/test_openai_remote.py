@@ -1,0 +1,122 @@
+"""openai_remote against real upstreams on loopback: another pool, and a silent socket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from pool import PoolError, ServerInfo, open_pool, serve
+from pool.config import build_settings
+from pool.schemas import ResponseRequest
+
+
+async def _upstream(nursery: trio.Nursery) -> ServerInfo:
+    settings = build_settings(
+        {
+            "engine": {
+                "models": {
+                    "up": {
+                        "backend": "stub",
+                        "enabled": True,
+                        "target_inflight": 4,
+                        "stub_reply": "alpha beta gamma delta",
+                    }
+                }
+            }
+        }
+    )
+    info: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, port=0, task_status=task_status)
+    )
+    return info
+
+
+def _remote(base_url: str, **fields: Any) -> Any:
+    return build_settings(
+        {
+            "engine": {
+                "models": {
+                    "remote": {
+                        "backend": "openai_remote",
+                        "remote_base_url": base_url,
+                        "remote_model": "up",
+                        "enabled": True,
+                        **fields,
+                    }
+                }
+            }
+        }
+    )
+
+
+def _ask(**fields: Any) -> ResponseRequest:
+    return ResponseRequest.model_validate(
+        {"model": "remote", "input": "hi", "allow_remote": True, **fields}
+    )
+
+
+async def test_plain_and_streamed(nursery: trio.Nursery) -> None:
+    upstream = await _upstream(nursery)
+    async with open_pool(
+        _remote(upstream.url + "/v1", remote_health_check="models_endpoint")
+    ) as pool:
+        reply = await pool.respond(_ask())
+        assert reply.output_text == "alpha beta gamma delta"
+        assert reply.metrics.engine_output_tokens == 4
+        deltas = [
+            e["delta"]
+            async for e in pool.stream(_ask(decoding={"max_tokens": 2}))
+            if e["type"] == "response.output_text.delta"
+        ]
+        assert deltas == ["alpha", " beta"]
+
+
+async def test_refused_without_allow_remote(nursery: trio.Nursery) -> None:
+    upstream = await _upstream(nursery)
+    async with open_pool(_remote(upstream.url + "/v1")) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ResponseRequest(model="remote", input="hi"))
+        assert info.value.code == "remote_not_allowed" and info.value.status == 400
+
+
+async def test_upstream_errors_become_backend_errors(nursery: trio.Nursery) -> None:
+    upstream = await _upstream(nursery)
+    async with open_pool(_remote(upstream.url + "/v1", remote_model="no-such-model")) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask())
+        assert info.value.code == "backend_error" and "404" in info.value.message
+
+
+async def test_a_hanging_upstream_times_out(nursery: trio.Nursery) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    accepted: list[trio.SocketStream] = []
+
+    async def accept_and_say_nothing() -> None:
+        while True:
+            accepted.append(await listeners[0].accept())
+
+    nursery.start_soon(accept_and_say_nothing)
+    port = listeners[0].socket.getsockname()[1]
+    async with open_pool(_remote(f"http://127.0.0.1:{port}/v1", remote_timeout_s=1)) as pool:
+        started = trio.current_time()
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask())
+        assert info.value.code == "backend_timeout" and info.value.status == 504
+        assert trio.current_time() - started < 3
+    nursery.cancel_scope.cancel()
+
+
+async def test_unreachable_upstream_is_retried_then_fails() -> None:
+    async with open_pool(_remote("http://127.0.0.1:9/v1", remote_max_retries=2)) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask())
+        assert info.value.code == "backend_error" and "connection failed" in info.value.message
+
+
+async def test_missing_api_key_fails_the_load() -> None:
+    async with open_pool(
+        _remote("http://127.0.0.1:9/v1", remote_api_key_env="NO_SUCH_KEY_VAR")
+    ) as pool:
+        assert "NO_SUCH_KEY_VAR" in pool.status("remote")["last_error"]

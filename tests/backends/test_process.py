@@ -1,0 +1,171 @@
+"""Supervision of managed server processes, with a real (small) server child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pool import PoolError, open_pool
+from pool.config import build_settings
+from pool.schemas import ResponseRequest
+
+FAKE = Path(__file__).with_name("fake_openai_server.py")
+
+
+@pytest.fixture
+def fake_binary(tmp_path: Path) -> Path:
+    """An executable that runs the fake server with this interpreter."""
+    script = tmp_path / "fake-llama-server"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _settings(binary: Path | str, tmp_path: Path, **fields: Any) -> Any:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    return build_settings(
+        {
+            "engine": {
+                "models": {
+                    "srv": {
+                        "backend": "llama_server",
+                        "model_path": str(model),
+                        "llama_server_binary": str(binary),
+                        "llama_server_start_timeout_s": 10,
+                        **fields,
+                    },
+                    "other": {"backend": "stub", "enabled": True},
+                }
+            }
+        }
+    )
+
+
+def _gone(pgid: int) -> bool:
+    """No live process (zombies awaiting their reaper don't count) in group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True
+
+
+def _ask(**fields: Any) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": "srv", "input": "hi", **fields})
+
+
+async def test_serves_streams_and_unload_ends_the_group(fake_binary: Path, tmp_path: Path) -> None:
+    settings = _settings(
+        fake_binary, tmp_path, llama_server_extra_args=["--spawn-child"], target_inflight=2
+    )
+    async with open_pool(settings) as pool:
+        await pool.load("srv")
+        assert pool.status("srv")["effective_target_inflight"] == 2
+        runtime = pool.model("srv").replicas[0].runtime
+        pid = runtime.process.pid  # type: ignore[union-attr]
+        reply = await pool.respond(_ask(decoding={"max_tokens": 5}))
+        assert reply.output_text == "one two three four five"
+        assert reply.metrics.engine_output_tokens == 5 and reply.metrics.engine_prompt_tokens == 3
+        await pool.unload("srv")
+        assert _gone(pid)  # the server and the grandchild it started
+
+
+async def test_missing_binary_fails_fast(tmp_path: Path) -> None:
+    async with open_pool(_settings(tmp_path / "no-such-binary", tmp_path)) as pool:
+        with trio.fail_after(5), pytest.raises(PoolError) as info:
+            await pool.load("srv")
+        assert "not found" in info.value.message
+        assert pool.status("other")["runtime_state"] == "loaded"
+
+
+async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_path: Path) -> None:
+    settings = _settings(
+        fake_binary,
+        tmp_path,
+        llama_server_extra_args=["--mode", "never-ready"],
+        llama_server_start_timeout_s=2,
+    )
+    async with open_pool(settings) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.load("srv")
+        assert "not ready within 2s" in info.value.message
+        assert "fake server for" in info.value.message  # the tail of its output
+        pids = [
+            int(line.split()[-1])
+            for line in info.value.message.splitlines()
+            if "grandchild" in line
+        ]
+        assert pool.status("srv")["runtime_state"] == "failed"
+    for pid in pids:
+        assert _gone(pid)
+
+
+async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_path: Path) -> None:
+    settings = _settings(fake_binary, tmp_path, llama_server_extra_args=["--mode", "slow"])
+    async with open_pool(settings) as pool:
+        await pool.load("srv")
+        pid = pool.model("srv").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        deltas = 0
+        with pytest.raises(PoolError) as info:
+            async for event in pool.stream(_ask(decoding={"max_tokens": 30})):
+                if event["type"] == "response.output_text.delta":
+                    deltas += 1
+                    if deltas == 2:
+                        os.kill(pid, signal.SIGKILL)
+        assert info.value.code == "backend_error"
+        with trio.fail_after(5):
+            while pool.status("srv")["runtime_state"] != "failed":
+                await trio.sleep(0.02)
+        row = pool.status("srv")
+        assert (
+            "exited with status -9" in row["last_error"] and "fake server for" in row["last_error"]
+        )
+        assert (
+            await pool.respond(ResponseRequest(model="other", input="fine"))
+        ).output_text == "fine"
+
+
+def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> None:
+    settings = _settings(fake_binary, tmp_path)
+    (tmp_path / "settings.json").write_text(settings.model_dump_json())
+    script = tmp_path / "run_pool.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import pathlib, trio, pool
+        from pool.config import load_settings
+        async def main():
+            settings = load_settings(pathlib.Path({str(tmp_path / "settings.json")!r}))
+            async with pool.open_pool(settings) as p:
+                await p.load("srv")
+                print(p.model("srv").replicas[0].runtime.process.pid, flush=True)
+                await trio.sleep_forever()
+        trio.run(main)
+    """)
+    )
+    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        child = int(runner.stdout.readline())
+        assert not _gone(child)
+        runner.kill()  # SIGKILL: no cleanup code runs in the pool
+        runner.wait(timeout=10)
+        end = time.monotonic() + 5
+        while not _gone(child) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _gone(child)
+    finally:
+        if runner.poll() is None:
+            runner.kill()

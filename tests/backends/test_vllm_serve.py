@@ -1,0 +1,87 @@
+"""The vllm serve command line built from the vllm_* fields (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+
+from pool.backends.vllm_serve import VllmServeBackend, command_line
+from pool.config import VllmServeModel, apply_override, build_settings
+
+
+def _model(**fields: object) -> VllmServeModel:
+    settings = build_settings({"engine": {"models": {"v": {"backend": "vllm_serve", **fields}}}})
+    model = settings.engine.models["v"]
+    assert isinstance(model, VllmServeModel)
+    return model
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_every_field_becomes_a_flag() -> None:
+    model = _model(
+        vllm_model="/models/gemma",
+        vllm_dtype="bfloat16",
+        vllm_gpu_memory_utilization=0.01,
+        vllm_kv_cache_memory_bytes=2147483648,
+        vllm_kv_cache_dtype="fp8",
+        vllm_max_model_len=8192,
+        vllm_limit_mm_per_prompt={"image": 1},
+        vllm_mm_processor_kwargs={"max_pixels": 4014080},
+        vllm_speculative_method="mtp",
+        vllm_speculative_model="google/gemma-4-26B-A4B-it-assistant",
+        vllm_num_speculative_tokens=8,
+        vllm_speculative_moe_backend="triton",
+        vllm_trust_remote_code=True,
+        vllm_max_num_seqs=1,
+        vllm_serve_api_key="k",
+        vllm_serve_extra_args=["--quantization", "modelopt"],
+    )
+    args = command_line(model, "/opt/vllm/bin/vllm", "/models/gemma", 9000, "gemma")
+    assert args[:3] == ["/opt/vllm/bin/vllm", "serve", "/models/gemma"]
+    assert _flag(args, "--port") == "9000" and _flag(args, "--served-model-name") == "gemma"
+    assert _flag(args, "--kv-cache-memory-bytes") == "2147483648"
+    assert _flag(args, "--kv-cache-dtype") == "fp8" and _flag(args, "--max-model-len") == "8192"
+    assert json.loads(_flag(args, "--limit-mm-per-prompt")) == {"image": 1}
+    assert json.loads(_flag(args, "--mm-processor-kwargs")) == {"max_pixels": 4014080}
+    assert json.loads(_flag(args, "--speculative-config")) == {
+        "method": "mtp",
+        "model": "google/gemma-4-26B-A4B-it-assistant",
+        "num_speculative_tokens": 8,
+        "moe_backend": "triton",
+    }
+    assert "--trust-remote-code" in args and args[-2:] == ["--quantization", "modelopt"]
+    assert _flag(args, "--api-key") == "k" and _flag(args, "--dtype") == "bfloat16"
+
+
+def test_python_interpreter_runs_the_api_server_module() -> None:
+    args = command_line(_model(vllm_model="/m"), "/venvs/vllm/bin/python3", "/m", 1, "x")
+    assert args[:5] == [
+        "/venvs/vllm/bin/python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+    ]
+
+
+def test_live_overrides_reach_the_command_line() -> None:
+    model = _model(
+        vllm_model="/m", vllm_mm_processor_kwargs={"a": 1}, vllm_speculative_method="mtp"
+    )
+    loaded = apply_override(
+        model,
+        {"vllm_max_model_len": 4096, "vllm_max_pixels": 200704, "vllm_speculative_method": None},
+    )
+    assert isinstance(loaded, VllmServeModel)
+    args = command_line(loaded, "vllm", "/m", 1, "x")
+    assert _flag(args, "--max-model-len") == "4096"
+    assert json.loads(_flag(args, "--mm-processor-kwargs")) == {"a": 1, "max_pixels": 200704}
+    assert "--speculative-config" not in args
+
+
+def test_inflight_follows_max_num_seqs() -> None:
+    backend = VllmServeBackend()
+    assert backend.effective_target_inflight(_model(target_inflight=8, vllm_max_num_seqs=2)) == 2
+    assert backend.effective_target_inflight(_model(target_inflight=8)) == 8
