@@ -36,6 +36,21 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any live process (zombies don't count) is in process group ``pgid``."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the child binds it right away)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -141,8 +156,13 @@ class ManagedProcess:
                     self._signal_group(signal.SIGKILL)
                     with trio.move_on_after(5):
                         await self.wait()
-            # Children the server left behind in its group go too.
+            # Children the server left behind in its group go too; unload returns once
+            # they are gone (bounded: a process stuck in the kernel cannot hold it). They
+            # are not our children, so their deaths send no event: look, briefly.
             self._signal_group(signal.SIGKILL)
+            with trio.move_on_after(5):
+                while await trio.to_thread.run_sync(group_alive, self._popen.pid):  # noqa: ASYNC110
+                    await trio.sleep(0.02)
             if self._output is not None:
                 await self._output.aclose()
                 self._output = None

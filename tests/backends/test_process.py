@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
+from pool.backends._process import group_alive
 from pool.config import build_settings
 from pool.schemas import ResponseRequest
 
@@ -53,14 +54,7 @@ def _settings(binary: Path | str, tmp_path: Path, **fields: Any) -> Any:
 
 def _gone(pgid: int) -> bool:
     """No live process (zombies awaiting their reaper don't count) in group ``pgid``."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return False
-    return True
+    return not group_alive(pgid)
 
 
 def _ask(**fields: Any) -> ResponseRequest:
