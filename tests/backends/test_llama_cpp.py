@@ -89,10 +89,11 @@ async def test_deltas_stream_before_generation_ends() -> None:
             elif event["type"] == "response.completed":
                 completed = time.perf_counter() - started
         assert len(deltas) > 20
-        # Streamed, not buffered: the first piece arrives in the first fifth of the
-        # generation and the pieces keep coming until it ends.
-        assert deltas[0] < 0.2 * completed, (deltas[0], completed)
-        assert deltas[-1] - deltas[0] > 0.5 * completed
+        # Streamed, not buffered: the first piece arrives early and the rest keep coming
+        # until the end (unloaded: first at ~2% of the time; the bounds leave room for a
+        # busy shared CPU).
+        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
+        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
 
 
 @pytest.mark.real_model
@@ -182,21 +183,28 @@ async def test_context_overflow_and_bad_overrides_are_4xx() -> None:
 
 
 @pytest.mark.real_model
-async def test_load_unload_cycles_release_memory() -> None:
-    async with open_pool(_settings(smol={})) as pool:
-        await pool.load("smol")
-        await pool.respond(_ask("smol"))
-        await pool.unload("smol")
+async def test_load_unload_cycles_release_memory(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 4096)
+    async with open_pool(_settings(smol={}, corrupt={"model_path": str(corrupt)})) as pool:
+
+        async def cycle(max_tokens: int) -> None:
+            await pool.load("smol")
+            await pool.respond(_ask("smol", decoding={"max_tokens": max_tokens}))
+            await pool.unload("smol")
+            with pytest.raises(PoolError):
+                await pool.load("corrupt")
+
+        await cycle(16)  # warm-up: first-use allocations of llama.cpp and the pool
         baseline = _rss_mib()
         for _ in range(20):
-            await pool.load("smol")
-            await pool.respond(_ask("smol", decoding={"max_tokens": 4}))
-            await pool.unload("smol")
+            await cycle(4)
         growth = _rss_mib() - baseline
-        # The model is ~100 MB on disk and each load maps it plus a KV cache of a few MB:
-        # a leak of one runtime per cycle would add about 2 GB over 20 cycles. 60 MiB of
-        # slack covers allocator caching.
-        assert growth < 60, f"RSS grew by {growth:.0f} MiB over 20 load/unload cycles"
+        # A loaded replica adds about 150 MiB of RSS here (the ~100 MB mapped GGUF, KV
+        # cache and compute buffers), so one leaked runtime, let alone one per cycle,
+        # fails this. Measured growth is under 3 MiB; 25 MiB leaves room for the pool's
+        # own per-request bookkeeping and allocator noise.
+        assert growth < 25, f"RSS grew by {growth:.0f} MiB over 20 load/unload cycles"
 
 
 @pytest.mark.real_model
