@@ -89,9 +89,20 @@ class Connection:
             f"Content-Length: {len(payload)}\r\n{extra}\r\n"
         ).encode() + payload
         try:
+            reused = self._stream is not None
             stream = await self._connect()
             await stream.send_all(request)
-            head = await self._read_until(b"\r\n\r\n")
+            try:
+                head = await self._read_until(b"\r\n\r\n")
+            except (OSError, ConnectionError):
+                if not reused:
+                    raise
+                # The server closed the kept-alive connection (llama-server does after a
+                # stream): the request never ran, so send it again on a new connection.
+                await self.aclose()
+                stream = await self._connect()
+                await stream.send_all(request)
+                head = await self._read_until(b"\r\n\r\n")
             lines = head.split(b"\r\n")
             result.status = int(lines[0].split()[1])
             fields = {

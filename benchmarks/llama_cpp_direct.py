@@ -1,7 +1,8 @@
 """Tokens/s of SmolLM2 through the pool (embedded, ``llama_cpp``) vs llama-cpp-python direct.
 
-Both sides run the same ChatML prompt with the same settings (greedy, 128 tokens, one
-thread pool of the same size), interleaved A B A B so drift hits both equally.
+Both sides run the same ChatML prompt with the same settings (greedy, 128 tokens, the
+same llama.cpp thread counts), interleaved round by round (A B, B A, ...) so drift on a
+shared machine hits both equally.
 
     python -m benchmarks.llama_cpp_direct [--rounds 7]
     python -m benchmarks run llama-cpp          (the same, through the harness)
@@ -107,8 +108,13 @@ async def main(rounds: int, out: Path | None) -> dict[str, Any]:
         await pool_run(pool)  # warm-up, both sides
         direct_run(llama)
         for index in range(rounds):
-            results["pool"].append(await pool_run(pool))
-            results["direct"].append(await trio.to_thread.run_sync(direct_run, llama))
+            # A B, then B A: neither side always runs right after the other.
+            if index % 2 == 0:
+                results["pool"].append(await pool_run(pool))
+                results["direct"].append(await trio.to_thread.run_sync(direct_run, llama))
+            else:
+                results["direct"].append(await trio.to_thread.run_sync(direct_run, llama))
+                results["pool"].append(await pool_run(pool))
             print(
                 f"round {index + 1}/{rounds}: pool {results['pool'][-1]['tokens_per_s']:.1f} tok/s,"
                 f" direct {results['direct'][-1]['tokens_per_s']:.1f} tok/s",
@@ -126,7 +132,7 @@ async def main(rounds: int, out: Path | None) -> dict[str, Any]:
     report = {
         "benchmark": "llama_cpp_direct",
         "command": "python -m benchmarks.llama_cpp_direct --rounds " + str(rounds),
-        "machine": describe(),
+        "machine": {**describe(), "llama_cpp_python": llama_cpp.__version__},
         "settings": {
             "max_tokens": MAX_TOKENS,
             "n_ctx": N_CTX,
@@ -151,8 +157,15 @@ def write_report(out: Path, report: dict[str, Any], rounds: int) -> None:
     (out / "llama_cpp_direct.md").write_text(
         "# llama_cpp through the pool vs llama-cpp-python direct\n\n"
         f"Command: `{report['command']}`  \n"
-        f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores,"
-        f" load average at start {report['machine']['loadavg_at_start']}\n\n"
+        f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores (nproc),"
+        f" Python {report['machine']['python']}, llama-cpp-python"
+        f" {report['machine']['llama_cpp_python']} (CPU build), load average at start"
+        f" {' '.join(report['machine']['loadavg_at_start'] or [])}\n\n"
+        "Prompt (ChatML, no system message): "
+        f"{report['settings']['prompt']!r}; greedy, max_tokens {report['settings']['max_tokens']},"
+        f" n_ctx {report['settings']['n_ctx']}, llama.cpp's default thread counts on both sides."
+        " Tokens/s counts from the request's start to its last token (so it includes prompt"
+        " evaluation).\n\n"
         "| side | median tokens/s | median time to first token (ms) | tokens |\n|---|---|---|---|\n"
         + "".join(
             f"| {side} | {s['median_tokens_per_s']:.1f} | {s['median_ttft_ms']:.1f}"
