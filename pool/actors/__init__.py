@@ -1,6 +1,18 @@
 """The actor tree: supervisor, model actors, schedulers and replicas."""
 
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors._pulls import PullEvents, PullHandle, PullManager, classify_source
 from pool.actors._supervisor import Admission, Pool, new_request_id, open_pool
 
-__all__ = ["STATE_DESCRIPTIONS", "Admission", "ModelActor", "Pool", "new_request_id", "open_pool"]
+__all__ = [
+    "STATE_DESCRIPTIONS",
+    "Admission",
+    "ModelActor",
+    "Pool",
+    "PullEvents",
+    "PullHandle",
+    "PullManager",
+    "classify_source",
+    "new_request_id",
+    "open_pool",
+]

@@ -110,6 +110,12 @@ class ServiceSettings(_Strict):
     pull_retries: Annotated[int, Field(ge=0, le=100)] = Field(
         5, description="Resumed attempts after a cut connection before a pull fails."
     )
+    pull_concurrency: Annotated[int, Field(ge=1, le=64)] = Field(
+        2, description="Pulls that download at once (and worker threads for their file work)."
+    )
+    pull_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        30.0, description="A pull's connect (at most 10 s) and read timeout per request."
+    )
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")
