@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,33 @@ async def test_openai_remote_against_the_server(binary: str) -> None:
             with pytest.raises(PoolError) as info:
                 await front.respond(_ask("remote"))
             assert info.value.code == "remote_not_allowed"
+
+
+def test_kill_9_of_the_pool_leaves_no_llama_server(binary: str, tmp_path: Path) -> None:
+    settings = _settings(binary)
+    (tmp_path / "settings.json").write_text(settings.model_dump_json())
+    script = tmp_path / "run_pool.py"
+    script.write_text(
+        "import pathlib, trio, pool\n"
+        "from pool.config import load_settings\n"
+        "async def main():\n"
+        f"    settings = load_settings(pathlib.Path({str(tmp_path / 'settings.json')!r}))\n"
+        "    async with pool.open_pool(settings) as p:\n"
+        "        print(p.model('ls').replicas[0].runtime.process.pid, flush=True)\n"
+        "        await trio.sleep_forever()\n"
+        "trio.run(main)\n"
+    )
+    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        server = int(runner.stdout.readline())
+        assert not _gone(server)
+        runner.kill()
+        runner.wait(timeout=10)
+        end = time.monotonic() + 5
+        while not _gone(server) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _gone(server)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
