@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from pool.config._files import resolve_model_path
+from pool.errors import BackendError
 
 if TYPE_CHECKING:
     from pool.config import ModelDefinition
@@ -138,6 +142,15 @@ class LoadContext:
     replica_index: int
     settings_dir: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def model_path(self, value: str | None, hint: str = "") -> Path:
+        """The configured ``model_path`` as a path; BackendError if unset or unresolvable."""
+        if not value:
+            raise BackendError(f"model_path is not set{hint}")
+        try:
+            return resolve_model_path(value, self.settings_dir)
+        except FileNotFoundError as exc:
+            raise BackendError(str(exc)) from exc
 
 
 class Backend(Protocol):

@@ -27,7 +27,7 @@ from pool.backends._protocol import (
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
 from pool.backends.prompt_formats import PromptFormat, get_prompt_format
-from pool.config import Ct2Model, load_constraints, load_recommendations, resolve_model_path
+from pool.config import Ct2Model, load_constraints, load_recommendations
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
@@ -172,12 +172,7 @@ class Ct2Backend:
 
     async def load(self, definition: ModelDefinition, context: LoadContext) -> Ct2Runtime:
         assert isinstance(definition, Ct2Model)
-        if not definition.model_path:
-            raise BackendError("model_path is not set (build one with `llm-pool convert ct2`)")
-        try:
-            path = resolve_model_path(definition.model_path, context.settings_dir)
-        except FileNotFoundError as exc:
-            raise BackendError(str(exc)) from exc
+        path = context.model_path(definition.model_path, " (build one with `llm-pool convert ct2`)")
         try:
             import ctranslate2
             import tokenizers

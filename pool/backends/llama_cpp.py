@@ -39,7 +39,6 @@ from pool.config import (
     LlamaCppModel,
     load_constraints,
     load_recommendations,
-    resolve_model_path,
 )
 from pool.errors import BackendError, PoolError
 
@@ -268,12 +267,7 @@ class LlamaCppBackend:
 
     async def load(self, definition: ModelDefinition, context: LoadContext) -> LlamaCppRuntime:
         assert isinstance(definition, LlamaCppModel)
-        if not definition.model_path:
-            raise BackendError("model_path is not set")
-        try:
-            path = resolve_model_path(definition.model_path, context.settings_dir)
-        except FileNotFoundError as exc:
-            raise BackendError(str(exc)) from exc
+        path = context.model_path(definition.model_path)
         if not path.is_file():
             raise BackendError(f"model file {path} does not exist")
         try:

@@ -101,12 +101,7 @@ class LlamaServerBackend:
 
     async def load(self, definition: ModelDefinition, context: LoadContext) -> ManagedServerRuntime:
         assert isinstance(definition, LlamaServerModel)
-        if not definition.model_path:
-            raise BackendError("model_path is not set")
-        try:
-            model_path = resolve_model_path(definition.model_path, context.settings_dir)
-        except FileNotFoundError as exc:
-            raise BackendError(str(exc)) from exc
+        model_path = context.model_path(definition.model_path)
         if not await trio.to_thread.run_sync(model_path.is_file):
             raise BackendError(f"model file {model_path} does not exist")
         binary = shutil.which(definition.llama_server_binary) or definition.llama_server_binary
