@@ -7,9 +7,13 @@ import json
 import time
 from typing import Any
 
-import httpx
-
 from pool.backends._protocol import GenerationRequest, GenerationStats, ImagePart, TokenSink
+from pool.backends._upstream import (
+    Transport,
+    UpstreamError,
+    UpstreamTimeout,
+    sse_data,
+)
 from pool.errors import BackendError, PoolError
 
 _FINISH = {"stop": "stop", "length": "length"}
@@ -48,43 +52,51 @@ def _upstream_message(body: bytes) -> str:
     return str(error or data)[:500]
 
 
+class UpstreamConnectionFailed(BackendError):
+    """The connection failed or broke off; a retry is safe while no text was delivered."""
+
+
 async def stream_chat(
-    client: httpx.AsyncClient,
-    url: str,
+    transport: Transport,
+    path: str,
     body: dict[str, Any],
     sink: TokenSink,
     *,
     headers: dict[str, str] | None = None,
     what: str = "upstream",
 ) -> GenerationStats:
-    """POST ``body`` with ``stream: true`` and pass every content delta to ``sink``.
+    """POST ``body`` to ``path`` with ``stream: true``; pass every content delta to ``sink``.
 
     Raises:
         PoolError: ``backend_timeout`` when the upstream is too slow.
-        BackendError: for an upstream error status, a broken stream or no connection.
+        UpstreamConnectionFailed: no connection, or it broke off.
+        BackendError: for an upstream error status or a broken or malformed stream.
     """
-    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    payload = json.dumps(
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+        ensure_ascii=False,
+    ).encode()
     started = time.perf_counter()
     first_ms: float | None = None
     pieces = 0
     finish = "stop"
     prompt_tokens = completion_tokens = None
+    done = False
     try:
-        async with client.stream("POST", url, json=payload, headers=headers) as response:
-            if response.status_code != 200:
-                message = _upstream_message(await response.aread())
-                raise BackendError(f"{what} answered HTTP {response.status_code}: {message}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+        async with transport.request("POST", path, body=payload, headers=headers) as response:
+            if response.status != 200:
+                message = _upstream_message(await response.read())
+                raise BackendError(f"{what} answered HTTP {response.status}: {message}")
+            # Read on past [DONE] to the end of the body, so the connection can be reused.
+            async for data in sse_data(response.chunks()):
+                if done:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+                if data == b"[DONE]":
+                    done = True
+                    continue
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    raise BackendError(
-                        f"{what} failed mid-stream: {_upstream_message(data.encode())}"
-                    )
+                    raise BackendError(f"{what} failed mid-stream: {_upstream_message(data)}")
                 for choice in chunk.get("choices") or ():
                     text = (choice.get("delta") or {}).get("content")
                     if text:
@@ -98,12 +110,10 @@ async def stream_chat(
                 if usage:
                     prompt_tokens = usage.get("prompt_tokens")
                     completion_tokens = usage.get("completion_tokens")
-    except httpx.TimeoutException as exc:
-        raise PoolError(
-            "backend_timeout", f"{what} did not answer in time ({type(exc).__name__})"
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise BackendError(f"{what} connection failed: {type(exc).__name__}: {exc}") from exc
+    except UpstreamTimeout as exc:
+        raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
+    except UpstreamError as exc:
+        raise UpstreamConnectionFailed(f"{what} connection failed: {exc}") from exc
     except ValueError as exc:
         raise BackendError(f"{what} sent a malformed stream: {exc}") from exc
     return GenerationStats(

@@ -14,12 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from pool.backends._chat_client import chat_messages, stream_chat
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import GenerationRequest, GenerationStats, TokenSink
+from pool.backends._upstream import UpstreamError, open_transport
 from pool.errors import BackendError
 
 log = logging.getLogger("pool.process")
@@ -43,10 +43,7 @@ class ManagedServerRuntime:
         self._model = served_model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._extra = extra_body or {}
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(request_timeout_s, connect=10.0),
-            limits=httpx.Limits(max_keepalive_connections=64),
-        )
+        self._upstream = open_transport(base_url, timeout_s=request_timeout_s)
         self._closed = False
 
     @property
@@ -74,8 +71,8 @@ class ManagedServerRuntime:
             raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
         try:
             return await stream_chat(
-                self._client,
-                f"{self.base_url}/v1/chat/completions",
+                self._upstream,
+                "/v1/chat/completions",
                 self.body(request),
                 sink,
                 headers=self._headers,
@@ -103,8 +100,7 @@ class ManagedServerRuntime:
         if self._closed:
             return
         self._closed = True
-        with trio.CancelScope(shield=True):
-            await self._client.aclose()
+        await self._upstream.aclose()
         await self.process.stop(STOP_GRACE_S)
 
     async def wait_ready(self, health_path: str, timeout_s: float, probe: bool = True) -> None:
@@ -145,10 +141,11 @@ class ManagedServerRuntime:
             nursery.start_soon(exited)
             while True:
                 try:
-                    response = await self._client.get(f"{self.base_url}{path}", timeout=2.0)
-                    if response.status_code == 200:
+                    async with self._upstream.request("GET", path, timeout_s=2.0) as response:
+                        await response.read()
+                    if response.status == 200:
                         break
-                except httpx.HTTPError:
+                except UpstreamError:
                     pass
                 await trio.sleep(0.2)
             nursery.cancel_scope.cancel()
@@ -164,8 +161,8 @@ class ManagedServerRuntime:
             "max_tokens": 1,
         }
         await stream_chat(
-            self._client,
-            f"{self.base_url}/v1/chat/completions",
+            self._upstream,
+            "/v1/chat/completions",
             probe,
             _Discard(),
             headers=self._headers,

@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import httpx
 import trio
 
-from pool.backends._chat_client import chat_messages, stream_chat
+from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
 from pool.backends._protocol import (
     Capabilities,
     GenerationRequest,
@@ -23,6 +22,7 @@ from pool.backends._protocol import (
     LoadContext,
     TokenSink,
 )
+from pool.backends._upstream import UpstreamError, open_transport
 from pool.config import OpenAIRemoteModel, load_constraints, load_recommendations
 from pool.errors import BackendError, PoolError
 
@@ -43,9 +43,10 @@ class _CountingSink:
 class OpenAIRemoteRuntime:
     def __init__(self, definition: OpenAIRemoteModel, api_key: str | None) -> None:
         self._definition = definition
-        self._url = definition.remote_base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(definition.remote_timeout_s))
+        self.upstream = open_transport(
+            definition.remote_base_url, timeout_s=definition.remote_timeout_s
+        )
 
     @property
     def vram_mib(self) -> int | None:
@@ -76,8 +77,8 @@ class OpenAIRemoteRuntime:
                 # The whole call, connection included, is bounded by remote_timeout_s.
                 with trio.fail_after(self._definition.remote_timeout_s):
                     return await stream_chat(
-                        self._client,
-                        self._url,
+                        self.upstream,
+                        "/chat/completions",
                         self.body(request),
                         counting,
                         headers=self._headers,
@@ -88,16 +89,14 @@ class OpenAIRemoteRuntime:
                     "backend_timeout",
                     f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
                 ) from None
-            except BackendError as exc:
-                retryable = "connection failed" in str(exc) and counting.sent == 0
-                if not retryable or attempts >= self._definition.remote_max_retries:
+            except UpstreamConnectionFailed:
+                if counting.sent or attempts >= self._definition.remote_max_retries:
                     raise
                 attempts += 1
                 await trio.sleep(min(2.0, 0.25 * attempts))
 
     async def close(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self._client.aclose()
+        await self.upstream.aclose()
 
 
 class OpenAIRemoteBackend:
@@ -132,11 +131,14 @@ class OpenAIRemoteBackend:
             url = definition.remote_base_url.rstrip("/") + "/models"
             try:
                 with trio.fail_after(definition.remote_timeout_s):
-                    response = await runtime._client.get(url, headers=runtime._headers)
-            except (httpx.HTTPError, trio.TooSlowError) as exc:
+                    async with runtime.upstream.request(
+                        "GET", "/models", headers=runtime._headers
+                    ) as response:
+                        await response.read()
+            except (UpstreamError, trio.TooSlowError) as exc:
                 await runtime.close()
                 raise BackendError(f"remote API at {url} is unreachable: {exc!r}") from exc
-            if response.status_code != 200:
+            if response.status != 200:
                 await runtime.close()
-                raise BackendError(f"remote API at {url} answered HTTP {response.status_code}")
+                raise BackendError(f"remote API at {url} answered HTTP {response.status}")
         return runtime

@@ -1,0 +1,428 @@
+"""HTTP transports for upstream servers, and the Server-Sent Events splitter.
+
+Every token a managed ``llama-server`` or ``vllm serve`` generates crosses this code, so
+the transport for plain ``http://`` upstreams is a small HTTP/1.1 client on Trio
+sockets: httpx (httpcore, h11, line decoding) cost about a millisecond of time to first
+token and several percent of generation speed on two cores, where every cycle the
+relay spends is taken from the server's compute threads. ``https://`` upstreams (cloud
+APIs, where TLS, proxies and the network dominate) keep httpx behind the same interface.
+
+Both transports raise :class:`UpstreamUnreachable` (no connection, the request was not
+taken), :class:`UpstreamTimeout` and :class:`UpstreamBroken` (the exchange broke off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+
+class UpstreamError(Exception):
+    """The exchange with the upstream failed."""
+
+
+class UpstreamUnreachable(UpstreamError):
+    """No connection: the upstream never saw the request, so it can be retried."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not connect or send within the timeout."""
+
+
+class UpstreamBroken(UpstreamError):
+    """The connection closed early or the response was not valid HTTP."""
+
+
+class UpstreamResponse(Protocol):
+    status: int
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (decoded from its transfer framing)."""
+        ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+
+class Transport(Protocol):
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
+        """Send one request; the response is open until the block ends."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_transport(
+    base_url: str, *, timeout_s: float, connect_timeout_s: float = 10.0
+) -> Transport:
+    """The lean client for ``http://`` URLs, httpx for anything else."""
+    if urlsplit(base_url).scheme == "http":
+        return LeanTransport(base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+    return HttpxTransport(base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+
+
+async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The ``data`` of each Server-Sent Event in ``chunks`` (multi-line data joined)."""
+    buffer = b""
+    data: list[bytes] = []
+    async for chunk in chunks:
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            line = buffer[start:end]
+            start = end + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+        buffer = buffer[start:]
+    # A stream that ends without the last blank line still delivers its last event.
+    if buffer.rstrip(b"\r").startswith(b"data:"):
+        value = buffer.rstrip(b"\r")[5:]
+        data.append(value[1:] if value.startswith(b" ") else value)
+    if data:
+        yield b"\n".join(data)
+
+
+# --- the lean HTTP/1.1 client ---------------------------------------------------------
+
+_MAX_HEAD = 64 * 1024
+
+
+class _Connection:
+    """One TCP connection and the bytes read from it but not consumed yet."""
+
+    __slots__ = ("buffer", "read_timeout_s", "stream")
+
+    def __init__(self, stream: trio.SocketStream, read_timeout_s: float) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+        self.read_timeout_s = read_timeout_s
+
+    async def fill(self) -> None:
+        with trio.move_on_after(self.read_timeout_s) as waiting:
+            try:
+                data = await self.stream.receive_some(65536)
+            except (OSError, trio.BrokenResourceError) as exc:
+                raise UpstreamBroken(f"connection lost: {exc}") from exc
+        if waiting.cancelled_caught:
+            raise UpstreamTimeout(f"no data within {self.read_timeout_s:g}s")
+        if not data:
+            raise UpstreamBroken("the upstream closed the connection")
+        self.buffer += data
+
+    async def read_line(self) -> bytes:
+        while (end := self.buffer.find(b"\r\n")) < 0:
+            if len(self.buffer) > _MAX_HEAD:
+                raise UpstreamBroken("response line too long")
+            await self.fill()
+        line = bytes(self.buffer[:end])
+        del self.buffer[: end + 2]
+        return line
+
+    def take(self, size: int) -> bytes:
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+
+class LeanResponse:
+    def __init__(self, connection: _Connection, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers
+        self._connection = connection
+        self.complete = False
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.headers.get("connection", "").lower() != "close"
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if self.complete:
+            return
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            while True:
+                size_line = await connection.read_line()
+                try:
+                    remaining = int(size_line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise UpstreamBroken(f"bad chunk size {size_line[:40]!r}") from None
+                if remaining == 0:
+                    while await connection.read_line():  # trailers, then a blank line
+                        pass
+                    break
+                while remaining:
+                    if not connection.buffer:
+                        await connection.fill()
+                    piece = connection.take(remaining)
+                    remaining -= len(piece)
+                    yield piece
+                while len(connection.buffer) < 2:
+                    await connection.fill()
+                del connection.buffer[:2]
+        elif (length := self.headers.get("content-length")) is not None:
+            remaining = int(length)
+            while remaining:
+                if not connection.buffer:
+                    await connection.fill()
+                piece = connection.take(remaining)
+                remaining -= len(piece)
+                yield piece
+        else:  # the body ends when the connection does
+            self.headers["connection"] = "close"
+            while True:
+                if connection.buffer:
+                    yield connection.take(len(connection.buffer))
+                try:
+                    await connection.fill()
+                except UpstreamBroken:
+                    break
+        self.complete = True
+
+    async def read(self) -> bytes:
+        return b"".join([piece async for piece in self.chunks()])
+
+
+class LeanTransport:
+    """HTTP/1.1 to one ``http://host:port`` with kept-alive connections.
+
+    Args:
+        base_url: ``http://host:port``; request paths are appended to it.
+        timeout_s: the longest wait for any read (not for the whole response).
+        connect_timeout_s: the longest wait for a connection.
+        max_idle: connections kept for reuse.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float,
+        connect_timeout_s: float = 10.0,
+        max_idle: int = 64,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"not an http:// URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self._prefix = parts.path.rstrip("/")
+        self._host_header = parts.netloc
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    async def _connect(self, read_timeout_s: float) -> _Connection:
+        with trio.move_on_after(self._connect_timeout_s) as waiting:
+            try:
+                stream = await trio.open_tcp_stream(self.host, self.port)
+            except OSError as exc:
+                raise UpstreamUnreachable(f"cannot connect to {self._host_header}: {exc}") from exc
+        if waiting.cancelled_caught:
+            raise UpstreamTimeout(
+                f"no connection to {self._host_header} within {self._connect_timeout_s:g}s"
+            )
+        return _Connection(stream, read_timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[LeanResponse]:
+        if self._closed:
+            raise UpstreamUnreachable("the client is closed")
+        head = [f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"]
+        if body is not None:
+            head.append(f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+        head.extend(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+        message = "".join(head).encode("latin-1") + b"\r\n" + (body or b"")
+        read_timeout = self._timeout_s if timeout_s is None else timeout_s
+        connection, response = await self._exchange(message, read_timeout)
+        try:
+            yield response
+        except BaseException:
+            # Left mid-response (an error or a cancelled request): the connection's
+            # state is unknown, and closing it is how the upstream learns to stop.
+            await _close(connection)
+            raise
+        if response.reusable and not self._closed and len(self._idle) < self._max_idle:
+            self._idle.append(connection)
+        else:
+            await _close(connection)
+
+    async def _exchange(
+        self, message: bytes, read_timeout: float
+    ) -> tuple[_Connection, LeanResponse]:
+        while self._idle:
+            connection = self._idle.pop()
+            if _closed_by_peer(connection):
+                await _close(connection)
+                continue
+            connection.read_timeout_s = read_timeout
+            try:
+                return connection, await self._send(connection, message)
+            except UpstreamBroken:
+                # The server closed the idle connection before it read the request
+                # (nothing came back): the request never ran, so a new one may send it.
+                await _close(connection)
+            except BaseException:
+                await _close(connection)
+                raise
+        connection = await self._connect(read_timeout)
+        try:
+            return connection, await self._send(connection, message)
+        except BaseException:
+            await _close(connection)
+            raise
+
+    async def _send(self, connection: _Connection, message: bytes) -> LeanResponse:
+        try:
+            await connection.stream.send_all(message)
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise UpstreamBroken(f"sending failed: {exc}") from exc
+        while True:
+            status_line = await connection.read_line()
+            parts = status_line.split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+                raise UpstreamBroken(f"not an HTTP response: {status_line[:80]!r}")
+            status = int(parts[1])
+            headers: dict[str, str] = {}
+            while line := await connection.read_line():
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if parts[0] == b"HTTP/1.0" and "keep-alive" not in headers.get("connection", ""):
+                headers["connection"] = "close"
+            if status != 100:  # an interim "100 Continue" is followed by the real one
+                return LeanResponse(connection, status, headers)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await _close(connection)
+
+
+def _closed_by_peer(connection: _Connection) -> bool:
+    # An idle connection has nothing to read unless the server closed it (EOF).
+    readable, _, _ = select.select([connection.stream.socket.fileno()], [], [], 0)
+    return bool(readable or connection.buffer)
+
+
+async def _close(connection: _Connection) -> None:
+    with trio.CancelScope(shield=True):
+        await connection.stream.aclose()
+
+
+# --- httpx, for https:// ----------------------------------------------------------------
+
+
+class _HttpxResponse:
+    def __init__(self, response: httpx.Response) -> None:
+        self.status = response.status_code
+        self._response = response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        with _httpx_errors():
+            async for piece in self._response.aiter_bytes():
+                yield piece
+
+    async def read(self) -> bytes:
+        with _httpx_errors():
+            return await self._response.aread()
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"{type(exc).__name__}") from exc
+    except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+        raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamBroken(f"{type(exc).__name__}: {exc}") from exc
+
+
+class HttpxTransport:
+    """The same interface over httpx (TLS, proxies from the environment, HTTP/1.1)."""
+
+    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float = 10.0) -> None:
+        self._base = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
+            limits=httpx.Limits(max_keepalive_connections=64),
+        )
+
+    @contextlib.asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[_HttpxResponse]:
+        all_headers = dict(headers or {})
+        if body is not None:
+            all_headers["Content-Type"] = "application/json"
+        request = self._client.build_request(
+            method,
+            self._base + path,
+            content=body,
+            headers=all_headers,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+        )
+        with _httpx_errors():
+            response = await self._client.send(request, stream=True)
+        try:
+            yield _HttpxResponse(response)
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._client.aclose()
+
+
+__all__ = [
+    "HttpxTransport",
+    "LeanTransport",
+    "Transport",
+    "UpstreamBroken",
+    "UpstreamError",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+    "open_transport",
+    "sse_data",
+]
