@@ -158,6 +158,9 @@ class Replica:
 
     async def _run_job(self, ticket: Ticket) -> None:
         released = False
+        # Runs on to the backend's first checkpoint (the request sent upstream, the
+        # worker thread started) before the requester wakes to send headers.
+        ticket.started.set()
         try:
             with ticket.send_channel:
                 outcome = await self._generate(ticket)

@@ -258,6 +258,8 @@ class Pool:
                             f"waited {actor.queue_timeout_s:g}s in the queue of"
                             f" model {request.model!r}",
                         )
+                if ticket.error is None:
+                    await ticket.started.wait()
                 if ticket.error is not None:
                     raise ticket.error
                 admission = Admission(

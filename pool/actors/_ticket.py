@@ -53,6 +53,9 @@ class Ticket:
     sequence: int = 0
     error: PoolError | None = None
     ready: trio.Event = field(default_factory=trio.Event)
+    # Set by the job when it begins (or on rejection): the requester waits for it, so
+    # the backend starts working before the client is told anything.
+    started: trio.Event = field(default_factory=trio.Event)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     send_channel: trio.MemorySendChannel[Output] = field(init=False)
     receive_channel: trio.MemoryReceiveChannel[Output] = field(init=False)
@@ -74,6 +77,7 @@ class Ticket:
         self.error = error
         self.send_channel.close()
         self.ready.set()
+        self.started.set()
 
     def abandon(self) -> None:
         """The requester is gone: stop the job (if any) and drop buffered output."""

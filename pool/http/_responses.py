@@ -54,8 +54,16 @@ def inference_headers(queue_wait_ms: float, gpu_ms: float | None) -> dict[str, s
     }
 
 
+_DELTA = "response.output_text.delta"
+_DELTA_HEAD = b"event: " + _DELTA.encode() + b'\ndata: {"type":"' + _DELTA.encode() + b'","delta":'
+
+
 def sse(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
+    if kind == _DELTA and len(event) == 2:
+        # Every token takes this path: the same bytes as below without encoding a dict.
+        text = json.dumps(event["delta"], ensure_ascii=False).encode()
+        return _DELTA_HEAD + text + b"}\n\n"
     return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 

@@ -270,10 +270,13 @@ class _DyingBackend(StubBackend):
     def __init__(self) -> None:
         self.died = trio.Event()
         self.closes: list[int] = []
+        self._doomed = True
 
     async def load(self, definition: Any, context: Any) -> StubRuntime:
-        died = self.died if context.replica_index == 0 else trio.Event()
-        return _DyingRuntime(definition, died, self.closes)
+        # Only the first replica of the first load of "m" dies; every later runtime lives.
+        doomed = self._doomed and context.model_name == "m" and context.replica_index == 0
+        self._doomed = self._doomed and not doomed
+        return _DyingRuntime(definition, self.died if doomed else trio.Event(), self.closes)
 
 
 async def test_a_runtime_that_dies_fails_the_model(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 from pool import ServerInfo
+from pool.http._common import dumps
+from pool.http._responses import sse
 
 from .conftest import sse_events, start_server
 
@@ -200,3 +203,13 @@ async def test_unload_waits_for_open_stream(client: httpx.AsyncClient) -> None:
     events = sse_events(text[0].decode() if isinstance(text[0], bytes) else text[0])
     assert events[-1][0] == "response.completed"
     assert unloaded[0]["runtime_state"] == "unloaded"
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quote " and \\ backslash', "line\nbreak", "é ü 中文 🙂", ""]
+)
+def test_delta_events_encode_like_any_other_event(text: str) -> None:
+    event = {"type": "response.output_text.delta", "delta": text}
+    generic = b"event: response.output_text.delta\ndata: " + dumps(event) + b"\n\n"
+    assert sse(event) == generic
+    assert json.loads(sse(event).split(b"data: ", 1)[1]) == event
