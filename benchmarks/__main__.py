@@ -93,23 +93,15 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / "throughput.png", dpi=90)
         files.append("throughput.png")
     if name == "replicas":
-        fig, ax = plt.subplots(figsize=(4, 3.5))
-        rows = report["rows"]
-        ax.plot(
-            [r["replicas"] for r in rows],
-            [r["requests_per_s"] for r in rows],
-            marker="o",
-            label="measured",
-        )
-        ax.plot(
-            [r["replicas"] for r in rows],
-            [rows[0]["requests_per_s"] * r["replicas"] for r in rows],
-            linestyle="--",
-            label="ideal",
-        )
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for model in dict.fromkeys(r["model"] for r in report["rows"]):
+            rows = [r for r in report["rows"] if r["model"] == model]
+            counts = [r["replicas"] for r in rows]
+            ax.plot(counts, [r["speedup"] for r in rows], marker="o", label=model)
+        ax.plot(counts, counts, linestyle="--", color="grey", label="ideal")
         ax.set_xlabel("replicas")
-        ax.set_ylabel("requests/s")
-        ax.legend()
+        ax.set_ylabel("speedup over one replica")
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=90)
         files.append("throughput.png")

