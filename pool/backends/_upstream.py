@@ -84,24 +84,25 @@ async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         buffer += chunk
         start = 0
         while (end := buffer.find(b"\n", start)) >= 0:
-            line = buffer[start:end]
+            line = buffer[start:end].removesuffix(b"\r")
             start = end + 1
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if not line:
                 if data:
                     yield b"\n".join(data)
                     data = []
             elif line.startswith(b"data:"):
-                value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
+                data.append(_field_value(line))
         buffer = buffer[start:]
     # A stream that ends without the last blank line still delivers its last event.
-    if buffer.rstrip(b"\r").startswith(b"data:"):
-        value = buffer.rstrip(b"\r")[5:]
-        data.append(value[1:] if value.startswith(b" ") else value)
+    if buffer.startswith(b"data:"):
+        data.append(_field_value(buffer.removesuffix(b"\r")))
     if data:
         yield b"\n".join(data)
+
+
+def _field_value(line: bytes) -> bytes:
+    value = line[5:]  # after "data:"
+    return value[1:] if value.startswith(b" ") else value
 
 
 # --- the lean HTTP/1.1 client ---------------------------------------------------------
@@ -161,7 +162,9 @@ class LeanResponse:
         connection = self._connection
         if self.complete:
             return
-        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+        if self.status in (204, 304):  # never a body
+            pass
+        elif "chunked" in self.headers.get("transfer-encoding", "").lower():
             while True:
                 size_line = await connection.read_line()
                 try:
@@ -182,6 +185,8 @@ class LeanResponse:
                     await connection.fill()
                 del connection.buffer[:2]
         elif (length := self.headers.get("content-length")) is not None:
+            if not length.isdigit():
+                raise UpstreamBroken(f"bad Content-Length {length[:40]!r}")
             remaining = int(length)
             while remaining:
                 if not connection.buffer:

@@ -117,6 +117,9 @@ async def test_content_length_and_close_delimited_bodies(
     start: Callable[[Handler], Awaitable[RawServer]],
 ) -> None:
     async def reply(stream: trio.SocketStream, request: bytes) -> bool:
+        if b"GET /empty" in request:
+            await stream.send_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            return True
         if b"GET /length" in request:
             await stream.send_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!")
             return True
@@ -127,6 +130,8 @@ async def test_content_length_and_close_delimited_bodies(
     transport = LeanTransport(f"http://127.0.0.1:{server.port}", timeout_s=5)
     async with transport.request("GET", "/length") as response:
         assert (response.status, await response.read()) == (404, b"nope!")
+    async with transport.request("GET", "/empty") as response:
+        assert (response.status, await response.read()) == (204, b"")
     async with transport.request("GET", "/close") as response:
         assert (response.status, await response.read()) == (200, b"until the end")
     async with transport.request("GET", "/length") as response:
@@ -190,6 +195,10 @@ async def test_errors(start: Callable[[Handler], Awaitable[RawServer]]) -> None:
         await stream.send_all(b"SSH-2.0-OpenSSH\r\n\r\n")
         return False
 
+    async def bad_length(stream: trio.SocketStream, request: bytes) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\nshort")
+        return False
+
     async def cut(stream: trio.SocketStream, request: bytes) -> bool:
         await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
         return False
@@ -206,11 +215,12 @@ async def test_errors(start: Callable[[Handler], Awaitable[RawServer]]) -> None:
         with pytest.raises(error):
             async with transport.request("GET", "/"):
                 pass
-    server = await start(cut)
-    transport = LeanTransport(f"http://127.0.0.1:{server.port}", timeout_s=1)
-    with pytest.raises(UpstreamBroken):
-        async with transport.request("GET", "/") as response:
-            await response.read()
+    for handler in (cut, bad_length):
+        server = await start(handler)
+        transport = LeanTransport(f"http://127.0.0.1:{server.port}", timeout_s=1)
+        with pytest.raises(UpstreamBroken):
+            async with transport.request("GET", "/") as response:
+                await response.read()
 
 
 async def test_event_stream_splitting() -> None:
