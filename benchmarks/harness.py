@@ -67,12 +67,17 @@ def run_server(name: str, command: list[str], timeout_s: float = 120.0) -> Itera
             raise RuntimeError(f"{name} did not start within {timeout_s}s")
         yield Server(name, url, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 20 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @contextmanager
@@ -145,12 +150,7 @@ def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[
             wait_healthy(server, "/health/liveliness", 120.0)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 def wait_healthy(server: Server, path: str, timeout_s: float) -> None:

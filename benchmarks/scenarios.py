@@ -21,6 +21,7 @@ from benchmarks.harness import (
     open_loop,
     pool_server,
     progress,
+    stop_process,
     wait_healthy,
 )
 from benchmarks.stub_bodies import stub_text
@@ -315,8 +316,7 @@ def _llama_router(binary: str, model_path: str, server_args: dict[str, Any]) -> 
         try:
             yield Server("router", f"http://127.0.0.1:{port}", process)
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            stop_process(process)
 
 
 async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any]:
