@@ -336,9 +336,11 @@ class LeanTransport:
 
 
 def _closed_by_peer(connection: _Connection) -> bool:
-    # An idle connection has nothing to read unless the server closed it (EOF).
-    readable, _, _ = select.select([connection.stream.socket.fileno()], [], [], 0)
-    return bool(readable or connection.buffer)
+    # An idle connection has nothing to read unless the server closed it (EOF). poll,
+    # not select: select fails for descriptors above 1023.
+    poller = select.poll()
+    poller.register(connection.stream.socket.fileno(), select.POLLIN)
+    return bool(poller.poll(0) or connection.buffer)
 
 
 async def _close(connection: _Connection) -> None:
