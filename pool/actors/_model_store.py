@@ -144,14 +144,9 @@ class ModelStore:
         return fd, size
 
     def place(self, model: str, name: str) -> Path:
-        """Move a finished partial file into the visible store: fsync, then ``os.replace``."""
+        """Move a finished partial file (its writer fsynced it) into the visible store."""
         partial = self.partial_path(model, name)
         target = self.file_path(model, name)
-        fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         target.parent.mkdir(parents=True, exist_ok=True)
         self.file_path(model, name)
         os.replace(partial, target)

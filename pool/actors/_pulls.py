@@ -48,7 +48,6 @@ import base64
 import binascii
 import hashlib
 import logging
-import math
 import os
 import re
 import time
@@ -62,6 +61,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 import httpx
 import trio
 
+from pool.actors._model import artifact_size_mib, size_mib
 from pool.actors._model_store import (
     RESUME_FILE,
     ModelStore,
@@ -92,7 +92,6 @@ PullStatus = Literal[
 FINAL_STATUSES = frozenset({"success", "error", "cancelled"})
 
 _CHUNK = 256 * 1024
-_MIB = 1024 * 1024
 # Finished pulls remembered for status(); the oldest are forgotten past this.
 _FINISHED_KEPT = 256
 _CLEANUP_S = 30.0
@@ -574,7 +573,7 @@ class PullManager:
                     update={"model_path": configured.model_path}
                 )
                 actor.artifact_mib = await self._thread(
-                    _artifact_mib, configured.model_path, self._pool.settings.base_dir
+                    artifact_size_mib, configured.model_path, self._pool.settings.base_dir
                 )
         return existed
 
@@ -655,9 +654,7 @@ class PullManager:
             file = _File(safe_name(root.name, "file name"), root.stat().st_size, local=root)
             sidecar = root.with_name(root.name + ".sha256")
             if sidecar.is_file():
-                words = sidecar.read_text(errors="replace").split()
-                if words and _HEX64.fullmatch(words[0].lower()):
-                    file.expect(words[0].lower(), sidecar.name)
+                file.expect(_sidecar_digest(sidecar.read_text(errors="replace")), sidecar.name)
             return [file]
         if not root.is_dir():
             raise PoolError("invalid_request", f"source {source!r} is not a file or a folder")
@@ -932,9 +929,7 @@ class PullManager:
             return None
         if response.status_code != 200 or len(response.content) > 4096:
             return None
-        words = response.text.split()
-        digest = words[0].lower() if words else ""
-        return digest if _HEX64.fullmatch(digest) else None
+        return _sidecar_digest(response.text)
 
     def _install(self, handle: PullHandle, files: list[_File]) -> Path:
         """Move verified partial files into the store; the manifest is written last."""
@@ -992,7 +987,7 @@ class PullManager:
         actor = self._pool.models.get(model)
         if actor is not None:
             actor.definition = actor.definition.model_copy(update={"model_path": str(path)})
-            actor.artifact_mib = max(1, math.ceil(size / _MIB))
+            actor.artifact_mib = size_mib(size)
             log.info("model=%s model_path=%s (pulled)", model, path)
 
     def _refuse_in_use(self, model: str) -> None:
@@ -1026,21 +1021,13 @@ class _HttpStatus(Exception):
         self.transient = code in (408, 429) or code >= 500
 
 
+def _sidecar_digest(text: str) -> str | None:
+    """The SHA-256 a ``.sha256`` file states: its first word (``sha256sum`` output)."""
+    words = text.split()
+    digest = words[0].lower() if words else ""
+    return digest if _HEX64.fullmatch(digest) else None
+
+
 def _dotfile(relative: str) -> bool:
     """Repository metadata (``.gitattributes``, ``.cache/``); ``..`` is no dotfile."""
     return any(p.startswith(".") and p not in (".", "..") for p in relative.split("/"))
-
-
-def _artifact_mib(model_path: str | None, base_dir: str | None) -> int | None:
-    if not model_path:
-        return None
-    try:
-        path = resolve_model_path(model_path, base_dir)
-        size = (
-            sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-            if path.is_dir()
-            else path.stat().st_size
-        )
-    except OSError:
-        return None
-    return max(1, math.ceil(size / _MIB))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from pool import PoolError, open_pool
 from pool.config import build_settings
 from pool.schemas import ResponseRequest
 
-from .test_process import _gone
+from .test_process import _gone, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,30 +135,4 @@ async def test_openai_remote_against_the_server(binary: str) -> None:
 
 
 def test_kill_9_of_the_pool_leaves_no_llama_server(binary: str, tmp_path: Path) -> None:
-    settings = _settings(binary)
-    (tmp_path / "settings.json").write_text(settings.model_dump_json())
-    script = tmp_path / "run_pool.py"
-    script.write_text(
-        "import pathlib, trio, pool\n"
-        "from pool.config import load_settings\n"
-        "async def main():\n"
-        f"    settings = load_settings(pathlib.Path({str(tmp_path / 'settings.json')!r}))\n"
-        "    async with pool.open_pool(settings) as p:\n"
-        "        print(p.model('ls').replicas[0].runtime.process.pid, flush=True)\n"
-        "        await trio.sleep_forever()\n"
-        "trio.run(main)\n"
-    )
-    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert runner.stdout is not None
-        server = int(runner.stdout.readline())
-        assert not _gone(server)
-        runner.kill()
-        runner.wait(timeout=10)
-        end = time.monotonic() + 5
-        while not _gone(server) and time.monotonic() < end:
-            time.sleep(0.05)
-        assert _gone(server)
-    finally:
-        if runner.poll() is None:
-            runner.kill()
+    assert_killed_pool_leaves_no_server(_settings(binary), "ls", tmp_path)

@@ -132,8 +132,9 @@ async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_pat
         ).output_text == "fine"
 
 
-def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> None:
-    settings = _settings(fake_binary, tmp_path)
+def assert_killed_pool_leaves_no_server(settings: Any, model: str, tmp_path: Path) -> None:
+    """Run a pool serving ``model`` in a child process, SIGKILL it (no cleanup code runs),
+    and check that the server process it started goes too."""
     (tmp_path / "settings.json").write_text(settings.model_dump_json())
     script = tmp_path / "run_pool.py"
     script.write_text(
@@ -143,8 +144,9 @@ def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> N
         async def main():
             settings = load_settings(pathlib.Path({str(tmp_path / "settings.json")!r}))
             async with pool.open_pool(settings) as p:
-                await p.load("srv")
-                print(p.model("srv").replicas[0].runtime.process.pid, flush=True)
+                if p.status({model!r})["runtime_state"] != "loaded":
+                    await p.load({model!r})
+                print(p.model({model!r}).replicas[0].runtime.process.pid, flush=True)
                 await trio.sleep_forever()
         trio.run(main)
     """)
@@ -154,7 +156,7 @@ def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> N
         assert runner.stdout is not None
         child = int(runner.stdout.readline())
         assert not _gone(child)
-        runner.kill()  # SIGKILL: no cleanup code runs in the pool
+        runner.kill()
         runner.wait(timeout=10)
         end = time.monotonic() + 5
         while not _gone(child) and time.monotonic() < end:
@@ -163,3 +165,7 @@ def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> N
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> None:
+    assert_killed_pool_leaves_no_server(_settings(fake_binary, tmp_path), "srv", tmp_path)
