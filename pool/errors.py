@@ -71,10 +71,6 @@ class PoolError(Exception):
     def status(self) -> int:
         return STATUS_BY_CODE[self.code]
 
-    def body(self) -> dict[str, Any]:
-        """The JSON error body: ``{"error": {"code", "message", ...details}}``."""
-        return {"error": {"code": self.code, "message": self.message, **self.details}}
-
     def __repr__(self) -> str:
         return f"PoolError({self.code!r}, {self.message!r})"
 

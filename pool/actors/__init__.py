@@ -1,18 +1,60 @@
-"""The actor tree: supervisor, model actors, schedulers and replicas."""
+"""The actor tree: supervisor, model actors, schedulers and replicas.
 
+The actors speak typed values only: an :class:`InferenceRequest` in, :class:`Delta`,
+:class:`Finished` and :class:`Failed` events out, snapshots for state. Wire formats are
+rendered from these in ``pool.http``.
+"""
+
+from pool.actors._admission import Admission, new_request_id
+from pool.actors._events import Delta, Event, Failed, Finished, Timings, Usage
+from pool.actors._gpu import GpuMonitor
+from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
 from pool.actors._pulls import PullEvents, PullHandle, PullManager, classify_source
-from pool.actors._supervisor import Admission, Pool, new_request_id, open_pool
+from pool.actors._request import DecodingOverrides, InferenceRequest
+from pool.actors._snapshots import (
+    FlushResult,
+    GpuReading,
+    GpuView,
+    ModelSnapshot,
+    PoolHealth,
+    QueueStats,
+    RuntimeState,
+    VramEstimate,
+)
+from pool.actors._supervisor import GpuSource, NoGpus, Pool, open_pool
+from pool.actors._tasks import LoadTask
 
 __all__ = [
     "STATE_DESCRIPTIONS",
     "Admission",
+    "DecodingOverrides",
+    "Delta",
+    "Event",
+    "Failed",
+    "Finished",
+    "FlushResult",
+    "GpuMonitor",
+    "GpuReading",
+    "GpuSource",
+    "GpuView",
+    "InferenceRequest",
+    "LoadTask",
     "ModelActor",
+    "ModelSnapshot",
+    "NoGpus",
     "Pool",
+    "PoolHealth",
     "PullEvents",
     "PullHandle",
     "PullManager",
+    "QueueStats",
+    "RuntimeState",
+    "Timings",
+    "Usage",
+    "VramEstimate",
     "classify_source",
     "new_request_id",
     "open_pool",
+    "parse_keep_alive",
 ]

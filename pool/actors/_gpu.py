@@ -7,14 +7,15 @@ NVML calls block, so they run in a worker thread. With no GPU, no driver or no
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import trio
+
+from pool.actors._snapshots import GpuReading, GpuView
 
 log = logging.getLogger("pool.gpu")
 
 
-def read_gpus() -> list[dict[str, Any]]:
+def read_gpus() -> list[GpuReading]:
     """One NVML reading of every GPU (blocking). Raises on any NVML problem."""
     import pynvml
 
@@ -32,14 +33,13 @@ def read_gpus() -> list[dict[str, Any]]:
             except pynvml.NVMLError:
                 utilization = None
             gpus.append(
-                {
-                    "index": index,
-                    "name": name.decode() if isinstance(name, bytes) else str(name),
-                    "used_mib": used,
-                    "total_mib": total,
-                    "used_over_total": f"{used}MiB / {total}MiB",
-                    "utilization": utilization,
-                }
+                GpuReading(
+                    index=index,
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    used_mib=used,
+                    total_mib=total,
+                    utilization=utilization,
+                )
             )
         return gpus
     finally:
@@ -49,19 +49,19 @@ def read_gpus() -> list[dict[str, Any]]:
 class GpuMonitor:
     def __init__(self, interval_s: float = 2.0) -> None:
         self.interval_s = interval_s
-        self.gpus: list[dict[str, Any]] = []
+        self.gpus: tuple[GpuReading, ...] = ()
         self.error: str | None = "not read yet"
         self._limiter = trio.CapacityLimiter(1)
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        return list(self.gpus)
+    def view(self) -> GpuView:
+        return GpuView(self.gpus, self.error)
 
     async def refresh(self) -> None:
         try:
-            self.gpus = await trio.to_thread.run_sync(read_gpus, limiter=self._limiter)
+            self.gpus = tuple(await trio.to_thread.run_sync(read_gpus, limiter=self._limiter))
             self.error = None if self.gpus else "NVML reports no GPUs"
         except Exception as exc:  # noqa: BLE001 - any NVML failure means "no GPU info"
-            self.gpus = []
+            self.gpus = ()
             self.error = f"no GPU information: {type(exc).__name__}: {exc}"
 
     async def run(

@@ -1,4 +1,4 @@
-"""Turning an API request into a backend's :class:`GenerationRequest`.
+"""Turning an :class:`InferenceRequest` into a backend's :class:`GenerationRequest`.
 
 This is where the per-model capability rules live (multi-turn, images, thinking,
 remote gate), so every surface (responses, OpenAI, Ollama, WebSocket) enforces them
@@ -7,27 +7,13 @@ the same way and a rejected request never reaches a queue.
 
 from __future__ import annotations
 
-from pool.backends import Capabilities, Decoding, GenerationRequest, ImagePart, TextPart, Turn
+from pool.actors._request import DecodingOverrides, InferenceRequest
+from pool.backends import Capabilities, Decoding, GenerationRequest
 from pool.config import DecodingDefaults, ModelDefinition
 from pool.errors import PoolError
-from pool.schemas import ImageContent, ResponseRequest
-from pool.schemas._responses import Content
 
 
-def _turn(role: str, content: Content) -> Turn:
-    if isinstance(content, str):
-        return Turn(role, (TextPart(content),))  # type: ignore[arg-type]
-    parts: list[TextPart | ImagePart] = []
-    for item in content:
-        if isinstance(item, ImageContent):
-            parts.append(ImagePart(item.image_url.url, item.image_url.detail))
-        else:
-            parts.append(TextPart(item.text))
-    return Turn(role, tuple(parts))  # type: ignore[arg-type]
-
-
-def effective_decoding(request: ResponseRequest, defaults: DecodingDefaults) -> Decoding:
-    asked = request.decoding
+def effective_decoding(asked: DecodingOverrides, defaults: DecodingDefaults) -> Decoding:
     return Decoding(
         beam_size=asked.beam_size if asked.beam_size is not None else defaults.beam_size,
         top_k=asked.top_k if asked.top_k is not None else defaults.top_k,
@@ -39,12 +25,12 @@ def effective_decoding(request: ResponseRequest, defaults: DecodingDefaults) -> 
             else defaults.repetition_penalty
         ),
         max_tokens=asked.max_tokens if asked.max_tokens is not None else defaults.max_tokens,
-        stop=tuple(dict.fromkeys([*defaults.stop, *(asked.stop or [])])),
+        stop=tuple(dict.fromkeys([*defaults.stop, *asked.stop])),
     )
 
 
 def build_generation_request(
-    request: ResponseRequest,
+    request: InferenceRequest,
     *,
     request_id: str,
     definition: ModelDefinition,
@@ -63,17 +49,12 @@ def build_generation_request(
             "remote_not_allowed",
             f"model {name!r} calls a remote API; set allow_remote: true to use it",
         )
-    if request.messages is not None:
-        if not capabilities.multi_turn:
-            raise PoolError(
-                "multi_turn_unsupported",
-                f"model {name!r} accepts single-turn `input` only, not `messages`",
-            )
-        turns = tuple(_turn(m.role, m.content) for m in request.messages)
-    else:
-        assert request.input is not None
-        turns = (_turn("user", request.input),)
-    if "image" not in capabilities.modalities and any(t.has_images for t in turns):
+    if request.multi_turn and not capabilities.multi_turn:
+        raise PoolError(
+            "multi_turn_unsupported",
+            f"model {name!r} accepts single-turn `input` only, not `messages`",
+        )
+    if "image" not in capabilities.modalities and any(t.has_images for t in request.turns):
         raise PoolError(
             "modality_unsupported",
             f"model {name!r} accepts {', '.join(capabilities.modalities)} input only",
@@ -86,10 +67,10 @@ def build_generation_request(
     return GenerationRequest(
         request_id=request_id,
         model=name,
-        turns=turns,
-        decoding=effective_decoding(request, decoding_defaults),
+        turns=request.turns,
+        decoding=effective_decoding(request.decoding, decoding_defaults),
         instructions=request.instructions,
-        multi_turn=request.messages is not None,
+        multi_turn=request.multi_turn,
         thinking=request.thinking,
         source_lang_code=request.source_lang_code,
         target_lang_code=request.target_lang_code,

@@ -8,7 +8,7 @@ scrape time by a collector, so they can never drift from the truth.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from pool.actors._model import ModelActor
+    from pool.actors._snapshots import GpuReading
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -43,7 +44,7 @@ class _LiveState(Collector):
     def __init__(
         self,
         models: Callable[[], Iterable[ModelActor]],
-        gpus: Callable[[], list[dict[str, Any]]],
+        gpus: Callable[[], Iterable[GpuReading]],
     ) -> None:
         self._models = models
         self._gpus = gpus
@@ -77,8 +78,8 @@ class _LiveState(Collector):
             "llm_pool_gpu_memory_total_bytes", "GPU memory in all", labels=["gpu"]
         )
         for gpu in self._gpus():
-            used.add_metric([str(gpu["index"])], gpu["used_mib"] * 1024 * 1024)
-            total.add_metric([str(gpu["index"])], gpu["total_mib"] * 1024 * 1024)
+            used.add_metric([str(gpu.index)], gpu.used_mib * 1024 * 1024)
+            total.add_metric([str(gpu.index)], gpu.total_mib * 1024 * 1024)
         yield from (used, total)
 
 
@@ -88,7 +89,7 @@ class PoolMetrics:
     def __init__(
         self,
         models: Callable[[], Iterable[ModelActor]],
-        gpus: Callable[[], list[dict[str, Any]]] | None = None,
+        gpus: Callable[[], Iterable[GpuReading]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

@@ -21,7 +21,9 @@ from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import PoolMetrics
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
+from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
 from pool.actors._stats import RecentStats
+from pool.actors._tasks import CONTEXT_FIELD
 from pool.actors._ticket import Ticket
 from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
 from pool.config import (
@@ -36,8 +38,6 @@ from pool.config import (
 from pool.errors import PoolError
 
 log = logging.getLogger("pool.model")
-
-RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 
 STATE_DESCRIPTIONS: dict[str, str] = {
     "unloaded": "Known from config, no runtime; requests are rejected; may be loaded.",
@@ -56,7 +56,7 @@ class _Command:
     explicit: bool = False  # the body asked for replicas or overrides
     reason: str = ""
     replica: Replica | None = None
-    reply: trio.MemorySendChannel[dict[str, Any] | PoolError] | None = None
+    reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
 
 
 def _collapse(exc: BaseException) -> BaseException:
@@ -93,8 +93,9 @@ class ModelActor:
         definition: ModelDefinition,
         settings: Settings,
         *,
+        metrics: PoolMetrics | None = None,
         on_change: Callable[[], None] | None = None,
-        request_load: Callable[[ModelActor], None] | None = None,
+        request_load: Callable[[ModelActor, dict[str, Any] | None], None] | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -113,7 +114,7 @@ class ModelActor:
         self.scheduler = Scheduler(
             max_queue, on_idle=self._on_idle, stats=RecentStats(settings.service.stats_window)
         )
-        self.metrics: PoolMetrics | None = None
+        self.metrics = metrics
         self.queue_timeout_s = (
             definition.queue_timeout_s
             if definition.queue_timeout_s is not None
@@ -136,9 +137,6 @@ class ModelActor:
         # ``request_load`` starts an on-demand load owned by the pool.
         self._on_change = on_change
         self._request_load = request_load
-        self.load_pending = False
-        # Load overrides an on-demand request asked for (Ollama's num_ctx), if any.
-        self.load_hint: dict[str, Any] = {}
         # Keep-alive (on-demand models): seconds after the last request, and the Trio
         # clock time at which an idle model unloads (None: busy, or kept forever).
         self.keep_alive_s = parse_keep_alive(
@@ -177,7 +175,7 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load(self, body: LoadRequest | None = None) -> dict[str, Any]:
+    async def load(self, body: LoadRequest | None = None) -> ModelSnapshot:
         """Load the model (or return its row if it is loaded or loading).
 
         Raises:
@@ -189,15 +187,15 @@ class ModelActor:
         explicit = bool(body.model_fields_set)
         return await self._call(_Command("load", replicas, patch, explicit))
 
-    async def unload(self) -> dict[str, Any]:
-        """Unload gracefully; returns the row once the model is ``unloaded``."""
+    async def unload(self) -> ModelSnapshot:
+        """Unload gracefully; returns the snapshot once the model is ``unloaded``."""
         return await self._call(_Command("unload"))
 
-    async def _call(self, command: _Command) -> dict[str, Any]:
+    async def _call(self, command: _Command) -> ModelSnapshot:
         if self.state == "unloading" and command.kind == "load":
             raise PoolError("model_unloading", f"model {self.name!r} is unloading; retry after")
         # Size 1: the actor must never block on a caller that has gone away.
-        reply_send, reply_recv = trio.open_memory_channel[dict[str, Any] | PoolError](1)
+        reply_send, reply_recv = trio.open_memory_channel[ModelSnapshot | PoolError](1)
         command.reply = reply_send
         with reply_recv:
             await self._inbox_send.send(command)
@@ -239,10 +237,8 @@ class ModelActor:
             # Ollama semantics: the latest request's keep_alive sets the idle timer.
             self.keep_alive_s = keep_alive_s
             self._set_expiry(None)
-            if on_demand_wait and not self.load_pending and self._request_load is not None:
-                self.load_pending = True
-                self.load_hint = dict(load_hint or {})
-                self._request_load(self)
+            if on_demand_wait and self._request_load is not None:
+                self._request_load(self, load_hint)
         return ticket
 
     def _state_error(self) -> PoolError:
@@ -264,7 +260,7 @@ class ModelActor:
     async def _handle(self, command: _Command) -> None:
         try:
             if command.kind == "load":
-                result: dict[str, Any] | PoolError = await self._do_load(command)
+                result: ModelSnapshot | PoolError = await self._do_load(command)
             elif command.kind == "unload":
                 result = await self._do_unload()
             else:
@@ -289,7 +285,7 @@ class ModelActor:
         if self._on_change is not None:
             self._on_change()
 
-    async def _do_load(self, command: _Command) -> dict[str, Any]:
+    async def _do_load(self, command: _Command) -> ModelSnapshot:
         if self.state in ("loaded", "loading"):
             if command.explicit:
                 raise PoolError(
@@ -297,7 +293,7 @@ class ModelActor:
                     f"model {self.name!r} is {self.state}; unload it before loading with"
                     " replicas or overrides",
                 )
-            return self.row()
+            return self.snapshot()
         assert self._nursery is not None
         effective = apply_override(self.definition, command.patch)
         self.load_override = dict(command.patch)
@@ -338,7 +334,6 @@ class ModelActor:
             self._set_state("failed")
             if self.metrics is not None:
                 self.metrics.loads.labels(self.name, "failed").inc()
-            self.load_pending = False
             self.scheduler.fail_queued(
                 PoolError("model_failed", f"model {self.name!r} failed to load: {self.last_error}")
             )
@@ -356,7 +351,6 @@ class ModelActor:
         if self.metrics is not None:
             self.metrics.loads.labels(self.name, "loaded").inc()
             self.metrics.load_duration.labels(self.name).observe(time.perf_counter() - started_at)
-        self.load_pending = False
         self._set_state("loaded")
         self.scheduler.set_replicas(replicas)
         if self.definition.on_demand and self._idle.is_set():
@@ -367,11 +361,11 @@ class ModelActor:
             len(replicas),
             (time.perf_counter() - started_at) * 1000.0,
         )
-        return self.row()
+        return self.snapshot()
 
-    async def _do_unload(self) -> dict[str, Any]:
+    async def _do_unload(self) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):
-            return self.row()
+            return self.snapshot()
         self._set_state("unloading")
         unload_started = time.perf_counter()
         cancelled = self.scheduler.fail_queued(
@@ -395,7 +389,7 @@ class ModelActor:
                 time.perf_counter() - unload_started
             )
         self._set_state("unloaded")
-        return self.row()
+        return self.snapshot()
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:
         command = _Command("replica_failed", reason=reason, replica=replica)
@@ -477,54 +471,43 @@ class ModelActor:
                 except PoolError as exc:  # e.g. shutting down under us
                     log.warning("model=%s keep-alive unload failed: %s", self.name, exc.message)
 
-    # -- rows ------------------------------------------------------------------------
-    @property
-    def runtime_inflight(self) -> int:
-        return self.scheduler.running
-
-    def vram_estimate(self) -> tuple[int | None, int, str]:
+    # -- snapshots ---------------------------------------------------------------------
+    def vram_estimate(self) -> VramEstimate:
         runtimes = [r.runtime for r in self.replicas if r.runtime is not None]
         observed = [rt.vram_mib for rt in runtimes if rt.vram_mib]
         if observed and len(observed) == len(runtimes):
-            return sum(o for o in observed if o is not None), len(runtimes), "observed_load_delta"
+            return VramEstimate(
+                sum(o for o in observed if o is not None), len(runtimes), "observed_load_delta"
+            )
+        count = len(self.replicas) or self.selected_replicas
         if self.artifact_mib is not None:
-            count = len(self.replicas) or self.selected_replicas
-            return self.artifact_mib * count, count, "model_artifact_size"
-        return None, len(self.replicas) or self.selected_replicas, "unavailable"
+            return VramEstimate(self.artifact_mib * count, count, "model_artifact_size")
+        return VramEstimate(None, count, "unavailable")
 
-    def definition_dict(self) -> dict[str, Any]:
-        return self.definition.model_dump(mode="json")
-
-    def row(self, *, full: bool = True) -> dict[str, Any]:
-        """The admin row of this model (spec: runtime-admin-api)."""
-        vram, vram_count, vram_source = self.vram_estimate()
-        queued = self.scheduler.queue_depth
-        running = self.runtime_inflight
-        row: dict[str, Any] = {
-            "name": self.name,
-            "resolved_backend": self.definition.backend,
-            "configured_enabled": self.definition.enabled,
-            "runtime_state": self.state,
-            "is_loaded": self.state == "loaded",
-            "replicas": len(self.replicas) if self.replicas else self.selected_replicas,
-            "replica_max": self.definition.effective_replica_max,
-            "loaded_replicas": len(self.replicas),
-            "inflight_requests": queued + running,
-            "queue_depth": queued,
-            "runtime_inflight": running,
-            "configured_target_inflight": self.definition.target_inflight,
-            "effective_target_inflight": self.effective_target_inflight,
-            "last_error": self.last_error,
-            "vram_estimate_mib": vram,
-            "vram_estimate_replica_count": vram_count,
-            "vram_estimate_source": vram_source,
-        }
-        if full:
-            row["load_constraints"] = {k: dict(v) for k, v in self.backend.load_constraints.items()}
-            row["load_recommendations"] = {
-                k: dict(v) for k, v in self.backend.load_recommendations.items()
-            }
-            row["load_override"] = dict(self.load_override)
-            row["capabilities"] = self.capabilities.as_dict()
-        row["definition"] = self.definition_dict()
-        return row
+    def snapshot(self) -> ModelSnapshot:
+        """This model's configuration and live state, taken in one step."""
+        context_field = CONTEXT_FIELD.get(self.definition.backend)
+        return ModelSnapshot(
+            name=self.name,
+            state=self.state,
+            definition=self.definition,
+            active_definition=self.active_definition,
+            replicas=len(self.replicas) if self.replicas else self.selected_replicas,
+            loaded_replicas=len(self.replicas),
+            queue_depth=self.scheduler.queue_depth,
+            running=self.scheduler.running,
+            max_queue=self.scheduler.max_queue,
+            effective_target_inflight=self.effective_target_inflight,
+            last_error=self.last_error,
+            vram=self.vram_estimate(),
+            load_override=dict(self.load_override),
+            load_constraints=self.backend.load_constraints,
+            load_recommendations=self.backend.load_recommendations,
+            capabilities=self.capabilities,
+            context_length=(
+                getattr(self.active_definition, context_field, None) if context_field else None
+            ),
+            artifact_mib=self.artifact_mib,
+            loaded_at_wall=self.loaded_at_wall,
+            expires_in_s=self.expires_in_s,
+        )

@@ -993,7 +993,7 @@ class PullManager:
     def _refuse_in_use(self, model: str) -> None:
         actor = self._pool.models.get(model)
         if actor is not None and (
-            actor.state in ("loaded", "loading", "unloading") or actor.load_pending
+            actor.state in ("loaded", "loading", "unloading") or self._pool.load_pending(actor)
         ):
             raise PoolError(
                 "model_in_use", f"model {model!r} is {actor.state}; unload it before deleting it"

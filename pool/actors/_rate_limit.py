@@ -109,7 +109,7 @@ class RateLimiter:
                     details={
                         "limit": limit,
                         "remaining": 0,
-                        "resetAt": math.ceil(time.time() + cell.reset_after(now)),
+                        "reset_at": math.ceil(time.time() + cell.reset_after(now)),
                         "tenant": tenant,
                     },
                 )

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors._ticket import Delta, Failed, Finished, Ticket
+from pool.actors._events import Delta
+from pool.actors._ticket import JobFailed, JobFinished, Ticket
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ class Replica:
         self.inflight -= 1
         self._on_job_done()
 
-    async def _generate(self, ticket: Ticket) -> Finished | Failed | None:
+    async def _generate(self, ticket: Ticket) -> JobFinished | JobFailed | None:
         """Run the backend; None when the request was cancelled."""
         assert self.runtime is not None
         sink = _TicketSink(ticket)
@@ -195,16 +196,16 @@ class Replica:
             try:
                 stats = await self.runtime.generate(ticket.request, sink)
             except BackendError as exc:
-                return Failed(PoolError("backend_error", str(exc)))
+                return JobFailed(PoolError("backend_error", str(exc)))
             except PoolError as exc:
-                return Failed(exc)
+                return JobFailed(exc)
             except trio.Cancelled:
                 raise
             except Exception as exc:
                 # A backend bug fails this request only, not the replica's other jobs.
                 log.exception("replica %s/%d: job failed", self.context.model_name, self.index)
-                return Failed(PoolError("backend_error", f"{type(exc).__name__}: {exc}"))
+                return JobFailed(PoolError("backend_error", f"{type(exc).__name__}: {exc}"))
             ended = time.perf_counter()
             first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
-            return Finished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
+            return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
         return None

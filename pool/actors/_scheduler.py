@@ -100,9 +100,9 @@ class Scheduler:
                 f" (max_queue {self.max_queue})",
                 retry_after_s=self.stats.retry_after_s(trio.current_time()),
                 details={
-                    "queueDepth": self._depth,
-                    "maxDepth": self.max_queue,
-                    "avgWaitMs": round(self.stats.avg_wait_ms, 1),
+                    "queue_depth": self._depth,
+                    "max_depth": self.max_queue,
+                    "avg_wait_ms": round(self.stats.avg_wait_ms, 1),
                 },
             )
         ticket.sequence = next(self._sequence)

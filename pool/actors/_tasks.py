@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import secrets
 import time
 from collections import OrderedDict
@@ -37,6 +36,8 @@ CONTEXT_FIELD = {
 
 @dataclass(slots=True)
 class LoadTask:
+    """One task's record, updated as the load goes; the runner API renders it."""
+
     task_id: str
     model: str
     evict: str | None
@@ -48,25 +49,6 @@ class LoadTask:
     error_code: str | None = None
     gpu_memory_used_mb: int | None = None
     done: trio.Event = field(default_factory=trio.Event)
-
-    def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "taskId": self.task_id,
-            "status": self.status,
-            "modelId": self.model,
-            "createdAt": math.floor(self.created_at),
-            "progress": 1.0 if self.status == "completed" else 0.0,
-        }
-        if self.evict:
-            body["evictModel"] = self.evict
-        if self.load_time_ms is not None:
-            body["loadTimeMs"] = round(self.load_time_ms)
-        if self.status == "completed":
-            body["gpuMemoryUsedMB"] = self.gpu_memory_used_mb
-        if self.error is not None:
-            body["error"] = self.error
-            body["errorCode"] = self.error_code
-        return body
 
 
 class LoadTasks:
@@ -100,9 +82,9 @@ class LoadTasks:
         try:
             if task.evict is not None:
                 await self._pool.unload(task.evict)
-            row = await self._pool.load(task.model, body)
+            snapshot = await self._pool.load(task.model, body)
             task.status = "completed"
-            task.gpu_memory_used_mb = row.get("vram_estimate_mib")
+            task.gpu_memory_used_mb = snapshot.vram.mib
         except PoolError as exc:
             task.status = "failed"
             task.error = exc.message

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
+from pool.actors._events import Delta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -21,12 +22,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class Delta:
-    text: str
+class JobFinished:
+    """The replica's report of a completed generation (the requester builds metrics)."""
 
-
-@dataclass(slots=True)
-class Finished:
     stats: GenerationStats
     backend_wall_ms: float
     first_token_ms: float | None
@@ -35,11 +33,11 @@ class Finished:
 
 
 @dataclass(slots=True)
-class Failed:
+class JobFailed:
     error: PoolError
 
 
-Output = Delta | Finished | Failed
+Output = Delta | JobFinished | JobFailed
 
 
 @dataclass(eq=False, slots=True)

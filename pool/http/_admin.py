@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from quart import Quart, Response
 
 from pool.config import LoadRequest
 from pool.http._common import AppContext, json_response, read_body, require
+from pool.http._rows import gpu_memory_body, model_row
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -28,13 +27,13 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def admin_models() -> Response:
         """Every configured model with its live runtime state."""
         require(ctx, "admin")
-        return json_response({"models": pool.rows()})
+        return json_response({"models": [model_row(s) for s in pool.snapshots()]})
 
     @app.get("/v1/admin/models/<name>")
     async def admin_model(name: str) -> Response:
         """One model's row."""
         require(ctx, "admin")
-        return json_response(pool.status(name))
+        return json_response(model_row(pool.snapshot(name)))
 
     @app.post("/v1/admin/models/<name>/load")
     async def admin_load(name: str) -> Response:
@@ -43,46 +42,17 @@ def register(app: Quart, ctx: AppContext) -> None:
         actor = pool.model(name)
         body = await read_body(LoadRequest, optional=True)
         # The model actor owns the load: a client that disconnects does not cancel it.
-        return json_response(await pool.detached(actor.load, body))
+        return json_response(model_row(await pool.detached(actor.load, body)))
 
     @app.post("/v1/admin/models/<name>/unload")
     async def admin_unload(name: str) -> Response:
         """Unload gracefully: queued requests are cancelled, running ones finish."""
         require(ctx, "admin")
         actor = pool.model(name)
-        return json_response(await pool.detached(actor.unload))
+        return json_response(model_row(await pool.detached(actor.unload)))
 
     @app.get("/v1/admin/gpu-memory")
     async def gpu_memory() -> Response:
         """GPU memory in use (NVML) and each model's VRAM estimate."""
         require(ctx, "admin")
-        gpus = pool.gpu_snapshot()
-        models = []
-        for actor in pool.models.values():
-            row = actor.row(full=False)
-            models.append(
-                {
-                    key: row[key]
-                    for key in (
-                        "name",
-                        "runtime_state",
-                        "is_loaded",
-                        "configured_target_inflight",
-                        "effective_target_inflight",
-                        "vram_estimate_mib",
-                        "vram_estimate_replica_count",
-                        "vram_estimate_source",
-                    )
-                }
-            )
-        return json_response(
-            {
-                "gpus": [
-                    {k: g[k] for k in ("index", "name", "used_mib", "total_mib", "used_over_total")}
-                    for g in gpus
-                ],
-                "models": models,
-                "error": None if gpus else pool.gpu_error(),
-                "read_at": time.time(),
-            }
-        )
+        return json_response(gpu_memory_body(pool.gpus.view(), pool.snapshots()))

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 from quart import Response, g, has_request_context, request, websocket
 from werkzeug.datastructures import Headers
 
+from pool.actors import InferenceRequest
+from pool.backends import Turn
 from pool.errors import PoolError
-from pool.schemas import ResponseRequest
 
 if TYPE_CHECKING:
     from pool.actors import Pool
@@ -56,11 +57,26 @@ def json_response(
     return Response(dumps(payload), status=status, headers=headers, content_type=JSON_TYPE)
 
 
+# Error details travel in the pool's own names; the runner API spells these in camelCase.
+_DETAIL_NAMES = {
+    "queue_depth": "queueDepth",
+    "max_depth": "maxDepth",
+    "avg_wait_ms": "avgWaitMs",
+    "reset_at": "resetAt",
+}
+
+
+def error_body(exc: PoolError) -> dict[str, Any]:
+    """``{"error": {"code", "message", ...details}}``."""
+    details = {_DETAIL_NAMES.get(k, k): v for k, v in exc.details.items()}
+    return {"error": {"code": exc.code, "message": exc.message, **details}}
+
+
 def error_response(exc: PoolError) -> Response:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    return json_response(exc.body(), exc.status, headers)
+    return json_response(error_body(exc), exc.status, headers)
 
 
 def schema_error_response(exc: SchemaError) -> Response:
@@ -105,19 +121,15 @@ def validate(model: type[T], data: Any) -> T:
         raise SchemaError(exc) from None
 
 
-def conversation_request(payload: dict[str, Any], turns: list[dict[str, Any]]) -> ResponseRequest:
-    """A native request from a chat surface's turns (OpenAI, Ollama).
+def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceRequest:
+    """The neutral request of a chat surface's turns (OpenAI, Ollama).
 
-    One user turn becomes single-turn ``input``, so models without multi-turn support
-    still work with chat clients; a longer conversation becomes ``messages``.
+    One user turn is sent as a single prompt, so models without multi-turn support
+    still work with chat clients; a longer conversation needs a multi-turn model.
     """
-    if not turns or turns[-1]["role"] != "user":
+    if not turns or turns[-1].role != "user":
         raise PoolError("invalid_request", "the last message must come from the user")
-    if len(turns) == 1:
-        payload = {**payload, "input": turns[0]["content"]}
-    else:
-        payload = {**payload, "messages": turns}
-    return validate(ResponseRequest, payload)
+    return InferenceRequest(model=model, turns=tuple(turns), multi_turn=len(turns) > 1, **fields)
 
 
 async def read_body(model: type[T], *, optional: bool = False) -> T:

@@ -11,36 +11,44 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from quart import Blueprint, Quart, Response
 
 from pool._version import __version__
-from pool.actors import Admission, ModelActor
-from pool.actors._keep_alive import parse_keep_alive
+from pool.actors import (
+    Admission,
+    DecodingOverrides,
+    Delta,
+    Finished,
+    InferenceRequest,
+    ModelActor,
+    ModelSnapshot,
+    parse_keep_alive,
+)
 from pool.actors._tasks import CONTEXT_FIELD
+from pool.backends import ImagePart, TextPart, ThinkingMode, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
-    conversation_request,
+    chat_request,
     dumps,
     json_response,
     read_body,
     require,
     tenant_and_priority,
-    validate,
 )
+from pool.http._rows import definition_body
 from pool.http._streaming import admitted_stream
 from pool.schemas import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaModelRequest,
-    ResponseRequest,
+    OllamaOptions,
 )
-from pool.schemas._compat import OllamaOptions
 
 NDJSON = "application/x-ndjson"
 _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for a model kept forever
@@ -52,32 +60,58 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _image_url(data: str) -> str:
+def _image(data: str) -> ImagePart:
     try:
         head = base64.b64decode(data[:24] + "=" * (-len(data[:24]) % 4), validate=False)
     except (binascii.Error, ValueError):
         raise PoolError("invalid_request", "images must be base64") from None
     mime = next((m for magic, m in _IMAGE_MAGIC.items() if head.startswith(magic)), "image/png")
-    return f"data:{mime};base64,{data}"
+    return ImagePart(f"data:{mime};base64,{data}")
 
 
-def _decoding(options: OllamaOptions) -> dict[str, Any]:
-    decoding = {
-        "temperature": options.temperature,
-        "top_p": options.top_p,
-        "top_k": options.top_k,
-        "repetition_penalty": options.repeat_penalty,
-        "stop": options.stop,
+def _decoding(options: OllamaOptions) -> DecodingOverrides:
+    return DecodingOverrides(
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        repetition_penalty=options.repeat_penalty,
+        stop=tuple(options.stop or ()),
         # Ollama's -1 (no limit) and -2 (fill the context) keep the pool's default cap.
-        "max_tokens": options.num_predict
-        if options.num_predict and options.num_predict > 0
-        else None,
-    }
-    return {k: v for k, v in decoding.items() if v is not None}
+        max_tokens=options.num_predict if options.num_predict and options.num_predict > 0 else None,
+    )
 
 
-def _thinking(think: bool | None) -> str:
+def _thinking(think: bool | None) -> ThinkingMode:
     return "default" if think is None else ("enabled" if think else "disabled")
+
+
+def _parts(text: str, images: list[str] | None) -> tuple[TextPart | ImagePart, ...]:
+    return (TextPart(text), *(_image(i) for i in images or ()))
+
+
+def chat_inference_request(body: OllamaChatRequest) -> InferenceRequest:
+    """System messages become instructions; the others the conversation."""
+    system = [m.content for m in body.messages if m.role == "system"]
+    turns = [Turn(m.role, _parts(m.content, m.images)) for m in body.messages if m.role != "system"]
+    return chat_request(
+        body.model,
+        turns,
+        instructions="\n\n".join(system) or None,
+        thinking=_thinking(body.think),
+        decoding=_decoding(body.options),
+        keep_alive=body.keep_alive,
+    )
+
+
+def generate_inference_request(body: OllamaGenerateRequest) -> InferenceRequest:
+    return InferenceRequest(
+        model=body.model,
+        turns=(Turn("user", _parts(body.prompt, body.images)),),
+        instructions=body.system,
+        thinking=_thinking(body.think),
+        decoding=_decoding(body.options),
+        keep_alive=body.keep_alive,
+    )
 
 
 def _load_hint(actor: ModelActor, options: OllamaOptions) -> dict[str, Any] | None:
@@ -87,23 +121,21 @@ def _load_hint(actor: ModelActor, options: OllamaOptions) -> dict[str, Any] | No
     return {field: options.num_ctx}
 
 
-def _stats(admission: Admission) -> dict[str, Any]:
-    m = admission.metrics
-    if m is None:
-        return {}
+def _stats(finished: Finished) -> dict[str, Any]:
+    t = finished.timings
     ns = 1_000_000
 
     def to_ns(ms: float | None) -> int:
         return round((ms or 0.0) * ns)
 
     return {
-        "done_reason": "length" if admission.finish_reason == "length" else "stop",
-        "total_duration": to_ns(m.pool_total_wall_ms),
-        "load_duration": to_ns(m.engine_queue_wait_ms),
-        "prompt_eval_count": m.engine_prompt_tokens or 0,
-        "prompt_eval_duration": to_ns(m.gpu_time_to_first_token_ms),
-        "eval_count": m.engine_output_tokens or 0,
-        "eval_duration": to_ns(m.gpu_decode_after_first_token_ms),
+        "done_reason": "length" if finished.finish_reason == "length" else "stop",
+        "total_duration": to_ns(t.pool_ms),
+        "load_duration": to_ns(t.queue_wait_ms),
+        "prompt_eval_count": finished.usage.prompt_tokens or 0,
+        "prompt_eval_duration": to_ns(t.time_to_first_token_ms),
+        "eval_count": finished.usage.output_tokens or 0,
+        "eval_duration": to_ns(t.decode_after_first_token_ms),
     }
 
 
@@ -114,11 +146,11 @@ def _pull_line(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def _details(actor: ModelActor) -> dict[str, Any]:
-    path = actor.definition.model_path or ""
+def _details(snapshot: ModelSnapshot) -> dict[str, Any]:
+    path = snapshot.definition.model_path or ""
     return {
         "parent_model": "",
-        "format": "gguf" if path.endswith(".gguf") else actor.definition.backend,
+        "format": "gguf" if path.endswith(".gguf") else snapshot.definition.backend,
         "family": "",
         "families": None,
         "parameter_size": "",
@@ -126,34 +158,87 @@ def _details(actor: ModelActor) -> dict[str, Any]:
     }
 
 
-def _digest(actor: ModelActor) -> str:
+def _digest(snapshot: ModelSnapshot) -> str:
     # Not a file digest: the identity of the configured definition.
-    return hashlib.sha256(json.dumps(actor.definition_dict(), sort_keys=True).encode()).hexdigest()
+    definition = definition_body(snapshot)
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
-def register(app: Quart, ctx: AppContext) -> None:
-    pool = ctx.pool
-    blueprint = Blueprint("ollama", __name__)
+def _tag(snapshot: ModelSnapshot) -> dict[str, Any]:
+    size = (snapshot.artifact_mib or 0) * 1024 * 1024
+    return {"name": snapshot.name, "model": snapshot.name, "modified_at": _now(), "size": size,
+            "digest": _digest(snapshot), "details": _details(snapshot)}  # fmt: skip
 
-    @blueprint.errorhandler(PoolError)
-    async def pool_error(exc: PoolError) -> Response:
-        return json_response({"error": exc.message}, exc.status)
 
-    @blueprint.errorhandler(SchemaError)
-    async def schema_error(exc: SchemaError) -> Response:
-        first = exc.errors[0] if exc.errors else None
-        where = ".".join(str(p) for p in first["loc"]) if first else "body"
-        return json_response({"error": f"{where}: {first['msg'] if first else 'invalid'}"}, 400)
+def _running(snapshot: ModelSnapshot) -> dict[str, Any]:
+    """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its VRAM."""
+    remaining = snapshot.expires_in_s
+    expires = (
+        (datetime.now(UTC) + timedelta(seconds=remaining)).isoformat().replace("+00:00", "Z")
+        if remaining is not None
+        else _FAR_FUTURE
+    )
+    return _tag(snapshot) | {
+        "expires_at": expires,
+        "size_vram": (snapshot.vram.mib or 0) * 1024 * 1024,
+    }
 
-    async def load_or_unload(
-        actor: ModelActor, keep_alive: float | str | None, **fields: Any
+
+def _show(snapshot: ModelSnapshot) -> dict[str, Any]:
+    caps = snapshot.capabilities
+    capabilities = ["completion"] + (["vision"] if "image" in caps.modalities else [])
+    if "enabled" in caps.thinking_modes:
+        capabilities.append("thinking")
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "details": _details(snapshot),
+        "model_info": definition_body(snapshot),
+        "capabilities": capabilities,
+        "modified_at": _now(),
+    }
+
+
+class _Routes:
+    """The Ollama routes; each is a method so the module reads as a list of routes."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        self.pool = ctx.pool
+
+    # -- inference ---------------------------------------------------------------
+    async def chat(self) -> Response:
+        """Ollama chat: NDJSON stream by default, ``stream: false`` for one object."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaChatRequest)
+        actor = self.pool.model(body.model)
+        if not body.messages:
+            return await self._load_or_unload(
+                actor, body.keep_alive, message={"role": "assistant", "content": ""}
+            )
+        request = chat_inference_request(body)
+        return await self._run(request, actor, body.options, body.stream, _chat_piece)
+
+    async def generate(self) -> Response:
+        """Ollama completion of one prompt (with an optional system prompt)."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaGenerateRequest)
+        actor = self.pool.model(body.model)
+        if not body.prompt and not body.images:
+            return await self._load_or_unload(actor, body.keep_alive, response="")
+        request = generate_inference_request(body)
+        return await self._run(request, actor, body.options, body.stream, _generate_piece)
+
+    async def _load_or_unload(
+        self, actor: ModelActor, keep_alive: float | str | None, **fields: Any
     ) -> Response:
         """Ollama's empty request: load the model, or unload it with keep_alive 0."""
         if keep_alive is not None and parse_keep_alive(keep_alive) == 0:
-            await pool.detached(actor.unload)
+            await self.pool.detached(actor.unload)
             reason = "unload"
         else:
-            await pool.detached(actor.load)
+            await self.pool.detached(actor.load)
             reason = "load"
         return json_response(
             {
@@ -165,62 +250,55 @@ def register(app: Quart, ctx: AppContext) -> None:
             }
         )
 
-    async def run(
-        request: ResponseRequest,
+    async def _run(
+        self,
+        request: InferenceRequest,
         actor: ModelActor,
         options: OllamaOptions,
         stream: bool,
-        shape: str,
+        piece: Callable[[str], dict[str, Any]],
     ) -> Response:
         tenant, priority = tenant_and_priority()
         hint = _load_hint(actor, options)
-
-        def piece(text: str) -> dict[str, Any]:
-            if shape == "chat":
-                return {"message": {"role": "assistant", "content": text}}
-            return {"response": text}
-
         if not stream:
-            async with pool.admit(
+            async with self.pool.admit(
                 request, tenant=tenant, priority=priority, load_hint=hint
             ) as admission:
-                await admission.collect()
+                finished = await admission.collect()
             return json_response(
                 {
                     "model": actor.name,
                     "created_at": _now(),
-                    **piece(admission.output_text),
+                    **piece(finished.text),
                     "done": True,
-                    **_stats(admission),
+                    **_stats(finished),
                 }
             )
 
-        def render(admission: Admission, event: dict[str, Any]) -> bytes | None:
-            kind = event["type"]
-            if kind == "response.output_text.delta":
+        def render(admission: Admission, event: Delta | Finished) -> bytes:
+            if type(event) is Delta:
                 line = {
                     "model": actor.name,
                     "created_at": _now(),
-                    **piece(event["delta"]),
+                    **piece(event.text),
                     "done": False,
                 }
-            elif kind == "response.completed":
+            else:
+                assert isinstance(event, Finished)
                 line = {
                     "model": actor.name,
                     "created_at": _now(),
                     **piece(""),
                     "done": True,
-                    **_stats(admission),
+                    **_stats(event),
                 }
-            else:
-                return None
             return dumps(line) + b"\n"
 
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             return dumps({"error": exc.message}) + b"\n"
 
         _, chunks = await admitted_stream(
-            pool,
+            self.pool,
             request,
             tenant=tenant,
             priority=priority,
@@ -231,128 +309,39 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.timeout = None
         return response
 
-    @blueprint.post("/api/chat")
-    async def chat() -> Response:
-        """Ollama chat: NDJSON stream by default, ``stream: false`` for one object."""
-        require(ctx, "inference")
-        body = await read_body(OllamaChatRequest)
-        actor = pool.model(body.model)
-        if not body.messages:
-            return await load_or_unload(
-                actor, body.keep_alive, message={"role": "assistant", "content": ""}
-            )
-        system = [m.content for m in body.messages if m.role == "system"]
-        turns: list[dict[str, Any]] = []
-        for m in body.messages:
-            if m.role == "system":
-                continue
-            content: Any = m.content
-            if m.images:
-                content = [{"type": "text", "text": m.content}] + [
-                    {"type": "image_url", "image_url": {"url": _image_url(i)}} for i in m.images
-                ]
-            turns.append({"role": m.role, "content": content})
-        payload: dict[str, Any] = {
-            "model": body.model,
-            "instructions": "\n\n".join(system) or None,
-            "thinking": _thinking(body.think),
-            "decoding": _decoding(body.options),
-            "keep_alive": body.keep_alive,
-        }
-        request = conversation_request(payload, turns)
-        return await run(request, actor, body.options, body.stream, "chat")
-
-    @blueprint.post("/api/generate")
-    async def generate() -> Response:
-        """Ollama completion of one prompt (with an optional system prompt)."""
-        require(ctx, "inference")
-        body = await read_body(OllamaGenerateRequest)
-        actor = pool.model(body.model)
-        if not body.prompt and not body.images:
-            return await load_or_unload(actor, body.keep_alive, response="")
-        content: Any = body.prompt
-        if body.images:
-            content = [{"type": "text", "text": body.prompt}] + [
-                {"type": "image_url", "image_url": {"url": _image_url(i)}} for i in body.images
-            ]
-        payload = {
-            "model": body.model,
-            "input": content,
-            "instructions": body.system,
-            "thinking": _thinking(body.think),
-            "decoding": _decoding(body.options),
-            "keep_alive": body.keep_alive,
-        }
-        return await run(
-            validate(ResponseRequest, payload), actor, body.options, body.stream, "generate"
-        )
-
-    def tag(actor: ModelActor) -> dict[str, Any]:
-        size = (actor.artifact_mib or 0) * 1024 * 1024
-        return {"name": actor.name, "model": actor.name, "modified_at": _now(), "size": size,
-                "digest": _digest(actor), "details": _details(actor)}  # fmt: skip
-
-    @blueprint.get("/api/tags")
-    async def tags() -> Response:
+    # -- models ------------------------------------------------------------------
+    async def tags(self) -> Response:
         """Every configured model, Ollama's list format."""
-        require(ctx, "inference")
-        return json_response({"models": [tag(a) for a in pool.models.values()]})
+        require(self.ctx, "inference")
+        return json_response({"models": [_tag(s) for s in self.pool.snapshots()]})
 
-    @blueprint.get("/api/ps")
-    async def ps() -> Response:
+    async def ps(self) -> Response:
         """Loaded models with the time their keep-alive runs out."""
-        require(ctx, "inference")
-        models = []
-        for actor in pool.models.values():
-            if actor.state != "loaded":
-                continue
-            remaining = actor.expires_in_s
-            expires = (
-                (datetime.now(UTC) + timedelta(seconds=remaining))
-                .isoformat()
-                .replace("+00:00", "Z")
-                if remaining is not None
-                else _FAR_FUTURE
-            )
-            vram, _, _ = actor.vram_estimate()
-            models.append(
-                tag(actor) | {"expires_at": expires, "size_vram": (vram or 0) * 1024 * 1024}
-            )
-        return json_response({"models": models})
+        require(self.ctx, "inference")
+        loaded = [_running(s) for s in self.pool.snapshots() if s.state == "loaded"]
+        return json_response({"models": loaded})
 
-    @blueprint.post("/api/show")
-    async def show() -> Response:
+    async def show(self) -> Response:
         """A model's definition, details and capabilities."""
-        require(ctx, "inference")
+        require(self.ctx, "inference")
         body = await read_body(OllamaModelRequest)
-        actor = pool.model(body.target)
-        caps = actor.capabilities
-        capabilities = ["completion"] + (["vision"] if "image" in caps.modalities else [])
-        if "enabled" in caps.thinking_modes:
-            capabilities.append("thinking")
-        return json_response(
-            {
-                "modelfile": "",
-                "parameters": "",
-                "template": "",
-                "details": _details(actor),
-                "model_info": actor.definition_dict(),
-                "capabilities": capabilities,
-                "modified_at": _now(),
-            }
-        )
+        return json_response(_show(self.pool.snapshot(body.target)))
 
-    @blueprint.post("/api/pull")
-    async def pull() -> Response:
+    async def version(self) -> Response:
+        return json_response({"version": __version__})
+
+    # -- pulls -------------------------------------------------------------------
+    async def pull(self) -> Response:
         """Pull a configured model from its `source`: NDJSON progress unless `stream: false`.
 
         The pull runs in the background: a client that disconnects stops watching only.
         """
-        require(ctx, "admin")
+        require(self.ctx, "admin")
         body = await read_body(OllamaModelRequest)
-        pool.pulls.pull(body.target)
+        pulls = self.pool.pulls
+        pulls.pull(body.target)
         if not body.stream:
-            async with pool.pulls.watch(body.target) as events:
+            async with pulls.watch(body.target) as events:
                 final: dict[str, Any] = {}
                 async for event in events:
                     final = event
@@ -360,7 +349,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             return json_response(_pull_line(final), status)
 
         async def lines() -> AsyncIterator[bytes]:
-            async with pool.pulls.watch(body.target) as events:
+            async with pulls.watch(body.target) as events:
                 async for event in events:
                     yield dumps(_pull_line(event)) + b"\n"
 
@@ -368,34 +357,64 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.timeout = None
         return response
 
-    @blueprint.get("/api/pull/status/<model>")
-    async def pull_status(model: str) -> Response:
+    async def pull_status(self, model: str) -> Response:
         """The current or last pull of a model."""
-        require(ctx, "admin")
-        state = pool.pulls.status(model)
+        require(self.ctx, "admin")
+        state = self.pool.pulls.status(model)
         if state is None:
             raise PoolError("not_found", f"no pull of {model!r}")
         return json_response(state)
 
-    @blueprint.delete("/api/pull/<model>")
-    async def pull_cancel(model: str) -> Response:
+    async def pull_cancel(self, model: str) -> Response:
         """Cancel a running pull; its partial files are removed."""
-        require(ctx, "admin")
-        if not await pool.pulls.cancel(model):
+        require(self.ctx, "admin")
+        if not await self.pool.pulls.cancel(model):
             raise PoolError("not_found", f"no running pull of {model!r}")
         return json_response({"model": model, "cancelled": True})
 
-    @blueprint.delete("/api/delete")
-    async def delete() -> Response:
+    async def delete(self) -> Response:
         """Remove a pulled model from the store (409 while it is loaded)."""
-        require(ctx, "admin")
+        require(self.ctx, "admin")
         body = await read_body(OllamaModelRequest)
-        if not await pool.pulls.delete(body.target):
+        if not await self.pool.pulls.delete(body.target):
             raise PoolError("not_found", f"model {body.target!r} is not in the model store")
         return json_response({})
 
-    @blueprint.get("/api/version")
-    async def version() -> Response:
-        return json_response({"version": __version__})
 
+def _chat_piece(text: str) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}}
+
+
+def _generate_piece(text: str) -> dict[str, Any]:
+    return {"response": text}
+
+
+async def _pool_error(exc: PoolError) -> Response:
+    return json_response({"error": exc.message}, exc.status)
+
+
+async def _schema_error(exc: SchemaError) -> Response:
+    first = exc.errors[0] if exc.errors else None
+    where = ".".join(str(p) for p in first["loc"]) if first else "body"
+    return json_response({"error": f"{where}: {first['msg'] if first else 'invalid'}"}, 400)
+
+
+def register(app: Quart, ctx: AppContext) -> None:
+    routes = _Routes(ctx)
+    blueprint = Blueprint("ollama", __name__)
+    blueprint.register_error_handler(PoolError, _pool_error)
+    blueprint.register_error_handler(SchemaError, _schema_error)
+    for path, view, methods in (
+        ("/api/chat", routes.chat, ["POST"]),
+        ("/api/generate", routes.generate, ["POST"]),
+        ("/api/tags", routes.tags, ["GET"]),
+        ("/api/ps", routes.ps, ["GET"]),
+        ("/api/show", routes.show, ["POST"]),
+        ("/api/version", routes.version, ["GET"]),
+        ("/api/pull", routes.pull, ["POST"]),
+        ("/api/pull/status/<model>", routes.pull_status, ["GET"]),
+        ("/api/pull/<model>", routes.pull_cancel, ["DELETE"]),
+        ("/api/delete", routes.delete, ["DELETE"]),
+    ):
+        blueprint.add_url_rule(path, view_func=view, methods=methods)
     app.register_blueprint(blueprint)

@@ -13,12 +13,13 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response
 
-from pool.actors import Admission
+from pool.actors import Admission, DecodingOverrides, Delta, Finished, InferenceRequest
+from pool.backends import ImagePart, TextPart, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
-    conversation_request,
+    chat_request,
     dumps,
     json_response,
     read_body,
@@ -26,8 +27,7 @@ from pool.http._common import (
     tenant_and_priority,
 )
 from pool.http._streaming import admitted_stream
-from pool.schemas import ChatCompletionRequest, ResponseRequest
-from pool.schemas._compat import ChatTextPart
+from pool.schemas import ChatCompletionRequest, ChatImagePart, ChatTextPart
 
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -41,9 +41,23 @@ def openai_error(status: int, code: str, message: str, param: str | None = None)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def to_response_request(body: ChatCompletionRequest) -> ResponseRequest:
+def _parts(
+    content: str | list[ChatTextPart | ChatImagePart] | None,
+) -> tuple[TextPart | ImagePart, ...]:
+    if not isinstance(content, list):
+        return (TextPart(content or ""),)
+    return tuple(
+        TextPart(p.text)
+        if isinstance(p, ChatTextPart)
+        else ImagePart(p.image_url.url, p.image_url.detail)
+        for p in content
+    )
+
+
+def inference_request(body: ChatCompletionRequest) -> InferenceRequest:
+    """System and developer messages become instructions; the rest the conversation."""
     system: list[str] = []
-    conversation: list[dict[str, Any]] = []
+    turns: list[Turn] = []
     for message in body.messages:
         content = message.content
         if message.role in ("system", "developer"):
@@ -52,28 +66,25 @@ def to_response_request(body: ChatCompletionRequest) -> ResponseRequest:
             else:
                 system.append(content or "")
             continue
-        parts = [p.model_dump() for p in content] if isinstance(content, list) else content or ""
-        conversation.append({"role": message.role, "content": parts})
-    decoding: dict[str, Any] = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "max_tokens": body.max_completion_tokens or body.max_tokens,
-        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
-    }
-    payload: dict[str, Any] = {
-        "model": body.model,
-        "instructions": "\n\n".join(system) if system else None,
-        "allow_remote": body.allow_remote,
-        "decoding": {k: v for k, v in decoding.items() if v is not None},
-    }
-    return conversation_request(payload, conversation)
+        turns.append(Turn(message.role, _parts(content)))  # type: ignore[arg-type]
+    return chat_request(
+        body.model,
+        turns,
+        instructions="\n\n".join(system) if system else None,
+        allow_remote=body.allow_remote,
+        decoding=DecodingOverrides(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        ),
+    )
 
 
-def _usage(admission: Admission) -> dict[str, int]:
-    metrics = admission.metrics
-    prompt = (metrics.engine_prompt_tokens if metrics else None) or 0
-    completion = (metrics.engine_output_tokens if metrics else None) or 0
+def _usage(finished: Finished) -> dict[str, int]:
+    prompt = finished.usage.prompt_tokens or 0
+    completion = finished.usage.output_tokens or 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -107,12 +118,12 @@ def register(app: Quart, ctx: AppContext) -> None:
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
         body = await read_body(ChatCompletionRequest)
-        request = to_response_request(body)
+        request = inference_request(body)
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
             async with pool.admit(request, tenant=tenant, priority=priority) as admission:
-                await admission.collect()
+                finished = await admission.collect()
             return json_response(
                 {
                     "id": completion_id,
@@ -122,12 +133,12 @@ def register(app: Quart, ctx: AppContext) -> None:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": admission.output_text},
+                            "message": {"role": "assistant", "content": finished.text},
                             "logprobs": None,
-                            "finish_reason": _FINISH.get(admission.finish_reason, "stop"),
+                            "finish_reason": _FINISH[finished.finish_reason],
                         }
                     ],
-                    "usage": _usage(admission),
+                    "usage": _usage(finished),
                 },
                 headers={"X-Queue-Wait-Ms": str(round(admission.queue_wait_ms))},
             )
@@ -147,26 +158,22 @@ def register(app: Quart, ctx: AppContext) -> None:
                 payload["usage"] = None
             return b"data: " + dumps(payload) + b"\n\n"
 
-        def render(admission: Admission, event: dict[str, Any]) -> bytes | None:
-            kind = event["type"]
-            if kind == "response.created":
-                return chunk({"role": "assistant", "content": ""}, None)
-            if kind == "response.output_text.delta":
-                return chunk({"content": event["delta"]}, None)
-            if kind == "response.completed":
-                out = chunk({}, _FINISH.get(admission.finish_reason, "stop"))
-                if include_usage:
-                    usage = {
-                        "id": completion_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": body.model,
-                        "choices": [],
-                        "usage": _usage(admission),
-                    }
-                    out += b"data: " + dumps(usage) + b"\n\n"
-                return out + b"data: [DONE]\n\n"
-            return None
+        def render(admission: Admission, event: Delta | Finished) -> bytes:
+            if type(event) is Delta:
+                return chunk({"content": event.text}, None)
+            assert isinstance(event, Finished)
+            out = chunk({}, _FINISH[event.finish_reason])
+            if include_usage:
+                usage = {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": body.model,
+                    "choices": [],
+                    "usage": _usage(event),
+                }
+                out += b"data: " + dumps(usage) + b"\n\n"
+            return out + b"data: [DONE]\n\n"
 
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             return b"data: " + dumps(openai_error(exc.status, exc.code, exc.message)) + b"\n\n"
@@ -178,6 +185,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             priority=priority,
             render=render,
             render_error=render_error,
+            opening=lambda _: chunk({"role": "assistant", "content": ""}, None),
         )
         response = Response(
             chunks,

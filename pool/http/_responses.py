@@ -10,12 +10,14 @@ from typing import Any
 import trio
 from quart import Quart, Response, request, websocket
 
-from pool.actors import Admission
+from pool.actors import Admission, DecodingOverrides, Delta, Failed, Finished, InferenceRequest
+from pool.backends import ImagePart, TextPart, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
     dumps,
+    error_body,
     json_response,
     parse_json,
     read_body,
@@ -26,7 +28,15 @@ from pool.http._common import (
     validate,
 )
 from pool.http._streaming import admitted_stream
-from pool.schemas import ResponseRequest
+from pool.schemas import (
+    Content,
+    DecodingRequest,
+    ImageContent,
+    OutputText,
+    ResponseEnvelope,
+    ResponseMetrics,
+    ResponseRequest,
+)
 
 log = logging.getLogger("pool.http")
 
@@ -54,16 +64,125 @@ def inference_headers(queue_wait_ms: float, gpu_ms: float | None) -> dict[str, s
     }
 
 
+def _turn(role: str, content: Content) -> Turn:
+    if isinstance(content, str):
+        return Turn(role, (TextPart(content),))  # type: ignore[arg-type]
+    parts: list[TextPart | ImagePart] = []
+    for item in content:
+        if isinstance(item, ImageContent):
+            parts.append(ImagePart(item.image_url.url, item.image_url.detail))
+        else:
+            parts.append(TextPart(item.text))
+    return Turn(role, tuple(parts))  # type: ignore[arg-type]
+
+
+def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
+    return DecodingOverrides(
+        beam_size=asked.beam_size,
+        top_k=asked.top_k,
+        top_p=asked.top_p,
+        temperature=asked.temperature,
+        repetition_penalty=asked.repetition_penalty,
+        max_tokens=asked.max_tokens,
+        stop=tuple(asked.stop or ()),
+    )
+
+
+def inference_request(body: ResponseRequest) -> InferenceRequest:
+    """The neutral request of a ``/v1/responses`` body."""
+    if body.messages is not None:
+        turns = tuple(_turn(m.role, m.content) for m in body.messages)
+    else:
+        assert body.input is not None
+        turns = (_turn("user", body.input),)
+    return InferenceRequest(
+        model=body.model,
+        turns=turns,
+        multi_turn=body.messages is not None,
+        instructions=body.instructions,
+        decoding=decoding_overrides(body.decoding),
+        thinking=body.thinking,
+        allow_remote=body.allow_remote,
+        keep_alive=body.keep_alive,
+        source_lang_code=body.source_lang_code,
+        target_lang_code=body.target_lang_code,
+    )
+
+
+def request_from_responses(body: ResponseRequest | dict[str, Any]) -> InferenceRequest:
+    """The neutral request of a Responses-format body (embedded use builds them so).
+
+    Raises:
+        pydantic.ValidationError: ``body`` is a dict that fails the schema.
+    """
+    if not isinstance(body, ResponseRequest):
+        body = ResponseRequest.model_validate(body)
+    return inference_request(body)
+
+
+def response_metrics(finished: Finished) -> ResponseMetrics:
+    t, usage = finished.timings, finished.usage
+    return ResponseMetrics(
+        backend_inference_wall_ms=t.backend_ms,
+        engine_total_wall_ms=t.engine_ms,
+        engine_outside_backend_wall_ms=t.engine_outside_backend_ms,
+        pool_total_wall_ms=t.pool_ms,
+        engine_queue_wait_ms=t.queue_wait_ms,
+        engine_tokenize_ms=t.tokenize_ms,
+        gpu_time_to_first_token_ms=t.time_to_first_token_ms,
+        gpu_generate_total_ms=t.generate_ms,
+        gpu_decode_after_first_token_ms=t.decode_after_first_token_ms,
+        engine_prompt_tokens=usage.prompt_tokens,
+        engine_output_tokens=usage.output_tokens,
+        engine_tokens_per_second=t.tokens_per_second,
+    )
+
+
+def envelope(admission: Admission, finished: Finished) -> ResponseEnvelope:
+    return ResponseEnvelope(
+        id=admission.id,
+        model=admission.model,
+        output=[OutputText(text=finished.text)],
+        output_text=finished.text,
+        finish_reason=finished.finish_reason,
+        metrics=response_metrics(finished),
+    )
+
+
+def created_event(admission: Admission) -> dict[str, Any]:
+    return {"type": "response.created", "id": admission.id, "model": admission.model}
+
+
+def finished_events(
+    admission: Admission, finished: Finished, pool_ms: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``response.metrics`` and ``response.completed``; ``pool_ms`` is the HTTP layer's
+    own measure of the whole request, when it has one, for the completed envelope."""
+    body = envelope(admission, finished)
+    metrics = {"type": "response.metrics", "metrics": body.metrics.model_dump()}
+    if pool_ms is not None:
+        body.metrics.pool_total_wall_ms = round(pool_ms, 3)
+    return metrics, {"type": "response.completed", "response": body.model_dump()}
+
+
+def error_event(exc: PoolError | SchemaError) -> dict[str, Any]:
+    body = schema_error_body(exc) if isinstance(exc, SchemaError) else error_body(exc)
+    return {"type": "error", "error": body["error"]}
+
+
 _DELTA = "response.output_text.delta"
 _DELTA_HEAD = b"event: " + _DELTA.encode() + b'\ndata: {"type":"' + _DELTA.encode() + b'","delta":'
+
+
+def sse_delta(text: str) -> bytes:
+    # Every token takes this path: the bytes of sse() without building a dict.
+    return _DELTA_HEAD + json.dumps(text, ensure_ascii=False).encode() + b"}\n\n"
 
 
 def sse(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
     if kind == _DELTA and len(event) == 2:
-        # Every token takes this path: the same bytes as below without encoding a dict.
-        text = json.dumps(event["delta"], ensure_ascii=False).encode()
-        return _DELTA_HEAD + text + b"}\n\n"
+        return sse_delta(event["delta"])
     return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
@@ -77,45 +196,55 @@ def register(app: Quart, ctx: AppContext) -> None:
         tenant, priority = tenant_and_priority()
         cache_headers_in()
         body = await read_body(ResponseRequest)
+        request = inference_request(body)
         started = time.perf_counter()
         rid = request_id()
+
+        def elapsed_ms() -> float:
+            return (time.perf_counter() - started) * 1000
+
         if not body.stream:
-            async with pool.admit(body, tenant=tenant, priority=priority) as admission:
-                envelope = await admission.collect()
-            envelope.metrics.pool_total_wall_ms = round((time.perf_counter() - started) * 1000, 3)
-            headers = inference_headers(
-                admission.queue_wait_ms, envelope.metrics.backend_inference_wall_ms
-            )
+            async with pool.admit(request, tenant=tenant, priority=priority) as admission:
+                finished = await admission.collect()
+            reply = envelope(admission, finished)
+            reply.metrics.pool_total_wall_ms = round(elapsed_ms(), 3)
+            headers = inference_headers(admission.queue_wait_ms, finished.timings.backend_ms)
             headers.update(pool.rate_limiter.headers(tenant))
             log.info(
                 "request_id=%s model=%s tenant=%s status=200 ms=%.1f",
                 rid,
                 body.model,
                 tenant,
-                (time.perf_counter() - started) * 1000,
+                elapsed_ms(),
             )
-            return json_response(envelope.model_dump(), headers=headers)
+            return json_response(reply.model_dump(), headers=headers)
 
-        def render(admission: Admission, event: dict[str, Any]) -> bytes:
-            if event["type"] == "response.completed":
-                event["response"]["metrics"]["pool_total_wall_ms"] = round(
-                    (time.perf_counter() - started) * 1000, 3
-                )
-                log.info(
-                    "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
-                    rid,
-                    body.model,
-                    tenant,
-                    (time.perf_counter() - started) * 1000,
-                )
-            return sse(event)
+        def render(admission: Admission, event: Delta | Finished) -> bytes:
+            if type(event) is Delta:
+                return sse_delta(event.text)
+            assert isinstance(event, Finished)
+            metrics, completed = finished_events(admission, event, elapsed_ms())
+            log.info(
+                "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
+                rid,
+                body.model,
+                tenant,
+                elapsed_ms(),
+            )
+            return sse(metrics) + sse(completed)
 
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             log.info("request_id=%s model=%s stream=true error=%s", rid, body.model, exc.code)
-            return sse({"type": "error", "error": exc.body()["error"]})
+            return sse(error_event(exc))
 
         admission, chunks = await admitted_stream(
-            pool, body, tenant=tenant, priority=priority, render=render, render_error=render_error
+            pool,
+            request,
+            tenant=tenant,
+            priority=priority,
+            render=render,
+            render_error=render_error,
+            opening=lambda admission: sse(created_event(admission)),
         )
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -131,7 +260,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             tenant, priority = tenant_and_priority()
         except PoolError as exc:
             await websocket.accept()
-            await websocket.send(json.dumps({"type": "error", "error": exc.body()["error"]}))
+            await websocket.send(json.dumps(error_event(exc)))
             await websocket.close(1008)
             return
         await websocket.accept()
@@ -153,19 +282,22 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
     async def send(event: dict[str, Any]) -> None:
         await outgoing_send.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
 
-    async def send_error(exc: PoolError | SchemaError) -> None:
-        body = schema_error_body(exc) if isinstance(exc, SchemaError) else exc.body()
-        await send({"type": "error", "error": body["error"]})
-
-    async def run_one(body: ResponseRequest) -> None:
+    async def run_one(request: InferenceRequest) -> None:
         with trio.CancelScope() as scope:
             running.append(scope)
             try:
-                async with ctx.pool.admit(body, tenant=tenant, priority=priority) as admission:
+                async with ctx.pool.admit(request, tenant=tenant, priority=priority) as admission:
+                    await send(created_event(admission))
                     async for event in admission.events():
-                        await send(event)
+                        if type(event) is Delta:
+                            await send({"type": _DELTA, "delta": event.text})
+                        elif isinstance(event, Finished):
+                            for done in finished_events(admission, event):
+                                await send(done)
+                        elif isinstance(event, Failed):
+                            await send(error_event(event.error))
             except PoolError as exc:
-                await send_error(exc)
+                await send(error_event(exc))
             finally:
                 running.remove(scope)
         if scope.cancelled_caught:
@@ -180,7 +312,9 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
                     if running:
                         running[0].cancel()
                     else:
-                        await send_error(PoolError("invalid_request", "no request is running"))
+                        await send(
+                            error_event(PoolError("invalid_request", "no request is running"))
+                        )
                     continue
                 if running:
                     raise PoolError(
@@ -188,11 +322,11 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
                     )
                 if isinstance(data, dict):
                     data.pop("type", None)
-                body = validate(ResponseRequest, data)
+                request = inference_request(validate(ResponseRequest, data))
             except (PoolError, SchemaError) as exc:
-                await send_error(exc)
+                await send(error_event(exc))
                 continue
-            nursery.start_soon(run_one, body)
+            nursery.start_soon(run_one, request)
 
     try:
         async with trio.open_nursery() as nursery:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import socket
 from typing import Any
 
 from quart import Quart, Response
 
+from pool._version import __version__
+from pool.actors import LoadTask, ModelSnapshot, PoolHealth
 from pool.actors._tasks import CONTEXT_FIELD
 from pool.errors import PoolError
 from pool.http._common import AppContext, json_response, read_body, require
@@ -24,6 +28,95 @@ def authorize_lifecycle(ctx: AppContext, token: Any, operation: str, model: str 
     require(ctx, "admin")
 
 
+def health_body(health: PoolHealth) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "status": "healthy" if health.serving else "unhealthy",
+        "uptime": round(health.uptime_s),
+        "modelsLoaded": health.models_loaded,
+        "queueDepth": health.queue_depth,
+    }
+    if health.reason is not None:
+        body["reason"] = health.reason
+    return body
+
+
+def load_task_body(task: LoadTask) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "taskId": task.task_id,
+        "status": task.status,
+        "modelId": task.model,
+        "createdAt": math.floor(task.created_at),
+        "progress": 1.0 if task.status == "completed" else 0.0,
+    }
+    if task.evict:
+        body["evictModel"] = task.evict
+    if task.load_time_ms is not None:
+        body["loadTimeMs"] = round(task.load_time_ms)
+    if task.status == "completed":
+        body["gpuMemoryUsedMB"] = task.gpu_memory_used_mb
+    if task.error is not None:
+        body["error"] = task.error
+        body["errorCode"] = task.error_code
+    return body
+
+
+def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
+    return {
+        "id": snapshot.name,
+        "backend": snapshot.definition.backend,
+        "contextLength": snapshot.context_length,
+        "loadedAt": round(snapshot.loaded_at_wall or 0),
+        "gpuMemoryMB": snapshot.vram.mib,
+        "replicas": snapshot.loaded_replicas,
+    }
+
+
+def capabilities_body(ctx: AppContext) -> dict[str, Any]:
+    """The runner descriptor of ``GET /v1/capabilities``."""
+    pool = ctx.pool
+    snapshots = pool.snapshots()
+    view = pool.gpus.view()
+    gpus = view.gpus
+    queue = pool.queue_stats()
+    health = pool.health()
+    return {
+        "runnerType": f"llm-pool-{__version__}",
+        "runnerId": ctx.settings.service.runner_id or socket.gethostname(),
+        "models": {
+            "loaded": [_loaded_model(s) for s in snapshots if s.state == "loaded"],
+            "loading": [
+                {"id": s.name, "progress": None, "eta": None}
+                for s in snapshots
+                if s.state == "loading"
+            ],
+            "available": [s.name for s in snapshots if s.state in ("unloaded", "failed")],
+        },
+        "resources": {
+            "gpuIds": [g.index for g in gpus],
+            "gpuMemoryTotalMB": sum(g.total_mib for g in gpus),
+            "gpuMemoryUsedMB": sum(g.used_mib for g in gpus),
+            "gpuMemoryFreeMB": sum(g.total_mib - g.used_mib for g in gpus),
+            "error": None if gpus else view.error,
+        },
+        "queue": {
+            "depth": queue.depth,
+            "maxDepth": queue.max_depth,
+            "avgWaitMs": round(queue.avg_wait_ms, 1),
+            "p95WaitMs": round(queue.p95_wait_ms, 1),
+        },
+        "capabilities": {
+            "streaming": True,
+            "prefixCaching": False,
+            "multiTenant": True,
+            "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
+            "audioInput": False,
+            "functionCalling": False,
+        },
+        "health": "healthy" if health.serving else "unhealthy",
+        "healthReason": health.reason,
+    }
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
 
@@ -31,7 +124,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def capabilities() -> Response:
         """What this runner serves and how busy it is."""
         require(ctx, "inference")
-        body = pool.capabilities()
+        body = capabilities_body(ctx)
         return json_response(body, 200 if body["health"] == "healthy" else 503)
 
     @app.post("/v1/models/load")
@@ -55,7 +148,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                 )
             overrides[field] = body.maxContextLength
         if body.gpuMemoryBudgetMB is not None:
-            estimate, _, _ = actor.vram_estimate()
+            estimate = actor.vram_estimate().mib
             if estimate is not None and estimate > body.gpuMemoryBudgetMB:
                 raise PoolError(
                     "invalid_load_request",
@@ -63,13 +156,13 @@ def register(app: Quart, ctx: AppContext) -> None:
                     f" {body.gpuMemoryBudgetMB} MiB",
                 )
         task = pool.start_load_task(body.modelId, overrides, body.evictModel)
-        return json_response(task.as_dict() | {"eta": None}, 202)
+        return json_response(load_task_body(task) | {"eta": None}, 202)
 
     @app.get("/v1/models/load/<task_id>")
     async def runner_load_status(task_id: str) -> Response:
         """The state of a load task: loading, completed or failed, with timings."""
         require(ctx, "admin")
-        return json_response(pool.load_tasks.get(task_id).as_dict())
+        return json_response(load_task_body(pool.load_tasks.get(task_id)))
 
     @app.post("/v1/models/unload")
     async def runner_unload() -> Response:
@@ -77,14 +170,14 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = await read_body(RunnerUnloadRequest)
         authorize_lifecycle(ctx, body.verifiedOpToken, "model-unload", body.modelId)
         actor = pool.model(body.modelId)
-        freed, _, source = actor.vram_estimate()
-        was_loaded = actor.state == "loaded"
+        before = actor.snapshot()
+        was_loaded = before.state == "loaded"
         await pool.detached(actor.unload)
         return json_response(
             {
                 "modelId": body.modelId,
-                "gpuMemoryFreedMB": freed if was_loaded else 0,
-                "gpuMemoryFreedSource": source,
+                "gpuMemoryFreedMB": before.vram.mib if was_loaded else 0,
+                "gpuMemoryFreedSource": before.vram.source,
                 "kvCacheFlushed": was_loaded,
             }
         )
@@ -103,13 +196,19 @@ def register(app: Quart, ctx: AppContext) -> None:
         result = await pool.flush_cache(
             body.scope, model=body.modelId, tenant=body.tenantId, tag=body.tag
         )
-        return json_response(result)
+        return json_response(
+            {
+                "flushed": True,
+                "entriesRemoved": result.entries_removed,
+                "memoryFreedMB": round(result.memory_freed_mib),
+            }
+        )
 
     @app.get("/health")
     async def health() -> Response:
         """200 while serving; 503 with the reason when every model failed or on shutdown."""
-        healthy, body = pool.health()
-        return json_response(body, 200 if healthy else 503)
+        health = pool.health()
+        return json_response(health_body(health), 200 if health.serving else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -9,8 +9,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from pool.actors import Pool, open_pool
-from pool.actors._gpu import GpuMonitor
+from pool.actors import GpuMonitor, Pool, open_pool
 from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
@@ -58,11 +57,22 @@ async def serve(
             " address can run and unload models. Set service.auth or LLM_POOL_API_TOKENS. !!!",
             host,
         )
-    async with open_pool(settings) as pool, trio.open_nursery() as nursery:
-        gpu = GpuMonitor()
-        await nursery.start(gpu.run)
-        pool.gpu_snapshot = gpu.snapshot
-        pool.gpu_error = lambda: gpu.error
+    async with trio.open_nursery() as monitors:
+        gpus = await monitors.start(GpuMonitor().run)
+        async with open_pool(settings, gpus=gpus) as pool:
+            await _serve_pool(pool, settings, host, port, auth, task_status)
+        monitors.cancel_scope.cancel()
+
+
+async def _serve_pool(
+    pool: Pool,
+    settings: Settings,
+    host: str,
+    port: int,
+    auth: Authenticator,
+    task_status: trio.TaskStatus[ServerInfo],
+) -> None:
+    async with trio.open_nursery() as nursery:
         config = Config()
         config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         config.graceful_timeout = settings.service.shutdown_grace_s

@@ -2,11 +2,15 @@
 
 from pool.schemas._compat import (
     ChatCompletionRequest,
+    ChatImagePart,
+    ChatTextPart,
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaModelRequest,
+    OllamaOptions,
 )
 from pool.schemas._responses import (
+    Content,
     ContentItem,
     DecodingRequest,
     ImageContent,
@@ -22,6 +26,9 @@ from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnl
 __all__ = [
     "CacheFlushRequest",
     "ChatCompletionRequest",
+    "ChatImagePart",
+    "ChatTextPart",
+    "Content",
     "ContentItem",
     "DecodingRequest",
     "ImageContent",
@@ -29,6 +36,7 @@ __all__ = [
     "OllamaChatRequest",
     "OllamaGenerateRequest",
     "OllamaModelRequest",
+    "OllamaOptions",
     "OutputText",
     "ResponseEnvelope",
     "ResponseMetrics",

@@ -36,7 +36,7 @@ class ChatMessage(_Lenient):
         Text
         | Annotated[
             list[Annotated[ChatTextPart | ChatImagePart, Field(discriminator="type")]],
-            Field(max_length=MAX_ITEMS),
+            Field(min_length=1, max_length=MAX_ITEMS),
         ]
         | None
     ) = None

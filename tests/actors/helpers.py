@@ -6,9 +6,8 @@ from typing import Any
 
 import trio
 
-from pool import Pool, PoolError
+from pool import InferenceRequest, Pool, PoolError, request_from_responses
 from pool.config import Settings, build_settings
-from pool.schemas import ResponseRequest
 
 
 def stub_settings(models: dict[str, dict[str, Any]], **engine: Any) -> Settings:
@@ -17,8 +16,8 @@ def stub_settings(models: dict[str, dict[str, Any]], **engine: Any) -> Settings:
     )
 
 
-def ask(model: str, text: str = "hello world", **fields: Any) -> ResponseRequest:
-    return ResponseRequest.model_validate({"model": model, "input": text, **fields})
+def ask(model: str, text: str = "hello world", **fields: Any) -> InferenceRequest:
+    return request_from_responses({"model": model, "input": text, **fields})
 
 
 class Outcome:
@@ -31,10 +30,10 @@ class Outcome:
         self.finished_at: float | None = None
 
 
-async def run_request(pool: Pool, request: ResponseRequest, outcome: Outcome, **kw: Any) -> None:
+async def run_request(pool: Pool, request: InferenceRequest, outcome: Outcome, **kw: Any) -> None:
     try:
-        envelope = await pool.respond(request, **kw)
-        outcome.text = envelope.output_text
+        reply = await pool.respond(request, **kw)
+        outcome.text = reply.text
     except PoolError as exc:
         outcome.error = exc
     finally:

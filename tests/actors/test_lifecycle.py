@@ -20,7 +20,7 @@ async def test_load_and_unload_transitions(autojump_clock: trio.abc.Clock) -> No
     settings = stub_settings({"m": {"stub_load_seconds": 2, "stub_unload_seconds": 1}})
     async with open_pool(settings) as pool, trio.open_nursery() as nursery:
         actor = pool.model("m")
-        assert actor.row()["runtime_state"] == "unloaded"
+        assert actor.snapshot().state == "unloaded"
         seen: list[str] = []
 
         async def watch() -> None:
@@ -31,9 +31,9 @@ async def test_load_and_unload_transitions(autojump_clock: trio.abc.Clock) -> No
         nursery.start_soon(watch)
         await trio.testing.wait_all_tasks_blocked()
         row = await pool.load("m")
-        assert row["runtime_state"] == "loaded" and row["is_loaded"] and row["loaded_replicas"] == 1
+        assert row.state == "loaded" and (row.state == "loaded") and row.loaded_replicas == 1
         row = await pool.unload("m")
-        assert row["runtime_state"] == "unloaded" and row["loaded_replicas"] == 0
+        assert row.state == "unloaded" and row.loaded_replicas == 0
         await trio.testing.wait_all_tasks_blocked()
         assert seen == ["loading", "loaded", "unloading", "unloaded"]
         nursery.cancel_scope.cancel()
@@ -44,10 +44,10 @@ async def test_startup_loads_enabled_models_and_survives_a_failure() -> None:
         {"good": {"enabled": True}, "bad": {"enabled": True, "stub_fail_load": True}, "off": {}}
     )
     async with open_pool(settings) as pool:
-        states = {r["name"]: r["runtime_state"] for r in pool.rows()}
+        states = {r.name: r.state for r in pool.snapshots()}
         assert states == {"good": "loaded", "bad": "failed", "off": "unloaded"}
-        assert "stub_fail_load" in pool.status("bad")["last_error"]
-        assert (await pool.respond(ask("good", "still serving"))).output_text == "still serving"
+        assert "stub_fail_load" in pool.snapshot("bad").last_error
+        assert (await pool.respond(ask("good", "still serving"))).text == "still serving"
         with pytest.raises(PoolError) as info:
             await pool.respond(ask("bad"))
         assert info.value.code == "model_failed" and info.value.status == 409
@@ -59,12 +59,12 @@ async def test_failed_model_can_be_loaded_again() -> None:
             await pool.load("m")
         assert info.value.code == "load_failed" and info.value.status == 500
         assert info.value.details["last_error"]
-        assert pool.status("m")["runtime_state"] == "failed"
+        assert pool.snapshot("m").state == "failed"
         # The operator fixes the cause (here: the definition) and loads again.
         actor = pool.model("m")
         actor.definition = actor.definition.model_copy(update={"stub_fail_load": False})
         row = await pool.load("m")
-        assert row["runtime_state"] == "loaded" and row["last_error"] is None
+        assert row.state == "loaded" and row.last_error is None
 
 
 async def test_load_is_idempotent_while_loading_and_loaded(autojump_clock: trio.abc.Clock) -> None:
@@ -76,11 +76,11 @@ async def test_load_is_idempotent_while_loading_and_loaded(autojump_clock: trio.
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(load)
-            await wait_until(lambda: pool.status("m")["runtime_state"] == "loading")
+            await wait_until(lambda: pool.snapshot("m").state == "loading")
             nursery.start_soon(load)
-        assert [r["runtime_state"] for r in rows] == ["loaded", "loaded"]
+        assert [r.state for r in rows] == ["loaded", "loaded"]
         assert pool.model("m").load_count == 1
-        assert (await pool.load("m"))["runtime_state"] == "loaded"
+        assert (await pool.load("m")).state == "loaded"
         assert pool.model("m").load_count == 1
 
 
@@ -90,8 +90,8 @@ async def test_overrides_or_replicas_while_loaded_are_rejected() -> None:
         with pytest.raises(PoolError) as info:
             await pool.load("m", {"replicas": 2})
         assert info.value.code == "invalid_load_request"
-        row = pool.status("m")
-        assert row["runtime_state"] == "loaded" and row["loaded_replicas"] == 1
+        row = pool.snapshot("m")
+        assert row.state == "loaded" and row.loaded_replicas == 1
 
 
 async def test_load_while_unloading_is_a_conflict(autojump_clock: trio.abc.Clock) -> None:
@@ -99,20 +99,20 @@ async def test_load_while_unloading_is_a_conflict(autojump_clock: trio.abc.Clock
         await pool.load("m")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.unload, "m")
-            await wait_until(lambda: pool.status("m")["runtime_state"] == "unloading")
+            await wait_until(lambda: pool.snapshot("m").state == "unloading")
             with pytest.raises(PoolError) as info:
                 await pool.load("m")
             assert info.value.code == "model_unloading" and info.value.status == 409
             # A second unload is fine and returns once the model is unloaded.
-            assert (await pool.unload("m"))["runtime_state"] == "unloaded"
+            assert (await pool.unload("m")).state == "unloaded"
 
 
 async def test_unload_of_unloaded_or_failed_model_is_ok() -> None:
     async with open_pool(stub_settings({"m": {}, "f": {"stub_fail_load": True}})) as pool:
-        assert (await pool.unload("m"))["runtime_state"] == "unloaded"
+        assert (await pool.unload("m")).state == "unloaded"
         with pytest.raises(PoolError):
             await pool.load("f")
-        assert (await pool.unload("f"))["runtime_state"] == "failed"
+        assert (await pool.unload("f")).state == "failed"
 
 
 async def test_unknown_model() -> None:
@@ -137,7 +137,7 @@ async def test_requests_rejected_by_state(
     async with open_pool(settings) as pool, trio.open_nursery() as nursery:
         if state_setup == "loading":
             nursery.start_soon(pool.load, "m")
-            await wait_until(lambda: pool.status("m")["runtime_state"] == "loading")
+            await wait_until(lambda: pool.snapshot("m").state == "loading")
         with pytest.raises(PoolError) as info:
             await pool.respond(ask("m"))
         assert info.value.code == code
@@ -152,9 +152,9 @@ async def test_unload_cancels_queued_and_drains_running(autojump_clock: trio.abc
         running, queued = Outcome(), Outcome()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_request, pool, ask("m"), running)
-            await wait_until(lambda: pool.status("m")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("m").running == 1)
             nursery.start_soon(run_request, pool, ask("m"), queued)
-            await wait_until(lambda: pool.status("m")["queue_depth"] == 1)
+            await wait_until(lambda: pool.snapshot("m").queue_depth == 1)
             unload_started = trio.current_time()
             nursery.start_soon(pool.unload, "m")
             await wait_until(lambda: queued.done.is_set())
@@ -163,12 +163,12 @@ async def test_unload_cancels_queued_and_drains_running(autojump_clock: trio.abc
             with pytest.raises(PoolError) as info:
                 await pool.respond(ask("m"))
             assert info.value.code == "model_unloading"
-            assert pool.status("m")["runtime_state"] == "unloading"
+            assert pool.snapshot("m").state == "unloading"
         assert running.text == "a b c d e f g h"
         assert running.finished_at is not None and running.finished_at > unload_started
-        row = pool.status("m")
-        assert row["runtime_state"] == "unloaded"
-        assert row["runtime_inflight"] == row["queue_depth"] == row["inflight_requests"] == 0
+        row = pool.snapshot("m")
+        assert row.state == "unloaded"
+        assert row.running == row.queue_depth == 0
 
 
 class _FlakyBackend(StubBackend):
@@ -204,9 +204,9 @@ async def test_multi_replica_load_is_all_or_nothing(
         with pytest.raises(PoolError) as info:
             await pool.load("m")
         assert "replica 2 has no device" in info.value.message
-        row = pool.status("m")
-        assert row["runtime_state"] == "failed" and row["loaded_replicas"] == 0
-        assert "replica 2 has no device" in row["last_error"]
+        row = pool.snapshot("m")
+        assert row.state == "failed" and row.loaded_replicas == 0
+        assert "replica 2 has no device" in row.last_error
         assert flaky.opened == [0, 1] and sorted(flaky.closed) == [0, 1]
 
 
@@ -215,11 +215,11 @@ async def test_replicas_per_load_within_replica_max() -> None:
         with pytest.raises(PoolError) as info:
             await pool.load("m", {"replicas": 4})
         assert info.value.code == "invalid_load_request"
-        assert pool.status("m")["runtime_state"] == "unloaded"
+        assert pool.snapshot("m").state == "unloaded"
         row = await pool.load("m", LoadRequest(replicas=3))
-        assert row["replicas"] == row["loaded_replicas"] == 3
+        assert row.replicas == row.loaded_replicas == 3
         row = await pool.unload("m")
-        assert row["replicas"] == 1  # back to the configured default
+        assert row.replicas == 1  # back to the configured default
 
 
 async def test_closing_the_pool_ends_open_requests_in_bounded_time(
@@ -235,7 +235,7 @@ async def test_closing_the_pool_ends_open_requests_in_bounded_time(
             await pool.load("m")
             for outcome in outcomes:
                 outside.start_soon(run_request, pool, ask("m"), outcome)
-            await wait_until(lambda: pool.status("m")["inflight_requests"] == 2)
+            await wait_until(lambda: pool.snapshot("m").inflight_requests == 2)
             closed_at = trio.current_time()
         with trio.fail_after(5):
             for outcome in outcomes:
@@ -293,11 +293,11 @@ async def test_a_runtime_that_dies_fails_the_model(
         async with trio.open_nursery() as nursery:
             for outcome in outcomes:
                 nursery.start_soon(run_request, pool, ask("m"), outcome)
-            await wait_until(lambda: pool.status("m")["queue_depth"] == 1)
+            await wait_until(lambda: pool.snapshot("m").queue_depth == 1)
             dying.died.set()
-        row = pool.status("m")
-        assert row["runtime_state"] == "failed" and "out of memory" in row["last_error"]
-        assert row["loaded_replicas"] == row["runtime_inflight"] == row["queue_depth"] == 0
+        row = pool.snapshot("m")
+        assert row.state == "failed" and "out of memory" in row.last_error
+        assert row.loaded_replicas == row.running == row.queue_depth == 0
         codes = sorted(o.error.code for o in outcomes if o.error is not None)
         assert codes == ["backend_error", "backend_error", "model_failed"]
         assert len(dying.closes) == 2  # both replicas released, despite close() raising
@@ -306,5 +306,5 @@ async def test_a_runtime_that_dies_fails_the_model(
         assert info.value.code == "model_failed"
         # The rest of the pool is untouched and the model can be loaded again.
         await pool.load("other")
-        assert (await pool.respond(ask("other", "fine"))).output_text == "fine"
-        assert (await pool.load("m"))["runtime_state"] == "loaded"
+        assert (await pool.respond(ask("other", "fine"))).text == "fine"
+        assert (await pool.load("m")).state == "loaded"

@@ -41,7 +41,7 @@ def test_bad_keep_alive_is_invalid_request(value: object) -> None:
 async def test_first_request_loads_once_and_waits(autojump_clock: trio.abc.Clock) -> None:
     settings = stub_settings({"m": {"on_demand": True, "stub_load_seconds": 3}})
     async with open_pool(settings) as pool:
-        assert pool.status("m")["runtime_state"] == "unloaded"
+        assert pool.snapshot("m").state == "unloaded"
         assert "m" in pool.servable_models()
         outcomes = [Outcome() for _ in range(3)]
         async with trio.open_nursery() as nursery:
@@ -49,7 +49,7 @@ async def test_first_request_loads_once_and_waits(autojump_clock: trio.abc.Clock
                 nursery.start_soon(run_request, pool, ask("m", f"hi {i}"), outcome)
         assert [o.text for o in outcomes] == ["hi 0", "hi 1", "hi 2"]
         assert pool.model("m").load_count == 1
-        assert pool.status("m")["runtime_state"] == "loaded"
+        assert pool.snapshot("m").state == "loaded"
 
 
 async def test_keep_alive_from_config_unloads_after_idle(autojump_clock: trio.abc.Clock) -> None:
@@ -60,12 +60,12 @@ async def test_keep_alive_from_config_unloads_after_idle(autojump_clock: trio.ab
         await trio.testing.wait_all_tasks_blocked()  # the replica's job has wrapped up
         assert pool.model("m").expires_in_s == pytest.approx(300)
         await trio.sleep(299)
-        assert pool.status("m")["runtime_state"] == "loaded"
+        assert pool.snapshot("m").state == "loaded"
         await pool.model("m").wait_state_change()  # unloading
-        await wait_until(lambda: pool.status("m")["runtime_state"] == "unloaded")
+        await wait_until(lambda: pool.snapshot("m").state == "unloaded")
         assert trio.current_time() - done_at == pytest.approx(300, abs=0.1)
         # The next request loads it again.
-        assert (await pool.respond(ask("m", "again"))).output_text == "again"
+        assert (await pool.respond(ask("m", "again"))).text == "again"
         assert pool.model("m").load_count == 2
 
 
@@ -75,9 +75,9 @@ async def test_activity_restarts_the_idle_timer(autojump_clock: trio.abc.Clock) 
         for _ in range(5):
             await pool.respond(ask("m"))
             await trio.sleep(60)
-        assert pool.status("m")["runtime_state"] == "loaded"
+        assert pool.snapshot("m").state == "loaded"
         await trio.sleep(41)
-        assert pool.status("m")["runtime_state"] == "unloaded"
+        assert pool.snapshot("m").state == "unloaded"
         assert pool.model("m").load_count == 1
 
 
@@ -85,10 +85,10 @@ async def test_request_keep_alive_overrides(autojump_clock: trio.abc.Clock) -> N
     settings = stub_settings({"m": {"on_demand": True, "keep_alive": "5m"}})
     async with open_pool(settings) as pool:
         await pool.respond(ask("m", keep_alive=0))
-        await wait_until(lambda: pool.status("m")["runtime_state"] == "unloaded")
+        await wait_until(lambda: pool.snapshot("m").state == "unloaded")
         await pool.respond(ask("m", keep_alive=-1))
         await trio.sleep(7 * 24 * 3600)
-        assert pool.status("m")["runtime_state"] == "loaded"
+        assert pool.snapshot("m").state == "loaded"
         assert pool.model("m").expires_in_s is None
 
 
@@ -99,7 +99,7 @@ async def test_pinned_keep_alive_ignores_client(autojump_clock: trio.abc.Clock) 
     async with open_pool(settings) as pool:
         await pool.respond(ask("m", keep_alive=-1))
         await trio.sleep(61)
-        assert pool.status("m")["runtime_state"] == "unloaded"
+        assert pool.snapshot("m").state == "unloaded"
 
 
 async def test_failed_on_demand_load_fails_waiting_requests(autojump_clock: trio.abc.Clock) -> None:
@@ -108,7 +108,7 @@ async def test_failed_on_demand_load_fails_waiting_requests(autojump_clock: trio
         with pytest.raises(PoolError) as info:
             await pool.respond(ask("m"))
         assert info.value.code == "model_failed"
-        assert pool.status("m")["runtime_state"] == "failed"
+        assert pool.snapshot("m").state == "failed"
 
 
 async def test_eviction_takes_idle_models_only(autojump_clock: trio.abc.Clock) -> None:
@@ -129,16 +129,16 @@ async def test_eviction_takes_idle_models_only(autojump_clock: trio.abc.Clock) -
         running = Outcome()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_request, pool, ask("a"), running)
-            await wait_until(lambda: pool.status("a")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("a").running == 1)
             # b does not fit: `pinned` may not go and `a` is busy, so b waits for a.
             reply = await pool.respond(ask("b", "bee"))
-            assert reply.output_text == "bee"
+            assert reply.text == "bee"
             assert running.text == "a a a a"  # a's request was never cut
-        assert pool.status("a")["runtime_state"] == "unloaded"
-        assert pool.status("pinned")["runtime_state"] == "loaded"
+        assert pool.snapshot("a").state == "unloaded"
+        assert pool.snapshot("pinned").state == "loaded"
         # Now a comes back and b, idle, is the one evicted.
-        assert (await pool.respond(ask("a"))).output_text == "a a a a"
-        assert pool.status("b")["runtime_state"] == "unloaded"
+        assert (await pool.respond(ask("a"))).text == "a a a a"
+        assert pool.snapshot("b").state == "unloaded"
 
 
 async def test_eviction_prefers_low_priority_then_least_recent(
@@ -158,8 +158,8 @@ async def test_eviction_prefers_low_priority_then_least_recent(
             await pool.respond(ask(name))
             await trio.sleep(1)
         await pool.respond(ask("next"))
-        assert pool.status("low")["runtime_state"] == "unloaded"
+        assert pool.snapshot("low").state == "unloaded"
         # Among equal priorities the least recently used goes.
         await pool.respond(ask("low"))
-        states = {r["name"]: r["runtime_state"] for r in pool.rows()}
+        states = {r.name: r.state for r in pool.snapshots()}
         assert states == {"old": "unloaded", "low": "loaded", "new": "loaded", "next": "loaded"}

@@ -230,7 +230,7 @@ async def test_pull_streams_progress_and_the_pulled_gguf_serves(
         reply = await pool.respond(
             ask("smol", "What is the capital of France?", decoding={"temperature": 0})
         )
-        assert "Paris" in reply.output_text
+        assert "Paris" in reply.text
 
 
 async def test_a_pull_outlives_its_watcher_and_is_joined_not_repeated(
@@ -568,7 +568,7 @@ async def test_cancel_removes_partials_while_other_models_keep_serving(
         # Inference on another model goes on during the pull.
         with trio.fail_after(2):
             for _ in range(5):
-                assert (await pool.respond(ask("other", "still here"))).output_text == "still here"
+                assert (await pool.respond(ask("other", "still here"))).text == "still here"
         assert not handle.done
         assert await pool.pulls.cancel("slow")
         assert pool.pulls.status("slow")["status"] == "cancelled"
@@ -706,7 +706,7 @@ async def test_a_broken_pull_is_an_error_not_a_crash(
         final = await _final(pool, "m")
         assert final["status"] == "error" and "RuntimeError: boom" in final["error"]
         await pool.load("m")
-        assert (await pool.respond(ask("m", "alive"))).output_text == "alive"
+        assert (await pool.respond(ask("m", "alive"))).text == "alive"
 
 
 async def test_a_running_pull_cannot_switch_source(tmp_path: Path, files: FileServer) -> None:

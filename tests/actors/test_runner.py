@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
+from pool.actors import FlushResult
 from pool.config import build_settings
 
 from .helpers import ask, stub_settings, wait_until
@@ -17,22 +18,21 @@ async def test_load_task_runs_in_background_and_evicts_first(
     settings = stub_settings({"a": {"enabled": True}, "b": {"stub_load_seconds": 4}})
     async with open_pool(settings) as pool:
         task = pool.start_load_task("b", evict="a")
-        assert task.as_dict()["status"] == "loading"
+        assert task.status == "loading"
         await task.done.wait()
-        body = pool.load_tasks.get(task.task_id).as_dict()
-        assert body["status"] == "completed" and body["modelId"] == "b"
-        assert body["loadTimeMs"] == pytest.approx(4000, abs=5)
-        assert pool.status("a")["runtime_state"] == "unloaded"
-        assert pool.status("b")["runtime_state"] == "loaded"
+        done = pool.load_tasks.get(task.task_id)
+        assert done.status == "completed" and done.model == "b"
+        assert done.load_time_ms == pytest.approx(4000, abs=5)
+        assert pool.snapshot("a").state == "unloaded"
+        assert pool.snapshot("b").state == "loaded"
 
 
 async def test_failed_load_task_reports_the_error() -> None:
     async with open_pool(stub_settings({"m": {"stub_fail_load": True}})) as pool:
         task = pool.start_load_task("m")
         await task.done.wait()
-        body = task.as_dict()
-        assert body["status"] == "failed" and body["errorCode"] == "load_failed"
-        assert "stub_fail_load" in body["error"]
+        assert task.status == "failed" and task.error_code == "load_failed"
+        assert task.error is not None and "stub_fail_load" in task.error
 
 
 async def test_bad_load_task_requests_fail_at_once() -> None:
@@ -56,37 +56,33 @@ async def test_health_and_capabilities(autojump_clock: trio.abc.Clock) -> None:
     async with open_pool(
         stub_settings({"ok": {"enabled": True}, "bad": {"stub_fail_load": True}})
     ) as pool:
-        healthy, body = pool.health()
-        assert healthy and body["modelsLoaded"] == 1
+        health = pool.health()
+        assert health.serving and health.models_loaded == 1
         await pool.respond(ask("ok"))
-        caps = pool.capabilities()
-        assert [m["id"] for m in caps["models"]["loaded"]] == ["ok"]
-        assert caps["models"]["available"] == ["bad"]
-        assert caps["queue"]["depth"] == 0 and caps["queue"]["p95WaitMs"] >= 0
-        assert caps["resources"]["gpuIds"] == [] and caps["resources"]["error"]
-        assert caps["health"] == "healthy"
+        states = {s.name: s.state for s in pool.snapshots()}
+        assert states == {"ok": "loaded", "bad": "unloaded"}
+        queue = pool.queue_stats()
+        assert queue.depth == 0 and queue.p95_wait_ms >= 0 and queue.max_depth == 64
+        view = pool.gpus.view()
+        assert view.gpus == () and view.error
         await pool.unload("ok")
         with pytest.raises(PoolError):
             await pool.load("bad")
-        assert pool.health()[0]  # "ok" is unloaded, not failed
+        assert pool.health().serving  # "ok" is unloaded, not failed
     settings = build_settings(
         {"engine": {"models": {"x": {"backend": "stub", "enabled": True, "stub_fail_load": True}}}}
     )
     async with open_pool(settings) as pool:
-        healthy, body = pool.health()
-        assert not healthy and body["reason"] == "every model failed to load"
+        health = pool.health()
+        assert not health.serving and health.reason == "every model failed to load"
         pool.shutting_down = True
-        assert pool.health()[1]["reason"] == "the pool is shutting down"
+        assert pool.health().reason == "the pool is shutting down"
 
 
 async def test_flush_without_prompt_caches_reports_zero() -> None:
     async with open_pool(stub_settings({"m": {"enabled": True}})) as pool:
-        assert await pool.flush_cache("all") == {
-            "flushed": True,
-            "entriesRemoved": 0,
-            "memoryFreedMB": 0,
-        }
-        assert (await pool.flush_cache("model", model="m"))["entriesRemoved"] == 0
+        assert await pool.flush_cache("all") == FlushResult(0, 0.0)
+        assert (await pool.flush_cache("model", model="m")).entries_removed == 0
         with pytest.raises(PoolError):
             await pool.flush_cache("model", model="nope")
 
@@ -94,8 +90,6 @@ async def test_flush_without_prompt_caches_reports_zero() -> None:
 async def test_loading_models_are_listed_while_loading(autojump_clock: trio.abc.Clock) -> None:
     async with open_pool(stub_settings({"m": {"stub_load_seconds": 3}})) as pool:
         task = pool.start_load_task("m")
-        await wait_until(lambda: pool.status("m")["runtime_state"] == "loading")
-        assert pool.capabilities()["models"]["loading"] == [
-            {"id": "m", "progress": None, "eta": None}
-        ]
+        await wait_until(lambda: pool.snapshot("m").state == "loading")
+        assert [s.name for s in pool.snapshots() if s.state == "loading"] == ["m"]
         await task.done.wait()

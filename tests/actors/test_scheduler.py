@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from pool import PoolError, open_pool
+from pool import Delta, PoolError, open_pool
 from pool.actors._scheduler import Scheduler
 from pool.actors._ticket import Ticket
 from pool.backends import Decoding, GenerationRequest, TextPart, Turn
@@ -110,7 +110,7 @@ async def test_priority_and_tenant_order_through_the_pool(autojump_clock: trio.a
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(request, "first", "x", "normal")
-            await wait_until(lambda: pool.status("m")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("m").running == 1)
             for tag, tenant, priority in [
                 ("a1", "a", "normal"),
                 ("a2", "a", "normal"),
@@ -133,15 +133,15 @@ async def test_queue_full_and_exact_counts(autojump_clock: trio.abc.Clock) -> No
         async with trio.open_nursery() as nursery:
             for outcome in outcomes:
                 nursery.start_soon(run_request, pool, ask("m"), outcome)
-            await wait_until(lambda: pool.status("m")["inflight_requests"] == 3)
-            row = pool.status("m")
-            assert (row["runtime_inflight"], row["queue_depth"]) == (1, 2)
+            await wait_until(lambda: pool.snapshot("m").inflight_requests == 3)
+            row = pool.snapshot("m")
+            assert (row.running, row.queue_depth) == (1, 2)
             with pytest.raises(PoolError) as info:
                 await pool.respond(ask("m"))
             assert info.value.code == "queue_full"
         assert all(o.text == "a b" for o in outcomes)
-        row = pool.status("m")
-        assert (row["runtime_inflight"], row["queue_depth"], row["inflight_requests"]) == (0, 0, 0)
+        row = pool.snapshot("m")
+        assert (row.running, row.queue_depth, row.inflight_requests) == (0, 0, 0)
 
 
 async def test_queue_timeout(autojump_clock: trio.abc.Clock) -> None:
@@ -152,13 +152,13 @@ async def test_queue_timeout(autojump_clock: trio.abc.Clock) -> None:
         await pool.load("m")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.respond, ask("m"))
-            await wait_until(lambda: pool.status("m")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("m").running == 1)
             started = trio.current_time()
             with pytest.raises(PoolError) as info:
                 await pool.respond(ask("m"))
             assert info.value.code == "queue_timeout" and info.value.status == 504
             assert trio.current_time() - started == pytest.approx(5, abs=0.01)
-            assert pool.status("m")["queue_depth"] == 0
+            assert pool.snapshot("m").queue_depth == 0
             nursery.cancel_scope.cancel()
 
 
@@ -169,7 +169,7 @@ async def test_request_cancelled_while_queued_never_runs(autojump_clock: trio.ab
         scheduler = pool.model("m").scheduler
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.respond, ask("m"))
-            await wait_until(lambda: pool.status("m")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("m").running == 1)
             nursery.start_soon(pool.respond, ask("m"))  # stays queued to the end
             waiting = trio.CancelScope()
             cancelled_one = Outcome()
@@ -179,9 +179,9 @@ async def test_request_cancelled_while_queued_never_runs(autojump_clock: trio.ab
                     await run_request(pool, ask("m", "doomed"), cancelled_one)
 
             nursery.start_soon(doomed)
-            await wait_until(lambda: pool.status("m")["queue_depth"] == 2)
+            await wait_until(lambda: pool.snapshot("m").queue_depth == 2)
             waiting.cancel()
-            await wait_until(lambda: pool.status("m")["queue_depth"] == 1)
+            await wait_until(lambda: pool.snapshot("m").queue_depth == 1)
         # Only the two surviving requests were ever dispatched to the replica.
         assert scheduler.dispatched_total == 2
         assert cancelled_one.text is None and cancelled_one.error is None
@@ -194,8 +194,8 @@ async def test_cancelling_a_running_request_frees_its_slot(autojump_clock: trio.
         deltas = 0
         with trio.move_on_after(3.5):
             async for event in pool.stream(ask("m")):
-                deltas += event["type"] == "response.output_text.delta"
+                deltas += isinstance(event, Delta)
         assert deltas == 3
         await trio.testing.wait_all_tasks_blocked()
-        assert pool.status("m")["runtime_inflight"] == 0
-        assert (await pool.respond(ask("m", "next one"))).output_text == "x " * 50
+        assert pool.snapshot("m").running == 0
+        assert (await pool.respond(ask("m", "next one"))).text == "x " * 50

@@ -38,7 +38,7 @@ async def test_sustained_request_rate_is_exact(autojump_clock: trio.abc.Clock) -
                 assert exc.code == "rate_limit_exceeded" and exc.status == 429
                 assert exc.retry_after_s is not None and exc.retry_after_s > 0
                 assert exc.details["limit"] == 30 and exc.details["remaining"] == 0
-                assert exc.details["resetAt"] > 0
+                assert exc.details["reset_at"] > 0
                 refused += 1
                 await trio.sleep(exc.retry_after_s)
         # 5 at once (the burst), then one every 2 s: at 2, 4, ..., 598 s.
@@ -82,12 +82,12 @@ async def test_queue_full_says_when_to_retry(autojump_clock: trio.abc.Clock) -> 
         async with trio.open_nursery() as nursery:
             for _ in range(2):
                 nursery.start_soon(pool.respond, ask("m"))
-            await wait_until(lambda: pool.status("m")["inflight_requests"] == 2)
+            await wait_until(lambda: pool.snapshot("m").inflight_requests == 2)
             with pytest.raises(PoolError) as info:
                 await pool.respond(ask("m"))
         assert info.value.code == "queue_full"
         assert info.value.retry_after_s == pytest.approx(1.0, abs=0.5)
-        assert info.value.details["queueDepth"] == 1 and info.value.details["maxDepth"] == 1
+        assert info.value.details["queue_depth"] == 1 and info.value.details["max_depth"] == 1
         stats = pool.model("m").scheduler.stats
         assert stats.avg_wait_ms >= 0 and stats.p95_wait_ms >= stats.avg_wait_ms
 
@@ -104,7 +104,7 @@ async def test_metrics_counters_match_requests(autojump_clock: trio.abc.Clock) -
         outcome = Outcome()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_request, pool, ask("m", "x y z"), outcome)
-            await wait_until(lambda: pool.status("m")["runtime_inflight"] == 1)
+            await wait_until(lambda: pool.snapshot("m").running == 1)
             with pytest.raises(PoolError):
                 await pool.respond(ask("m"), tenant="t1")  # queue_full
         families = {

@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from pool import PoolError, open_pool
+from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.config import build_settings
 from pool.convert import cached_model
-from pool.schemas import ResponseRequest
 
 pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
@@ -43,20 +42,20 @@ def _settings(path: Path | str, **extra: Any) -> Any:
     )
 
 
-def _ask(text: str = QUESTION, **fields: Any) -> ResponseRequest:
-    return ResponseRequest.model_validate({"model": "ct", "input": text, **fields})
+def _ask(text: str = QUESTION, **fields: Any) -> InferenceRequest:
+    return request_from_responses({"model": "ct", "input": text, **fields})
 
 
 async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         reply = await pool.respond(_ask())
-        assert "Paris" in reply.output_text
+        assert "Paris" in reply.text
         assert reply.metrics.engine_prompt_tokens and reply.metrics.engine_output_tokens
         times = []
         async for event in pool.stream(
             _ask("Write a story about a cat.", decoding={"max_tokens": 48})
         ):
-            if event["type"] == "response.output_text.delta":
+            if isinstance(event, Delta):
                 times.append(time.perf_counter())
         assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
 
@@ -64,12 +63,12 @@ async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
 async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         reply = await pool.respond(_ask(decoding={"beam_size": 2}))
-        assert "Paris" in reply.output_text
+        assert "Paris" in reply.text
 
 
 async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
-        row = pool.status("ct")
+        row = pool.snapshot("ct")
         assert row["capabilities"] == {
             "modalities": ["text"],
             "multi_turn": False,
@@ -77,7 +76,7 @@ async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
         }
         with pytest.raises(PoolError) as info:
             await pool.respond(
-                ResponseRequest.model_validate(
+                request_from_responses(
                     {"model": "ct", "messages": [{"role": "user", "content": "hi"}]}
                 )
             )
@@ -90,18 +89,18 @@ async def test_cancel_stops_generation(ct2_dir: Path) -> None:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]
             deltas = 0
             async for event in stream:
-                deltas += event["type"] == "response.output_text.delta"
+                deltas += isinstance(event, Delta)
                 if deltas == 3:
                     break
         with trio.fail_after(1):
-            while pool.status("ct")["runtime_inflight"]:
+            while pool.snapshot("ct").running:
                 await trio.sleep(0.01)
 
 
 async def test_missing_model_folder_fails_the_load(tmp_path: Path) -> None:
     async with open_pool(_settings(tmp_path / "nothing")) as pool:
-        row = pool.status("ct")
-        assert row["runtime_state"] == "failed" and "model.bin" in row["last_error"]
+        row = pool.snapshot("ct")
+        assert row.state == "failed" and "model.bin" in row.last_error
 
 
 def test_convert_command_reuses_the_cache(ct2_dir: Path) -> None:

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from pool import PoolError, open_pool
+from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.config import build_settings
-from pool.schemas import ResponseRequest
 
 from .test_process import _gone, assert_killed_pool_leaves_no_server
 
@@ -60,19 +59,19 @@ def _settings(binary: str, **extra: Any) -> Any:
     )
 
 
-def _ask(model: str = "ls", **fields: Any) -> ResponseRequest:
-    return ResponseRequest.model_validate({"model": model, "input": QUESTION, **fields})
+def _ask(model: str = "ls", **fields: Any) -> InferenceRequest:
+    return request_from_responses({"model": model, "input": QUESTION, **fields})
 
 
 async def test_paris_streaming_and_unload(binary: str) -> None:
     async with open_pool(_settings(binary)) as pool:
-        assert pool.status("ls")["runtime_state"] == "loaded", pool.status("ls")["last_error"]
-        assert "Paris" in (await pool.respond(_ask())).output_text
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        assert "Paris" in (await pool.respond(_ask())).text
         times = []
         async for event in pool.stream(
             _ask(input="Write a story about a fox.", decoding={"max_tokens": 48})
         ):
-            if event["type"] == "response.output_text.delta":
+            if isinstance(event, Delta):
                 times.append(time.perf_counter())
         assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
@@ -89,7 +88,7 @@ async def test_killing_the_server_mid_stream(binary: str) -> None:
             async for event in pool.stream(
                 _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
             ):
-                if event["type"] == "response.output_text.delta":
+                if isinstance(event, Delta):
                     deltas += 1
                     if deltas == 3:
                         os.kill(pid, signal.SIGKILL)
@@ -97,9 +96,9 @@ async def test_killing_the_server_mid_stream(binary: str) -> None:
             errors.append(exc)
         assert errors and errors[0].code == "backend_error"
         with trio.fail_after(5):
-            while pool.status("ls")["runtime_state"] != "failed":
+            while pool.snapshot("ls").state != "failed":
                 await trio.sleep(0.02)
-        assert "exited with status -9" in pool.status("ls")["last_error"]
+        assert "exited with status -9" in pool.snapshot("ls").last_error
 
 
 async def test_openai_remote_against_the_server(binary: str) -> None:
@@ -122,11 +121,11 @@ async def test_openai_remote_against_the_server(binary: str) -> None:
         )
         async with open_pool(remote) as front:
             reply = await front.respond(_ask("remote", allow_remote=True))
-            assert "Paris" in reply.output_text
+            assert "Paris" in reply.text
             pieces = [
-                e["delta"]
+                e.text
                 async for e in front.stream(_ask("remote", allow_remote=True))
-                if e["type"] == "response.output_text.delta"
+                if isinstance(e, Delta)
             ]
             assert len(pieces) > 3 and "Paris" in "".join(pieces)
             with pytest.raises(PoolError) as info:

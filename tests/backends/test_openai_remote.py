@@ -7,9 +7,16 @@ from typing import Any
 import pytest
 import trio
 
-from pool import PoolError, ServerInfo, open_pool, serve
+from pool import (
+    Delta,
+    InferenceRequest,
+    PoolError,
+    ServerInfo,
+    open_pool,
+    request_from_responses,
+    serve,
+)
 from pool.config import build_settings
-from pool.schemas import ResponseRequest
 
 
 async def _upstream(nursery: trio.Nursery) -> ServerInfo:
@@ -51,8 +58,8 @@ def _remote(base_url: str, **fields: Any) -> Any:
     )
 
 
-def _ask(**fields: Any) -> ResponseRequest:
-    return ResponseRequest.model_validate(
+def _ask(**fields: Any) -> InferenceRequest:
+    return request_from_responses(
         {"model": "remote", "input": "hi", "allow_remote": True, **fields}
     )
 
@@ -63,12 +70,12 @@ async def test_plain_and_streamed(nursery: trio.Nursery) -> None:
         _remote(upstream.url + "/v1", remote_health_check="models_endpoint")
     ) as pool:
         reply = await pool.respond(_ask())
-        assert reply.output_text == "alpha beta gamma delta"
+        assert reply.text == "alpha beta gamma delta"
         assert reply.metrics.engine_output_tokens == 4
         deltas = [
-            e["delta"]
+            e.text
             async for e in pool.stream(_ask(decoding={"max_tokens": 2}))
-            if e["type"] == "response.output_text.delta"
+            if isinstance(e, Delta)
         ]
         assert deltas == ["alpha", " beta"]
 
@@ -77,7 +84,7 @@ async def test_refused_without_allow_remote(nursery: trio.Nursery) -> None:
     upstream = await _upstream(nursery)
     async with open_pool(_remote(upstream.url + "/v1")) as pool:
         with pytest.raises(PoolError) as info:
-            await pool.respond(ResponseRequest(model="remote", input="hi"))
+            await pool.respond(InferenceRequest.prompt("remote", "hi"))
         assert info.value.code == "remote_not_allowed" and info.value.status == 400
 
 
@@ -119,4 +126,4 @@ async def test_missing_api_key_fails_the_load() -> None:
     async with open_pool(
         _remote("http://127.0.0.1:9/v1", remote_api_key_env="NO_SUCH_KEY_VAR")
     ) as pool:
-        assert "NO_SUCH_KEY_VAR" in pool.status("remote")["last_error"]
+        assert "NO_SUCH_KEY_VAR" in pool.snapshot("remote").last_error

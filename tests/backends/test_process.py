@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-from pool import PoolError, open_pool
+from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.backends._process import group_alive
 from pool.config import build_settings
-from pool.schemas import ResponseRequest
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
 
@@ -57,8 +56,8 @@ def _gone(pgid: int) -> bool:
     return not group_alive(pgid)
 
 
-def _ask(**fields: Any) -> ResponseRequest:
-    return ResponseRequest.model_validate({"model": "srv", "input": "hi", **fields})
+def _ask(**fields: Any) -> InferenceRequest:
+    return request_from_responses({"model": "srv", "input": "hi", **fields})
 
 
 async def test_serves_streams_and_unload_ends_the_group(fake_binary: Path, tmp_path: Path) -> None:
@@ -67,11 +66,11 @@ async def test_serves_streams_and_unload_ends_the_group(fake_binary: Path, tmp_p
     )
     async with open_pool(settings) as pool:
         await pool.load("srv")
-        assert pool.status("srv")["effective_target_inflight"] == 2
+        assert pool.snapshot("srv").effective_target_inflight == 2
         runtime = pool.model("srv").replicas[0].runtime
         pid = runtime.process.pid  # type: ignore[union-attr]
         reply = await pool.respond(_ask(decoding={"max_tokens": 5}))
-        assert reply.output_text == "one two three four five"
+        assert reply.text == "one two three four five"
         assert reply.metrics.engine_output_tokens == 5 and reply.metrics.engine_prompt_tokens == 3
         await pool.unload("srv")
         assert _gone(pid)  # the server and the grandchild it started
@@ -82,7 +81,7 @@ async def test_missing_binary_fails_fast(tmp_path: Path) -> None:
         with trio.fail_after(5), pytest.raises(PoolError) as info:
             await pool.load("srv")
         assert "not found" in info.value.message
-        assert pool.status("other")["runtime_state"] == "loaded"
+        assert pool.snapshot("other").state == "loaded"
 
 
 async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_path: Path) -> None:
@@ -102,7 +101,7 @@ async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_p
             for line in info.value.message.splitlines()
             if "grandchild" in line
         ]
-        assert pool.status("srv")["runtime_state"] == "failed"
+        assert pool.snapshot("srv").state == "failed"
     for pid in pids:
         assert _gone(pid)
 
@@ -115,21 +114,17 @@ async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_pat
         deltas = 0
         with pytest.raises(PoolError) as info:
             async for event in pool.stream(_ask(decoding={"max_tokens": 30})):
-                if event["type"] == "response.output_text.delta":
+                if isinstance(event, Delta):
                     deltas += 1
                     if deltas == 2:
                         os.kill(pid, signal.SIGKILL)
         assert info.value.code == "backend_error"
         with trio.fail_after(5):
-            while pool.status("srv")["runtime_state"] != "failed":
+            while pool.snapshot("srv").state != "failed":
                 await trio.sleep(0.02)
-        row = pool.status("srv")
-        assert (
-            "exited with status -9" in row["last_error"] and "fake server for" in row["last_error"]
-        )
-        assert (
-            await pool.respond(ResponseRequest(model="other", input="fine"))
-        ).output_text == "fine"
+        row = pool.snapshot("srv")
+        assert "exited with status -9" in row.last_error and "fake server for" in row.last_error
+        assert (await pool.respond(InferenceRequest.prompt("other", "fine"))).text == "fine"
 
 
 def assert_killed_pool_leaves_no_server(settings: Any, model: str, tmp_path: Path) -> None:

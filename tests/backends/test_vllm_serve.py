@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from pool import open_pool
+from pool import InferenceRequest, open_pool
 from pool.backends.vllm_serve import VllmServeBackend, command_line
 from pool.config import VllmServeModel, apply_override, build_settings
 from pool.convert import cached_model
-from pool.schemas import ResponseRequest
 
 from .test_process import _gone
 
@@ -136,12 +135,10 @@ async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
         }
     )
     async with open_pool(settings) as pool:
-        row = pool.status("vs")
-        assert row["runtime_state"] == "loaded", row["last_error"]
-        reply = await pool.respond(
-            ResponseRequest(model="vs", input="What is the capital of France?")
-        )
-        assert "Paris" in reply.output_text
+        row = pool.snapshot("vs")
+        assert row.state == "loaded", row.last_error
+        reply = await pool.respond(InferenceRequest.prompt("vs", "What is the capital of France?"))
+        assert "Paris" in reply.text
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("vs")
         assert _gone(pid)

@@ -1,0 +1,67 @@
+"""What a running request yields: text as it is generated, then how it ended.
+
+These are the values :meth:`Admission.events` yields and :meth:`Pool.respond` returns;
+every API surface renders them in its own wire format (``pool/http``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pool.backends import FinishReason
+from pool.errors import PoolError
+
+
+@dataclass(slots=True)
+class Delta:
+    """New output text. The replica's hand-over type too: the stream yields it as is."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts; ``None`` where the backend could not tell."""
+
+    prompt_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """The nested timers of one request, in milliseconds (``None`` where unknown).
+
+    ``pool_ms`` spans the whole request in the pool; ``engine_ms`` the time since
+    dispatch to a replica; ``backend_ms`` the backend's own call inside it.
+    """
+
+    backend_ms: float | None = None
+    engine_ms: float | None = None
+    engine_outside_backend_ms: float | None = None
+    pool_ms: float | None = None
+    queue_wait_ms: float | None = None
+    tokenize_ms: float | None = None
+    time_to_first_token_ms: float | None = None
+    generate_ms: float | None = None
+    decode_after_first_token_ms: float | None = None
+    tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request completed: the whole text, why it stopped, usage and timings."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The request failed after it was admitted (the stream ends with this)."""
+
+    error: PoolError
+
+
+Event = Delta | Finished | Failed

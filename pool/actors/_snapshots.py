@@ -1,0 +1,102 @@
+"""Read-only views of the pool's state, for whoever renders them (admin rows, the
+runner API, Ollama's lists, the dashboard).
+
+A snapshot is taken in one step between awaits, so its fields agree with each other;
+the actors keep no JSON of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pool.backends import Capabilities
+from pool.config import ModelDefinition
+
+RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+VramSource = Literal["observed_load_delta", "model_artifact_size", "unavailable"]
+
+
+@dataclass(frozen=True, slots=True)
+class VramEstimate:
+    mib: int | None
+    replica_count: int
+    source: VramSource
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """One model's configuration and live runtime state."""
+
+    name: str
+    state: RuntimeState
+    definition: ModelDefinition
+    # The definition the running replicas were loaded with (overrides applied).
+    active_definition: ModelDefinition
+    replicas: int  # loaded replicas, or the count the next load will start
+    loaded_replicas: int
+    queue_depth: int
+    running: int
+    max_queue: int
+    effective_target_inflight: int
+    last_error: str | None
+    vram: VramEstimate
+    load_override: Mapping[str, Any]
+    load_constraints: Mapping[str, Mapping[str, Any]]
+    load_recommendations: Mapping[str, Mapping[str, Any]]
+    capabilities: Capabilities
+    context_length: int | None
+    artifact_mib: int | None
+    loaded_at_wall: float | None
+    # Seconds until an idle on-demand model unloads; None when not counting down.
+    expires_in_s: float | None
+
+    @property
+    def inflight_requests(self) -> int:
+        """Queued plus running requests."""
+        return self.queue_depth + self.running
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Queues of every model together (the runner API's ``queue``)."""
+
+    depth: int
+    max_depth: int
+    avg_wait_ms: float
+    p95_wait_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHealth:
+    serving: bool
+    uptime_s: float
+    models_loaded: int
+    queue_depth: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One NVML reading of one GPU."""
+
+    index: int
+    name: str
+    used_mib: int
+    total_mib: int
+    utilization: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """What the GPU source knows now: readings, or why there are none."""
+
+    gpus: tuple[GpuReading, ...]
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    entries_removed: int
+    memory_freed_mib: float
