@@ -50,12 +50,13 @@ STATE_DESCRIPTIONS: dict[str, str] = {
 
 @dataclass(slots=True)
 class _Command:
-    kind: Literal["load", "unload", "replica_failed"]
+    kind: Literal["load", "unload", "replica_failed", "set_model_path"]
     replicas: int = 0
     patch: dict[str, Any] = field(default_factory=dict)
     explicit: bool = False  # the body asked for replicas or overrides
     reason: str = ""
     replica: Replica | None = None
+    model_path: str | None = None
     reply: trio.MemorySendChannel[dict[str, Any] | PoolError] | None = None
 
 
@@ -193,6 +194,14 @@ class ModelActor:
         """Unload gracefully; returns the row once the model is ``unloaded``."""
         return await self._call(_Command("unload"))
 
+    async def set_model_path(self, path: str | None) -> None:
+        """Point the model at ``path`` (a pull placed its files there, or removed them).
+
+        The actor applies it between commands. A loaded model keeps serving the file
+        it loaded (its ``active_definition``) and picks ``path`` up at its next load.
+        """
+        await self._call(_Command("set_model_path", model_path=path))
+
     async def _call(self, command: _Command) -> dict[str, Any]:
         if self.state == "unloading" and command.kind == "load":
             raise PoolError("model_unloading", f"model {self.name!r} is unloading; retry after")
@@ -267,6 +276,8 @@ class ModelActor:
                 result: dict[str, Any] | PoolError = await self._do_load(command)
             elif command.kind == "unload":
                 result = await self._do_unload()
+            elif command.kind == "set_model_path":
+                result = await self._do_set_model_path(command)
             else:
                 await self._do_replica_failed(command)
                 return
@@ -395,6 +406,15 @@ class ModelActor:
                 time.perf_counter() - unload_started
             )
         self._set_state("unloaded")
+        return self.row()
+
+    async def _do_set_model_path(self, command: _Command) -> dict[str, Any]:
+        artifact_mib = await trio.to_thread.run_sync(
+            artifact_size_mib, command.model_path, self.settings.base_dir
+        )
+        self.definition = self.definition.model_copy(update={"model_path": command.model_path})
+        self.artifact_mib = artifact_mib
+        log.info("model=%s model_path=%s", self.name, command.model_path)
         return self.row()
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:
