@@ -1,7 +1,6 @@
 """The actor tree: supervisor, model actors, schedulers and replicas."""
 
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
-from pool.actors._pulls import PullEvents, PullHandle, PullManager, classify_source
 from pool.actors._supervisor import Admission, Pool, new_request_id, open_pool
 
 __all__ = [
@@ -9,10 +8,6 @@ __all__ = [
     "Admission",
     "ModelActor",
     "Pool",
-    "PullEvents",
-    "PullHandle",
-    "PullManager",
-    "classify_source",
     "new_request_id",
     "open_pool",
 ]

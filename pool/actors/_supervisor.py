@@ -23,13 +23,13 @@ from pool.actors._intake import build_generation_request
 from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
-from pool.actors._pulls import PullManager
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._stats import percentile
 from pool.actors._tasks import CONTEXT_FIELD, LoadTask, LoadTasks
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
 from pool.config import LoadRequest, Settings, validate_load_request
 from pool.errors import PoolError
+from pool.pulls import PullManager
 from pool.schemas import OutputText, ResponseEnvelope, ResponseMetrics, ResponseRequest
 
 log = logging.getLogger("pool")
@@ -172,7 +172,7 @@ class Pool:
         self.gpu_snapshot: Callable[[], list[dict[str, Any]]] = list
         self.gpu_error: Callable[[], str | None] = lambda: "no GPU monitor is running"
         self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
-        self.pulls = PullManager(self)
+        self.pulls = PullManager(settings, self.models)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpu_snapshot())
         for actor in self.models.values():
             actor.metrics = self.metrics
