@@ -10,7 +10,6 @@ from pool.actors._events import Delta, Event, Failed, Finished, Timings, Usage
 from pool.actors._gpu import GpuMonitor
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
-from pool.actors._pulls import PullEvents, PullHandle, PullManager, classify_source
 from pool.actors._request import DecodingOverrides, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
@@ -45,15 +44,11 @@ __all__ = [
     "NoGpus",
     "Pool",
     "PoolHealth",
-    "PullEvents",
-    "PullHandle",
-    "PullManager",
     "QueueStats",
     "RuntimeState",
     "Timings",
     "Usage",
     "VramEstimate",
-    "classify_source",
     "new_request_id",
     "open_pool",
     "parse_keep_alive",

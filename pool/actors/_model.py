@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -50,13 +50,23 @@ STATE_DESCRIPTIONS: dict[str, str] = {
 
 @dataclass(slots=True)
 class _Command:
-    kind: Literal["load", "unload", "replica_failed"]
+    kind: Literal["load", "unload", "replica_failed", "set_model_path"]
     replicas: int = 0
     patch: dict[str, Any] = field(default_factory=dict)
     explicit: bool = False  # the body asked for replicas or overrides
     reason: str = ""
     replica: Replica | None = None
+    model_path: str | None = None
     reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
+
+
+class OnDemandLoader(Protocol):
+    """Who carries out on-demand loads (the pool: a load outlives its first request)."""
+
+    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
+        """Start loading ``actor`` unless a load is pending; ``hint``: load overrides."""
+
+    def pending(self, actor: ModelActor) -> bool: ...
 
 
 def _collapse(exc: BaseException) -> BaseException:
@@ -95,7 +105,7 @@ class ModelActor:
         *,
         metrics: PoolMetrics | None = None,
         on_change: Callable[[], None] | None = None,
-        request_load: Callable[[ModelActor, dict[str, Any] | None], None] | None = None,
+        loader: OnDemandLoader | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -134,9 +144,9 @@ class ModelActor:
         self.load_count = 0
         self.unload_count = 0
         # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
-        # ``request_load`` starts an on-demand load owned by the pool.
+        # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
-        self._request_load = request_load
+        self._loader = loader
         # Keep-alive (on-demand models): seconds after the last request, and the Trio
         # clock time at which an idle model unloads (None: busy, or kept forever).
         self.keep_alive_s = parse_keep_alive(
@@ -172,6 +182,11 @@ class ModelActor:
         return self.backend.capabilities(self.active_definition)
 
     @property
+    def load_pending(self) -> bool:
+        """Whether an on-demand load was asked for and has not ended yet."""
+        return self._loader is not None and self._loader.pending(self)
+
+    @property
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
@@ -190,6 +205,14 @@ class ModelActor:
     async def unload(self) -> ModelSnapshot:
         """Unload gracefully; returns the snapshot once the model is ``unloaded``."""
         return await self._call(_Command("unload"))
+
+    async def set_model_path(self, path: str | None) -> None:
+        """Point the model at ``path`` (a pull placed its files there, or removed them).
+
+        The actor applies it between commands. A loaded model keeps serving the file
+        it loaded (its ``active_definition``) and picks ``path`` up at its next load.
+        """
+        await self._call(_Command("set_model_path", model_path=path))
 
     async def _call(self, command: _Command) -> ModelSnapshot:
         if self.state == "unloading" and command.kind == "load":
@@ -237,8 +260,8 @@ class ModelActor:
             # Ollama semantics: the latest request's keep_alive sets the idle timer.
             self.keep_alive_s = keep_alive_s
             self._set_expiry(None)
-            if on_demand_wait and self._request_load is not None:
-                self._request_load(self, load_hint)
+            if on_demand_wait and self._loader is not None:
+                self._loader.request(self, load_hint)
         return ticket
 
     def _state_error(self) -> PoolError:
@@ -263,6 +286,8 @@ class ModelActor:
                 result: ModelSnapshot | PoolError = await self._do_load(command)
             elif command.kind == "unload":
                 result = await self._do_unload()
+            elif command.kind == "set_model_path":
+                result = await self._do_set_model_path(command)
             else:
                 await self._do_replica_failed(command)
                 return
@@ -389,6 +414,15 @@ class ModelActor:
                 time.perf_counter() - unload_started
             )
         self._set_state("unloaded")
+        return self.snapshot()
+
+    async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
+        artifact_mib = await trio.to_thread.run_sync(
+            artifact_size_mib, command.model_path, self.settings.base_dir
+        )
+        self.definition = self.definition.model_copy(update={"model_path": command.model_path})
+        self.artifact_mib = artifact_mib
+        log.info("model=%s model_path=%s", self.name, command.model_path)
         return self.snapshot()
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:

