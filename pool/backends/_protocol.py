@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from pool.config import ModelDefinition
 
 ThinkingMode = Literal["default", "enabled", "disabled"]
+# The request's `thinking` values of a model that can switch thinking per request.
+ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled")
 Role = Literal["user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
 

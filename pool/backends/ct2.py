@@ -26,7 +26,7 @@ from pool.backends._protocol import (
 )
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
-from pool.backends.prompt_formats import PromptFormat, get_prompt_format
+from pool.backends.prompt_formats import PromptFormat, get_prompt_format, thinking_modes
 from pool.config import Ct2Model, load_constraints, load_recommendations
 from pool.errors import BackendError, PoolError
 
@@ -159,11 +159,10 @@ class Ct2Backend:
     load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("ct2")
 
     def capabilities(self, definition: ModelDefinition) -> Capabilities:
-        thinking = definition.prompt_format == "qwen3_template"
         return Capabilities(
             modalities=("text",),
             multi_turn=False,
-            thinking_modes=("default", "enabled", "disabled") if thinking else ("default",),
+            thinking_modes=thinking_modes(definition.prompt_format),
         )
 
     def effective_target_inflight(self, definition: ModelDefinition) -> int:

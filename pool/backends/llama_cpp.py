@@ -34,6 +34,7 @@ from pool.backends.prompt_formats import (
     PromptFormat,
     format_traits,
     get_prompt_format,
+    thinking_modes,
 )
 from pool.config import (
     LlamaCppModel,
@@ -59,7 +60,6 @@ _GGML_TYPES: dict[str, int] = {
     "iq4_nl": 20,
     "bf16": 30,
 }
-_THINKING_FORMATS = ("gemma4_template",)
 # Cleanup deadline (shielded, bounded, as all cleanup here); freeing takes milliseconds.
 _CLOSE_TIMEOUT_S = 30.0
 
@@ -252,12 +252,11 @@ class LlamaCppBackend:
 
     def capabilities(self, definition: ModelDefinition) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
-        thinking = definition.prompt_format in _THINKING_FORMATS
         # In-process GGUF has no vision path, whatever the config says.
         return Capabilities(
             modalities=("text",),
             multi_turn=multi_turn,
-            thinking_modes=("default", "enabled", "disabled") if thinking else ("default",),
+            thinking_modes=thinking_modes(definition.prompt_format),
         )
 
     def effective_target_inflight(self, definition: ModelDefinition) -> int:

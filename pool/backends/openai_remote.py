@@ -16,6 +16,7 @@ import trio
 
 from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
 from pool.backends._protocol import (
+    ALL_THINKING_MODES,
     Capabilities,
     GenerationRequest,
     GenerationStats,
@@ -110,7 +111,7 @@ class OpenAIRemoteBackend:
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            thinking_modes=("default", "enabled", "disabled"),
+            thinking_modes=ALL_THINKING_MODES,
         )
 
     def effective_target_inflight(self, definition: ModelDefinition) -> int:

@@ -24,9 +24,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast, get_args
 
-from pool.backends._protocol import GenerationRequest, Turn
+from pool.backends._protocol import ALL_THINKING_MODES, GenerationRequest, ThinkingMode, Turn
+from pool.config import PromptFormatName
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ __all__ = [
     "TranslateGemmaFormat",
     "format_traits",
     "get_prompt_format",
+    "thinking_modes",
 ]
 
 
@@ -92,7 +94,7 @@ class PromptFormat(ABC):
         supports_thinking_control: whether ``render`` honours thinking enabled/disabled.
     """
 
-    name: ClassVar[str]
+    name: ClassVar[PromptFormatName]
     multi_turn: ClassVar[bool] = True
     supports_thinking_control: ClassVar[bool] = False
 
@@ -834,7 +836,8 @@ _FORMATS: dict[str, type[PromptFormat]] = {
     cls.name: cls
     for cls in (GenericFormat, MistralFormat, Qwen3Format, Gemma4Format, TranslateGemmaFormat)
 }
-PROMPT_FORMAT_NAMES: tuple[str, ...] = (*_FORMATS, ModelTemplateFormat.name)
+# The settings' list of names; each class above declares its name from it.
+PROMPT_FORMAT_NAMES: tuple[PromptFormatName, ...] = get_args(PromptFormatName)
 
 
 def get_prompt_format(name: str, *, model_template: ModelTemplate | None = None) -> PromptFormat:
@@ -880,3 +883,16 @@ def format_traits(name: str) -> tuple[bool, bool]:
     if format_class is None:
         raise ValueError(f"unknown prompt_format {name!r}")
     return format_class.multi_turn, format_class.supports_thinking_control
+
+
+def thinking_modes(name: str) -> tuple[ThinkingMode, ...]:
+    """The request ``thinking`` values a model rendered with format ``name`` accepts.
+
+    The one place that decides thinking support for every backend that renders its
+    own prompts: the format's :func:`format_traits`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    _, thinking_control = format_traits(name)
+    return ALL_THINKING_MODES if thinking_control else ("default",)

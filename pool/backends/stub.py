@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from pool.backends._protocol import (
+    ALL_THINKING_MODES,
     Capabilities,
     GenerationRequest,
     GenerationStats,
@@ -91,7 +92,7 @@ class StubBackend:
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            thinking_modes=("default", "enabled", "disabled"),
+            thinking_modes=ALL_THINKING_MODES,
         )
 
     def effective_target_inflight(self, definition: ModelDefinition) -> int:

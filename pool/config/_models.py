@@ -22,15 +22,15 @@ BACKEND_NAMES: tuple[str, ...] = (
     "openai_remote",
 )
 
-PROMPT_FORMATS: tuple[str, ...] = (
+# The prompt formats of pool/backends/prompt_formats.py, one class each (typed by this list).
+PromptFormatName = Literal[
     "generic",
     "mistral_template",
     "qwen3_template",
     "gemma4_template",
     "translategemma_template",
     "model_template",
-)
-
+]
 Modality = Literal["text", "image"]
 FlashAttn = Literal["on", "off", "auto"]
 
@@ -144,14 +144,7 @@ class CommonModelFields(_Strict):
 
     backend: str
     model_path: str | None = None
-    prompt_format: Literal[
-        "generic",
-        "mistral_template",
-        "qwen3_template",
-        "gemma4_template",
-        "translategemma_template",
-        "model_template",
-    ] = "generic"
+    prompt_format: PromptFormatName = "generic"
     enable_thinking: bool | None = None
     enabled: bool = False
     replicas: PositiveInt = 1

@@ -272,7 +272,7 @@ async def test_images_are_refused_even_if_the_config_lists_them() -> None:
     [
         ("generic", True, ["default"]),
         ("mistral_template", True, ["default"]),
-        ("qwen3_template", True, ["default"]),
+        ("qwen3_template", True, ["default", "enabled", "disabled"]),
         ("gemma4_template", True, ["default", "enabled", "disabled"]),
         ("translategemma_template", False, ["default"]),
     ],
