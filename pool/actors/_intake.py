@@ -58,7 +58,7 @@ def build_generation_request(
             ``modality_unsupported`` or ``thinking_unsupported`` (all 400).
     """
     name = request.model
-    if definition.backend == "openai_remote" and not request.allow_remote:
+    if capabilities.remote and not request.allow_remote:
         raise PoolError(
             "remote_not_allowed",
             f"model {name!r} calls a remote API; set allow_remote: true to use it",

@@ -96,9 +96,16 @@ class GenerationStats:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
+    """What a model accepts; checked before a request is queued.
+
+    ``remote`` marks a model whose requests leave this machine: they need the client's
+    ``allow_remote: true``. It is a gate, not a row field, so ``as_dict`` leaves it out.
+    """
+
     modalities: tuple[str, ...] = ("text",)
     multi_turn: bool = False
     thinking_modes: tuple[ThinkingMode, ...] = ("default",)
+    remote: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {

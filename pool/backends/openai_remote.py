@@ -112,6 +112,7 @@ class OpenAIRemoteBackend:
             modalities=tuple(definition.modalities),
             multi_turn=True,
             thinking_modes=ALL_THINKING_MODES,
+            remote=True,
         )
 
     def effective_target_inflight(self, definition: ModelDefinition) -> int:
