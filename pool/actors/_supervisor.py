@@ -26,7 +26,7 @@ from pool.actors._model import ModelActor
 from pool.actors._pulls import PullManager
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._stats import percentile
-from pool.actors._tasks import CONTEXT_FIELD, LoadTask, LoadTasks
+from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._ticket import Delta, Failed, Finished, Ticket
 from pool.config import LoadRequest, Settings, validate_load_request
 from pool.errors import PoolError
@@ -392,7 +392,7 @@ class Pool:
         for a in actors:
             if a.state != "loaded":
                 continue
-            context_field = CONTEXT_FIELD.get(a.definition.backend)
+            context_field = a.backend.context_field
             vram, _, _ = a.vram_estimate()
             loaded.append(
                 {

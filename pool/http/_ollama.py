@@ -20,7 +20,7 @@ from quart import Blueprint, Quart, Response
 from pool._version import __version__
 from pool.actors import Admission, ModelActor
 from pool.actors._keep_alive import parse_keep_alive
-from pool.actors._tasks import CONTEXT_FIELD
+from pool.backends import context_field
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -81,7 +81,7 @@ def _thinking(think: bool | None) -> str:
 
 
 def _load_hint(actor: ModelActor, options: OllamaOptions) -> dict[str, Any] | None:
-    field = CONTEXT_FIELD.get(actor.definition.backend)
+    field = context_field(actor.definition.backend)
     if options.num_ctx is None or field is None:
         return None
     return {field: options.num_ctx}
