@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from benchmarks._http import DELTA_MARK, Connection, Result
-from pool.backends._process import free_port
+from pool.backends import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

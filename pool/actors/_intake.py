@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pool.actors._request import DecodingOverrides, InferenceRequest
 from pool.backends import Capabilities, Decoding, GenerationRequest
-from pool.config import DecodingDefaults, ModelDefinition
+from pool.config import DecodingDefaults
 from pool.errors import PoolError
 
 
@@ -33,7 +33,6 @@ def build_generation_request(
     request: InferenceRequest,
     *,
     request_id: str,
-    definition: ModelDefinition,
     capabilities: Capabilities,
     decoding_defaults: DecodingDefaults,
 ) -> GenerationRequest:
@@ -44,7 +43,7 @@ def build_generation_request(
             ``modality_unsupported`` or ``thinking_unsupported`` (all 400).
     """
     name = request.model
-    if definition.backend == "openai_remote" and not request.allow_remote:
+    if capabilities.remote and not request.allow_remote:
         raise PoolError(
             "remote_not_allowed",
             f"model {name!r} calls a remote API; set allow_remote: true to use it",

@@ -23,7 +23,6 @@ from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
 from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
 from pool.actors._stats import RecentStats
-from pool.actors._tasks import CONTEXT_FIELD
 from pool.actors._ticket import Ticket
 from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
 from pool.config import (
@@ -520,7 +519,7 @@ class ModelActor:
 
     def snapshot(self) -> ModelSnapshot:
         """This model's configuration and live state, taken in one step."""
-        context_field = CONTEXT_FIELD.get(self.definition.backend)
+        context_field = self.backend.context_field
         return ModelSnapshot(
             name=self.name,
             state=self.state,

@@ -156,7 +156,6 @@ class Pool:
             generation = build_generation_request(
                 request,
                 request_id=request_id,
-                definition=actor.active_definition,
                 capabilities=actor.capabilities,
                 decoding_defaults=self.settings.engine.decoding,
             )

@@ -24,15 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pool.tasks")
 
-# The runner API's `maxContextLength`, per backend: the load override it becomes.
-CONTEXT_FIELD = {
-    "llama_cpp": "gguf_n_ctx",
-    "llama_server": "llama_server_n_ctx",
-    "vllm": "vllm_max_model_len",
-    "vllm_serve": "vllm_max_model_len",
-    "exllamav3": "exllama_cache_size",
-}
-
 
 @dataclass(slots=True)
 class LoadTask:

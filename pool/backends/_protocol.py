@@ -2,24 +2,39 @@
 
 A backend module has the same shape for every runtime (like hypercorn's per-worker
 folders): a pydantic model of its config fields, its ``load_constraints`` and
-``load_recommendations`` tables, how it derives capabilities and an honest inflight
-target, and ``load()`` which returns a :class:`Runtime` for one replica.
+``load_recommendations`` tables with the schema types of those override fields, its
+context-length field, how it derives capabilities and an honest inflight target, and
+``load()`` which returns a :class:`Runtime` for one replica. :class:`Backend` is that
+shape, generic over the config class, so a backend's methods get its own settings type.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from types import MappingProxyType
+from typing import Any, Generic, Literal, Protocol
 
-from pool.config._files import resolve_model_path
+from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar
+
+from pool.config import (
+    CommonModelFields,
+    check_override_value,
+    invalid_load_request,
+    resolve_model_path,
+)
 from pool.errors import BackendError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+# A backend's config class. The default lets code that holds any backend (the model
+# actor, which looked it up by name) write plain ``Backend``.
+ConfigT = TypeVar("ConfigT", bound=CommonModelFields, default=CommonModelFields)
 
 ThinkingMode = Literal["default", "enabled", "disabled"]
+# The request's `thinking` values of a model that can switch thinking per request.
+ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled")
 Role = Literal["user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -94,16 +109,16 @@ class GenerationStats:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
+    """What a model accepts; checked before a request is queued.
+
+    ``remote`` marks a model whose requests leave this machine: they need the client's
+    ``allow_remote: true``. It is a gate, not a row field: admin rows leave it out.
+    """
+
     modalities: tuple[str, ...] = ("text",)
     multi_turn: bool = False
     thinking_modes: tuple[ThinkingMode, ...] = ("default",)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "modalities": list(self.modalities),
-            "multi_turn": self.multi_turn,
-            "thinking_modes": list(self.thinking_modes),
-        }
+    remote: bool = False
 
 
 class TokenSink(Protocol):
@@ -153,25 +168,78 @@ class LoadContext:
             raise BackendError(str(exc)) from exc
 
 
-class Backend(Protocol):
-    """A runtime family. One instance per backend name lives in the registry."""
+class LoadOverrides(BaseModel):
+    """The schema types of a backend's live load-override fields; none here.
 
-    name: ClassVar[str]
+    A backend's subclass declares one optional field per key of its ``load_constraints``
+    table. The admin load body accepts every backend's fields (a wrong shape is a 422
+    whatever the model); the table then decides what suits this backend (400).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Backend(ABC, Generic[ConfigT]):
+    """A runtime family, described and implemented by one module of ``pool/backends``.
+
+    Every backend module has the same shape: its config class (a
+    :class:`~pool.config.CommonModelFields` subclass whose ``backend`` Literal is its
+    registry name), its tables and :class:`LoadOverrides`, its runtime, a subclass of
+    this class that names them, and last ``BACKEND = TheBackend()``. One line in
+    ``pool/backends/_registry.py`` makes it known; the pool derives everything else
+    (settings dispatch, the load body's schema, the context field) from these.
+
+    Attributes:
+        config: the class of this backend's model definitions.
+        load_overrides: the schema types of its live load-override fields.
+        load_constraints: the admin ``load_constraints`` table, served verbatim in rows
+            and what override values are checked against (400 ``invalid_load_request``).
+        load_recommendations: presets shown beside the constraints.
+        context_field: the load override that sets the context length (the runner API's
+            ``maxContextLength``, Ollama's ``num_ctx``); None where there is none.
+    """
+
+    config: type[ConfigT]
+    load_overrides: type[LoadOverrides] = LoadOverrides
+    load_constraints: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+    load_recommendations: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+    context_field: str | None = None
 
     @property
-    def load_constraints(self) -> Mapping[str, Mapping[str, Any]]:
-        """The admin ``load_constraints`` table of this backend."""
-        ...
+    def name(self) -> str:
+        """The backend's name: the ``backend`` default of its config class."""
+        return str(self.config.model_fields["backend"].default)
 
-    @property
-    def load_recommendations(self) -> Mapping[str, Mapping[str, Any]]: ...
+    @abstractmethod
+    def capabilities(self, definition: ConfigT) -> Capabilities:
+        """What a model of this definition accepts."""
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities: ...
-
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    @abstractmethod
+    def effective_target_inflight(self, definition: ConfigT) -> int:
         """How many requests one replica can honestly run at once."""
-        ...
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> Runtime:
+    @abstractmethod
+    async def load(self, definition: ConfigT, context: LoadContext) -> Runtime:
         """Load one replica; raise :class:`pool.errors.BackendError` with a clear message."""
-        ...
+
+    def check_load_override(self, patch: Mapping[str, Any]) -> None:
+        """Check one load's override values against this backend's table.
+
+        A backend with rules across fields extends this.
+
+        Raises:
+            PoolError: ``invalid_load_request`` naming the first offending field.
+        """
+        for field_name, value in patch.items():
+            rule = self.load_constraints.get(field_name)
+            if rule is None:
+                raise invalid_load_request(
+                    f"{field_name} is not a load override of backend {self.name!r}"
+                    f" (supported: {sorted(self.load_constraints) or 'none'})",
+                    field_name,
+                )
+            check_override_value(field_name, value, rule)
+
+    def apply_load_override(self, definition: ConfigT, patch: Mapping[str, Any]) -> ConfigT:
+        """The effective definition of one load: ``patch`` over ``definition`` by key presence."""
+        return definition.model_copy(update=dict(patch))

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, Literal
 
 import trio
 
 from pool.backends._protocol import (
+    Backend,
     Capabilities,
     GenerationRequest,
     GenerationStats,
@@ -26,12 +27,17 @@ from pool.backends._protocol import (
 )
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
-from pool.backends.prompt_formats import PromptFormat, get_prompt_format
-from pool.config import Ct2Model, load_constraints, load_recommendations
+from pool.backends.prompt_formats import PromptFormat, get_prompt_format, thinking_modes
+from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+
+class Ct2Model(CommonModelFields):
+    """A CTranslate2 model in-process."""
+
+    backend: Literal["ct2"] = "ct2"
+    device: str = "cpu"
+    compute_type: str = "int8"
 
 
 class Ct2Runtime:
@@ -153,25 +159,21 @@ class Ct2Runtime:
         await trio.to_thread.run_sync(release, limiter=self._limiter)
 
 
-class Ct2Backend:
-    name: ClassVar[str] = "ct2"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("ct2")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("ct2")
+class Ct2Backend(Backend[Ct2Model]):
+    config = Ct2Model
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
-        thinking = definition.prompt_format == "qwen3_template"
+    def capabilities(self, definition: Ct2Model) -> Capabilities:
         return Capabilities(
             modalities=("text",),
             multi_turn=False,
-            thinking_modes=("default", "enabled", "disabled") if thinking else ("default",),
+            thinking_modes=thinking_modes(definition.prompt_format),
         )
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: Ct2Model) -> int:
         # generate_tokens decodes one sequence per call on this replica's one thread.
         return 1
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> Ct2Runtime:
-        assert isinstance(definition, Ct2Model)
+    async def load(self, definition: Ct2Model, context: LoadContext) -> Ct2Runtime:
         path = context.model_path(definition.model_path, " (build one with `llm-pool convert ct2`)")
         try:
             import ctranslate2
@@ -202,3 +204,6 @@ class Ct2Backend:
             load_blocking, limiter=trio.CapacityLimiter(1)
         )
         return Ct2Runtime(generator, tokenizer, definition, fmt)
+
+
+BACKEND = Ct2Backend()

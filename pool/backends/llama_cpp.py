@@ -15,16 +15,19 @@ import gc
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, Literal
 
 import trio
+from pydantic import PositiveInt
 
 from pool.backends._protocol import (
+    Backend,
     Capabilities,
     FinishReason,
     GenerationRequest,
     GenerationStats,
     LoadContext,
+    LoadOverrides,
     TokenSink,
 )
 from pool.backends._text import StopScanner
@@ -34,16 +37,75 @@ from pool.backends.prompt_formats import (
     PromptFormat,
     format_traits,
     get_prompt_format,
+    thinking_modes,
 )
-from pool.config import (
-    LlamaCppModel,
-    load_constraints,
-    load_recommendations,
-)
+from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+FlashAttn = Literal["on", "off", "auto"]
+
+
+class LlamaCppModel(CommonModelFields):
+    """GGUF in-process through llama-cpp-python."""
+
+    backend: Literal["llama_cpp"] = "llama_cpp"
+    gguf_n_gpu_layers: int = -1
+    gguf_n_ctx: PositiveInt = 4096
+    gguf_flash_attn: FlashAttn = "auto"
+    gguf_type_k: str | None = None
+    gguf_type_v: str | None = None
+    gguf_n_threads: PositiveInt | None = None
+    gguf_n_batch: PositiveInt = 512
+    gguf_seed: int | None = None
+
+
+class LlamaCppLoadOverrides(LoadOverrides):
+    gguf_n_ctx: PositiveInt | None = None
+    gguf_flash_attn: str | None = None
+    gguf_type_k: str | None = None
+    gguf_type_v: str | None = None
+
+
+_GGML_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+def _ggml_cache_type() -> dict[str, Any]:
+    return {
+        "kind": "string_or_null",
+        "format": "ggml_type_name",
+        "default": "f16",
+        "allowed_values": list(_GGML_CACHE_TYPES),
+        "examples": ["f16", "q8_0", "q4_0"],
+    }
+
+
+LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "gguf_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
+    "gguf_flash_attn": {
+        "kind": "enum",
+        "default": "auto",
+        "allowed_values": ["on", "off", "auto"],
+        "examples": ["auto", "on", "off"],
+    },
+    "gguf_type_k": _ggml_cache_type(),
+    "gguf_type_v": _ggml_cache_type(),
+}
+
+LOAD_RECOMMENDATIONS: dict[str, dict[str, Any]] = {
+    "gguf_cache_type_pairs": {
+        "kind": "pair_presets",
+        "fields": ["gguf_type_k", "gguf_type_v"],
+        "recommended_pairs": [
+            {"label": label, "gguf_type_k": t, "gguf_type_v": t}
+            for label, t in (("f16/f16", "f16"), ("q8_0/q8_0", "q8_0"), ("q4_0/q4_0", "q4_0"))
+        ],
+        "notes": [
+            "Presets chosen by the service for GGUF KV cache types.",
+            "Symmetric K/V pairs are the safe default: upstream llama.cpp may reduce or turn off"
+            " GPU offload for asymmetric pairs.",
+        ],
+    }
+}
 
 # GGML cache type names of the load constraints -> ggml.h's ``enum ggml_type``. The
 # numbers are fixed (GGUF files store them), and llama-cpp-python does not export
@@ -59,7 +121,6 @@ _GGML_TYPES: dict[str, int] = {
     "iq4_nl": 20,
     "bf16": 30,
 }
-_THINKING_FORMATS = ("gemma4_template",)
 # Cleanup deadline (shielded, bounded, as all cleanup here); freeing takes milliseconds.
 _CLOSE_TIMEOUT_S = 30.0
 
@@ -245,28 +306,28 @@ def _flash_attention(definition: LlamaCppModel) -> bool:
     return definition.gguf_type_v not in (None, "f32", "f16", "bf16")
 
 
-class LlamaCppBackend:
-    name: ClassVar[str] = "llama_cpp"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("llama_cpp")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("llama_cpp")
+class LlamaCppBackend(Backend[LlamaCppModel]):
+    config = LlamaCppModel
+    load_overrides = LlamaCppLoadOverrides
+    load_constraints = LOAD_CONSTRAINTS
+    load_recommendations = LOAD_RECOMMENDATIONS
+    context_field = "gguf_n_ctx"
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+    def capabilities(self, definition: LlamaCppModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
-        thinking = definition.prompt_format in _THINKING_FORMATS
         # In-process GGUF has no vision path, whatever the config says.
         return Capabilities(
             modalities=("text",),
             multi_turn=multi_turn,
-            thinking_modes=("default", "enabled", "disabled") if thinking else ("default",),
+            thinking_modes=thinking_modes(definition.prompt_format),
         )
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: LlamaCppModel) -> int:
         # One llama context decodes one sequence at a time: more would only queue
         # inside the worker thread, hiding the wait from the scheduler.
         return 1
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> LlamaCppRuntime:
-        assert isinstance(definition, LlamaCppModel)
+    async def load(self, definition: LlamaCppModel, context: LoadContext) -> LlamaCppRuntime:
         path = context.model_path(definition.model_path)
         if not path.is_file():
             raise BackendError(f"model file {path} does not exist")
@@ -321,3 +382,6 @@ class LlamaCppBackend:
                 await trio.to_thread.run_sync(llama.close, limiter=limiter)
             raise BackendError(str(exc)) from exc
         return LlamaCppRuntime(llama, definition, prompt_format, limiter)
+
+
+BACKEND = LlamaCppBackend()

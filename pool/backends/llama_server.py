@@ -9,18 +9,76 @@ target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 import trio
+from pydantic import Field, PositiveInt
 
 from pool.backends._managed import ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Capabilities, LoadContext
-from pool.config import LlamaServerModel, load_constraints, load_recommendations, resolve_model_path
+from pool.backends._protocol import Backend, Capabilities, LoadContext, LoadOverrides
+from pool.backends.llama_cpp import FlashAttn
+from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+
+class LlamaServerModel(CommonModelFields):
+    """A managed native ``llama-server`` subprocess."""
+
+    backend: Literal["llama_server"] = "llama_server"
+    llama_server_binary: str = "llama-server"
+    llama_server_library_path: list[str] = Field(default_factory=list)
+    llama_server_host: str = "127.0.0.1"
+    llama_server_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    llama_server_n_ctx: PositiveInt | None = None
+    llama_server_n_gpu_layers: int | str | None = None
+    llama_server_flash_attn: FlashAttn | None = None
+    llama_server_parallel: PositiveInt | None = None
+    llama_server_chat_template: str | None = None
+    llama_server_mmproj_path: str | None = None
+    llama_server_image_max_tokens: PositiveInt | None = None
+    llama_server_draft_model_path: str | None = None
+    llama_server_spec_type: str | None = None
+    llama_server_spec_draft_n_max: PositiveInt | None = None
+    llama_server_spec_draft_p_min: float | None = None
+    llama_server_spec_draft_ngl: int | str | None = None
+    llama_server_reasoning: str | None = None
+    llama_server_extra_args: list[str] = Field(default_factory=list)
+    llama_server_start_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+
+
+class LlamaServerLoadOverrides(LoadOverrides):
+    llama_server_n_ctx: PositiveInt | None = None
+    llama_server_image_max_tokens: PositiveInt | None = None
+    llama_server_spec_type: str | None = None
+    llama_server_spec_draft_n_max: PositiveInt | None = None
+    llama_server_spec_draft_p_min: float | None = None
+
+
+LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "llama_server_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
+    "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
+    "llama_server_spec_type": {
+        "kind": "enum",
+        "default": "draft-mtp",
+        "allowed_values": ["draft-mtp"],
+        "examples": ["draft-mtp"],
+    },
+    "llama_server_spec_draft_n_max": {
+        "kind": "integer",
+        "minimum": 1,
+        "maximum": 6,
+        "step": 1,
+        "default": 2,
+    },
+    "llama_server_spec_draft_p_min": {
+        "kind": "float",
+        "minimum": 0.0,
+        "maximum": 1.0,
+        "default": 0.0,
+    },
+}
 
 _CHAT_TEMPLATES = {
     "qwen3_template": "chatml",
@@ -77,13 +135,13 @@ def command_line(
     return args
 
 
-class LlamaServerBackend:
-    name: ClassVar[str] = "llama_server"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("llama_server")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("llama_server")
+class LlamaServerBackend(Backend[LlamaServerModel]):
+    config = LlamaServerModel
+    load_overrides = LlamaServerLoadOverrides
+    load_constraints = LOAD_CONSTRAINTS
+    context_field = "llama_server_n_ctx"
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
-        assert isinstance(definition, LlamaServerModel)
+    def capabilities(self, definition: LlamaServerModel) -> Capabilities:
         images = "image" in definition.modalities and bool(definition.llama_server_mmproj_path)
         return Capabilities(
             modalities=("text", "image") if images else ("text",),
@@ -91,14 +149,20 @@ class LlamaServerBackend:
             thinking_modes=("default",),
         )
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: LlamaServerModel) -> int:
         # Each request needs one of the server's parallel slots; more would only queue
         # inside llama-server, out of the scheduler's sight.
-        assert isinstance(definition, LlamaServerModel)
         return slots(definition)
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> ManagedServerRuntime:
-        assert isinstance(definition, LlamaServerModel)
+    def check_load_override(self, patch: Mapping[str, Any]) -> None:
+        # null turns speculative decoding off, though the table lists only the enum.
+        super().check_load_override(
+            {k: v for k, v in patch.items() if not (k == "llama_server_spec_type" and v is None)}
+        )
+
+    async def load(
+        self, definition: LlamaServerModel, context: LoadContext
+    ) -> ManagedServerRuntime:
         model_path = context.model_path(definition.model_path)
         if not await trio.to_thread.run_sync(model_path.is_file):
             raise BackendError(f"model file {model_path} does not exist")
@@ -115,3 +179,6 @@ class LlamaServerBackend:
             start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
         )
+
+
+BACKEND = LlamaServerBackend()

@@ -10,12 +10,15 @@ without ``allow_remote: true`` before they get here.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Annotated, Any, Literal
 
 import trio
+from pydantic import Field
 
 from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
 from pool.backends._protocol import (
+    ALL_THINKING_MODES,
+    Backend,
     Capabilities,
     GenerationRequest,
     GenerationStats,
@@ -23,11 +26,22 @@ from pool.backends._protocol import (
     TokenSink,
 )
 from pool.backends._upstream import UpstreamError, open_transport
-from pool.config import OpenAIRemoteModel, load_constraints, load_recommendations
+from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+
+class OpenAIRemoteModel(CommonModelFields):
+    """An upstream OpenAI-compatible Chat Completions API."""
+
+    backend: Literal["openai_remote"] = "openai_remote"
+    remote_api_kind: Literal["chat_completions"] = "chat_completions"
+    remote_base_url: str
+    remote_api_key_env: str | None = None
+    remote_model: str
+    remote_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+    remote_health_check: Literal["config_only", "models_endpoint"] = "config_only"
+    remote_max_retries: Annotated[int, Field(ge=0, le=10)] = 0
+    remote_thinking: Literal["enabled", "disabled"] | None = None
 
 
 class _CountingSink:
@@ -99,26 +113,24 @@ class OpenAIRemoteRuntime:
         await self.upstream.aclose()
 
 
-class OpenAIRemoteBackend:
-    name: ClassVar[str] = "openai_remote"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("openai_remote")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations(
-        "openai_remote"
-    )
+class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
+    config = OpenAIRemoteModel
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+    def capabilities(self, definition: OpenAIRemoteModel) -> Capabilities:
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            thinking_modes=("default", "enabled", "disabled"),
+            thinking_modes=ALL_THINKING_MODES,
+            remote=True,
         )
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: OpenAIRemoteModel) -> int:
         # Local submission concurrency; the provider's own capacity is its business.
         return definition.target_inflight
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> OpenAIRemoteRuntime:
-        assert isinstance(definition, OpenAIRemoteModel)
+    async def load(
+        self, definition: OpenAIRemoteModel, context: LoadContext
+    ) -> OpenAIRemoteRuntime:
         api_key = None
         if definition.remote_api_key_env:
             api_key = os.environ.get(definition.remote_api_key_env)
@@ -142,3 +154,6 @@ class OpenAIRemoteBackend:
                 await runtime.close()
                 raise BackendError(f"remote API at {url} answered HTTP {response.status}")
         return runtime
+
+
+BACKEND = OpenAIRemoteBackend()

@@ -18,10 +18,11 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
-from pool.backends._protocol import GenerationRequest, Turn
+from pool.backends._protocol import ALL_THINKING_MODES, GenerationRequest, ThinkingMode, Turn
 from pool.backends._template_sandbox import SandboxedTemplate, TemplateLimitError
+from pool.config import PromptFormatName
 from pool.errors import PoolError
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "TranslateGemmaFormat",
     "format_traits",
     "get_prompt_format",
+    "thinking_modes",
 ]
 
 
@@ -83,7 +85,7 @@ class PromptFormat(ABC):
         supports_thinking_control: whether ``render`` honours thinking enabled/disabled.
     """
 
-    name: ClassVar[str]
+    name: ClassVar[PromptFormatName]
     multi_turn: ClassVar[bool] = True
     supports_thinking_control: ClassVar[bool] = False
 
@@ -484,7 +486,8 @@ _FORMATS: dict[str, type[PromptFormat]] = {
     cls.name: cls
     for cls in (GenericFormat, MistralFormat, Qwen3Format, Gemma4Format, TranslateGemmaFormat)
 }
-PROMPT_FORMAT_NAMES: tuple[str, ...] = (*_FORMATS, ModelTemplateFormat.name)
+# The settings' list of names; each class above declares its name from it.
+PROMPT_FORMAT_NAMES: tuple[PromptFormatName, ...] = get_args(PromptFormatName)
 
 
 def get_prompt_format(name: str, *, model_template: ModelTemplate | None = None) -> PromptFormat:
@@ -530,3 +533,16 @@ def format_traits(name: str) -> tuple[bool, bool]:
     if format_class is None:
         raise ValueError(f"unknown prompt_format {name!r}")
     return format_class.multi_turn, format_class.supports_thinking_control
+
+
+def thinking_modes(name: str) -> tuple[ThinkingMode, ...]:
+    """The request ``thinking`` values a model rendered with format ``name`` accepts.
+
+    The one place that decides thinking support for every backend that renders its
+    own prompts: the format's :func:`format_traits`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    _, thinking_control = format_traits(name)
+    return ALL_THINKING_MODES if thinking_control else ("default",)

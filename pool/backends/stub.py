@@ -9,22 +9,34 @@ without a real model.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Annotated, Any, Literal
 
 import trio
+from pydantic import Field, NonNegativeFloat
 
 from pool.backends._protocol import (
+    ALL_THINKING_MODES,
+    Backend,
     Capabilities,
     GenerationRequest,
     GenerationStats,
     LoadContext,
     TokenSink,
 )
-from pool.config import StubModel, load_constraints, load_recommendations
+from pool.config import CommonModelFields
 from pool.errors import BackendError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+
+class StubModel(CommonModelFields):
+    """The deterministic in-process backend for tests and benchmarks."""
+
+    backend: Literal["stub"] = "stub"
+    stub_reply: str | None = Field(None, description="Whole output; default echoes the input.")
+    stub_tokens_per_second: NonNegativeFloat = Field(0.0, description="0 means no delay.")
+    stub_load_seconds: NonNegativeFloat = 0.0
+    stub_unload_seconds: NonNegativeFloat = 0.0
+    stub_fail_load: bool = False
+    stub_vram_mib: Annotated[int, Field(ge=0)] = 0
 
 
 def stub_tokens(text: str) -> list[str]:
@@ -82,24 +94,21 @@ class StubRuntime:
             await trio.sleep(self._definition.stub_unload_seconds)
 
 
-class StubBackend:
-    name: ClassVar[str] = "stub"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("stub")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("stub")
+class StubBackend(Backend[StubModel]):
+    config = StubModel
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+    def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            thinking_modes=("default", "enabled", "disabled"),
+            thinking_modes=ALL_THINKING_MODES,
         )
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: StubModel) -> int:
         # The stub holds no per-request state, so any configured target is honest.
         return definition.target_inflight
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> StubRuntime:
-        assert isinstance(definition, StubModel)
+    async def load(self, definition: StubModel, context: LoadContext) -> StubRuntime:
         if definition.stub_load_seconds:
             await trio.sleep(definition.stub_load_seconds)
         if definition.stub_fail_load:
@@ -108,3 +117,6 @@ class StubBackend:
                 f" (replica {context.replica_index})"
             )
         return StubRuntime(definition)
+
+
+BACKEND = StubBackend()

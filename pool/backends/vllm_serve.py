@@ -11,16 +11,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Annotated, Any, Literal
 
+from pydantic import Field
+
+from pool.backends import vllm
 from pool.backends._managed import ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Capabilities, LoadContext
-from pool.config import VllmServeModel, load_constraints, load_recommendations
+from pool.backends._protocol import Backend, Capabilities, LoadContext
 from pool.errors import BackendError
 
-if TYPE_CHECKING:
-    from pool.config import ModelDefinition
+
+class VllmServeModel(vllm.VllmFields):
+    """A managed ``vllm serve`` subprocess."""
+
+    backend: Literal["vllm_serve"] = "vllm_serve"
+    vllm_serve_binary: str = "vllm"
+    vllm_serve_host: str = "127.0.0.1"
+    vllm_serve_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    vllm_serve_library_path: list[str] = Field(default_factory=list)
+    vllm_serve_env: dict[str, str] = Field(default_factory=dict)
+    vllm_serve_api_key: str | None = None
+    vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
+    vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
+    vllm_serve_extra_args: list[str] = Field(default_factory=list)
 
 
 def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
@@ -85,22 +99,22 @@ def command_line(
     return args
 
 
-class VllmServeBackend:
-    name: ClassVar[str] = "vllm_serve"
-    load_constraints: ClassVar[dict[str, dict[str, Any]]] = load_constraints("vllm_serve")
-    load_recommendations: ClassVar[dict[str, dict[str, Any]]] = load_recommendations("vllm_serve")
+class VllmServeBackend(Backend[VllmServeModel]):
+    config = VllmServeModel
+    # The engine's overrides, whether vLLM runs in-process or as `vllm serve`.
+    load_overrides = vllm.VllmLoadOverrides
+    load_constraints = vllm.LOAD_CONSTRAINTS
+    context_field = vllm.CONTEXT_FIELD
 
-    def capabilities(self, definition: ModelDefinition) -> Capabilities:
+    def capabilities(self, definition: VllmServeModel) -> Capabilities:
         return Capabilities(modalities=tuple(definition.modalities), multi_turn=True)
 
-    def effective_target_inflight(self, definition: ModelDefinition) -> int:
+    def effective_target_inflight(self, definition: VllmServeModel) -> int:
         # vLLM batches: the configured target, but never past the engine's own seq limit.
-        assert isinstance(definition, VllmServeModel)
         limit = definition.vllm_max_num_seqs
         return min(definition.target_inflight, limit) if limit else definition.target_inflight
 
-    async def load(self, definition: ModelDefinition, context: LoadContext) -> ManagedServerRuntime:
-        assert isinstance(definition, VllmServeModel)
+    async def load(self, definition: VllmServeModel, context: LoadContext) -> ManagedServerRuntime:
         model = definition.vllm_model or definition.model_path
         if not model:
             raise BackendError("vllm_model (or model_path) is not set")
@@ -118,3 +132,6 @@ class VllmServeBackend:
             request_timeout_s=definition.vllm_serve_timeout_s,
             api_key=definition.vllm_serve_api_key,
         )
+
+
+BACKEND = VllmServeBackend()

@@ -1,4 +1,8 @@
-"""Settings: models, file loading and merging, load-override validation and tables."""
+"""Settings: models, file loading and merging, load-override validation.
+
+Each backend's model class, override fields and tables live in its module under
+pool/backends; what this package needs of them it looks up in the backend registry.
+"""
 
 from pool.config._files import (
     LOCAL_SETTINGS_ENV,
@@ -8,59 +12,58 @@ from pool.config._files import (
     merge,
     resolve_model_path,
 )
-from pool.config._load_constraints import load_constraints, load_recommendations
-from pool.config._load_request import LoadRequest, apply_override, validate_load_request
+from pool.config._load_request import (
+    LoadRequest,
+    apply_override,
+    check_override_value,
+    invalid_load_request,
+    load_constraints,
+    load_recommendations,
+    load_request_schema,
+    validate_load_request,
+)
 from pool.config._models import (
-    BACKEND_NAMES,
-    DEFINITION_CLASSES,
     AuthSettings,
     CommonModelFields,
-    Ct2Model,
     DecodingDefaults,
     EngineSettings,
-    ExLlamaV3Model,
-    LlamaCppModel,
-    LlamaServerModel,
     ModelDefinition,
-    OpenAIRemoteModel,
+    PromptFormatName,
     ServiceSettings,
     Settings,
-    StubModel,
     TenancySettings,
     TenantLimits,
-    VllmModel,
-    VllmServeModel,
+    UnknownBackendError,
+    definition_class,
+    model_definition,
 )
 
 __all__ = [
-    "BACKEND_NAMES",
-    "DEFINITION_CLASSES",
     "LOCAL_SETTINGS_ENV",
     "SETTINGS_ENV",
     "AuthSettings",
     "CommonModelFields",
-    "Ct2Model",
     "DecodingDefaults",
     "EngineSettings",
-    "ExLlamaV3Model",
-    "LlamaCppModel",
-    "LlamaServerModel",
     "LoadRequest",
     "ModelDefinition",
-    "OpenAIRemoteModel",
+    "PromptFormatName",
     "ServiceSettings",
     "Settings",
-    "StubModel",
     "TenancySettings",
     "TenantLimits",
-    "VllmModel",
-    "VllmServeModel",
+    "UnknownBackendError",
     "apply_override",
     "build_settings",
+    "check_override_value",
+    "definition_class",
+    "invalid_load_request",
     "load_constraints",
     "load_recommendations",
+    "load_request_schema",
     "load_settings",
     "merge",
+    "model_definition",
     "resolve_model_path",
     "validate_load_request",
 ]

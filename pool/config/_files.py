@@ -15,11 +15,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from pool.config._models import (
-    BACKEND_NAMES,
-    DEFINITION_CLASSES,
     EngineSettings,
+    ModelDefinition,
     ServiceSettings,
     Settings,
+    UnknownBackendError,
+    model_definition,
 )
 from pool.errors import ConfigError
 
@@ -119,7 +120,7 @@ def build_settings(
     except ValidationError as exc:
         problems += _describe(exc, ("engine",), files)
 
-    models = {}
+    models: dict[str, ModelDefinition] = {}
     if not isinstance(raw_models, dict):
         problems.append(f"{files[0][0]}: engine.models must be an object of model definitions")
         raw_models = {}
@@ -128,21 +129,15 @@ def build_settings(
         if not isinstance(raw, dict):
             problems.append(f"{files[0][0]}: {'.'.join(where)}: must be an object")
             continue
-        backend = raw.get("backend", engine.backend)
-        cls = DEFINITION_CLASSES.get(backend) if isinstance(backend, str) else None
-        if cls is None:
-            problems.append(
-                f"{files[0][0]}: {'.'.join(where)}.backend: unknown backend {backend!r}"
-                f" (known: {', '.join(BACKEND_NAMES)})"
-            )
-            continue
         try:
-            models[name] = cls.model_validate({**raw, "backend": backend})
+            models[name] = model_definition(raw, engine.backend)
         except ValidationError as exc:
             problems += _describe(exc, where, files)
+        except UnknownBackendError as exc:
+            problems.append(f"{files[0][0]}: {'.'.join(where)}.backend: {exc}")
     if problems:
         raise ConfigError(problems)
-    engine.models = models  # type: ignore[assignment]
+    engine.models = models
     return Settings(service=service, engine=engine, source_files=[str(p) for p, _ in files])
 
 

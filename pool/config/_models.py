@@ -1,38 +1,41 @@
-"""Pydantic models of the settings file: ``service``, ``engine`` and one model class per backend.
+"""Pydantic models of the settings file: ``service``, ``engine`` and the fields every model has.
 
-Every model definition class forbids unknown fields, so a typo in ``settings.json`` is a
-startup error that names the field instead of a silently ignored key.
+Each backend's own model class lives in its module under pool/backends and extends
+:class:`CommonModelFields`. Every model definition class forbids unknown fields, so a typo
+in ``settings.json`` is a startup error that names the field instead of a silently
+ignored key.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
-
-BACKEND_NAMES: tuple[str, ...] = (
-    "stub",
-    "llama_cpp",
-    "llama_server",
-    "ct2",
-    "exllamav3",
-    "vllm",
-    "vllm_serve",
-    "openai_remote",
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-PROMPT_FORMATS: tuple[str, ...] = (
+# The prompt formats of pool/backends/prompt_formats.py, one class each (typed by this list).
+PromptFormatName = Literal[
     "generic",
     "mistral_template",
     "qwen3_template",
     "gemma4_template",
     "translategemma_template",
     "model_template",
-)
-
+]
 Modality = Literal["text", "image"]
-FlashAttn = Literal["on", "off", "auto"]
 
 
 class _Strict(BaseModel):
@@ -144,14 +147,7 @@ class CommonModelFields(_Strict):
 
     backend: str
     model_path: str | None = None
-    prompt_format: Literal[
-        "generic",
-        "mistral_template",
-        "qwen3_template",
-        "gemma4_template",
-        "translategemma_template",
-        "model_template",
-    ] = "generic"
+    prompt_format: PromptFormatName = "generic"
     enable_thinking: bool | None = None
     enabled: bool = False
     replicas: PositiveInt = 1
@@ -186,158 +182,49 @@ class CommonModelFields(_Strict):
         return self.replica_max if self.replica_max is not None else self.replicas
 
 
-class StubModel(CommonModelFields):
-    """The deterministic in-process backend for tests and benchmarks."""
+class UnknownBackendError(ValueError):
+    """A ``backend`` name that no registered backend has."""
 
-    backend: Literal["stub"] = "stub"
-    stub_reply: str | None = Field(None, description="Whole output; default echoes the input.")
-    stub_tokens_per_second: NonNegativeFloat = Field(0.0, description="0 means no delay.")
-    stub_load_seconds: NonNegativeFloat = 0.0
-    stub_unload_seconds: NonNegativeFloat = 0.0
-    stub_fail_load: bool = False
-    stub_vram_mib: Annotated[int, Field(ge=0)] = 0
+    def __init__(self, name: object, known: Iterable[str]) -> None:
+        self.known = tuple(known)
+        super().__init__(f"unknown backend {name!r} (known: {', '.join(self.known)})")
 
 
-class LlamaCppModel(CommonModelFields):
-    """GGUF in-process through llama-cpp-python."""
-
-    backend: Literal["llama_cpp"] = "llama_cpp"
-    gguf_n_gpu_layers: int = -1
-    gguf_n_ctx: PositiveInt = 4096
-    gguf_flash_attn: FlashAttn = "auto"
-    gguf_type_k: str | None = None
-    gguf_type_v: str | None = None
-    gguf_n_threads: PositiveInt | None = None
-    gguf_n_batch: PositiveInt = 512
-    gguf_seed: int | None = None
+# Any backend's model definition. Each backend module of pool/backends subclasses
+# CommonModelFields; which class a settings entry becomes is looked up by its
+# ``backend`` name in the backend registry (see :func:`definition_class`).
+ModelDefinition = CommonModelFields
 
 
-class LlamaServerModel(CommonModelFields):
-    """A managed native ``llama-server`` subprocess."""
+def definition_class(backend: object) -> type[CommonModelFields]:
+    """The model definition class of the backend named ``backend``.
 
-    backend: Literal["llama_server"] = "llama_server"
-    llama_server_binary: str = "llama-server"
-    llama_server_library_path: list[str] = Field(default_factory=list)
-    llama_server_host: str = "127.0.0.1"
-    llama_server_port: Annotated[int, Field(ge=0, le=65535)] | None = None
-    llama_server_n_ctx: PositiveInt | None = None
-    llama_server_n_gpu_layers: int | str | None = None
-    llama_server_flash_attn: FlashAttn | None = None
-    llama_server_parallel: PositiveInt | None = None
-    llama_server_chat_template: str | None = None
-    llama_server_mmproj_path: str | None = None
-    llama_server_image_max_tokens: PositiveInt | None = None
-    llama_server_draft_model_path: str | None = None
-    llama_server_spec_type: str | None = None
-    llama_server_spec_draft_n_max: PositiveInt | None = None
-    llama_server_spec_draft_p_min: float | None = None
-    llama_server_spec_draft_ngl: int | str | None = None
-    llama_server_reasoning: str | None = None
-    llama_server_extra_args: list[str] = Field(default_factory=list)
-    llama_server_start_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+    Looked up in the backend registry when called, not at import: the backend modules
+    import this module for :class:`CommonModelFields`.
+
+    Raises:
+        UnknownBackendError: no backend has that name; the message lists the known ones.
+    """
+    from pool.backends import definition_class as registered
+
+    return registered(backend)
 
 
-class Ct2Model(CommonModelFields):
-    """A CTranslate2 model in-process."""
+def model_definition(raw: Mapping[str, Any], default_backend: str) -> CommonModelFields:
+    """One ``engine.models`` entry as its backend's class (``backend`` defaults to the engine's).
 
-    backend: Literal["ct2"] = "ct2"
-    device: str = "cpu"
-    compute_type: str = "int8"
-
-
-class ExLlamaV3Model(CommonModelFields):
-    """An ExLlamaV3 (EXL3) model in-process; CUDA only."""
-
-    backend: Literal["exllamav3"] = "exllamav3"
-    device: str = "cuda"
-    exllama_cache_size: PositiveInt = 8192
-    exllama_cache_quant: str | None = None
-    exllama_gpu_split: list[float] | None = None
-    exllama_tensor_parallel: bool = False
-    exllama_tp_backend: str | None = None
-    exllama_max_batch_size: PositiveInt | None = None
-    exllama_max_chunk_size: PositiveInt | None = None
-    exllama_max_q_size: PositiveInt | None = None
-    exllama_max_rq_tokens: PositiveInt | None = None
+    Raises:
+        UnknownBackendError: an unknown backend.
+        pydantic.ValidationError: a field its backend does not accept.
+    """
+    backend = raw.get("backend", default_backend)
+    return definition_class(backend).model_validate({**raw, "backend": backend})
 
 
-class _VllmFields(CommonModelFields):
-    vllm_model: str | None = None
-    vllm_dtype: str = "auto"
-    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
-    vllm_kv_cache_memory_bytes: PositiveInt | None = None
-    vllm_kv_cache_dtype: str | None = None
-    vllm_max_model_len: PositiveInt | None = None
-    vllm_tensor_parallel_size: PositiveInt = 1
-    vllm_trust_remote_code: bool = False
-    vllm_enforce_eager: bool = False
-    vllm_max_num_seqs: PositiveInt | None = None
-    vllm_limit_mm_per_prompt: dict[str, int] | None = None
-    vllm_mm_processor_kwargs: dict[str, Any] | None = None
-    vllm_max_pixels: PositiveInt | None = None
-    vllm_speculative_method: str | None = None
-    vllm_speculative_model: str | None = None
-    vllm_speculative_moe_backend: str | None = None
-    vllm_speculative_attention_backend: str | None = None
-    vllm_num_speculative_tokens: PositiveInt | None = None
-
-
-class VllmModel(_VllmFields):
-    """vLLM's AsyncLLMEngine in-process on its own event-loop thread."""
-
-    backend: Literal["vllm"] = "vllm"
-
-
-class VllmServeModel(_VllmFields):
-    """A managed ``vllm serve`` subprocess."""
-
-    backend: Literal["vllm_serve"] = "vllm_serve"
-    vllm_serve_binary: str = "vllm"
-    vllm_serve_host: str = "127.0.0.1"
-    vllm_serve_port: Annotated[int, Field(ge=0, le=65535)] | None = None
-    vllm_serve_library_path: list[str] = Field(default_factory=list)
-    vllm_serve_env: dict[str, str] = Field(default_factory=dict)
-    vllm_serve_api_key: str | None = None
-    vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
-    vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
-    vllm_serve_extra_args: list[str] = Field(default_factory=list)
-
-
-class OpenAIRemoteModel(CommonModelFields):
-    """An upstream OpenAI-compatible Chat Completions API."""
-
-    backend: Literal["openai_remote"] = "openai_remote"
-    remote_api_kind: Literal["chat_completions"] = "chat_completions"
-    remote_base_url: str
-    remote_api_key_env: str | None = None
-    remote_model: str
-    remote_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
-    remote_health_check: Literal["config_only", "models_endpoint"] = "config_only"
-    remote_max_retries: Annotated[int, Field(ge=0, le=10)] = 0
-    remote_thinking: Literal["enabled", "disabled"] | None = None
-
-
-ModelDefinition = (
-    StubModel
-    | LlamaCppModel
-    | LlamaServerModel
-    | Ct2Model
-    | ExLlamaV3Model
-    | VllmModel
-    | VllmServeModel
-    | OpenAIRemoteModel
-)
-
-DEFINITION_CLASSES: dict[str, type[CommonModelFields]] = {
-    "stub": StubModel,
-    "llama_cpp": LlamaCppModel,
-    "llama_server": LlamaServerModel,
-    "ct2": Ct2Model,
-    "exllamav3": ExLlamaV3Model,
-    "vllm": VllmModel,
-    "vllm_serve": VllmServeModel,
-    "openai_remote": OpenAIRemoteModel,
-}
+def _model_definition(raw: Any, info: ValidationInfo) -> Any:
+    if isinstance(raw, Mapping) and isinstance(backend := info.data.get("backend"), str):
+        return model_definition(raw, backend)
+    return raw
 
 
 class EngineSettings(BaseModel):
@@ -345,16 +232,7 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal[
-        "stub",
-        "llama_cpp",
-        "llama_server",
-        "ct2",
-        "exllamav3",
-        "vllm",
-        "vllm_serve",
-        "openai_remote",
-    ] = Field("llama_cpp", description="Backend of a model that names none.")
+    backend: str = Field("llama_cpp", description="Backend of a model that names none.")
     decoding: DecodingDefaults = Field(default_factory=DecodingDefaults)
     max_queue: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
         64, description="Queued requests per model beyond the running ones."
@@ -379,7 +257,25 @@ class EngineSettings(BaseModel):
         description="Most models loaded at once (0: no limit). An on-demand load past it"
         " unloads idle, unpinned models first, or waits for one to become idle.",
     )
-    models: dict[str, ModelDefinition] = Field(default_factory=dict)
+    # Settings files go through build_settings, which reports every bad model at once;
+    # the validator serves settings built in code. Each entry dumps as its own class.
+    models: dict[
+        str, Annotated[SerializeAsAny[ModelDefinition], BeforeValidator(_model_definition)]
+    ] = Field(default_factory=dict)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        try:
+            definition_class(value)
+        except UnknownBackendError as exc:
+            # The error this field gave while it was a Literal of the names.
+            *others, last = (repr(name) for name in exc.known)
+            expected = f"{', '.join(others)} or {last}"
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": expected}
+            ) from None
+        return value
 
 
 class Settings(BaseModel):

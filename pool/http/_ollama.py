@@ -28,8 +28,7 @@ from pool.actors import (
     ModelSnapshot,
     parse_keep_alive,
 )
-from pool.actors._tasks import CONTEXT_FIELD
-from pool.backends import ImagePart, TextPart, ThinkingMode, Turn
+from pool.backends import ImagePart, TextPart, ThinkingMode, Turn, context_field
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -115,7 +114,7 @@ def generate_inference_request(body: OllamaGenerateRequest) -> InferenceRequest:
 
 
 def _load_hint(actor: ModelActor, options: OllamaOptions) -> dict[str, Any] | None:
-    field = CONTEXT_FIELD.get(actor.definition.backend)
+    field = context_field(actor.definition.backend)
     if options.num_ctx is None or field is None:
         return None
     return {field: options.num_ctx}

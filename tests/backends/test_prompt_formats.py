@@ -12,6 +12,7 @@ from pool.backends.prompt_formats import (
     RenderedPrompt,
     format_traits,
     get_prompt_format,
+    thinking_modes,
 )
 from pool.errors import PoolError
 
@@ -396,6 +397,10 @@ def test_names_traits_and_unknown_format() -> None:
     }
     assert all(format_traits(name) == value for name, value in traits.items())
     assert format_traits("model_template") == (True, False)
+    assert {name: thinking_modes(name) for name in PROMPT_FORMAT_NAMES} == {
+        name: ("default", "enabled", "disabled") if thinking else ("default",)
+        for name, (_, thinking) in {**traits, "model_template": (True, False)}.items()
+    }
     with pytest.raises(ValueError, match="unknown prompt_format 'alpaca'"):
         get_prompt_format("alpaca")
     with pytest.raises(ValueError, match="needs the chat template"):

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from pool import InferenceRequest, open_pool
-from pool.backends.vllm_serve import VllmServeBackend, command_line
-from pool.config import VllmServeModel, apply_override, build_settings
+from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
+from pool.config import apply_override, build_settings
 from pool.convert import cached_model
 
 from .test_process import _gone

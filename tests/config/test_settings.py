@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from pool.backends.llama_cpp import LlamaCppModel
+from pool.backends.stub import StubModel
 from pool.config import (
-    LlamaCppModel,
-    StubModel,
     build_settings,
     load_settings,
     merge,
