@@ -95,7 +95,7 @@ class Connection:
             await stream.send_all(request)
             try:
                 head = await self._read_until(b"\r\n\r\n")
-            except (OSError, ConnectionError):
+            except (OSError, trio.BrokenResourceError):
                 if not reused:
                     raise
                 # The server closed the kept-alive connection (llama-server does after a
@@ -119,7 +119,8 @@ class Connection:
                 await self._read_chunked(result)
             if fields.get("connection", "").lower() == "close":
                 await self.aclose()
-        except (OSError, ConnectionError, ValueError, IndexError) as exc:
+        except (OSError, trio.BrokenResourceError, ValueError, IndexError) as exc:
+            # A reset from an overloaded server is that request's error, not the run's.
             result.error = f"{type(exc).__name__}: {exc}"
             await self.aclose()
         result.ended = time.perf_counter()
