@@ -26,6 +26,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
 from pool import ServerInfo
 from pool._version import __version__
+from pool.actors import GpuReading, GpuView
 
 from .conftest import start_server
 
@@ -234,20 +235,18 @@ async def _server(nursery: trio.Nursery, **service: Any) -> ServerInfo:
 
 
 # What NVML reports on a GPU box: the cases that show GPU readings also run with this
-# snapshot in place of the real one, against the same golden file.
-FAKE_GPU = {
-    "index": 0,
-    "name": "NVIDIA H100 80GB HBM3",
-    "used_mib": 1234,
-    "total_mib": 81559,
-    "used_over_total": "1234MiB / 81559MiB",
-}
+# reading in place of the real GPU source, against the same golden file.
+FAKE_GPU = GpuReading(index=0, name="NVIDIA H100 80GB HBM3", used_mib=1234, total_mib=81559)
 GPU_CASES = pytest.mark.parametrize("fake_gpu", [False, True], ids=["real-gpus", "fake-gpu"])
 
 
+class _FakeGpus:
+    def view(self) -> GpuView:
+        return GpuView((FAKE_GPU,), None)
+
+
 def _use_fake_gpu(info: ServerInfo) -> None:
-    info.pool.gpu_snapshot = lambda: [dict(FAKE_GPU)]
-    info.pool.gpu_error = lambda: None
+    info.pool.gpus = _FakeGpus()
 
 
 def _client(info: ServerInfo) -> httpx.AsyncClient:
