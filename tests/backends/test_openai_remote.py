@@ -71,7 +71,7 @@ async def test_plain_and_streamed(nursery: trio.Nursery) -> None:
     ) as pool:
         reply = await pool.respond(_ask())
         assert reply.text == "alpha beta gamma delta"
-        assert reply.metrics.engine_output_tokens == 4
+        assert reply.usage.output_tokens == 4
         deltas = [
             e.text
             async for e in pool.stream(_ask(decoding={"max_tokens": 2}))
