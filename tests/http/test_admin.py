@@ -109,6 +109,46 @@ async def test_runner_api(client: httpx.AsyncClient) -> None:
     assert (await client.get("/health")).status_code == 200
 
 
+async def test_runner_load_checks_overrides_like_the_admin_load(
+    client: httpx.AsyncClient,
+) -> None:
+    """``overrides`` of ``POST /v1/models/load`` is the admin load body: same 422 and 400."""
+    cases: list[tuple[str, object, int, str]] = [
+        ("single", {"exllama_cache_size": 0}, 422, "validation_error"),
+        ("cold", {"gguf_n_ctx": 0}, 422, "validation_error"),
+        ("cold", {"gguf_n_ctx": "abc"}, 422, "validation_error"),
+        ("cold", {"no_such_field": 1}, 422, "validation_error"),
+        ("cold", {"replicas": 0}, 422, "validation_error"),
+        ("single", {"exllama_cache_size": 8000}, 400, "invalid_load_request"),
+        ("cold", {"gguf_n_ctx": 512}, 400, "invalid_load_request"),
+    ]
+    for model, overrides, status, code in cases:
+        admin = await client.post(f"/v1/admin/models/{model}/load", json=overrides)
+        runner = await client.post(
+            "/v1/models/load", json={"modelId": model, "overrides": overrides}
+        )
+        for reply in (admin, runner):
+            assert (reply.status_code, reply.json()["error"]["code"]) == (status, code), (
+                reply.request.url,
+                overrides,
+                reply.text,
+            )
+    # The runner names where in its body the bad value sits.
+    reply = await client.post(
+        "/v1/models/load", json={"modelId": "cold", "overrides": {"gguf_n_ctx": 0}}
+    )
+    assert reply.json()["error"]["errors"][0]["loc"] == ["overrides", "gguf_n_ctx"]
+    # Not an object at all: the runner's own schema refuses it, as the admin route does.
+    for overrides in ("abc", [1], 5):
+        admin = await client.post("/v1/admin/models/cold/load", json=overrides)
+        runner = await client.post(
+            "/v1/models/load", json={"modelId": "cold", "overrides": overrides}
+        )
+        assert admin.status_code == runner.status_code == 422, (overrides, runner.text)
+    rows = (await client.get("/v1/admin/models")).json()["models"]
+    assert {r["name"]: r["runtime_state"] for r in rows}["cold"] == "unloaded"
+
+
 async def test_metrics_parse_and_count(client: httpx.AsyncClient) -> None:
     for _ in range(3):
         await client.post(
