@@ -27,10 +27,17 @@ STUB_MODELS: dict[str, dict[str, Any]] = {
 
 
 async def start_server(
-    nursery: trio.Nursery, models: dict[str, dict[str, Any]] | None = None, **service: Any
+    nursery: trio.Nursery,
+    models: dict[str, dict[str, Any]] | None = None,
+    *,
+    engine: dict[str, Any] | None = None,
+    **service: Any,
 ) -> ServerInfo:
     settings = build_settings(
-        {"service": {"shutdown_grace_s": 2, **service}, "engine": {"models": models or STUB_MODELS}}
+        {
+            "service": {"shutdown_grace_s": 2, **service},
+            "engine": {**(engine or {}), "models": models or STUB_MODELS},
+        }
     )
     info: ServerInfo = await nursery.start(
         lambda task_status: serve(settings, host="127.0.0.1", port=0, task_status=task_status)
