@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool.http._auth import sign_op_token
 
-from .conftest import start_server
+from .conftest import TWO_GPUS, FakeGpus, start_server
 
 ROW_FIELDS = {
     "name", "resolved_backend", "configured_enabled", "runtime_state", "is_loaded", "replicas",
@@ -63,10 +63,62 @@ async def test_load_unload_and_validation(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/admin/models/cold/unload")).status_code == 200
 
 
-async def test_gpu_memory_without_a_gpu(client: httpx.AsyncClient) -> None:
+async def test_gpu_readings_are_rendered(nursery: trio.Nursery) -> None:
+    """The rows of one GPU source on every surface that shows GPUs."""
+    info = await start_server(nursery, gpus=TWO_GPUS)
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        body = (await client.get("/v1/admin/gpu-memory")).json()
+        assert body["gpus"] == [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "used_mib": 1234,
+             "total_mib": 81559, "used_over_total": "1234MiB / 81559MiB"},
+            {"index": 1, "name": "NVIDIA L4", "used_mib": 100, "total_mib": 23034,
+             "used_over_total": "100MiB / 23034MiB"},
+        ]  # fmt: skip
+        assert body["error"] is None
+        assert {m["name"] for m in body["models"]} == {"echo", "slow", "cold", "single"}
+        resources = (await client.get("/v1/capabilities")).json()["resources"]
+        assert resources == {
+            "gpuIds": [0, 1],
+            "gpuMemoryTotalMB": 81559 + 23034,
+            "gpuMemoryUsedMB": 1234 + 100,
+            "gpuMemoryFreeMB": 81559 - 1234 + 23034 - 100,
+            "error": None,
+        }
+        text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gauges = {
+        (name, s.labels["gpu"]): s.value
+        for name in ("llm_pool_gpu_memory_used_bytes", "llm_pool_gpu_memory_total_bytes")
+        for s in families[name].samples
+    }
+    mib = 1024 * 1024
+    assert gauges == {
+        ("llm_pool_gpu_memory_used_bytes", "0"): 1234 * mib,
+        ("llm_pool_gpu_memory_used_bytes", "1"): 100 * mib,
+        ("llm_pool_gpu_memory_total_bytes", "0"): 81559 * mib,
+        ("llm_pool_gpu_memory_total_bytes", "1"): 23034 * mib,
+    }
+
+
+async def test_no_gpu_readings_say_why(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, gpus=FakeGpus(error="no GPU information: no driver"))
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        body = (await client.get("/v1/admin/gpu-memory")).json()
+        assert body["gpus"] == [] and body["error"] == "no GPU information: no driver"
+        resources = (await client.get("/v1/capabilities")).json()["resources"]
+        assert resources["gpuIds"] == [] and resources["gpuMemoryTotalMB"] == 0
+        assert resources["error"] == "no GPU information: no driver"
+        text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["llm_pool_gpu_memory_used_bytes"].samples == []
+
+
+async def test_serve_reads_the_gpus_of_this_machine(client: httpx.AsyncClient) -> None:
+    """With no source given, serve's NVML monitor answers: readings or the reason for none."""
     body = (await client.get("/v1/admin/gpu-memory")).json()
-    assert body["gpus"] == [] and body["error"]
-    assert {m["name"] for m in body["models"]} == {"echo", "slow", "cold", "single"}
+    assert bool(body["gpus"]) != bool(body["error"])
+    resources = (await client.get("/v1/capabilities")).json()["resources"]
+    assert resources["gpuIds"] == [g["index"] for g in body["gpus"]]
 
 
 async def test_openapi_and_docs(client: httpx.AsyncClient) -> None:
