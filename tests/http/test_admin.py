@@ -6,10 +6,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+import pool.actors._model as model_module
 from pool.http._auth import sign_op_token
+from tests.actors.helpers import CachingBackend, CachingRuntime
 
 from .conftest import TWO_GPUS, FakeGpus, start_server
 
@@ -154,8 +157,6 @@ async def test_runner_api(client: httpx.AsyncClient) -> None:
     assert ctx.status_code == 400  # exllama_cache_size must be a multiple of 256
     unloaded = await client.post("/v1/models/unload", json={"modelId": "cold"})
     assert unloaded.json()["modelId"] == "cold" and unloaded.json()["kvCacheFlushed"]
-    flush = await client.post("/v1/cache/flush", json={"scope": "all"})
-    assert flush.json() == {"flushed": True, "entriesRemoved": 0, "memoryFreedMB": 0}
     assert (await client.post("/v1/cache/flush", json={"scope": "model"})).status_code == 400
     assert (await client.post("/v1/cache/flush", json={"scope": "planet"})).status_code == 422
     assert (await client.get("/health")).status_code == 200
@@ -199,6 +200,24 @@ async def test_runner_load_checks_overrides_like_the_admin_load(
         assert admin.status_code == runner.status_code == 422, (overrides, runner.text)
     rows = (await client.get("/v1/admin/models")).json()["models"]
     assert {r["name"]: r["runtime_state"] for r in rows}["cold"] == "unloaded"
+
+
+async def test_cache_flush_renders_what_the_runtimes_freed(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caching = CachingBackend()
+    monkeypatch.setattr(model_module, "get_backend", lambda name: caching)
+    monkeypatch.setattr(CachingRuntime, "flushes", [])
+    stub = {"backend": "stub", "enabled": True}
+    info = await start_server(nursery, {"a": stub, "b": stub})
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        flush = await client.post("/v1/cache/flush", json={"scope": "all"})
+        assert flush.json() == {"flushed": True, "entriesRemoved": 6, "memoryFreedMB": 3}
+        one = await client.post("/v1/cache/flush", json={"scope": "model", "modelId": "b"})
+        assert one.json() == {"flushed": True, "entriesRemoved": 3, "memoryFreedMB": 2}
+        tag = await client.post("/v1/cache/flush", json={"scope": "tag", "tag": "docs"})
+        assert tag.json()["entriesRemoved"] == 6
+    assert CachingRuntime.flushes[-1] == ("tag", None, "docs")
 
 
 async def test_metrics_parse_and_count(client: httpx.AsyncClient) -> None:
