@@ -50,7 +50,7 @@ async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         reply = await pool.respond(_ask())
         assert "Paris" in reply.text
-        assert reply.metrics.engine_prompt_tokens and reply.metrics.engine_output_tokens
+        assert reply.usage.prompt_tokens and reply.usage.output_tokens
         times = []
         async for event in pool.stream(
             _ask("Write a story about a cat.", decoding={"max_tokens": 48})
@@ -69,7 +69,7 @@ async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
 async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         row = pool.snapshot("ct")
-        assert row["capabilities"] == {
+        assert row.capabilities.as_dict() == {
             "modalities": ["text"],
             "multi_turn": False,
             "thinking_modes": ["default", "enabled", "disabled"],

@@ -47,9 +47,10 @@ async def test_answers_paris_with_metrics() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         reply = await pool.respond(_ask("smol"))
         assert "Paris" in reply.text
-        m = reply.metrics
-        assert m.engine_prompt_tokens and m.engine_output_tokens and m.engine_tokens_per_second
-        assert m.gpu_time_to_first_token_ms is not None and m.engine_tokenize_ms is not None
+        assert reply.usage.prompt_tokens and reply.usage.output_tokens
+        t = reply.timings
+        assert t.tokens_per_second and t.time_to_first_token_ms is not None
+        assert t.tokenize_ms is not None
         assert reply.finish_reason == "stop"
 
 
@@ -211,13 +212,13 @@ async def test_request_stop_strings_and_greedy_repeats() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         full = await pool.respond(_ask("smol"))
         again = await pool.respond(_ask("smol"))
-        assert again.output_text == full.output_text  # temperature 0 is greedy
+        assert again.text == full.text  # temperature 0 is greedy
         cut = await pool.respond(_ask("smol", decoding={"stop": ["Paris"]}))
-        assert "Paris" not in cut.output_text
-        assert full.output_text.startswith(cut.output_text)
+        assert "Paris" not in cut.text
+        assert full.text.startswith(cut.text)
         assert cut.finish_reason == "stop"
         short = await pool.respond(_ask("smol", decoding={"max_tokens": 3}))
-        assert short.finish_reason == "length" and short.metrics.engine_output_tokens == 3
+        assert short.finish_reason == "length" and short.usage.output_tokens == 3
 
 
 @pytest.mark.real_model
@@ -244,14 +245,14 @@ async def test_model_template_renders_the_gguf_chat_template() -> None:
         # only the mechanics are checked: it rendered, generated and ended cleanly.
         assert reply.text.strip()
         assert "<|im_start|>" not in reply.text
-        assert reply.metrics.engine_prompt_tokens
+        assert reply.usage.prompt_tokens
 
 
 @pytest.mark.real_model
 async def test_images_are_refused_even_if_the_config_lists_them() -> None:
     settings = _settings(smol={"enabled": True, "modalities": ["text", "image"]})
     async with open_pool(settings) as pool:
-        assert pool.snapshot("smol")["capabilities"]["modalities"] == ["text"]
+        assert pool.snapshot("smol").capabilities.modalities == ("text",)
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         request = request_from_responses(
             {

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.config import build_settings
 
 from .test_process import _gone, assert_killed_pool_leaves_no_server
@@ -83,18 +83,16 @@ async def test_killing_the_server_mid_stream(binary: str) -> None:
     async with open_pool(_settings(binary)) as pool:
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         deltas = 0
-        errors = []
-        try:
-            async for event in pool.stream(
-                _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
-            ):
-                if isinstance(event, Delta):
-                    deltas += 1
-                    if deltas == 3:
-                        os.kill(pid, signal.SIGKILL)
-        except PoolError as exc:
-            errors.append(exc)
-        assert errors and errors[0].code == "backend_error"
+        events = []
+        async for event in pool.stream(
+            _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
+        ):
+            events.append(event)
+            if isinstance(event, Delta):
+                deltas += 1
+                if deltas == 3:
+                    os.kill(pid, signal.SIGKILL)
+        assert isinstance(events[-1], Failed) and events[-1].error.code == "backend_error"
         with trio.fail_after(5):
             while pool.snapshot("ls").state != "failed":
                 await trio.sleep(0.02)
