@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool import Delta, Finished, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.config import build_settings
 from pool.convert import cached_model
 
@@ -51,13 +51,20 @@ async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
         reply = await pool.respond(_ask())
         assert "Paris" in reply.text
         assert reply.usage.prompt_tokens and reply.usage.output_tokens
-        times = []
+        started = time.perf_counter()
+        deltas: list[float] = []
         async for event in pool.stream(
-            _ask("Write a story about a cat.", decoding={"max_tokens": 48})
+            _ask("Write a story about a cat.", decoding={"max_tokens": 64})
         ):
             if isinstance(event, Delta):
-                times.append(time.perf_counter())
-        assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
+                deltas.append(time.perf_counter() - started)
+            elif isinstance(event, Finished):
+                completed = time.perf_counter() - started
+        assert len(deltas) > 20
+        # Streamed, not buffered: the first piece arrives early and the rest keep coming
+        # until the end (a buffered reply would put every delta at the end).
+        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
+        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
 
 
 async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
