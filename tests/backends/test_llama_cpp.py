@@ -302,10 +302,33 @@ def test_every_allowed_cache_type_maps_to_a_ggml_type() -> None:
         assert exported in (None, value), name
 
 
+def _state_size_after_a_prompt(llama: Any) -> int:
+    """Bytes of the context's saved state (mostly its KV cache) after one fixed prompt."""
+    llama.reset()
+    llama.eval(llama.tokenize(b"The capital of France is Paris. " * 8))
+    return int(llama.save_state().llama_state_size)
+
+
 @pytest.mark.real_model
-@pytest.mark.parametrize("cache_type", ["bf16", "q4_0"])
-async def test_quantized_and_bf16_caches_load(cache_type: str) -> None:
+async def test_cache_types_reach_the_llama_context() -> None:
+    """The cache types of a load are the llama context's: its parameters name them and its
+    KV cache is the size they make (f16 and bf16 alike, q8_0 about half, q4_0 less)."""
+    state_sizes: dict[str, int] = {}
     async with open_pool(_settings(smol={})) as pool:
-        await pool.load("smol", {"gguf_type_k": cache_type, "gguf_type_v": cache_type})
-        reply = await pool.respond(_ask("smol", decoding={"max_tokens": 8}))
-        assert reply.text.strip()
+        for cache_type in ("f16", "bf16", "q8_0", "q4_0"):
+            await pool.load("smol", {"gguf_type_k": cache_type, "gguf_type_v": cache_type})
+            runtime: Any = pool.model("smol").replicas[0].runtime
+            llama = runtime._llama
+            params = llama.context_params
+            assert params.type_k == params.type_v == _GGML_TYPES[cache_type], cache_type
+
+            # On the replica's worker limiter: a llama context is not thread-safe.
+            state_sizes[cache_type] = await trio.to_thread.run_sync(
+                _state_size_after_a_prompt, llama, limiter=runtime._limiter
+            )
+            reply = await pool.respond(_ask("smol", decoding={"max_tokens": 8}))
+            assert reply.text.strip()
+            await pool.unload("smol")
+    sizes = state_sizes
+    assert sizes["q4_0"] < sizes["q8_0"] < 0.6 * sizes["f16"], sizes
+    assert sizes["bf16"] == sizes["f16"], sizes
