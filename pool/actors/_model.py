@@ -42,7 +42,10 @@ STATE_DESCRIPTIONS: dict[str, str] = {
     "unloaded": "Known from config, no runtime; requests are rejected; may be loaded.",
     "loading": "A load is under way; requests are rejected; a second load returns this row.",
     "loaded": "Replicas are up and serving requests.",
-    "unloading": "No new requests; queued ones were cancelled; running ones finish first.",
+    "unloading": (
+        "No new requests; queued ones were cancelled; running ones finish first"
+        " (within engine.unload_drain_s)."
+    ),
     "failed": "The last load failed (see last_error); requests are rejected; may be loaded again.",
 }
 
@@ -397,7 +400,7 @@ class ModelActor:
         )
         if cancelled:
             log.info("model=%s cancelled %d queued request(s)", self.name, cancelled)
-        await self._idle.wait()
+        await self._drain()
         replicas, self.replicas = self.replicas, []
         self.scheduler.set_replicas(())
         await self._stop_replicas(replicas)
@@ -414,6 +417,34 @@ class ModelActor:
             )
         self._set_state("unloaded")
         return self.snapshot()
+
+    async def _drain(self) -> None:
+        """Let running requests finish, for at most ``engine.unload_drain_s``.
+
+        Past the deadline the ones still running end with ``model_unloading`` (stopping
+        the replicas cancels them), so a stream that never ends cannot hold an unload.
+        """
+        drain_s = self.engine.unload_drain_s
+        with trio.move_on_after(drain_s):
+            await self._idle.wait()
+        if self._idle.is_set():
+            return
+        error = PoolError(
+            "model_unloading",
+            f"model {self.name!r} was unloaded before the response completed"
+            f" (engine.unload_drain_s: {drain_s:g}s)",
+        )
+        cut = 0
+        for replica in self.replicas:
+            for ticket in replica.running_tickets:
+                ticket.error = ticket.error or error
+                cut += 1
+        log.warning(
+            "model=%s unload drain deadline of %gs passed; ending %d running request(s)",
+            self.name,
+            drain_s,
+            cut,
+        )
 
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
         artifact_mib = await trio.to_thread.run_sync(

@@ -255,12 +255,23 @@ class Pool:
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(
-        self, name: str, overrides: dict[str, Any] | None = None, evict: str | None = None
+        self,
+        name: str,
+        body: LoadRequest | dict[str, Any] | None = None,
+        evict: str | None = None,
     ) -> LoadTask:
-        """Start loading ``name`` in the background (after unloading ``evict``)."""
+        """Start loading ``name`` in the background (after unloading ``evict``).
+
+        Raises:
+            PoolError: at once, for an unknown model or ``evict``, or a body that does not
+                suit the backend (``invalid_load_request``).
+            pydantic.ValidationError: ``body`` is a dict that fails the load schema.
+        """
         if self._nursery is None or self.shutting_down:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
-        return self.load_tasks.start(self._nursery, name, overrides or {}, evict)
+        if not isinstance(body, LoadRequest):
+            body = LoadRequest.model_validate(body or {})
+        return self.load_tasks.start(self._nursery, name, body, evict)
 
     async def flush_cache(
         self,

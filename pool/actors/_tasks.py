@@ -12,7 +12,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
@@ -52,7 +52,7 @@ class LoadTasks:
         self._counter = itertools.count(1)
 
     def start(
-        self, nursery: trio.Nursery, model: str, overrides: dict[str, Any], evict: str | None
+        self, nursery: trio.Nursery, model: str, body: LoadRequest, evict: str | None
     ) -> LoadTask:
         """Validate at once (so a bad request is a 4xx now, not a failed task later)."""
         actor = self._pool.model(model)
@@ -60,7 +60,6 @@ class LoadTasks:
             self._pool.model(evict)
             if evict == model:
                 raise PoolError("invalid_request", "evictModel names the model being loaded")
-        body = LoadRequest.model_validate(overrides)
         validate_load_request(body, actor.definition)
         task = LoadTask(f"load-{next(self._counter)}-{secrets.token_hex(4)}", model, evict)
         self._tasks[task.task_id] = task

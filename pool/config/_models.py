@@ -249,6 +249,9 @@ class EngineSettings(BaseModel):
     unload_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
         30.0, description="Bound on releasing one replica's resources."
     )
+    unload_drain_s: Annotated[float, Field(ge=0.0)] = Field(
+        30.0, description="Running requests an unload waits for are cut after this."
+    )
     keep_alive: float | str = Field(
         300.0, description="Idle time before an on-demand model unloads ('5m'; -1 forever)."
     )

@@ -46,7 +46,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @app.post("/v1/admin/models/<name>/unload")
     async def admin_unload(name: str) -> Response:
-        """Unload gracefully: queued requests are cancelled, running ones finish."""
+        """Unload: queued requests are cancelled, running ones get engine.unload_drain_s."""
         require(ctx, "admin")
         actor = pool.model(name)
         return json_response(model_row(await pool.detached(actor.unload)))

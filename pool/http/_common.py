@@ -114,11 +114,19 @@ def parse_json(raw: bytes | str) -> Any:
         raise PoolError("invalid_request", "the body is nested too deeply") from None
 
 
-def validate(model: type[T], data: Any) -> T:
+def validate(model: type[T], data: Any, *, at: tuple[str, ...] = ()) -> T:
+    """``data`` as ``model``, or a 422 :class:`SchemaError`.
+
+    Args:
+        at: where ``data`` sits in the request body (prefixed to each error's ``loc``).
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise SchemaError(exc) from None
+        error = SchemaError(exc)
+        if at:
+            error.errors = [{**e, "loc": (*at, *e.get("loc", ()))} for e in error.errors]
+        raise error from None
 
 
 def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceRequest:

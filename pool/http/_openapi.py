@@ -48,7 +48,8 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " backend does not accept is 400 `invalid_load_request`.", LoadRequest, 200),
     ("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
      "Graceful: new requests are refused at once, queued ones get `model_unloading`, running"
-     " ones finish, then the runtime is released. 200 if already unloaded.", None, 200),
+     " ones finish (within `engine.unload_drain_s`; past it they end with `model_unloading`),"
+     " then the runtime is released. 200 if already unloaded.", None, 200),
     ("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU; with no GPU, `gpus` is empty and `error` says why.", None, 200),
     ("get", "/v1/capabilities", "runner", "Runner descriptor",

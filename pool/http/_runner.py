@@ -11,8 +11,9 @@ from quart import Quart, Response
 from pool._version import __version__
 from pool.actors import LoadTask, ModelSnapshot, PoolHealth
 from pool.backends import context_field
+from pool.config import LoadRequest
 from pool.errors import PoolError
-from pool.http._common import AppContext, json_response, read_body, require
+from pool.http._common import AppContext, json_response, read_body, require, validate
 from pool.schemas import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -138,7 +139,9 @@ def register(app: Quart, ctx: AppContext) -> None:
                 "invalid_load_request",
                 "a model id has one quantization; configure another model id for another",
             )
-        overrides = dict(body.overrides)
+        # The admin load body's schema: a bad shape is 422 here, as on the admin route,
+        # before any rule of the backend (400, checked when the task starts).
+        load = validate(LoadRequest, body.overrides, at=("overrides",))
         if body.maxContextLength is not None:
             field = context_field(actor.definition.backend)
             if field is None:
@@ -146,7 +149,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                     "invalid_load_request",
                     f"backend {actor.definition.backend!r} has no context-length override",
                 )
-            overrides[field] = body.maxContextLength
+            load = validate(LoadRequest, {**body.overrides, field: body.maxContextLength})
         if body.gpuMemoryBudgetMB is not None:
             estimate = actor.vram_estimate().mib
             if estimate is not None and estimate > body.gpuMemoryBudgetMB:
@@ -155,7 +158,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                     f"model {body.modelId!r} needs about {estimate} MiB, over the budget of"
                     f" {body.gpuMemoryBudgetMB} MiB",
                 )
-        task = pool.start_load_task(body.modelId, overrides, body.evictModel)
+        task = pool.start_load_task(body.modelId, load, body.evictModel)
         return json_response(load_task_body(task) | {"eta": None}, 202)
 
     @app.get("/v1/models/load/<task_id>")

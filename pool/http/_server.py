@@ -9,7 +9,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from pool.actors import GpuMonitor, Pool, open_pool
+from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
 from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
@@ -40,6 +40,7 @@ async def serve(
     *,
     host: str | None = None,
     port: int | None = None,
+    gpus: GpuSource | None = None,
     task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the service until :meth:`ServerInfo.shutdown` (or cancellation).
@@ -47,6 +48,10 @@ async def serve(
     Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). After a
     shutdown, Hypercorn stops accepting and lets open responses run for up to
     ``service.shutdown_grace_s``; then every model is unloaded.
+
+    Args:
+        gpus: where GPU memory readings come from; by default a :class:`GpuMonitor`
+            polling NVML, started here (a test passes a fixed view instead).
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
@@ -58,7 +63,8 @@ async def serve(
             host,
         )
     async with trio.open_nursery() as monitors:
-        gpus = await monitors.start(GpuMonitor().run)
+        if gpus is None:
+            gpus = await monitors.start(GpuMonitor().run)
         async with open_pool(settings, gpus=gpus) as pool:
             await _serve_pool(pool, settings, host, port, auth, task_status)
         monitors.cancel_scope.cancel()

@@ -7,6 +7,7 @@ from typing import Any
 import trio
 
 from pool import InferenceRequest, Pool, PoolError, request_from_responses
+from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import Settings, build_settings
 
 
@@ -46,3 +47,28 @@ async def wait_until(predicate: Any, within_s: float = 5.0) -> None:
     with trio.fail_after(within_s):
         while not predicate():
             await trio.sleep(0.001)
+
+
+class CachingRuntime(StubRuntime):
+    """The stub with a prompt cache to flush: records each call, frees 3 entries."""
+
+    flushes: list[tuple[str, str | None, str | None]] = []
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None, tag: str | None
+    ) -> tuple[int, float]:
+        self.flushes.append((scope, tenant, tag))
+        return 3, 1.5
+
+
+_stub_load = StubBackend.load
+
+
+class CachingBackend(StubBackend):
+    async def load(self, definition: Any, context: Any) -> StubRuntime:
+        return await self.load_caching(definition, context)
+
+    async def load_caching(self, definition: Any, context: Any) -> StubRuntime:
+        """The stub's load, then a runtime with a prompt cache (also patched onto the stub)."""
+        await _stub_load(self, definition, context)
+        return CachingRuntime(definition)

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 import pool.actors._model as model_module
-from pool import PoolError, open_pool
+from pool import Delta, Failed, PoolError, open_pool
 from pool.backends import LoadContext, get_backend
 from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import LoadRequest
@@ -170,6 +170,42 @@ async def test_unload_cancels_queued_and_drains_running(autojump_clock: trio.abc
         row = pool.snapshot("m")
         assert row.state == "unloaded"
         assert row.running == row.queue_depth == 0
+
+
+async def test_unload_cuts_requests_still_running_at_the_drain_deadline(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    long_reply = " ".join(f"w{i}" for i in range(400))  # 200 s at 2 tokens/s
+    settings = stub_settings(
+        {"m": {"stub_reply": long_reply, "stub_tokens_per_second": 2, "target_inflight": 2}},
+        unload_drain_s=30,
+    )
+    async with open_pool(settings) as pool:
+        await pool.load("m")
+        endless: list[Any] = []
+        fast = Outcome()
+
+        async def read_endless() -> None:
+            async for event in pool.stream(ask("m")):
+                endless.append(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_endless)
+            # 4 tokens: 2 s, well inside the deadline.
+            nursery.start_soon(run_request, pool, ask("m", decoding={"max_tokens": 4}), fast)
+            await wait_until(lambda: pool.snapshot("m").running == 2)
+            unload_started = trio.current_time()
+            row = await pool.unload("m")
+            unload_took = trio.current_time() - unload_started
+        assert row.state == "unloaded" and row.running == 0
+        assert unload_took == pytest.approx(30, abs=0.6)
+        assert fast.error is None and fast.text == "w0 w1 w2 w3"
+        deltas = [e for e in endless if isinstance(e, Delta)]
+        assert 55 <= len(deltas) <= 62  # about 30 s of tokens, then cut
+        assert isinstance(endless[-1], Failed)
+        assert endless[-1].error.code == "model_unloading"
+        assert "unload_drain_s" in endless[-1].error.message
+        assert pool.model("m").replicas == []
 
 
 class _FlakyBackend(StubBackend):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import trio
 
+import pool.actors._model as model_module
 from pool import PoolError, open_pool
 from pool.actors import FlushResult
+from pool.backends import get_backend
 from pool.config import build_settings
 
-from .helpers import ask, stub_settings, wait_until
+from .helpers import CachingBackend, CachingRuntime, ask, stub_settings, wait_until
 
 
 async def test_load_task_runs_in_background_and_evicts_first(
@@ -79,12 +81,29 @@ async def test_health_and_capabilities(autojump_clock: trio.abc.Clock) -> None:
         assert pool.health().reason == "the pool is shutting down"
 
 
-async def test_flush_without_prompt_caches_reports_zero() -> None:
-    async with open_pool(stub_settings({"m": {"enabled": True}})) as pool:
-        assert await pool.flush_cache("all") == FlushResult(0, 0.0)
-        assert (await pool.flush_cache("model", model="m")).entries_removed == 0
+async def test_flush_sums_the_runtimes_in_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    caching = CachingBackend()
+    monkeypatch.setattr(
+        model_module, "get_backend", lambda name: caching if name == "stub" else get_backend(name)
+    )
+    monkeypatch.setattr(CachingRuntime, "flushes", [])
+    settings = stub_settings({"a": {"enabled": True, "replicas": 2}, "b": {"enabled": True}})
+    async with open_pool(settings) as pool:
+        assert await pool.flush_cache("all") == FlushResult(9, 4.5)  # three replicas
+        assert await pool.flush_cache("model", model="b") == FlushResult(3, 1.5)
+        assert await pool.flush_cache("tenant", tenant="t1") == FlushResult(9, 4.5)
+        assert CachingRuntime.flushes[-1] == ("tenant", "t1", None)
+        assert len(CachingRuntime.flushes) == 3 + 1 + 3
+        await pool.unload("a")
+        assert await pool.flush_cache("all") == FlushResult(3, 1.5)  # only b is loaded
         with pytest.raises(PoolError):
             await pool.flush_cache("model", model="nope")
+
+
+async def test_flush_without_prompt_caches_reports_zero() -> None:
+    # The stub keeps no cache (no flush_cache): nothing to flush, and no error.
+    async with open_pool(stub_settings({"m": {"enabled": True}})) as pool:
+        assert await pool.flush_cache("all") == FlushResult(0, 0.0)
 
 
 async def test_loading_models_are_listed_while_loading(autojump_clock: trio.abc.Clock) -> None:

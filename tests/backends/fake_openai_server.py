@@ -5,11 +5,13 @@ llama-server: ``/health``, ``/v1/models`` and streamed ``/v1/chat/completions``.
 Usage: ``python fake_openai_server.py -m MODEL --host H --port P [--mode M] [--spawn-child]``.
 Modes: ``ok``; ``never-ready`` (health stays 503); ``slow`` (tokens every 0.2 s).
 ``--spawn-child`` starts a sleeping grandchild, to show the whole group is stopped.
+The startup line names the server's pid and the grandchild's.
 """
 
 import argparse
 import http.server
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,9 +24,10 @@ parser.add_argument("--mode", default="ok")
 parser.add_argument("--spawn-child", action="store_true")
 args, _unknown = parser.parse_known_args()
 
+grandchild = ""
 if args.spawn_child:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    print(f"grandchild {child.pid}", flush=True)
+    grandchild = f" grandchild {child.pid}"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -77,5 +80,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stdout.flush()
 
 
-print(f"fake server for {args.model} on {args.port}", flush=True)
+# One line naming both processes, so a test can find them in an error's output tail.
+print(f"fake server for {args.model} on {args.port}: pid {os.getpid()}{grandchild}", flush=True)
 http.server.ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

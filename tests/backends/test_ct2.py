@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool import Delta, Finished, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.config import build_settings
 from pool.convert import cached_model
 
@@ -51,25 +51,63 @@ async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
         reply = await pool.respond(_ask())
         assert "Paris" in reply.text
         assert reply.usage.prompt_tokens and reply.usage.output_tokens
-        times = []
+        started = time.perf_counter()
+        deltas: list[float] = []
         async for event in pool.stream(
-            _ask("Write a story about a cat.", decoding={"max_tokens": 48})
+            _ask("Write a story about a cat.", decoding={"max_tokens": 64})
         ):
             if isinstance(event, Delta):
-                times.append(time.perf_counter())
-        assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
+                deltas.append(time.perf_counter() - started)
+            elif isinstance(event, Finished):
+                completed = time.perf_counter() - started
+        assert len(deltas) > 20
+        # Streamed, not buffered: the first piece arrives early and the rest keep coming
+        # until the end (a buffered reply would put every delta at the end).
+        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
+        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
+
+
+class _RecordingGenerator:
+    """Stands between the runtime and its ``ctranslate2.Generator``: records each call."""
+
+    def __init__(self, generator: Any) -> None:
+        self._generator = generator
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def generate_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(("generate_batch", kwargs))
+        return self._generator.generate_batch(*args, **kwargs)
+
+    def generate_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(("generate_tokens", kwargs))
+        return self._generator.generate_tokens(*args, **kwargs)
 
 
 async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
-        reply = await pool.respond(_ask(decoding={"beam_size": 2}))
-        assert "Paris" in reply.text
+        runtime: Any = pool.model("ct").replicas[0].runtime
+        recorder = runtime._generator = _RecordingGenerator(runtime._generator)
+        beam = await pool.respond(_ask(decoding={"beam_size": 3}))
+        greedy = await pool.respond(_ask())
+        assert "Paris" in beam.text and "Paris" in greedy.text
+        # At the boundary with CTranslate2: beam search with the requested width and no
+        # sampling settings, then the greedy request token by token.
+        (beam_call, beam_kwargs), (greedy_call, greedy_kwargs) = recorder.calls
+        assert beam_call == "generate_batch" and beam_kwargs["beam_size"] == 3
+        assert not any(key.startswith("sampling_") for key in beam_kwargs)
+        assert greedy_call == "generate_tokens" and greedy_kwargs["sampling_topk"] == 1
+        assert "beam_size" not in greedy_kwargs
+        # Beam search hands the finished text over at once: a single delta.
+        deltas = [
+            e async for e in pool.stream(_ask(decoding={"beam_size": 3})) if isinstance(e, Delta)
+        ]
+        assert len(deltas) == 1 and deltas[0].text == beam.text
 
 
 async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         row = pool.snapshot("ct")
-        assert row["capabilities"] == {
+        assert row.capabilities.as_dict() == {
             "modalities": ["text"],
             "multi_turn": False,
             "thinking_modes": ["default", "enabled", "disabled"],

@@ -47,9 +47,10 @@ async def test_answers_paris_with_metrics() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         reply = await pool.respond(_ask("smol"))
         assert "Paris" in reply.text
-        usage, timings = reply.usage, reply.timings
-        assert usage.prompt_tokens and usage.output_tokens and timings.tokens_per_second
-        assert timings.time_to_first_token_ms is not None and timings.tokenize_ms is not None
+        assert reply.usage.prompt_tokens and reply.usage.output_tokens
+        t = reply.timings
+        assert t.tokens_per_second and t.time_to_first_token_ms is not None
+        assert t.tokenize_ms is not None
         assert reply.finish_reason == "stop"
 
 
@@ -211,10 +212,10 @@ async def test_request_stop_strings_and_greedy_repeats() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         full = await pool.respond(_ask("smol"))
         again = await pool.respond(_ask("smol"))
-        assert again.output_text == full.output_text  # temperature 0 is greedy
+        assert again.text == full.text  # temperature 0 is greedy
         cut = await pool.respond(_ask("smol", decoding={"stop": ["Paris"]}))
-        assert "Paris" not in cut.output_text
-        assert full.output_text.startswith(cut.output_text)
+        assert "Paris" not in cut.text
+        assert full.text.startswith(cut.text)
         assert cut.finish_reason == "stop"
         short = await pool.respond(_ask("smol", decoding={"max_tokens": 3}))
         assert short.finish_reason == "length" and short.usage.output_tokens == 3
@@ -251,7 +252,7 @@ async def test_model_template_renders_the_gguf_chat_template() -> None:
 async def test_images_are_refused_even_if_the_config_lists_them() -> None:
     settings = _settings(smol={"enabled": True, "modalities": ["text", "image"]})
     async with open_pool(settings) as pool:
-        assert pool.snapshot("smol")["capabilities"]["modalities"] == ["text"]
+        assert pool.snapshot("smol").capabilities.modalities == ("text",)
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         request = request_from_responses(
             {
@@ -300,10 +301,33 @@ def test_every_allowed_cache_type_maps_to_a_ggml_type() -> None:
         assert exported in (None, value), name
 
 
+def _state_size_after_a_prompt(llama: Any) -> int:
+    """Bytes of the context's saved state (mostly its KV cache) after one fixed prompt."""
+    llama.reset()
+    llama.eval(llama.tokenize(b"The capital of France is Paris. " * 8))
+    return int(llama.save_state().llama_state_size)
+
+
 @pytest.mark.real_model
-@pytest.mark.parametrize("cache_type", ["bf16", "q4_0"])
-async def test_quantized_and_bf16_caches_load(cache_type: str) -> None:
+async def test_cache_types_reach_the_llama_context() -> None:
+    """The cache types of a load are the llama context's: its parameters name them and its
+    KV cache is the size they make (f16 and bf16 alike, q8_0 about half, q4_0 less)."""
+    state_sizes: dict[str, int] = {}
     async with open_pool(_settings(smol={})) as pool:
-        await pool.load("smol", {"gguf_type_k": cache_type, "gguf_type_v": cache_type})
-        reply = await pool.respond(_ask("smol", decoding={"max_tokens": 8}))
-        assert reply.text.strip()
+        for cache_type in ("f16", "bf16", "q8_0", "q4_0"):
+            await pool.load("smol", {"gguf_type_k": cache_type, "gguf_type_v": cache_type})
+            runtime: Any = pool.model("smol").replicas[0].runtime
+            llama = runtime._llama
+            params = llama.context_params
+            assert params.type_k == params.type_v == _GGML_TYPES[cache_type], cache_type
+
+            # On the replica's worker limiter: a llama context is not thread-safe.
+            state_sizes[cache_type] = await trio.to_thread.run_sync(
+                _state_size_after_a_prompt, llama, limiter=runtime._limiter
+            )
+            reply = await pool.respond(_ask("smol", decoding={"max_tokens": 8}))
+            assert reply.text.strip()
+            await pool.unload("smol")
+    sizes = state_sizes
+    assert sizes["q4_0"] < sizes["q8_0"] < 0.6 * sizes["f16"], sizes
+    assert sizes["bf16"] == sizes["f16"], sizes

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import trio
 
-from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool import (
+    Delta,
+    Failed,
+    Finished,
+    InferenceRequest,
+    PoolError,
+    open_pool,
+    request_from_responses,
+)
 from pool.config import build_settings
 
 from .test_process import _gone, assert_killed_pool_leaves_no_server
@@ -67,13 +75,20 @@ async def test_paris_streaming_and_unload(binary: str) -> None:
     async with open_pool(_settings(binary)) as pool:
         assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
         assert "Paris" in (await pool.respond(_ask())).text
-        times = []
+        started = time.perf_counter()
+        deltas: list[float] = []
         async for event in pool.stream(
-            _ask(input="Write a story about a fox.", decoding={"max_tokens": 48})
+            _ask(input="Write a story about a fox.", decoding={"max_tokens": 64})
         ):
             if isinstance(event, Delta):
-                times.append(time.perf_counter())
-        assert len(times) > 10 and times[0] < times[len(times) // 2] < times[-1]
+                deltas.append(time.perf_counter() - started)
+            elif isinstance(event, Finished):
+                completed = time.perf_counter() - started
+        assert len(deltas) > 20
+        # Streamed, not buffered: the first piece arrives early and the rest keep coming
+        # until the end (a buffered reply would put every delta at the end).
+        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
+        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("ls")
         assert _gone(pid)
@@ -83,18 +98,16 @@ async def test_killing_the_server_mid_stream(binary: str) -> None:
     async with open_pool(_settings(binary)) as pool:
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         deltas = 0
-        errors = []
-        try:
-            async for event in pool.stream(
-                _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
-            ):
-                if isinstance(event, Delta):
-                    deltas += 1
-                    if deltas == 3:
-                        os.kill(pid, signal.SIGKILL)
-        except PoolError as exc:
-            errors.append(exc)
-        assert errors and errors[0].code == "backend_error"
+        events = []
+        async for event in pool.stream(
+            _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
+        ):
+            events.append(event)
+            if isinstance(event, Delta):
+                deltas += 1
+                if deltas == 3:
+                    os.kill(pid, signal.SIGKILL)
+        assert isinstance(events[-1], Failed) and events[-1].error.code == "backend_error"
         with trio.fail_after(5):
             while pool.snapshot("ls").state != "failed":
                 await trio.sleep(0.02)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,15 @@ def _gone(pgid: int) -> bool:
     return not group_alive(pgid)
 
 
+def _running(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _ask(**fields: Any) -> InferenceRequest:
     return request_from_responses({"model": "srv", "input": "hi", **fields})
 
@@ -88,7 +98,7 @@ async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_p
     settings = _settings(
         fake_binary,
         tmp_path,
-        llama_server_extra_args=["--mode", "never-ready"],
+        llama_server_extra_args=["--mode", "never-ready", "--spawn-child"],
         llama_server_start_timeout_s=2,
     )
     async with open_pool(settings) as pool:
@@ -96,14 +106,13 @@ async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_p
             await pool.load("srv")
         assert "not ready within 2s" in info.value.message
         assert "fake server for" in info.value.message  # the tail of its output
-        pids = [
-            int(line.split()[-1])
-            for line in info.value.message.splitlines()
-            if "grandchild" in line
-        ]
+        match = re.search(r"pid (\d+) grandchild (\d+)", info.value.message)
+        assert match is not None, info.value.message
         assert pool.snapshot("srv").state == "failed"
-    for pid in pids:
-        assert _gone(pid)
+    server, grandchild = int(match[1]), int(match[2])
+    # The server leads its own process group; the grandchild is in it, and both are gone.
+    assert _gone(server)
+    assert not _running(server) and not _running(grandchild)
 
 
 async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_path: Path) -> None:
@@ -112,12 +121,15 @@ async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_pat
         await pool.load("srv")
         pid = pool.model("srv").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         deltas = 0
+        events = []
         async for event in pool.stream(_ask(decoding={"max_tokens": 30})):
+            events.append(event)
             if isinstance(event, Delta):
                 deltas += 1
                 if deltas == 2:
                     os.kill(pid, signal.SIGKILL)
-        assert isinstance(event, Failed) and event.error.code == "backend_error"
+        assert 2 <= deltas < 30  # the stream ended early
+        assert isinstance(events[-1], Failed) and events[-1].error.code == "backend_error"
         with trio.fail_after(5):
             while pool.snapshot("srv").state != "failed":
                 await trio.sleep(0.02)

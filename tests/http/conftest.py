@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from pool import ServerInfo, serve
+from pool.actors import GpuReading, GpuSource, GpuView
 from pool.config import build_settings
 
 STUB_MODELS: dict[str, dict[str, Any]] = {
@@ -26,14 +27,44 @@ STUB_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+class FakeGpus:
+    """A GPU source with fixed readings, in place of the NVML monitor ``serve`` starts."""
+
+    def __init__(self, *gpus: GpuReading, error: str | None = None) -> None:
+        self._view = GpuView(tuple(gpus), error)
+
+    def view(self) -> GpuView:
+        return self._view
+
+
+# What NVML reports on a two-GPU box.
+TWO_GPUS = FakeGpus(
+    GpuReading(0, "NVIDIA H100 80GB HBM3", used_mib=1234, total_mib=81559, utilization=0.25),
+    GpuReading(1, "NVIDIA L4", used_mib=100, total_mib=23034),
+)
+
+
 async def start_server(
-    nursery: trio.Nursery, models: dict[str, dict[str, Any]] | None = None, **service: Any
+    nursery: trio.Nursery,
+    models: dict[str, dict[str, Any]] | None = None,
+    *,
+    engine: dict[str, Any] | None = None,
+    gpus: GpuSource | None = None,
+    **service: Any,
 ) -> ServerInfo:
+    """Serve ``models`` on a free port; ``gpus`` in place of the NVML monitor (a test that
+    checks GPU readings passes a :class:`FakeGpus`, so the machine's driver does not matter).
+    """
     settings = build_settings(
-        {"service": {"shutdown_grace_s": 2, **service}, "engine": {"models": models or STUB_MODELS}}
+        {
+            "service": {"shutdown_grace_s": 2, **service},
+            "engine": {**(engine or {}), "models": models or STUB_MODELS},
+        }
     )
     info: ServerInfo = await nursery.start(
-        lambda task_status: serve(settings, host="127.0.0.1", port=0, task_status=task_status)
+        lambda task_status: serve(
+            settings, host="127.0.0.1", port=0, gpus=gpus, task_status=task_status
+        )
     )
     return info
 

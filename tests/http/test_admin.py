@@ -6,12 +6,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from pool.backends.stub import StubBackend
 from pool.http._auth import sign_op_token
+from tests.actors.helpers import CachingBackend, CachingRuntime
 
-from .conftest import start_server
+from .conftest import TWO_GPUS, FakeGpus, start_server
 
 ROW_FIELDS = {
     "name", "resolved_backend", "configured_enabled", "runtime_state", "is_loaded", "replicas",
@@ -63,10 +66,62 @@ async def test_load_unload_and_validation(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/admin/models/cold/unload")).status_code == 200
 
 
-async def test_gpu_memory_without_a_gpu(client: httpx.AsyncClient) -> None:
+async def test_gpu_readings_are_rendered(nursery: trio.Nursery) -> None:
+    """The rows of one GPU source on every surface that shows GPUs."""
+    info = await start_server(nursery, gpus=TWO_GPUS)
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        body = (await client.get("/v1/admin/gpu-memory")).json()
+        assert body["gpus"] == [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "used_mib": 1234,
+             "total_mib": 81559, "used_over_total": "1234MiB / 81559MiB"},
+            {"index": 1, "name": "NVIDIA L4", "used_mib": 100, "total_mib": 23034,
+             "used_over_total": "100MiB / 23034MiB"},
+        ]  # fmt: skip
+        assert body["error"] is None
+        assert {m["name"] for m in body["models"]} == {"echo", "slow", "cold", "single"}
+        resources = (await client.get("/v1/capabilities")).json()["resources"]
+        assert resources == {
+            "gpuIds": [0, 1],
+            "gpuMemoryTotalMB": 81559 + 23034,
+            "gpuMemoryUsedMB": 1234 + 100,
+            "gpuMemoryFreeMB": 81559 - 1234 + 23034 - 100,
+            "error": None,
+        }
+        text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gauges = {
+        (name, s.labels["gpu"]): s.value
+        for name in ("llm_pool_gpu_memory_used_bytes", "llm_pool_gpu_memory_total_bytes")
+        for s in families[name].samples
+    }
+    mib = 1024 * 1024
+    assert gauges == {
+        ("llm_pool_gpu_memory_used_bytes", "0"): 1234 * mib,
+        ("llm_pool_gpu_memory_used_bytes", "1"): 100 * mib,
+        ("llm_pool_gpu_memory_total_bytes", "0"): 81559 * mib,
+        ("llm_pool_gpu_memory_total_bytes", "1"): 23034 * mib,
+    }
+
+
+async def test_no_gpu_readings_say_why(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, gpus=FakeGpus(error="no GPU information: no driver"))
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        body = (await client.get("/v1/admin/gpu-memory")).json()
+        assert body["gpus"] == [] and body["error"] == "no GPU information: no driver"
+        resources = (await client.get("/v1/capabilities")).json()["resources"]
+        assert resources["gpuIds"] == [] and resources["gpuMemoryTotalMB"] == 0
+        assert resources["error"] == "no GPU information: no driver"
+        text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["llm_pool_gpu_memory_used_bytes"].samples == []
+
+
+async def test_serve_reads_the_gpus_of_this_machine(client: httpx.AsyncClient) -> None:
+    """With no source given, serve's NVML monitor answers: readings or the reason for none."""
     body = (await client.get("/v1/admin/gpu-memory")).json()
-    assert body["gpus"] == [] and body["error"]
-    assert {m["name"] for m in body["models"]} == {"echo", "slow", "cold", "single"}
+    assert bool(body["gpus"]) != bool(body["error"])
+    resources = (await client.get("/v1/capabilities")).json()["resources"]
+    assert resources["gpuIds"] == [g["index"] for g in body["gpus"]]
 
 
 async def test_openapi_and_docs(client: httpx.AsyncClient) -> None:
@@ -102,11 +157,67 @@ async def test_runner_api(client: httpx.AsyncClient) -> None:
     assert ctx.status_code == 400  # exllama_cache_size must be a multiple of 256
     unloaded = await client.post("/v1/models/unload", json={"modelId": "cold"})
     assert unloaded.json()["modelId"] == "cold" and unloaded.json()["kvCacheFlushed"]
-    flush = await client.post("/v1/cache/flush", json={"scope": "all"})
-    assert flush.json() == {"flushed": True, "entriesRemoved": 0, "memoryFreedMB": 0}
     assert (await client.post("/v1/cache/flush", json={"scope": "model"})).status_code == 400
     assert (await client.post("/v1/cache/flush", json={"scope": "planet"})).status_code == 422
     assert (await client.get("/health")).status_code == 200
+
+
+async def test_runner_load_checks_overrides_like_the_admin_load(
+    client: httpx.AsyncClient,
+) -> None:
+    """``overrides`` of ``POST /v1/models/load`` is the admin load body: same 422 and 400."""
+    cases: list[tuple[str, object, int, str]] = [
+        ("single", {"exllama_cache_size": 0}, 422, "validation_error"),
+        ("cold", {"gguf_n_ctx": 0}, 422, "validation_error"),
+        ("cold", {"gguf_n_ctx": "abc"}, 422, "validation_error"),
+        ("cold", {"no_such_field": 1}, 422, "validation_error"),
+        ("cold", {"replicas": 0}, 422, "validation_error"),
+        ("single", {"exllama_cache_size": 8000}, 400, "invalid_load_request"),
+        ("cold", {"gguf_n_ctx": 512}, 400, "invalid_load_request"),
+    ]
+    for model, overrides, status, code in cases:
+        admin = await client.post(f"/v1/admin/models/{model}/load", json=overrides)
+        runner = await client.post(
+            "/v1/models/load", json={"modelId": model, "overrides": overrides}
+        )
+        for reply in (admin, runner):
+            assert (reply.status_code, reply.json()["error"]["code"]) == (status, code), (
+                reply.request.url,
+                overrides,
+                reply.text,
+            )
+    # The runner names where in its body the bad value sits.
+    reply = await client.post(
+        "/v1/models/load", json={"modelId": "cold", "overrides": {"gguf_n_ctx": 0}}
+    )
+    assert reply.json()["error"]["errors"][0]["loc"] == ["overrides", "gguf_n_ctx"]
+    # Not an object at all: the runner's own schema refuses it, as the admin route does.
+    for overrides in ("abc", [1], 5):
+        admin = await client.post("/v1/admin/models/cold/load", json=overrides)
+        runner = await client.post(
+            "/v1/models/load", json={"modelId": "cold", "overrides": overrides}
+        )
+        assert admin.status_code == runner.status_code == 422, (overrides, runner.text)
+    rows = (await client.get("/v1/admin/models")).json()["models"]
+    assert {r["name"]: r["runtime_state"] for r in rows}["cold"] == "unloaded"
+
+
+async def test_cache_flush_renders_what_the_runtimes_freed(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every stub replica gets a runtime with a prompt cache to flush.
+    monkeypatch.setattr(StubBackend, "load", CachingBackend.load_caching)
+    monkeypatch.setattr(CachingRuntime, "flushes", [])
+    stub = {"backend": "stub", "enabled": True}
+    info = await start_server(nursery, {"a": stub, "b": stub})
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        flush = await client.post("/v1/cache/flush", json={"scope": "all"})
+        assert flush.json() == {"flushed": True, "entriesRemoved": 6, "memoryFreedMB": 3}
+        one = await client.post("/v1/cache/flush", json={"scope": "model", "modelId": "b"})
+        assert one.json() == {"flushed": True, "entriesRemoved": 3, "memoryFreedMB": 2}
+        tag = await client.post("/v1/cache/flush", json={"scope": "tag", "tag": "docs"})
+        assert tag.json()["entriesRemoved"] == 6
+    assert CachingRuntime.flushes[-1] == ("tag", None, "docs")
 
 
 async def test_metrics_parse_and_count(client: httpx.AsyncClient) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,25 +88,37 @@ def test_valid_op_token(tmp_path: Path) -> None:
     auth.verify_op_token(json.dumps(token), operation="model-load", model="m")
 
 
+def _signed(key: bytes = KEY, **over: Any) -> Callable[[], Any]:
+    """A token signed when the test runs: one signed at collection time could fall out of
+    the issuedAt window before a slow run reaches it."""
+    return lambda: sign_op_token(key, _claims(**over))
+
+
+def _issued(offset_s: float) -> Callable[[], Any]:
+    return lambda: sign_op_token(KEY, _claims(issuedAt=time.time() + offset_s))
+
+
 @pytest.mark.parametrize(
-    ("token", "reason"),
+    ("make_token", "reason"),
     [
-        (sign_op_token(b"another key entirely 000000000000", _claims()), "signature"),
-        (sign_op_token(KEY, _claims(issuedAt=time.time() - 301)), "window"),
-        (sign_op_token(KEY, _claims(issuedAt=time.time() + 3600)), "window"),
-        (sign_op_token(KEY, _claims(operation="model-unload")), "model-unload"),
-        (sign_op_token(KEY, _claims(modelId="other")), "other"),
-        (sign_op_token(KEY, _claims(signers=[])), "signer"),
-        (sign_op_token(KEY, _claims(nonce="short")), "nonce"),
-        (sign_op_token(KEY, _claims(issuedAt="yesterday")), "issuedAt"),
-        ("not base64 at all!", "base64"),
-        ("e30", "opToken"),
-        ({"opToken": _claims(), "signature": "00" * 32}, "signature"),
+        (_signed(b"another key entirely 000000000000"), "signature"),
+        (_issued(-301), "window"),
+        (_issued(3600), "window"),
+        (_signed(operation="model-unload"), "model-unload"),
+        (_signed(modelId="other"), "other"),
+        (_signed(signers=[]), "signer"),
+        (_signed(nonce="short"), "nonce"),
+        (_signed(issuedAt="yesterday"), "issuedAt"),
+        (lambda: "not base64 at all!", "base64"),
+        (lambda: "e30", "opToken"),
+        (lambda: {"opToken": _claims(), "signature": "00" * 32}, "signature"),
     ],
 )
-def test_forged_expired_or_malformed_op_tokens(tmp_path: Path, token: Any, reason: str) -> None:
+def test_forged_expired_or_malformed_op_tokens(
+    tmp_path: Path, make_token: Callable[[], Any], reason: str
+) -> None:
     with pytest.raises(PoolError) as info:
-        _auth(tmp_path).verify_op_token(token, operation="model-load", model="m")
+        _auth(tmp_path).verify_op_token(make_token(), operation="model-load", model="m")
     assert info.value.code == "unauthorized" and reason in info.value.message
 
 

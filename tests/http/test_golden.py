@@ -26,9 +26,9 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
 from pool import ServerInfo
 from pool._version import __version__
-from pool.actors import GpuReading, GpuView
+from pool.actors import GpuReading
 
-from .conftest import start_server
+from .conftest import FakeGpus, start_server
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -235,18 +235,9 @@ async def _server(nursery: trio.Nursery, **service: Any) -> ServerInfo:
 
 
 # What NVML reports on a GPU box: the cases that show GPU readings also run with this
-# reading in place of the real GPU source, against the same golden file.
-FAKE_GPU = GpuReading(index=0, name="NVIDIA H100 80GB HBM3", used_mib=1234, total_mib=81559)
+# source in place of the machine's NVML monitor, against the same golden file.
+FAKE_GPUS = FakeGpus(GpuReading(0, "NVIDIA H100 80GB HBM3", used_mib=1234, total_mib=81559))
 GPU_CASES = pytest.mark.parametrize("fake_gpu", [False, True], ids=["real-gpus", "fake-gpu"])
-
-
-class _FakeGpus:
-    def view(self) -> GpuView:
-        return GpuView((FAKE_GPU,), None)
-
-
-def _use_fake_gpu(info: ServerInfo) -> None:
-    info.pool.gpus = _FakeGpus()
 
 
 def _client(info: ServerInfo) -> httpx.AsyncClient:
@@ -607,9 +598,7 @@ async def test_ollama_errors(nursery: trio.Nursery) -> None:
 
 @GPU_CASES
 async def test_runner_capabilities_and_health(nursery: trio.Nursery, fake_gpu: bool) -> None:
-    info = await _server(nursery)
-    if fake_gpu:
-        _use_fake_gpu(info)
+    info = await _server(nursery, gpus=FAKE_GPUS if fake_gpu else None)
     transcript = Transcript("runner_capabilities")
     async with _client(info) as client:
         transcript.exchange(await client.get("/v1/capabilities"))
@@ -709,9 +698,7 @@ def _labels(sample: str) -> str:
 
 @GPU_CASES
 async def test_metrics(nursery: trio.Nursery, fake_gpu: bool) -> None:
-    info = await _server(nursery)
-    if fake_gpu:
-        _use_fake_gpu(info)
+    info = await _server(nursery, gpus=FAKE_GPUS if fake_gpu else None)
     transcript = Transcript("metrics")
     async with _client(info) as client:
         body = {"model": "paris", "input": "x"}
@@ -730,9 +717,7 @@ async def test_metrics(nursery: trio.Nursery, fake_gpu: bool) -> None:
 
 @GPU_CASES
 async def test_admin_listings(nursery: trio.Nursery, fake_gpu: bool) -> None:
-    info = await _server(nursery)
-    if fake_gpu:
-        _use_fake_gpu(info)
+    info = await _server(nursery, gpus=FAKE_GPUS if fake_gpu else None)
     transcript = Transcript("admin_listings")
     async with _client(info) as client:
         transcript.exchange(await client.get("/v1/models"))

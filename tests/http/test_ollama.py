@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import ollama
 import pytest
@@ -130,8 +132,11 @@ async def test_pull_status_cancel_and_delete_over_http(
         assert status["status"] == "success" and status["completed"] == 300_000
         assert (await http.get("/api/pull/status/none")).status_code == 404
         async with http.stream("POST", "/api/pull", json={"model": "slow"}) as progress:
-            async for _ in progress.aiter_lines():
-                break  # disconnect: the pull goes on
+            async for line in progress.aiter_lines():
+                # Disconnect once the download runs (the first lines come before it
+                # starts): the pull goes on without its reader.
+                if json.loads(line)["status"] == "downloading":
+                    break
         assert (await http.get("/api/pull/status/slow")).json()["status"] == "downloading"
         cancelled = await http.delete("/api/pull/slow")
         assert cancelled.json() == {"model": "slow", "cancelled": True}

@@ -84,6 +84,56 @@ async def test_stream_deltas_arrive_as_generated(client: httpx.AsyncClient) -> N
     assert times[-1] - times[0] > 1.5  # 20 tokens/s: spread over ~2 s, not one burst
 
 
+async def test_unload_ends_a_stream_past_the_drain_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    long_reply = " ".join(f"w{i}" for i in range(400))  # 200 s at 2 tokens/s
+    info = await start_server(
+        nursery,
+        {
+            "m": {
+                "backend": "stub",
+                "enabled": True,
+                "stub_reply": long_reply,
+                "stub_tokens_per_second": 2,
+                "target_inflight": 2,
+            }
+        },
+        engine={"unload_drain_s": 5},
+    )
+    long_stream: list[tuple[str, str]] = []
+    fast: list[tuple[str, str]] = []
+
+    async def read(body: dict[str, object], into: list[tuple[str, str]]) -> None:
+        async with httpx.AsyncClient(base_url=info.url, timeout=None) as client:
+            reply = await client.post("/v1/responses", json=body)
+            into.extend(sse_events(reply.text))
+
+    async with httpx.AsyncClient(base_url=info.url, timeout=None) as client:
+        async with trio.open_nursery() as readers:
+            readers.start_soon(read, {"model": "m", "input": "x", "stream": True}, long_stream)
+            # 4 tokens: 2 s, inside the deadline.
+            body = {"model": "m", "input": "x", "stream": True, "decoding": {"max_tokens": 4}}
+            readers.start_soon(read, body, fast)
+            with trio.fail_after(5):
+                while await _inflight(client, "m") < 2:
+                    await trio.sleep(0.01)
+            started = trio.current_time()
+            unloaded = await client.post("/v1/admin/models/m/unload")
+            took = trio.current_time() - started
+        assert unloaded.status_code == 200 and unloaded.json()["runtime_state"] == "unloaded"
+        assert took == pytest.approx(5, abs=0.6)
+        row = (await client.get("/v1/admin/models/m")).json()
+        assert row["runtime_state"] == "unloaded" and row["runtime_inflight"] == 0
+    assert [kind for kind, _ in fast][-1] == "response.completed"
+    assert json.loads(fast[-1][1])["response"]["output_text"] == "w0 w1 w2 w3"
+    kinds = [kind for kind, _ in long_stream]
+    assert 8 <= kinds.count("response.output_text.delta") <= 11  # about 5 s of tokens
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    error = json.loads(long_stream[-1][1])["error"]
+    assert error["code"] == "model_unloading" and "unload_drain_s" in error["message"]
+
+
 async def test_errors_have_codes_and_statuses(client: httpx.AsyncClient) -> None:
     cases = [
         ({"model": "nope", "input": "x"}, 404, "unknown_model"),
