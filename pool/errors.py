@@ -19,6 +19,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "multi_turn_unsupported": 400,
     "remote_not_allowed": 400,
     "unauthorized": 401,
+    "host_not_allowed": 403,
+    "origin_not_allowed": 403,
     "not_found": 404,
     "unknown_model": 404,
     "method_not_allowed": 405,

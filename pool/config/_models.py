@@ -125,6 +125,16 @@ class ServiceSettings(_Strict):
     stats_window: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
         1024, description="Recent requests per model kept for queue-wait and drain-rate figures."
     )
+    # Issue #19: the Host/Origin allow-list against DNS rebinding.
+    allowed_hosts: list[
+        # "*", a name or IPv4 address, or a bracketed IPv6 address; an optional port.
+        Annotated[str, Field(pattern=r"^(?i)(\*|(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?)$")]
+    ] = Field(
+        default_factory=list,
+        description="Host (and browser Origin) names accepted besides the bound address,"
+        ' localhost, 127.0.0.1 and [::1] with the port: `name` (any port) or `name:port`; "*"'
+        " accepts any.",
+    )
 
 
 class DecodingDefaults(_Strict):

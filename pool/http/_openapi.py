@@ -145,6 +145,9 @@ def openapi_document(
             "version": __version__,
             "description": "One HTTP API in front of many local LLM runtimes.\n\nRuntime states:\n"
             + states
+            + "\n\nEvery route and the WebSocket handshake first check `Host` (and a browser's"
+            " `Origin`) against the bound address, `localhost`, `127.0.0.1`, `[::1]` and"
+            " `service.allowed_hosts`: others get 403 `host_not_allowed` / `origin_not_allowed`."
             + '\n\nErrors are `{"error": {"code", "message"}}`; codes and statuses: '
             + ", ".join(
                 f"`{c}` {s}" for c, s in sorted(STATUS_BY_CODE.items(), key=lambda x: x[1])
