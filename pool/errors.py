@@ -18,6 +18,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "modality_unsupported": 400,
     "multi_turn_unsupported": 400,
     "remote_not_allowed": 400,
+    "image_refused": 400,
     "unauthorized": 401,
     "host_not_allowed": 403,
     "origin_not_allowed": 403,
