@@ -38,8 +38,10 @@ def checked_url(url: str) -> str:
         raise refused("invalid_url", f"{shown(url)} is not a valid URL") from None
     if parts.scheme.lower() not in ("http", "https"):
         raise refused("scheme_not_allowed", f"{shown(url)} is not an http(s) URL")
-    if not parts.hostname or not url.isascii():
-        raise refused("invalid_url", f"{shown(url)} needs an ASCII host name (IDNA)")
+    if not parts.hostname:
+        raise refused("invalid_url", f"{shown(url)} names no host")
+    if not url.isascii():
+        raise refused("invalid_url", f"{shown(url)} must be ASCII (IDNA host, %-escaped path)")
     if parts.username is not None or parts.password is not None:
         raise refused("invalid_url", "image URLs with credentials are not fetched")
     return url
