@@ -1,16 +1,20 @@
 """Turning an :class:`InferenceRequest` into a backend's :class:`GenerationRequest`.
 
 This is where the per-model capability rules live (multi-turn, images, thinking,
-remote gate), so every surface (responses, OpenAI, Ollama, WebSocket) enforces them
-the same way and a rejected request never reaches a queue.
+remote gate), and where images become inline data under the media policy, so every
+surface (responses, OpenAI, Ollama, WebSocket, embedded) enforces them the same way
+and a rejected request never reaches a queue.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from pool.actors._request import DecodingOverrides, InferenceRequest
-from pool.backends import Capabilities, Decoding, GenerationRequest
+from pool.backends import Capabilities, Decoding, GenerationRequest, ImagePart, Turn
 from pool.config import DecodingDefaults
 from pool.errors import PoolError
+from pool.media import MediaLoader
 
 
 def effective_decoding(asked: DecodingOverrides, defaults: DecodingDefaults) -> Decoding:
@@ -74,3 +78,29 @@ def build_generation_request(
         source_lang_code=request.source_lang_code,
         target_lang_code=request.target_lang_code,
     )
+
+
+async def inline_images(request: GenerationRequest, media: MediaLoader) -> GenerationRequest:
+    """``request`` with every image as an inline ``data:`` URL (the same object if none).
+
+    Raises:
+        PoolError: ``image_refused`` (400) from the media policy.
+    """
+    urls = [p.url for t in request.turns for p in t.parts if isinstance(p, ImagePart)]
+    if not urls:
+        return request
+    inlined = await media.inline(urls)
+    if inlined == urls:
+        return request
+    replacements = iter(inlined)
+    turns = tuple(
+        Turn(
+            turn.role,
+            tuple(
+                ImagePart(next(replacements), part.detail) if isinstance(part, ImagePart) else part
+                for part in turn.parts
+            ),
+        )
+        for turn in request.turns
+    )
+    return dataclasses.replace(request, turns=turns)

@@ -22,7 +22,7 @@ import trio
 
 from pool.actors._admission import Admission, new_request_id
 from pool.actors._events import Event, Finished
-from pool.actors._intake import build_generation_request
+from pool.actors._intake import build_generation_request, inline_images
 from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
@@ -34,6 +34,7 @@ from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._ticket import JobFinished
 from pool.config import LoadRequest, Settings, validate_load_request
 from pool.errors import PoolError
+from pool.media import MediaLoader
 from pool.pulls import PullManager
 
 log = logging.getLogger("pool")
@@ -73,9 +74,17 @@ class Pool:
     Create it with :func:`open_pool`; every method is safe to call from any task.
     """
 
-    def __init__(self, settings: Settings, *, gpus: GpuSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        gpus: GpuSource | None = None,
+        media: MediaLoader | None = None,
+    ) -> None:
         self.settings = settings
         self.gpus: GpuSource = gpus or NoGpus()
+        # Images named by URL become inline data here, once, for every surface.
+        self.media = media or MediaLoader(settings.service)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
         self.models: dict[str, ModelActor] = {
             name: ModelActor(
@@ -142,9 +151,12 @@ class Pool:
         Leaving the block (normally, by error or by cancellation) removes the request
         from the queue or stops its generation, so nothing runs for a departed caller.
 
+        Images are inlined under the media policy (``image_refused`` otherwise) after
+        the capability checks and before the request is queued.
+
         Raises:
-            PoolError: for unknown models, capability or state violations, a full
-                queue (``queue_full``) or waiting past ``queue_timeout_s``.
+            PoolError: for unknown models, capability or state violations, a refused
+                image, a full queue (``queue_full``) or waiting past ``queue_timeout_s``.
         """
         admitted_at = time.perf_counter()
         if self.shutting_down:
@@ -160,6 +172,7 @@ class Pool:
                 decoding_defaults=self.settings.engine.decoding,
             )
             self.rate_limiter.admit(tenant)
+            generation = await inline_images(generation, self.media)
             ticket = actor.admit(
                 generation,
                 tenant=tenant,
@@ -395,7 +408,11 @@ class Pool:
 
 @asynccontextmanager
 async def open_pool(
-    settings: Settings, *, startup_loads: bool = True, gpus: GpuSource | None = None
+    settings: Settings,
+    *,
+    startup_loads: bool = True,
+    gpus: GpuSource | None = None,
+    media: MediaLoader | None = None,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -405,8 +422,10 @@ async def open_pool(
 
     Args:
         gpus: where GPU memory readings come from (``serve`` passes its NVML monitor).
+        media: the image loader (default: one for ``settings.service``; tests inject
+            one with their own resolver).
     """
-    pool = Pool(settings, gpus=gpus)
+    pool = Pool(settings, gpus=gpus, media=media)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery
         for actor in pool.models.values():

@@ -128,6 +128,35 @@ class ServiceSettings(_Strict):
     stats_window: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
         1024, description="Recent requests per model kept for queue-wait and drain-rate figures."
     )
+    # Issue #19: the Host/Origin allow-list (DNS rebinding) and the image policy.
+    allowed_hosts: list[
+        # "*", a name or IPv4 address, or a bracketed IPv6 address; an optional port.
+        Annotated[str, Field(pattern=r"^(?i)(\*|(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?)$")]
+    ] = Field(
+        default_factory=list,
+        description="Host (and browser Origin) names accepted besides the bound address,"
+        ' localhost, 127.0.0.1 and [::1] with the port: `name` (any port) or `name:port`; "*"'
+        " accepts any.",
+    )
+    media_dirs: list[str] = Field(
+        default_factory=list,
+        description="Folders whose files `file://` image URLs may name (symlinks resolved).",
+    )
+    media_fetch: bool = Field(
+        False, description="Fetch http(s) image URLs (never from non-public addresses)."
+    )
+    media_max_bytes: Annotated[int, Field(ge=1, le=1 << 30)] = Field(
+        10 * 1024 * 1024, description="Largest image (decoded bytes) of any source."
+    )
+    media_max_images: Annotated[int, Field(ge=0, le=1024)] = Field(
+        32, description="Most images one request may carry."
+    )
+    media_fetch_timeout_s: Annotated[float, Field(gt=0.0, le=600.0)] = Field(
+        10.0, description="Time for fetching the http(s) images of one request, redirects included."
+    )
+    media_max_redirects: Annotated[int, Field(ge=0, le=10)] = Field(
+        3, description="Redirects followed per image fetch (each target is checked again)."
+    )
 
 
 class DecodingDefaults(_Strict):

@@ -17,10 +17,12 @@ from pool.http._common import (
     AppContext,
     SchemaError,
     error_response,
+    headers,
     json_response,
     request_id,
     schema_error_response,
 )
+from pool.http._hosts import HostAllowList
 from pool.http._openapi import docs_page, openapi_document
 
 log = logging.getLogger("pool.http")
@@ -34,9 +36,40 @@ _HTTP_CODES = {
 }
 
 
-def create_app(pool: Pool, settings: Settings, auth: Authenticator | None = None) -> QuartTrio:
-    """Build the app for ``pool``; every route module registers its own routes."""
+def create_app(
+    pool: Pool,
+    settings: Settings,
+    auth: Authenticator | None = None,
+    hosts: HostAllowList | None = None,
+) -> QuartTrio:
+    """Build the app for ``pool``; every route module registers its own routes.
+
+    Args:
+        hosts: the ``Host``/``Origin`` policy; ``serve`` passes one that learns the bound
+            port after binding. Default: ``service.allowed_hosts`` for ``service.host``
+            and ``service.port``.
+    """
     app = QuartTrio("llm-pool")
+    hosts = hosts or HostAllowList(
+        settings.service.allowed_hosts,
+        bound_host=settings.service.host,
+        port=settings.service.port,
+    )
+
+    # First of all hooks, before auth and routing: a refused name learns nothing else.
+    # A route's blueprint renders the error, so Ollama and OpenAI clients get their shape;
+    # a refused WebSocket handshake is answered with the HTTP error, never accepted.
+    async def check_host_and_origin() -> None:
+        try:
+            sent = headers()
+            hosts.check(sent.get("host", ""), sent.get("origin"))
+        except PoolError as exc:
+            log.warning("request_id=%s refused: %s %s", request_id(), exc.code, exc.message)
+            raise
+
+    app.before_request(check_host_and_origin)
+    app.before_websocket(check_host_and_origin)
+
     app.config["MAX_CONTENT_LENGTH"] = settings.service.max_body_bytes
     # Generations may run for minutes; the pool's own timeouts bound them.
     app.config["RESPONSE_TIMEOUT"] = None

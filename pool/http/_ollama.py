@@ -42,6 +42,7 @@ from pool.http._common import (
 )
 from pool.http._rows import definition_body
 from pool.http._streaming import admitted_stream
+from pool.media import sniff_image_type
 from pool.schemas import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -51,8 +52,6 @@ from pool.schemas import (
 
 NDJSON = "application/x-ndjson"
 _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for a model kept forever
-_IMAGE_MAGIC = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif",
-                b"RIFF": "image/webp"}  # fmt: skip
 
 
 def _now() -> str:
@@ -64,7 +63,7 @@ def _image(data: str) -> ImagePart:
         head = base64.b64decode(data[:24] + "=" * (-len(data[:24]) % 4), validate=False)
     except (binascii.Error, ValueError):
         raise PoolError("invalid_request", "images must be base64") from None
-    mime = next((m for magic, m in _IMAGE_MAGIC.items() if head.startswith(magic)), "image/png")
+    mime = sniff_image_type(head) or "image/png"
     return ImagePart(f"data:{mime};base64,{data}")
 
 

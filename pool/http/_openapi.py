@@ -31,7 +31,10 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " `{\"type\": \"response.cancel\"}` to cancel the running one (`response.cancelled`)."
      " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode`, `X-Cache-Tag`;"
      " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
-     " `X-Cache-Tokens-Reused`.", ResponseRequest, 200),
+     " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
+     " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
+     " and from public addresses; a refusal is 400 `image_refused` with a `reason`.",
+     ResponseRequest, 200),
     ("get", "/v1/models", "inference", "List servable models",
      "OpenAI list format of the model ids that accept requests now: loaded models and"
      " on-demand models.", None, 200),
@@ -146,6 +149,9 @@ def openapi_document(
             "version": __version__,
             "description": "One HTTP API in front of many local LLM runtimes.\n\nRuntime states:\n"
             + states
+            + "\n\nEvery route and the WebSocket handshake first check `Host` (and a browser's"
+            " `Origin`) against the bound address, `localhost`, `127.0.0.1`, `[::1]` and"
+            " `service.allowed_hosts`: others get 403 `host_not_allowed` / `origin_not_allowed`."
             + '\n\nErrors are `{"error": {"code", "message"}}`; codes and statuses: '
             + ", ".join(
                 f"`{c}` {s}" for c, s in sorted(STATUS_BY_CODE.items(), key=lambda x: x[1])

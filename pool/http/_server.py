@@ -13,6 +13,7 @@ from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
 from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
+from pool.http._hosts import HostAllowList
 
 log = logging.getLogger("pool.server")
 
@@ -87,6 +88,7 @@ async def _serve_pool(
         config.keep_alive_timeout = 75
         config.websocket_max_message_size = settings.service.max_body_bytes
         info_box: list[ServerInfo] = []
+        hosts = HostAllowList(settings.service.allowed_hosts, bound_host=host, port=port)
 
         async def shutdown_trigger() -> None:
             await info_box[0].stopping.wait()
@@ -95,7 +97,7 @@ async def _serve_pool(
             *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
         ) -> None:
             await hypercorn_serve(
-                create_app(pool, settings, auth),
+                create_app(pool, settings, auth, hosts),
                 config,
                 shutdown_trigger=shutdown_trigger,
                 task_status=task_status,
@@ -108,6 +110,7 @@ async def _serve_pool(
         binds = await nursery.start(run_http)
         url = binds[0]
         bound_port = int(url.rsplit(":", 1)[1])
+        hosts.listening_on(bound_port)
         info = info_box[0]
         info.url, info.port = url, bound_port
         task_status.started(info)

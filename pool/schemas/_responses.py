@@ -30,7 +30,11 @@ class ImageUrl(_Strict):
 
 
 class ImageContent(_Strict):
-    type: Literal["image_url"] = Field(description="An image part (data:, file:// or http(s) URL).")
+    type: Literal["image_url"] = Field(
+        description="An image part: a base64 `data:` URL; `file://` only under"
+        " service.media_dirs; `http(s)` only with service.media_fetch, from public"
+        " addresses. Others are 400 `image_refused`."
+    )
     image_url: ImageUrl
 
 
