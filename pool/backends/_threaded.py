@@ -99,3 +99,93 @@ async def stream_from_thread(
     if not outcome:
         raise GenerationStopped("the generation was stopped")
     return outcome[0]
+
+
+class PieceStream:
+    """One request's text from a driver thread that serves many requests at once.
+
+    :func:`stream_from_thread` gives one generation a worker thread and lets it wait
+    when its client is slow. A batching engine (ExLlamaV3's generator) has one thread
+    for every request of a replica, and that thread must never wait for one consumer:
+    it would stall the whole batch (exllamav3's own async wrapper makes the same choice).
+    So here the producer only appends; a request's backlog is bounded by its
+    ``max_tokens``. The hand-over is the same as above: pieces go into a deque and
+    :func:`wake_streams` asks Trio, once per engine step for all the streams it touched,
+    to set their events, so the thread never waits for the event loop and no wake-up is
+    lost.
+
+    The producer calls :meth:`put` and :meth:`finish` (from any one thread); the Trio
+    task that created the stream awaits :meth:`deliver`.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: deque[str] = deque()
+        self._arrived = trio.Event()
+        self._finished = False
+        self._failure: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def put(self, text: str) -> None:
+        """Producer side: queue ``text``; it reaches Trio at the next :func:`wake_streams`."""
+        self._pieces.append(text)
+
+    def finish(self, failure: BaseException | None = None) -> None:
+        """Producer side: no more pieces; ``deliver`` raises ``failure`` after the last one."""
+        self._failure = failure
+        # Set after every piece is queued: ``deliver`` reads this flag before it drains.
+        self._finished = True
+
+    def _wake(self) -> None:
+        self._arrived.set()
+
+    async def deliver(self, sink: TokenSink) -> None:
+        """Trio side: send every piece to ``sink`` until the producer finishes.
+
+        Pieces that piled up while the sink was busy go out as one piece, so a slow
+        client costs one ``send`` per wake-up rather than one per token.
+
+        Raises:
+            BaseException: what the producer passed to :meth:`finish`.
+        """
+        while True:
+            # Read before draining: once it is set, every piece is already queued.
+            finished = self._finished
+            if self._pieces:
+                pieces = self._pieces
+                text = pieces.popleft() if len(pieces) == 1 else _take_all(pieces)
+                await sink.send(text)
+                continue
+            if finished:
+                break
+            await self._arrived.wait()
+            self._arrived = trio.Event()
+        if self._failure is not None:
+            raise self._failure
+
+
+def _take_all(pieces: deque[str]) -> str:
+    taken = [pieces.popleft() for _ in range(len(pieces))]
+    return "".join(taken)
+
+
+def wake_streams(trio_token: trio.lowlevel.TrioToken, streams: list[PieceStream]) -> bool:
+    """Producer side: hand what ``streams`` received to Trio, with one call into the loop.
+
+    Returns:
+        False when the Trio run has ended (nobody is listening any more).
+    """
+    if not streams:
+        return True
+
+    def wake() -> None:
+        for stream in streams:
+            stream._wake()
+
+    try:
+        trio_token.run_sync_soon(wake)
+    except trio.RunFinishedError:
+        return False
+    return True

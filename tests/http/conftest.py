@@ -23,7 +23,8 @@ STUB_MODELS: dict[str, dict[str, Any]] = {
         "max_queue": 1,
     },
     "cold": {"backend": "stub"},
-    "single": {"backend": "exllamav3"},
+    # A single-turn format: the model is unloaded, yet multi-turn input is refused.
+    "single": {"backend": "exllamav3", "prompt_format": "translategemma_template"},
 }
 
 

@@ -53,7 +53,7 @@ async def test_load_unload_and_validation(client: httpx.AsyncClient) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_load_request"
     failed = await client.post("/v1/admin/models/single/load")
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "load_failed"
-    assert "not available" in failed.json()["error"]["last_error"]
+    assert "model_path is not set" in failed.json()["error"]["last_error"]
     row = (await client.get("/v1/admin/models/single")).json()
     assert row["runtime_state"] == "failed" and row["last_error"]
     loaded = await client.post("/v1/admin/models/cold/load", json={})
