@@ -58,7 +58,9 @@ async def serve(
             host,
         )
     async with trio.open_nursery() as monitors:
-        gpus = await monitors.start(GpuMonitor().run)
+        monitor = await monitors.start(GpuMonitor().run)
+        # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
+        gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
         async with open_pool(settings, gpus=gpus) as pool:
             await _serve_pool(pool, settings, host, port, auth, task_status)
         monitors.cancel_scope.cancel()
