@@ -127,6 +127,7 @@ def _read_hf_config(path: Path) -> Mapping[str, Any] | None:
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
 _SCALARS.update({10: "<Q", 11: "<q", 12: "<d"})
 _STRING, _ARRAY = 8, 9
+_MAX_STRING = 1 << 24  # longer is a broken file, not a key or a value
 
 
 def read_gguf_header(path: Path) -> GgufHeader:
@@ -144,7 +145,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{path.name} is not a GGUF file")
         (version,) = struct.unpack("<I", f.read(4))
-        if version < 2:
+        if version not in (2, 3):
             raise ValueError(f"GGUF version {version} is not supported")
         tensor_count, kv_count = struct.unpack("<QQ", f.read(16))
         metadata: dict[str, Any] = {}
@@ -164,6 +165,8 @@ def read_gguf_header(path: Path) -> GgufHeader:
 
 def _read_string(f: BinaryIO) -> str:
     (length,) = struct.unpack("<Q", f.read(8))
+    if length > _MAX_STRING:
+        raise ValueError(f"a GGUF string of {length} bytes")
     return f.read(length).decode("utf-8", "replace")
 
 

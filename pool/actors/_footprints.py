@@ -25,6 +25,7 @@ log = logging.getLogger("pool.vram")
 
 FILE_NAME = "vram-footprints.json"
 _VERSION = 1
+_SAVE_TIMEOUT_S = 5.0
 
 
 def default_path() -> Path:
@@ -86,9 +87,11 @@ class FootprintStore:
             return
         snapshot = {"version": _VERSION, "footprints": dict(self._entries)}
         try:
-            await trio.to_thread.run_sync(
-                _write_atomically, self.path, snapshot, limiter=self._limiter
-            )
+            # Shielded but bounded: a measurement taken just before shutdown still lands.
+            with trio.move_on_after(_SAVE_TIMEOUT_S, shield=True):
+                await trio.to_thread.run_sync(
+                    _write_atomically, self.path, snapshot, limiter=self._limiter
+                )
         except OSError as exc:
             log.warning("vram footprints not saved to %s: %s", self.path, exc)
 

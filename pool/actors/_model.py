@@ -385,7 +385,7 @@ class ModelActor:
             ) from leaf
         self.replicas = replicas
         if self._meter is not None:
-            await self._record_footprint(await self._meter.finish(mark))
+            self._record_footprint(await self._meter.finish(mark))
         self.resident_since = trio.current_time()
         self.last_error = None
         self.loaded_at = time.monotonic()
@@ -441,7 +441,7 @@ class ModelActor:
         )
         self.artifact_mib = self.artifact.size_mib if self.artifact is not None else None
 
-    async def _record_footprint(self, per_gpu: dict[int, int] | None) -> None:
+    def _record_footprint(self, per_gpu: dict[int, int] | None) -> None:
         """Keep a measured load's footprint for the estimate chain and the next boot."""
         self.observed_per_gpu = per_gpu
         if per_gpu is None:
@@ -451,7 +451,9 @@ class ModelActor:
         if self._footprints is not None:
             profile = self.backend.memory_profile(self.active_definition).key()
             self._footprints.record(self.name, profile, len(self.replicas), total)
-            await self._footprints.save()
+            # Written in the background: the load does not wait for a file.
+            assert self._nursery is not None
+            self._nursery.start_soon(self._footprints.save)
 
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
         await self._read_artifact(command.model_path)

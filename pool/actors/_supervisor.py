@@ -44,7 +44,7 @@ from pool.actors._vram import (
     LoadMeter,
     charges,
     eviction_candidates,
-    gpu_budgets,
+    gpu_ceilings,
     gpu_room,
     place,
 )
@@ -93,12 +93,13 @@ class Pool:
         budgets = settings.engine.gpu_budget_mib
         if gpus is None and budgets:
             # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
-            virtual = VirtualGpus(budgets)
-            virtual.bind(self._holdings)
-            gpus = virtual
+            gpus = VirtualGpus(budgets)
+        if isinstance(gpus, VirtualGpus):
+            gpus.bind(self._holdings)
         self.gpus: GpuSource = gpus or NoGpus()
         # Footprints are kept only where there is a GPU to measure them on.
-        self.footprints = FootprintStore(default_path() if self.gpus.view().gpus else None)
+        measurable = isinstance(gpus, VirtualGpus) or bool(self.gpus.view().gpus)
+        self.footprints = FootprintStore(default_path() if measurable else None)
         self.meter = LoadMeter(self.gpus)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
         self.models: dict[str, ModelActor] = {
@@ -463,12 +464,17 @@ class Pool:
         return place(room, per_replica, replicas)
 
     def _could_ever_fit(self, actor: ModelActor, per_replica: int, replicas: int) -> bool:
-        """Whether the load fits with every model gone that could ever be evicted for it."""
+        """Whether the load would fit with every unpinned model gone and no other
+        process on the GPUs (those may leave: a load waits for them)."""
         view = self.gpus.view()
         engine = self.settings.engine
-        room = gpu_budgets(view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib)
+        room = gpu_ceilings(
+            view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
+        )
         for other in self.models.values():
-            stays = other.definition.pinned or other.definition.priority > actor.definition.priority
+            # Only pinned models stay for good; a more important one may still leave by
+            # keep_alive or an admin unload, so a load behind it waits.
+            stays = other.definition.pinned
             if other is not actor and stays and other.state in ("loaded", "loading", "unloading"):
                 estimate = other.vram_estimate().per_replica_mib or 0
                 for index in other.placement or (0,) * len(other.replicas):

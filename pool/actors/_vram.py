@@ -48,11 +48,17 @@ def gpu_room(
     return room
 
 
-def gpu_budgets(
+def gpu_ceilings(
     view: GpuView, *, reserve_mib: int, caps_mib: Sequence[int] | None
 ) -> dict[int, int]:
-    """The most each GPU could ever give the pool (nothing loaded, others as now)."""
-    return gpu_room(view, reserve_mib=reserve_mib, caps_mib=caps_mib, loaded={}, pending={})
+    """The most each GPU could ever give the pool: its budget with no other process on it."""
+    ceilings = {}
+    for gpu in view.gpus:
+        ceiling = gpu.total_mib - (0 if gpu.virtual else reserve_mib)
+        if caps_mib and gpu.index < len(caps_mib):
+            ceiling = min(ceiling, caps_mib[gpu.index])
+        ceilings[gpu.index] = ceiling
+    return ceilings
 
 
 def place(room: Mapping[int, int], per_replica_mib: int, replicas: int) -> tuple[int, ...] | None:
