@@ -7,7 +7,7 @@ rendered from these in ``pool.http``.
 
 from pool.actors._admission import Admission, new_request_id
 from pool.actors._events import Delta, Event, Failed, Finished, Timings, Usage
-from pool.actors._gpu import GpuMonitor
+from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
 from pool.actors._request import DecodingOverrides, InferenceRequest
@@ -21,7 +21,7 @@ from pool.actors._snapshots import (
     RuntimeState,
     VramEstimate,
 )
-from pool.actors._supervisor import GpuSource, NoGpus, Pool, open_pool
+from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "RuntimeState",
     "Timings",
     "Usage",
+    "VirtualGpus",
     "VramEstimate",
     "new_request_id",
     "open_pool",

@@ -1,4 +1,4 @@
-"""Ollama-style keep-alive durations and the eviction policy for on-demand loads.
+"""Ollama-style keep-alive durations (the eviction policy lives in ``_vram.py``).
 
 ``keep_alive`` is how long an on-demand model stays loaded after its last request:
 seconds as a number, or a Go-style duration string (``"5m"``, ``"1h30m"``, ``"250ms"``);
@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from pool.errors import PoolError
-
-if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
 
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -53,22 +48,3 @@ def parse_keep_alive(value: float | int | str | None) -> float | None:
     if seconds < 0 or seconds > _MAX_SECONDS:
         return None
     return seconds
-
-
-def eviction_candidates(actors: Iterable[ModelActor], *, exclude: ModelActor) -> list[ModelActor]:
-    """Loaded models that may be unloaded to make room, best victim first.
-
-    Only idle models qualify (nothing queued or running), never a pinned one, so an
-    eviction can never cut an in-flight request. Lower ``priority`` goes first, then
-    the least recently used.
-    """
-    idle = [
-        a
-        for a in actors
-        if a is not exclude
-        and a.state == "loaded"
-        and not a.definition.pinned
-        and a.scheduler.queue_depth == 0
-        and a.scheduler.running == 0
-    ]
-    return sorted(idle, key=lambda a: (a.definition.priority, a.last_used_at))

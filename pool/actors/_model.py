@@ -17,6 +17,14 @@ from typing import Any, Literal, Protocol
 
 import trio
 
+from pool.actors._estimate import (
+    Artifact,
+    closed_form_mib,
+    name_estimate_mib,
+    read_artifact,
+    size_estimate_mib,
+)
+from pool.actors._footprints import FootprintStore
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import PoolMetrics
 from pool.actors._replica import Replica
@@ -24,6 +32,7 @@ from pool.actors._scheduler import Scheduler
 from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
+from pool.actors._vram import LoadMeter
 from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
 from pool.config import (
     EngineSettings,
@@ -31,7 +40,6 @@ from pool.config import (
     ModelDefinition,
     Settings,
     apply_override,
-    resolve_model_path,
     validate_load_request,
 )
 from pool.errors import PoolError
@@ -59,6 +67,7 @@ class _Command:
     reason: str = ""
     replica: Replica | None = None
     model_path: str | None = None
+    gpus: tuple[int, ...] = ()  # the GPU of each replica, chosen by the pool's VRAM gate
     reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
 
 
@@ -83,21 +92,6 @@ def size_mib(size: int) -> int:
     return max(1, math.ceil(size / (1024 * 1024)))
 
 
-def artifact_size_mib(model_path: str | None, base_dir: str | None) -> int | None:
-    """The size of a model file or folder in MiB; None when unset or unreadable."""
-    if not model_path:
-        return None
-    try:
-        path = resolve_model_path(model_path, base_dir)
-        if path.is_dir():
-            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        else:
-            size = path.stat().st_size
-    except OSError:
-        return None
-    return size_mib(size)
-
-
 class ModelActor:
     def __init__(
         self,
@@ -108,6 +102,8 @@ class ModelActor:
         metrics: PoolMetrics | None = None,
         on_change: Callable[[], None] | None = None,
         loader: OnDemandLoader | None = None,
+        meter: LoadMeter | None = None,
+        footprints: FootprintStore | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -139,7 +135,15 @@ class ModelActor:
             self.engine.command_inbox_size
         )
         self._nursery: trio.Nursery | None = None
+        self.artifact: Artifact | None = None
         self.artifact_mib: int | None = None
+        # VRAM: the GPU of each replica (from the pool's gate), what this load was
+        # measured to take per GPU, and since when (Trio clock) the model is resident.
+        self._meter = meter
+        self._footprints = footprints
+        self.placement: tuple[int, ...] = ()
+        self.observed_per_gpu: dict[int, int] | None = None
+        self.resident_since = 0.0
         self.loaded_at: float | None = None
         self.loaded_at_wall: float | None = None
         self.last_used_at: float = time.monotonic()
@@ -161,9 +165,7 @@ class ModelActor:
     async def run(
         self, *, task_status: trio.TaskStatus[ModelActor] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        self.artifact_mib = await trio.to_thread.run_sync(
-            artifact_size_mib, self.definition.model_path, self.settings.base_dir
-        )
+        await self._read_artifact(self.definition.model_path)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -192,8 +194,12 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load(self, body: LoadRequest | None = None) -> ModelSnapshot:
+    async def load(
+        self, body: LoadRequest | None = None, *, gpus: tuple[int, ...] = ()
+    ) -> ModelSnapshot:
         """Load the model (or return its row if it is loaded or loading).
+
+        ``gpus``: the GPU of each replica, as the pool's VRAM gate placed them.
 
         Raises:
             PoolError: ``invalid_load_request`` for a body that does not suit the
@@ -202,7 +208,7 @@ class ModelActor:
         body = body or LoadRequest()
         replicas, patch = validate_load_request(body, self.definition)
         explicit = bool(body.model_fields_set)
-        return await self._call(_Command("load", replicas, patch, explicit))
+        return await self._call(_Command("load", replicas, patch, explicit, gpus=gpus))
 
     async def unload(self) -> ModelSnapshot:
         """Unload gracefully; returns the snapshot once the model is ``unloaded``."""
@@ -266,6 +272,10 @@ class ModelActor:
                 self._loader.request(self, load_hint)
         return ticket
 
+    def reject_waiting(self, error: PoolError) -> None:
+        """Fail every queued request with ``error`` (the pool's gate refused the load)."""
+        self.scheduler.fail_queued(error)
+
     def _state_error(self) -> PoolError:
         if self.state == "loading":
             return PoolError("model_loading", f"model {self.name!r} is loading", retry_after_s=1.0)
@@ -326,8 +336,11 @@ class ModelActor:
         self.load_override = dict(command.patch)
         self.active_definition = effective
         self.selected_replicas = command.replicas
+        self.placement = command.gpus
+        self.observed_per_gpu = None
         self._set_state("loading")
         started_at = time.perf_counter()
+        mark = await self._meter.start() if self._meter is not None else None
         capacity = max(1, self.backend.effective_target_inflight(effective))
         replicas: list[Replica] = []
         try:
@@ -348,9 +361,13 @@ class ModelActor:
                 await self._nursery.start(replica.run)
                 replicas.append(replica)
         except trio.Cancelled:
+            if self._meter is not None:
+                self._meter.abandon(mark)
             await self._stop_replicas(replicas)
             raise
         except BaseException as exc:
+            if self._meter is not None:
+                self._meter.abandon(mark)
             leaf = _collapse(exc)
             if not isinstance(leaf, Exception):
                 raise
@@ -370,6 +387,9 @@ class ModelActor:
                 details={"last_error": self.last_error},
             ) from leaf
         self.replicas = replicas
+        if self._meter is not None:
+            self._record_footprint(await self._meter.finish(mark))
+        self.resident_since = trio.current_time()
         self.last_error = None
         self.loaded_at = time.monotonic()
         self.loaded_at_wall = time.time()
@@ -446,12 +466,29 @@ class ModelActor:
             cut,
         )
 
-    async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
-        artifact_mib = await trio.to_thread.run_sync(
-            artifact_size_mib, command.model_path, self.settings.base_dir
+    async def _read_artifact(self, model_path: str | None) -> None:
+        self.artifact = await trio.to_thread.run_sync(
+            read_artifact, model_path, self.settings.base_dir
         )
+        self.artifact_mib = self.artifact.size_mib if self.artifact is not None else None
+
+    def _record_footprint(self, per_gpu: dict[int, int] | None) -> None:
+        """Keep a measured load's footprint for the estimate chain and the next boot."""
+        self.observed_per_gpu = per_gpu
+        if per_gpu is None:
+            return
+        total = sum(per_gpu.values())
+        log.info("model=%s load measured at %d MiB on the GPUs %s", self.name, total, per_gpu)
+        if self._footprints is not None:
+            profile = self.backend.memory_profile(self.active_definition).key()
+            self._footprints.record(self.name, profile, len(self.replicas), total)
+            # Written in the background: the load does not wait for a file.
+            assert self._nursery is not None
+            self._nursery.start_soon(self._footprints.save)
+
+    async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
+        await self._read_artifact(command.model_path)
         self.definition = self.definition.model_copy(update={"model_path": command.model_path})
-        self.artifact_mib = artifact_mib
         log.info("model=%s model_path=%s", self.name, command.model_path)
         return self.snapshot()
 
@@ -500,7 +537,8 @@ class ModelActor:
 
     # -- keep-alive (on-demand models) -----------------------------------------------
     def _arm_keep_alive(self) -> None:
-        if self.keep_alive_s is None:
+        # A pinned model stays resident: keep_alive never unloads it (spec: Model Pinning).
+        if self.keep_alive_s is None or self.definition.pinned:
             self._set_expiry(None)
         else:
             self._set_expiry(trio.current_time() + self.keep_alive_s)
@@ -536,16 +574,52 @@ class ModelActor:
                     log.warning("model=%s keep-alive unload failed: %s", self.name, exc.message)
 
     # -- snapshots ---------------------------------------------------------------------
-    def vram_estimate(self) -> VramEstimate:
-        runtimes = [r.runtime for r in self.replicas if r.runtime is not None]
-        observed = [rt.vram_mib for rt in runtimes if rt.vram_mib]
-        if observed and len(observed) == len(runtimes):
+    @property
+    def observed_load_delta_mib(self) -> int | None:
+        """What the current load was measured to take on the GPUs; None when not measured."""
+        if not self.replicas or self.observed_per_gpu is None:
+            return None
+        return sum(self.observed_per_gpu.values())
+
+    def vram_estimate(
+        self, *, definition: ModelDefinition | None = None, replicas: int | None = None
+    ) -> VramEstimate:
+        """The estimate chain (pool/actors/_estimate.py): the first step that answers.
+
+        By default for the current load (or the next one with the configured
+        definition); with ``definition``/``replicas``, for a load with those instead.
+        """
+        current = definition is None and replicas is None
+        count = replicas or len(self.replicas) or self.selected_replicas
+        definition = definition or self.active_definition
+        if definition.vram_mb is not None:
+            return VramEstimate(definition.vram_mb * count, count, "configured_vram_mb")
+        observed = self.observed_load_delta_mib if current else None
+        if observed is not None:
+            return VramEstimate(observed, count, "observed_load_delta")
+        runtimes = [r.runtime for r in self.replicas if r.runtime is not None] if current else []
+        reported = [rt.vram_mib for rt in runtimes if rt.vram_mib]
+        if reported and len(reported) == len(runtimes):
             return VramEstimate(
-                sum(o for o in observed if o is not None), len(runtimes), "observed_load_delta"
+                sum(o for o in reported if o is not None), len(runtimes), "observed_load_delta"
             )
-        count = len(self.replicas) or self.selected_replicas
-        if self.artifact_mib is not None:
-            return VramEstimate(self.artifact_mib * count, count, "model_artifact_size")
+        profile = self.backend.memory_profile(definition)
+        if self._footprints is not None:
+            stored = self._footprints.lookup(self.name, profile.key(), count)
+            if stored is not None:
+                return VramEstimate(stored, count, "observed_load_delta")
+        declared = self.backend.declared_vram_mib(definition)
+        if declared is None and self.artifact is not None:
+            declared = closed_form_mib(self.artifact, profile)
+        if declared is not None:
+            return VramEstimate(declared * count, count, "artifact_metadata")
+        if self.artifact is not None:
+            return VramEstimate(
+                size_estimate_mib(self.artifact) * count, count, "model_artifact_size"
+            )
+        guess = name_estimate_mib(definition.model_path, self.name)
+        if guess is not None:
+            return VramEstimate(guess * count, count, "name_heuristic")
         return VramEstimate(None, count, "unavailable")
 
     def snapshot(self) -> ModelSnapshot:
@@ -574,4 +648,6 @@ class ModelActor:
             artifact_mib=self.artifact_mib,
             loaded_at_wall=self.loaded_at_wall,
             expires_in_s=self.expires_in_s,
+            observed_load_delta_mib=self.observed_load_delta_mib,
+            gpus=self.placement if self.state in ("loading", "loaded", "unloading") else (),
         )

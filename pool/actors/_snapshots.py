@@ -15,14 +15,28 @@ from pool.backends import Capabilities
 from pool.config import ModelDefinition
 
 RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
-VramSource = Literal["observed_load_delta", "model_artifact_size", "unavailable"]
+# The estimate chain, best first (pool/actors/_estimate.py, docs/vram.md).
+VramSource = Literal[
+    "configured_vram_mb",
+    "observed_load_delta",
+    "artifact_metadata",
+    "model_artifact_size",
+    "name_heuristic",
+    "unavailable",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class VramEstimate:
+    """What a model's loaded replicas take (or its next load will take), and whence."""
+
     mib: int | None
     replica_count: int
     source: VramSource
+
+    @property
+    def per_replica_mib(self) -> int | None:
+        return None if self.mib is None else -(-self.mib // max(1, self.replica_count))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,10 @@ class ModelSnapshot:
     loaded_at_wall: float | None
     # Seconds until an idle on-demand model unloads; None when not counting down.
     expires_in_s: float | None
+    # MiB the current load was measured to take on the GPUs; None when not measured.
+    observed_load_delta_mib: int | None = None
+    # The GPU index of each replica, while placed (loading, loaded, unloading).
+    gpus: tuple[int, ...] = ()
 
     @property
     def inflight_requests(self) -> int:
@@ -79,13 +97,16 @@ class PoolHealth:
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One NVML reading of one GPU."""
+    """One reading of one GPU (NVML, or a virtual GPU of ``engine.gpu_budget_mib``)."""
 
     index: int
     name: str
     used_mib: int
     total_mib: int
     utilization: float | None = None
+    # MiB held by this pool's own processes, where the source can tell (NVML per process).
+    pool_used_mib: int | None = None
+    virtual: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,46 +13,61 @@ format is rendered from these in ``pool/http``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 from pool.actors._admission import Admission, new_request_id
 from pool.actors._events import Event, Finished
+from pool.actors._footprints import FootprintStore, default_path
+from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors._intake import build_generation_request, inline_images
-from pool.actors._keep_alive import eviction_candidates
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._request import InferenceRequest
-from pool.actors._snapshots import FlushResult, GpuView, ModelSnapshot, PoolHealth, QueueStats
+from pool.actors._snapshots import (
+    FlushResult,
+    GpuReading,
+    ModelSnapshot,
+    PoolHealth,
+    QueueStats,
+)
 from pool.actors._stats import percentile
 from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._ticket import JobFinished
-from pool.config import LoadRequest, Settings, validate_load_request
+from pool.actors._vram import (
+    LoadMeter,
+    charges,
+    eviction_candidates,
+    gpu_ceilings,
+    gpu_room,
+    place,
+)
+from pool.config import LoadRequest, Settings, apply_override, validate_load_request
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
 
 log = logging.getLogger("pool")
 
+
+def _held(gpu: GpuReading) -> int:
+    return gpu.used_mib if gpu.pool_used_mib is None else gpu.pool_used_mib
+
+
 T = TypeVar("T")
 
-
-class GpuSource(Protocol):
-    """Where the pool reads GPU memory from (the NVML monitor, or a test's fake)."""
-
-    def view(self) -> GpuView: ...
-
-
-class NoGpus:
-    """The GPU source of a pool that runs no monitor (embedded use, tests)."""
-
-    def view(self) -> GpuView:
-        return GpuView((), "no GPU monitor is running")
+# A load waiting for room re-reads the GPUs at least this often (besides every change).
+RECHECK_S = 5.0
+# After an eviction: how long to wait for the GPU source to show the memory back, and
+# how often to look (CUDA hands memory back some time after the process lets go).
+RECLAIM_WAIT_S = 10.0
+RECLAIM_POLL_S = 0.25
 
 
 class _OnDemandLoads:
@@ -82,9 +97,19 @@ class Pool:
         media: MediaLoader | None = None,
     ) -> None:
         self.settings = settings
+        budgets = settings.engine.gpu_budget_mib
+        if gpus is None and budgets:
+            # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
+            gpus = VirtualGpus(budgets)
+        if isinstance(gpus, VirtualGpus):
+            gpus.bind(self._holdings)
         self.gpus: GpuSource = gpus or NoGpus()
         # Images named by URL become inline data here, once, for every surface.
         self.media = media or MediaLoader(settings.service)
+        # Footprints are kept only where there is a GPU to measure them on.
+        measurable = isinstance(gpus, VirtualGpus) or bool(self.gpus.view().gpus)
+        self.footprints = FootprintStore(default_path() if measurable else None)
+        self.meter = LoadMeter(self.gpus)
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
         self.models: dict[str, ModelActor] = {
             name: ModelActor(
@@ -94,6 +119,8 @@ class Pool:
                 metrics=self.metrics,
                 on_change=self._notify_change,
                 loader=_OnDemandLoads(self),
+                meter=self.meter,
+                footprints=self.footprints,
             )
             for name, definition in settings.engine.models.items()
         }
@@ -101,7 +128,13 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
-        self._reserved: set[ModelActor] = set()
+        # Loads that the VRAM gate let through, with the GPU of each replica, until they
+        # are `loading`; evictions and the decisions that lead to them, one at a time;
+        # models asked to make way (new requests wait at their door), with who asked.
+        self._reserved: dict[ModelActor, tuple[int, ...]] = {}
+        self._room_lock = trio.Lock()
+        self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
+        self.evictions = 0
         # On-demand loads under way, with the overrides their first request hinted at.
         self._on_demand: dict[ModelActor, dict[str, Any]] = {}
         self.rate_limiter = RateLimiter(settings.service.tenancy)
@@ -118,10 +151,25 @@ class Pool:
     async def load(
         self, name: str, body: LoadRequest | dict[str, Any] | None = None
     ) -> ModelSnapshot:
-        """Load a configured model; returns its snapshot when the load has finished."""
+        """Load a configured model; returns its snapshot when the load has finished.
+
+        On GPUs (real or virtual) the load must fit: idle models that may be evicted
+        for it are unloaded first (docs/vram.md); if it still does not fit it fails
+        with ``load_failed`` at once rather than waiting.
+        """
         if isinstance(body, dict):
             body = LoadRequest.model_validate(body)
-        return await self.model(name).load(body)
+        actor = self.model(name)
+        if actor.state not in ("unloaded", "failed"):
+            return await actor.load(body)  # the row, or the state's error
+        body = body or LoadRequest()
+        replicas, patch = validate_load_request(body, actor.definition)
+        try:
+            gpus = await self._make_room(actor, replicas, patch, wait=False)
+            assert gpus is not None
+            return await actor.load(body, gpus=gpus)
+        finally:
+            self._release(actor)
 
     async def unload(self, name: str) -> ModelSnapshot:
         return await self.model(name).unload()
@@ -173,6 +221,8 @@ class Pool:
             )
             self.rate_limiter.admit(tenant)
             generation = await inline_images(generation, self.media)
+            deadline = trio.current_time() + actor.queue_timeout_s
+            await self._wait_at_door(actor, deadline)
             ticket = actor.admit(
                 generation,
                 tenant=tenant,
@@ -183,7 +233,7 @@ class Pool:
             )
             try:
                 if not ticket.ready.is_set():
-                    with trio.move_on_after(actor.queue_timeout_s):
+                    with trio.move_on_at(deadline):
                         await ticket.ready.wait()
                     if not ticket.ready.is_set():
                         actor.scheduler.remove(ticket)
@@ -348,13 +398,18 @@ class Pool:
 
     async def _on_demand_load(self, actor: ModelActor) -> None:
         try:
-            if await self._make_room(actor):
-                self._reserved.add(actor)
-                await actor.load(self._hinted_load_request(actor))
+            body = self._hinted_load_request(actor)
+            replicas, patch = validate_load_request(body or LoadRequest(), actor.definition)
+            gpus = await self._make_room(actor, replicas, patch, wait=True)
+            if gpus is not None:
+                await actor.load(body, gpus=gpus)
         except PoolError as exc:
             log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
+            if exc.code == "load_failed" and actor.state != "failed":
+                # The gate refused it for good (it can never fit): fail the waiters now.
+                actor.reject_waiting(PoolError("model_failed", exc.message))
         finally:
-            self._reserved.discard(actor)
+            self._release(actor)
             del self._on_demand[actor]
         # Requests that arrived after a failed load was answered wait for a new one.
         if actor.scheduler.queue_depth and actor.state in ("unloaded", "failed"):
@@ -374,34 +429,253 @@ class Pool:
         return body
 
     def _loaded_count(self, exclude: ModelActor) -> int:
-        # Reserved: on-demand loads that made room but have not reached `loading` yet.
+        # Reserved: loads that made room but have not reached `loading` yet.
         return sum(
             1
             for a in self.models.values()
             if a is not exclude and (a.state in ("loaded", "loading") or a in self._reserved)
         )
 
-    async def _make_room(self, actor: ModelActor) -> bool:
-        """Unload idle models until ``actor`` fits under ``engine.max_loaded_models``.
+    # -- the VRAM gate (docs/vram.md) ---------------------------------------------------
+    def _holdings(self) -> list[tuple[int, int]]:
+        """(GPU, MiB) of every loaded replica's runtime, for virtual GPUs."""
+        held = []
+        for actor in self.models.values():
+            for index, replica in enumerate(actor.replicas):
+                mib = replica.runtime.vram_mib if replica.runtime is not None else None
+                if mib:
+                    placement = actor.placement
+                    held.append((placement[index] if index < len(placement) else 0, mib))
+        return held
 
-        Waits while every loaded model is busy; gives up (False) once no request is
-        waiting for ``actor`` any more, so an abandoned load never evicts anything.
-        """
-        limit = self.settings.engine.max_loaded_models
-        while limit and self._loaded_count(actor) >= limit:
-            if actor.scheduler.queue_depth == 0:
-                return False
-            victims = eviction_candidates(self.models.values(), exclude=actor)
-            if victims:
-                log.info("model=%s evicting idle model %s", actor.name, victims[0].name)
-                await victims[0].unload()
+    def _charges(self, exclude: ModelActor) -> tuple[dict[int, int], dict[int, int]]:
+        """MiB per GPU charged to loaded models, and to loads under way or reserved."""
+        loaded: dict[int, int] = {}
+        pending: dict[int, int] = {}
+        for actor in self.models.values():
+            if actor is exclude:
                 continue
-            await self._changed.wait()
-        return True
+            if actor in self._reserved and actor.state in ("unloaded", "failed"):
+                per_replica = actor.vram_estimate().per_replica_mib or 0
+                charges(self._reserved[actor], per_replica, pending)
+            elif actor.state == "loading":
+                per_replica = actor.vram_estimate().per_replica_mib or 0
+                charges(actor.placement or (0,) * actor.selected_replicas, per_replica, pending)
+            elif actor.state in ("loaded", "unloading"):
+                if actor.observed_per_gpu is not None:
+                    for index, mib in actor.observed_per_gpu.items():
+                        loaded[index] = loaded.get(index, 0) + mib
+                else:
+                    per_replica = actor.vram_estimate().per_replica_mib or 0
+                    placement = actor.placement or (0,) * len(actor.replicas)
+                    charges(placement, per_replica, loaded)
+        return loaded, pending
+
+    def _fit(self, actor: ModelActor, per_replica: int, replicas: int) -> tuple[int, ...] | None:
+        """Where ``actor``'s replicas would go now; ``()`` when there is no GPU to gate."""
+        view = self.gpus.view()
+        if not view.gpus:
+            return ()
+        loaded, pending = self._charges(exclude=actor)
+        engine = self.settings.engine
+        room = gpu_room(
+            view,
+            reserve_mib=engine.gpu_reserve_mib,
+            caps_mib=engine.gpu_budget_mib,
+            loaded=loaded,
+            pending=pending,
+        )
+        return place(room, per_replica, replicas)
+
+    def _could_ever_fit(self, actor: ModelActor, per_replica: int, replicas: int) -> bool:
+        """Whether the load would fit with every unpinned model gone and no other
+        process on the GPUs (those may leave: a load waits for them)."""
+        view = self.gpus.view()
+        engine = self.settings.engine
+        room = gpu_ceilings(
+            view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
+        )
+        for other in self.models.values():
+            # Only pinned models stay for good; a more important one may still leave by
+            # keep_alive or an admin unload, so a load behind it waits.
+            stays = other.definition.pinned
+            if other is not actor and stays and other.state in ("loaded", "loading", "unloading"):
+                estimate = other.vram_estimate().per_replica_mib or 0
+                for index in other.placement or (0,) * len(other.replicas):
+                    room[index] = room.get(index, 0) - estimate
+        return place(room, per_replica, replicas) is not None
+
+    async def _make_room(
+        self, actor: ModelActor, replicas: int, patch: dict[str, Any], *, wait: bool
+    ) -> tuple[int, ...] | None:
+        """Find room for a load of ``actor``: the GPU of each replica (``()`` without GPUs).
+
+        Evicts idle models that the spec's rules allow, one at a time, each followed by
+        a bounded wait for the GPU source to show its memory back. ``wait`` (on-demand
+        loads): while nothing may be evicted, wait for a change (an unload, a model
+        going idle, every ``RECHECK_S``); after ``engine.warm_wait_s`` ask the best busy
+        model to make way; give up (None) once no request waits for ``actor`` any more.
+        Without ``wait`` (admin and startup loads) a load that does not fit fails.
+        ``engine.max_loaded_models`` binds on-demand loads too.
+
+        Raises:
+            PoolError: ``load_failed`` when it cannot fit, even with every model gone
+                that could be evicted for it (or, without ``wait``, now).
+        """
+        engine = self.settings.engine
+        limit = engine.max_loaded_models if wait else 0
+        definition = apply_override(actor.definition, patch) if patch else actor.definition
+        estimate = actor.vram_estimate(definition=definition, replicas=replicas)
+        per_replica = estimate.per_replica_mib or 0
+        asked_at = trio.current_time()
+        while True:
+            async with self._room_lock:
+                while True:
+                    if wait and actor.scheduler.queue_depth == 0:
+                        return None
+                    gpus = self._fit(actor, per_replica, replicas)
+                    if gpus is not None and (not limit or self._loaded_count(actor) < limit):
+                        self._reserved[actor] = gpus
+                        self._release_yields(actor)
+                        return gpus
+                    if gpus is None and not self._could_ever_fit(actor, per_replica, replicas):
+                        raise PoolError(
+                            "load_failed",
+                            f"model {actor.name!r} needs {per_replica} MiB per replica"
+                            f" ({estimate.source}) x {replicas}: more than the GPUs can give it",
+                        )
+                    victim = self._next_victim(actor, wait=wait)
+                    if victim is None:
+                        break
+                    await self._evict(victim, actor)
+            if not wait:
+                raise PoolError(
+                    "load_failed",
+                    f"model {actor.name!r} needs {per_replica} MiB per replica ({estimate.source});"
+                    " no GPU has room and no idle model may be evicted for it now",
+                )
+            now = trio.current_time()
+            warm_until = asked_at + engine.warm_wait_s
+            if now >= warm_until:
+                self._ask_to_yield(actor, now)
+            wake = [now + RECHECK_S, warm_until if warm_until > now else math.inf]
+            best = self._best_victim(actor)
+            if best is not None:
+                wake.append(best.resident_since + engine.min_resident_s)
+            with trio.move_on_at(min(wake)):
+                await self._changed.wait()
+
+    def _best_victim(self, actor: ModelActor) -> ModelActor | None:
+        """The idle model the spec's order picks for ``actor``, however fresh."""
+        victims = eviction_candidates(
+            self.models.values(), incoming=actor, now=trio.current_time(), min_resident_s=0.0
+        )
+        return victims[0] if victims else None
+
+    def _next_victim(self, actor: ModelActor, *, wait: bool) -> ModelActor | None:
+        """The model to evict for ``actor`` now, if any.
+
+        The spec's order decides (lowest priority, then least recently used); a victim
+        loaded less than ``engine.min_resident_s`` ago is waited for rather than passed
+        over for a worse one (on-demand loads; an admin load does not wait).
+        """
+        best = self._best_victim(actor)
+        if best is None:
+            return None
+        fresh = trio.current_time() - best.resident_since < self.settings.engine.min_resident_s
+        return None if (fresh and wait) else best
+
+    def _ask_to_yield(self, actor: ModelActor, now: float) -> None:
+        """Warm promotion is over for ``actor``: the best busy model stops taking new
+        requests (they wait at its door), serves what it has queued, then is evicted."""
+        if any(claimant is actor for _, claimant in self._yielding.values()):
+            return
+        busy = eviction_candidates(
+            self.models.values(),
+            incoming=actor,
+            now=now,
+            min_resident_s=self.settings.engine.min_resident_s,
+            busy=True,
+        )
+        busy = [b for b in busy if b not in self._yielding]
+        if busy:
+            log.info("model=%s asks busy model %s to make way", actor.name, busy[0].name)
+            self._yielding[busy[0]] = (trio.Event(), actor)
+
+    def _release_yields(self, actor: ModelActor) -> None:
+        for victim, (door, claimant) in list(self._yielding.items()):
+            if claimant is actor:
+                del self._yielding[victim]
+                door.set()
+
+    def _release(self, actor: ModelActor) -> None:
+        self._reserved.pop(actor, None)
+        self._release_yields(actor)
+
+    async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
+        """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
+        log.info(
+            "model=%s evicting model %s (priority %d, placed on %s)",
+            incoming.name,
+            victim.name,
+            victim.definition.priority,
+            list(victim.placement),
+        )
+        # Its door closes first: a request for it that arrives now waits for the eviction
+        # to finish (and then reloads it) instead of being refused by the unload.
+        self._yielding.setdefault(victim, (trio.Event(), incoming))
+        view = self.gpus.view()
+        expected = charges(
+            victim.placement or (0,) * len(victim.replicas),
+            victim.vram_estimate().per_replica_mib or 0,
+        )
+        if victim.observed_per_gpu is not None:
+            expected = dict(victim.observed_per_gpu)
+        before = {g.index: _held(g) for g in view.gpus}
+        self.evictions += 1
+        try:
+            await victim.unload()
+        except PoolError as exc:
+            log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
+            return
+        if not view.gpus or not any(expected.values()):
+            return
+        with trio.move_on_after(RECLAIM_WAIT_S):
+            while True:
+                now = {g.index: _held(g) for g in (await self.meter.refresh()).gpus}
+                if all(now.get(i, 0) <= before.get(i, 0) - mib // 2 for i, mib in expected.items()):
+                    return
+                await trio.sleep(RECLAIM_POLL_S)
+        log.warning(
+            "model=%s memory of evicted model %s not back after %.0fs; going on",
+            incoming.name,
+            victim.name,
+            RECLAIM_WAIT_S,
+        )
+
+    async def _wait_at_door(self, actor: ModelActor, deadline: float) -> None:
+        """Hold a request for a model that makes way for another (or an on-demand model
+        that is unloading) until that is over; it then queues (and reloads the model)."""
+        while True:
+            held = self._yielding.get(actor)
+            unloading = actor.definition.on_demand and actor.state == "unloading"
+            if held is None and not unloading:
+                return
+            with trio.move_on_at(deadline) as scope:
+                if held is not None:
+                    await held[0].wait()
+                else:
+                    await actor.wait_state_change()
+            if scope.cancelled_caught:
+                raise PoolError(
+                    "queue_timeout",
+                    f"waited {actor.queue_timeout_s:g}s for model {actor.name!r} to make way"
+                    " for another model and load again",
+                )
 
     async def _startup_load(self, actor: ModelActor) -> None:
         try:
-            await actor.load()
+            await self.load(actor.name)
         except PoolError as exc:
             log.warning("model=%s startup load failed: %s", actor.name, exc.message)
 
@@ -421,11 +695,13 @@ async def open_pool(
     releases every runtime, each bounded by ``engine.unload_timeout_s``.
 
     Args:
-        gpus: where GPU memory readings come from (``serve`` passes its NVML monitor).
+        gpus: where GPU memory readings come from (``serve`` passes its NVML monitor);
+            by default virtual GPUs when ``engine.gpu_budget_mib`` is set, else none.
         media: the image loader (default: one for ``settings.service``; tests inject
             one with their own resolver).
     """
     pool = Pool(settings, gpus=gpus, media=media)
+    await trio.to_thread.run_sync(pool.footprints.read)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery
         for actor in pool.models.values():

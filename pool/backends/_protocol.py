@@ -150,6 +150,31 @@ class Runtime(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryProfile:
+    """The settings of one load that change how much memory it takes.
+
+    They key the pool's store of measured footprints and feed the closed-form
+    estimate (weights + KV cache for ``context`` tokens of ``parallel`` sequences in
+    the ``type_k``/``type_v`` cache types + a compute buffer). ``None``: the backend's
+    default, or not a knob of this backend.
+    """
+
+    context: int | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    parallel: int = 1
+    gpu_layers: int | str | None = None
+    batch: int | None = None
+
+    def key(self) -> str:
+        """A stable text form, for the footprint store."""
+        return (
+            f"ctx={self.context},k={self.type_k},v={self.type_v},par={self.parallel},"
+            f"ngl={self.gpu_layers},batch={self.batch}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class LoadContext:
     """Per-replica facts a backend needs at load time."""
 
@@ -221,6 +246,16 @@ class Backend(ABC, Generic[ConfigT]):
     @abstractmethod
     async def load(self, definition: ConfigT, context: LoadContext) -> Runtime:
         """Load one replica; raise :class:`pool.errors.BackendError` with a clear message."""
+
+    def memory_profile(self, definition: ConfigT) -> MemoryProfile:
+        """The memory-relevant settings of a load of ``definition`` (context by default)."""
+        context = getattr(definition, self.context_field, None) if self.context_field else None
+        return MemoryProfile(context=context if isinstance(context, int) else None)
+
+    def declared_vram_mib(self, definition: ConfigT) -> int | None:
+        """VRAM per replica that the definition itself declares, for a backend whose
+        runtime has no artifact to read (the stub); None for the others."""
+        return None
 
     def check_load_override(self, patch: Mapping[str, Any]) -> None:
         """Check one load's override values against this backend's table.

@@ -28,6 +28,7 @@ from pool.backends._protocol import (
     GenerationStats,
     LoadContext,
     LoadOverrides,
+    MemoryProfile,
     TokenSink,
 )
 from pool.backends._text import StopScanner
@@ -312,6 +313,15 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
     load_constraints = LOAD_CONSTRAINTS
     load_recommendations = LOAD_RECOMMENDATIONS
     context_field = "gguf_n_ctx"
+
+    def memory_profile(self, definition: LlamaCppModel) -> MemoryProfile:
+        return MemoryProfile(
+            context=definition.gguf_n_ctx,
+            type_k=definition.gguf_type_k,
+            type_v=definition.gguf_type_v,
+            gpu_layers=definition.gguf_n_gpu_layers,
+            batch=definition.gguf_n_batch,
+        )
 
     def capabilities(self, definition: LlamaCppModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)

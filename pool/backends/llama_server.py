@@ -17,7 +17,13 @@ from pydantic import Field, PositiveInt
 
 from pool.backends._managed import ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Backend, Capabilities, LoadContext, LoadOverrides
+from pool.backends._protocol import (
+    Backend,
+    Capabilities,
+    LoadContext,
+    LoadOverrides,
+    MemoryProfile,
+)
 from pool.backends.llama_cpp import FlashAttn
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
@@ -140,6 +146,14 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     load_overrides = LlamaServerLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = "llama_server_n_ctx"
+
+    def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
+        # llama-server's -c is the whole context, shared by its parallel slots.
+        return MemoryProfile(
+            context=definition.llama_server_n_ctx,
+            parallel=slots(definition),
+            gpu_layers=definition.llama_server_n_gpu_layers,
+        )
 
     def capabilities(self, definition: LlamaServerModel) -> Capabilities:
         images = "image" in definition.modalities and bool(definition.llama_server_mmproj_path)

@@ -118,5 +118,8 @@ class StubBackend(Backend[StubModel]):
             )
         return StubRuntime(definition)
 
+    def declared_vram_mib(self, definition: StubModel) -> int | None:
+        return definition.stub_vram_mib or None
+
 
 BACKEND = StubBackend()

@@ -195,6 +195,10 @@ class CommonModelFields(_Strict):
     source: str | None = None
     pinned: bool = False
     priority: int = 0
+    vram_mb: PositiveInt | None = Field(
+        None,
+        description="MiB of VRAM one replica needs; first in the estimate chain (docs/vram.md).",
+    )
 
     @model_validator(mode="after")
     def _check_replicas(self) -> CommonModelFields:
@@ -288,6 +292,22 @@ class EngineSettings(BaseModel):
         0,
         description="Most models loaded at once (0: no limit). An on-demand load past it"
         " unloads idle, unpinned models first, or waits for one to become idle.",
+    )
+    gpu_budget_mib: list[PositiveInt] | None = Field(
+        None,
+        description="MiB per GPU that models may use (caps each GPU's budget); with no NVIDIA"
+        " GPU present it declares that many virtual GPUs (docs/vram.md).",
+    )
+    gpu_reserve_mib: Annotated[int, Field(ge=0)] = Field(
+        512, description="MiB kept free on each real GPU for the CUDA context and driver."
+    )
+    min_resident_s: NonNegativeFloat = Field(
+        10.0, description="A model loaded this recently is not evicted (stops thrash)."
+    )
+    warm_wait_s: NonNegativeFloat = Field(
+        30.0,
+        description="How long a load that needs room lets busy loaded models serve their"
+        " queues first (warm promotion) before the best victim stops taking new requests.",
     )
     # Settings files go through build_settings, which reports every bad model at once;
     # the validator serves settings built in code. Each entry dumps as its own class.

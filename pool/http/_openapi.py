@@ -40,13 +40,19 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " on-demand models.", None, 200),
     ("get", "/v1/admin/models", "admin", "List configured models",
      "Every model of the merged config with its runtime state, queue and replica figures,"
-     " capabilities, load constraints and recommendations, load override and definition.",
+     " VRAM (`vram_estimate_mib` and its `vram_estimate_source`: configured_vram_mb,"
+     " observed_load_delta, artifact_metadata, model_artifact_size, name_heuristic or"
+     " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
+     " when none; `gpus`: the GPU of each replica), capabilities, load constraints and"
+     " recommendations, load override and definition.",
      None, 200),
     ("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.", None, 200),
     ("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
      "Optional body: `replicas` and the backend's live-only load overrides (see the row's"
      " `load_constraints`). Answers when the load has finished: 200 with the row, or 500"
-     " `load_failed` with `last_error`. Idempotent while loaded or loading (overrides then"
+     " `load_failed` with `last_error`. On GPUs the load must fit its VRAM budget: idle"
+     " models it may evict (docs/vram.md) are unloaded first, else 500 `load_failed` at"
+     " once. Idempotent while loaded or loading (overrides then"
      " give 400); 409 `model_unloading` while unloading. A schema failure is 422, a value the"
      " backend does not accept is 400 `invalid_load_request`.", LoadRequest, 200),
     ("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
@@ -54,7 +60,9 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " ones finish (within `engine.unload_drain_s`; past it they end with `model_unloading`),"
      " then the runtime is released. 200 if already unloaded.", None, 200),
     ("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
-     "NVML readings per GPU; with no GPU, `gpus` is empty and `error` says why.", None, 200),
+     "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
+     " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
+     " `error` says why.", None, 200),
     ("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
      " over a recent window), capability flags and health.", None, 200),

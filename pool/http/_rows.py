@@ -43,6 +43,8 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         "vram_estimate_mib": snapshot.vram.mib,
         "vram_estimate_replica_count": snapshot.vram.replica_count,
         "vram_estimate_source": snapshot.vram.source,
+        "observed_load_delta": snapshot.observed_load_delta_mib,
+        "gpus": list(snapshot.gpus),
     }
     if full:
         row["load_constraints"] = {k: dict(v) for k, v in snapshot.load_constraints.items()}
@@ -62,6 +64,8 @@ _GPU_MEMORY_ROW_KEYS = (
     "vram_estimate_mib",
     "vram_estimate_replica_count",
     "vram_estimate_source",
+    "observed_load_delta",
+    "gpus",
 )
 
 

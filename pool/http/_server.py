@@ -65,7 +65,9 @@ async def serve(
         )
     async with trio.open_nursery() as monitors:
         if gpus is None:
-            gpus = await monitors.start(GpuMonitor().run)
+            monitor = await monitors.start(GpuMonitor().run)
+            # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
+            gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
         async with open_pool(settings, gpus=gpus) as pool:
             await _serve_pool(pool, settings, host, port, auth, task_status)
         monitors.cancel_scope.cancel()

@@ -152,6 +152,7 @@ async def test_eviction_prefers_low_priority_then_least_recent(
             "next": {"on_demand": True, "keep_alive": -1, "priority": 5},
         },
         max_loaded_models=3,
+        queue_timeout_s=60,
     )
     async with open_pool(settings) as pool:
         for name in ("old", "low", "new"):
@@ -159,7 +160,11 @@ async def test_eviction_prefers_low_priority_then_least_recent(
             await trio.sleep(1)
         await pool.respond(ask("next"))
         assert pool.snapshot("low").state == "unloaded"
-        # Among equal priorities the least recently used goes.
-        await pool.respond(ask("low"))
+        # Among equal priorities the least recently used would go, but `low` may evict
+        # none of them (spec: only models of lower priority than the incoming one go):
+        # it waits, here until its queue timeout.
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("low"))
+        assert info.value.code == "queue_timeout"
         states = {r.name: r.state for r in pool.snapshots()}
-        assert states == {"old": "unloaded", "low": "loaded", "new": "loaded", "next": "loaded"}
+        assert states == {"old": "loaded", "low": "unloaded", "new": "loaded", "next": "loaded"}

@@ -20,7 +20,8 @@ ROW_FIELDS = {
     "name", "resolved_backend", "configured_enabled", "runtime_state", "is_loaded", "replicas",
     "replica_max", "loaded_replicas", "inflight_requests", "queue_depth", "runtime_inflight",
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
-    "vram_estimate_replica_count", "vram_estimate_source", "load_constraints",
+    "vram_estimate_replica_count", "vram_estimate_source", "observed_load_delta", "gpus",
+    "load_constraints",
     "load_recommendations", "load_override", "capabilities", "definition",
 }  # fmt: skip
 

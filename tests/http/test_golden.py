@@ -114,6 +114,10 @@ _RESOURCES_NORMAL = (
     '"gpuMemoryFreeMB":<GPU>,"error":<GPU_ERROR>}'
 )
 
+# Which GPUs a loaded model was placed on depends on the machine's GPUs too (placement
+# itself is pinned in tests/actors/test_vram.py).
+_PLACEMENT = re.compile(r'"observed_load_delta":(null|\d+),"gpus":\[[\d,]*\]')
+
 _HEADER_VALUES = {
     "content-length": "<LEN>",
     "x-request-id": "<ID>",
@@ -135,6 +139,7 @@ def normalize_text(text: str) -> str:
         lambda m: '{"gpus":<GPUS>,' + m.group("models") + ',"error":<GPU_ERROR>,', text
     )
     text = _RESOURCES.sub(_RESOURCES_NORMAL, text)
+    text = _PLACEMENT.sub(r'"observed_load_delta":\1,"gpus":<PLACED>', text)
     return text.replace(f'"{__version__}"', '"<VERSION>"').replace(
         f"llm-pool-{__version__}", "llm-pool-<VERSION>"
     )

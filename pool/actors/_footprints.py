@@ -1,0 +1,117 @@
+"""Measured VRAM footprints, kept across restarts.
+
+A load measured on a GPU source records what it took, keyed by the model and the
+settings that change memory (context, cache types, parallel slots, GPU layers, batch:
+:class:`~pool.backends.MemoryProfile`) and the replica count. The store is one small
+JSON file in the cache dir (``$LLM_POOL_CACHE_DIR`` or ``~/.cache/llm-pool``), read at
+boot and rewritten atomically (a temporary file, then ``os.replace``) after each new
+measurement, so the next boot's estimates start from what was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+log = logging.getLogger("pool.vram")
+
+FILE_NAME = "vram-footprints.json"
+_VERSION = 1
+_SAVE_TIMEOUT_S = 5.0
+
+
+FOOTPRINTS_ENV = "LLM_POOL_FOOTPRINTS_PATH"
+
+
+def default_path() -> Path:
+    """``$LLM_POOL_FOOTPRINTS_PATH``, else ``vram-footprints.json`` in the cache dir
+    (``$LLM_POOL_CACHE_DIR``, default ``~/.cache/llm-pool``)."""
+    if explicit := os.environ.get(FOOTPRINTS_ENV):
+        return Path(explicit)
+    cache = os.environ.get("LLM_POOL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "llm-pool")
+    return Path(cache) / FILE_NAME
+
+
+class FootprintStore:
+    """Footprints by (model, memory settings, replicas); ``path=None`` keeps them in memory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._limiter = trio.CapacityLimiter(1)
+
+    @staticmethod
+    def _key(model: str, profile: str, replicas: int) -> str:
+        return f"{model}|{profile}|replicas={replicas}"
+
+    def read(self) -> None:
+        """Load the file (blocking; at boot, in a worker thread). A bad file is ignored."""
+        if self.path is None:
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            entries = data["footprints"] if data.get("version") == _VERSION else {}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("vram footprints %s unreadable, starting empty: %s", self.path, exc)
+            return
+        self._entries = {k: v for k, v in entries.items() if isinstance(v, dict) and "mib" in v}
+
+    def lookup(self, model: str, profile: str, replicas: int) -> int | None:
+        """MiB that ``replicas`` replicas took; scaled from another replica count of the
+        same settings when only that one was measured."""
+        exact = self._entries.get(self._key(model, profile, replicas))
+        if exact is not None:
+            return int(exact["mib"])
+        prefix = f"{model}|{profile}|"
+        for key, entry in self._entries.items():
+            if key.startswith(prefix) and int(entry.get("replicas", 0)) > 0:
+                return -(-int(entry["mib"]) * replicas // int(entry["replicas"]))
+        return None
+
+    def record(self, model: str, profile: str, replicas: int, mib: int) -> None:
+        self._entries[self._key(model, profile, replicas)] = {
+            "model": model,
+            "profile": profile,
+            "replicas": replicas,
+            "mib": mib,
+            "measured_at": time.time(),
+        }
+
+    async def save(self) -> None:
+        """Write the file atomically in a worker thread; a failure is logged, not raised."""
+        if self.path is None:
+            return
+        snapshot = {"version": _VERSION, "footprints": dict(self._entries)}
+        try:
+            # Shielded but bounded: a measurement taken just before shutdown still lands.
+            with trio.move_on_after(_SAVE_TIMEOUT_S, shield=True):
+                await trio.to_thread.run_sync(
+                    _write_atomically, self.path, snapshot, limiter=self._limiter
+                )
+        except OSError as exc:
+            log.warning("vram footprints not saved to %s: %s", self.path, exc)
+
+
+def _write_atomically(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".footprints-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
