@@ -107,11 +107,9 @@ async def test_beam_search_is_honoured(ct2_dir: Path) -> None:
 async def test_single_turn_only_and_capabilities(ct2_dir: Path) -> None:
     async with open_pool(_settings(ct2_dir)) as pool:
         row = pool.snapshot("ct")
-        assert row.capabilities.as_dict() == {
-            "modalities": ["text"],
-            "multi_turn": False,
-            "thinking_modes": ["default", "enabled", "disabled"],
-        }
+        caps = row.capabilities
+        assert caps.modalities == ("text",) and not caps.multi_turn and not caps.remote
+        assert caps.thinking_modes == ("default", "enabled", "disabled")
         with pytest.raises(PoolError) as info:
             await pool.respond(
                 request_from_responses(
