@@ -1,0 +1,151 @@
+"""``ps``/``models``, ``load``, ``unload`` and ``events``: the admin API as commands."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import trio
+from rich.table import Table
+
+from pool.cli._client import EXIT_OK, EXIT_USAGE, CliError, Io, PoolClient
+
+
+def parse_sets(pairs: list[str]) -> dict[str, Any]:
+    """``field=value`` pairs as a load body; a value is JSON where it parses, else a string.
+
+    Raises:
+        CliError: a pair without ``=`` (exit 2).
+    """
+    body: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise CliError(f"--set wants field=value, got {pair!r}", EXIT_USAGE)
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        body[name.strip()] = value
+    return body
+
+
+def _memory(row: dict[str, Any]) -> str:
+    measured = row.get("observed_load_delta")
+    if measured is not None:
+        return f"{measured:,.0f} MiB"
+    estimate = row.get("vram_estimate_mib")
+    return "-" if estimate is None else f"~{estimate:,.0f} MiB"
+
+
+def models_table(rows: list[dict[str, Any]]) -> Table:
+    """The ``ps`` table: one line per configured model."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("MODEL", "BACKEND", "STATE", "REPLICAS", "IN FLIGHT", "QUEUE"):
+        table.add_column(column, justify="right" if column in ("IN FLIGHT", "QUEUE") else "left")
+    table.add_column("GPU MEMORY", justify="right")
+    table.add_column("ESTIMATE")
+    table.add_column("GPUS")
+    for row in rows:
+        gpus = row.get("gpus") or []
+        table.add_row(
+            row["name"],
+            str(row.get("resolved_backend", "")),
+            str(row.get("runtime_state", "")),
+            f"{row.get('replicas', 0)}/{row.get('replica_max', row.get('replicas', 0))}",
+            str(row.get("inflight_requests", 0)),
+            str(row.get("queue_depth", 0)),
+            _memory(row),
+            str(row.get("vram_estimate_source") or "-"),
+            ",".join(str(g) for g in gpus if g is not None) or "-",
+        )
+    return table
+
+
+async def ps(client: PoolClient, io: Io) -> int:
+    body = await client.call("GET", "/v1/admin/models")
+    if io.json:
+        io.emit(body)
+        return EXIT_OK
+    rows = body.get("models", [])
+    io.out.print(models_table(rows))
+    for row in rows:
+        if row.get("last_error"):
+            io.out.print(f"{row['name']}: {row['last_error']}")
+    return EXIT_OK
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['name']}: {row.get('runtime_state')}, {row.get('replicas', 0)} replica(s), "
+        f"GPU memory {_memory(row)} ({row.get('vram_estimate_source') or 'no estimate'})"
+    )
+
+
+async def load(client: PoolClient, io: Io, name: str, sets: list[str]) -> int:
+    body = parse_sets(sets)
+    if not io.json:
+        io.err.print(f"loading {name}…")
+    # A load answers once it has finished, which may take minutes for a big model.
+    row = await client.call("POST", f"/v1/admin/models/{name}/load", body, unbounded=True)
+    if io.json:
+        io.emit(row)
+    else:
+        io.out.print(_row_line(row))
+    return EXIT_OK
+
+
+async def unload(client: PoolClient, io: Io, name: str) -> int:
+    row = await client.call("POST", f"/v1/admin/models/{name}/unload", unbounded=True)
+    if io.json:
+        io.emit(row)
+    else:
+        io.out.print(_row_line(row))
+    return EXIT_OK
+
+
+_WATCHED = ("runtime_state", "replicas", "last_error")
+
+
+async def events(client: PoolClient, io: Io, interval: float, count: int | None) -> int:
+    """Follow state changes by polling ``/v1/admin/models`` (the pool has no event stream).
+
+    The first poll prints every model's state; later ones print what changed.
+    ``count`` stops after that many changes (for scripts and tests).
+    """
+    seen: dict[str, dict[str, Any]] = {}
+    printed = 0
+    while True:
+        rows = (await client.call("GET", "/v1/admin/models")).get("models", [])
+        for row in rows:
+            now = {key: row.get(key) for key in _WATCHED}
+            before = seen.get(row["name"])
+            seen[row["name"]] = now
+            if before == now:
+                continue
+            event = {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "model": row["name"],
+                "from": None if before is None else before["runtime_state"],
+                "to": now["runtime_state"],
+                "replicas": now["replicas"],
+                "last_error": now["last_error"],
+            }
+            if before is not None:
+                printed += 1
+            if io.json:
+                io.emit(event)
+            else:
+                change = (
+                    event["to"]
+                    if before is None or before["runtime_state"] == now["runtime_state"]
+                    else f"{event['from']} -> {event['to']}"
+                )
+                tail = f" ({now['last_error']})" if now["last_error"] else ""
+                io.out.print(
+                    f"{event['time']} {row['name']}: {change}, {now['replicas']} replica(s){tail}"
+                )
+            if count is not None and printed >= count:
+                return EXIT_OK
+        await trio.sleep(interval)

