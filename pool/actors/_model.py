@@ -9,7 +9,6 @@ Trio runs every task on one thread, and the actor only changes them between awai
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,11 +84,6 @@ def _collapse(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def size_mib(size: int) -> int:
-    """Bytes as whole MiB, at least 1 (the unit of the VRAM estimate)."""
-    return max(1, math.ceil(size / (1024 * 1024)))
 
 
 class ModelActor:

