@@ -22,6 +22,8 @@ from pool.actors import (
     Admission,
     DecodingOverrides,
     Delta,
+    Embedded,
+    EmbeddingRequest,
     Finished,
     InferenceRequest,
     ModelActor,
@@ -45,6 +47,8 @@ from pool.http._streaming import admitted_stream
 from pool.media import sniff_image_type
 from pool.schemas import (
     OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaModelRequest,
     OllamaOptions,
@@ -76,6 +80,10 @@ def _decoding(options: OllamaOptions) -> DecodingOverrides:
         stop=tuple(options.stop or ()),
         # Ollama's -1 (no limit) and -2 (fill the context) keep the pool's default cap.
         max_tokens=options.num_predict if options.num_predict and options.num_predict > 0 else None,
+        min_p=options.min_p,
+        seed=options.seed,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
     )
 
 
@@ -134,6 +142,15 @@ def _stats(finished: Finished) -> dict[str, Any]:
         "prompt_eval_duration": to_ns(t.time_to_first_token_ms),
         "eval_count": finished.usage.output_tokens or 0,
         "eval_duration": to_ns(t.decode_after_first_token_ms),
+    }
+
+
+def _embed_stats(done: Embedded) -> dict[str, Any]:
+    t = done.timings
+    return {
+        "total_duration": round((t.pool_ms or 0.0) * 1_000_000),
+        "load_duration": round((t.queue_wait_ms or 0.0) * 1_000_000),
+        "prompt_eval_count": done.usage.prompt_tokens or 0,
     }
 
 
@@ -307,6 +324,37 @@ class _Routes:
         response.timeout = None
         return response
 
+    # -- embeddings --------------------------------------------------------------
+    async def embed(self) -> Response:
+        """Ollama embeddings of one text or several: ``embeddings``, one list per text."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaEmbedRequest)
+        texts = (body.input,) if isinstance(body.input, str) else tuple(body.input)
+        request = EmbeddingRequest(
+            body.model,
+            texts,
+            dimensions=body.dimensions,
+            truncate=body.truncate,
+            keep_alive=body.keep_alive,
+        )
+        done = await self._embed(request)
+        return json_response(
+            {"model": body.model, "embeddings": [list(v) for v in done.vectors]}
+            | _embed_stats(done)
+        )
+
+    async def embeddings(self) -> Response:
+        """Ollama's older endpoint: one ``prompt``, one ``embedding``."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaEmbeddingsRequest)
+        request = EmbeddingRequest(body.model, (body.prompt,), keep_alive=body.keep_alive)
+        done = await self._embed(request)
+        return json_response({"embedding": list(done.vectors[0])})
+
+    async def _embed(self, request: EmbeddingRequest) -> Embedded:
+        tenant, priority = tenant_and_priority()
+        return await self.pool.embed(request, tenant=tenant, priority=priority)
+
     # -- models ------------------------------------------------------------------
     async def tags(self) -> Response:
         """Every configured model, Ollama's list format."""
@@ -405,6 +453,8 @@ def register(app: Quart, ctx: AppContext) -> None:
     for path, view, methods in (
         ("/api/chat", routes.chat, ["POST"]),
         ("/api/generate", routes.generate, ["POST"]),
+        ("/api/embed", routes.embed, ["POST"]),
+        ("/api/embeddings", routes.embeddings, ["POST"]),
         ("/api/tags", routes.tags, ["GET"]),
         ("/api/ps", routes.ps, ["GET"]),
         ("/api/show", routes.show, ["POST"]),
