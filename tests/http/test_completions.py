@@ -75,3 +75,16 @@ async def test_keep_alive_and_sampling_fields_accepted(
     assert r.status_code == 200, r.text
     r = await client.post(route, json=body | {"logit_bias": {"x": 1}})
     assert r.status_code == 400
+
+
+async def test_sampling_a_backend_cannot_honour_is_a_400(client: httpx.AsyncClient) -> None:
+    # exllamav3 has no seed: refused before any queue, whatever the model's state.
+    r = await client.post(
+        "/v1/chat/completions",
+        json={"model": "single", "messages": [{"role": "user", "content": "hi"}], "seed": 1},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "sampling_unsupported"
+    r = await client.post(
+        "/api/generate", json={"model": "single", "prompt": "hi", "options": {"min_p": 0.1}}
+    )
+    assert r.status_code == 400 and "min_p" in r.json()["error"]
