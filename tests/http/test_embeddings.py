@@ -108,3 +108,15 @@ async def test_on_demand_embedding_model_loads_for_the_request(
     assert len(r.json()["embeddings"][0]) == 8
     ps = (await client.get("/api/ps")).json()
     assert [m["name"] for m in ps["models"] if m["name"] == "embed-lazy"] == ["embed-lazy"]
+
+
+async def test_capabilities_and_openapi_name_the_new_routes(client: httpx.AsyncClient) -> None:
+    caps = (await client.get("/v1/capabilities")).json()["capabilities"]
+    assert caps["embeddings"] is True
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    for path in ("/v1/embeddings", "/v1/completions", "/api/embed", "/api/embeddings"):
+        operation = paths[path]["post"]
+        assert "requestBody" in operation and "content" in operation["responses"]["200"]
+    for path in ("/api/tags", "/api/ps", "/"):
+        assert "content" in paths[path]["get"]["responses"]["200"]
+    assert "/api/copy" in paths and "/v1/chat/completions" in paths
