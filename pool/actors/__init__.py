@@ -6,11 +6,11 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
-from pool.actors._events import Delta, Event, Failed, Finished, Timings, Usage
+from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
 from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
-from pool.actors._request import DecodingOverrides, InferenceRequest
+from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
     GpuReading,
@@ -29,6 +29,8 @@ __all__ = [
     "Admission",
     "DecodingOverrides",
     "Delta",
+    "Embedded",
+    "EmbeddingRequest",
     "Event",
     "Failed",
     "Finished",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from pool.actors._events import Delta, Event, Failed, Finished, Timings, Usage
-from pool.actors._ticket import JobFailed, JobFinished, Ticket
+from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
+from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
 from pool.errors import PoolError
 
 
@@ -77,6 +77,7 @@ class Admission:
         # How it ended, for the pool's own accounting (renderers use the events).
         self.finished: Finished | None = None
         self.failed: PoolError | None = None
+        self.embedding: Embedded | None = None
         self._on_finished = on_finished
 
     @property
@@ -106,6 +107,30 @@ class Admission:
             "shutting_down", "the model stopped before the response completed"
         )
         yield Failed(self.failed)
+
+    async def embedded(self) -> Embedded:
+        """The result of an embedding request, or its error raised."""
+        async for item in self.ticket.receive_channel:
+            if isinstance(item, JobEmbedded):
+                assert self.ticket.dispatched_at is not None
+                engine_ms = (item.finished_at - self.ticket.dispatched_at) * 1000.0
+                timings = Timings(
+                    backend_ms=_ms(item.backend_wall_ms),
+                    engine_ms=_ms(engine_ms),
+                    engine_outside_backend_ms=_ms(max(0.0, engine_ms - item.backend_wall_ms)),
+                    pool_ms=_ms((item.finished_at - self.admitted_at) * 1000.0),
+                    queue_wait_ms=_ms(self.ticket.queue_wait_ms),
+                )
+                done = Embedded(item.result.vectors, Usage(item.result.prompt_tokens, 0), timings)
+                self.embedding = done
+                return done
+            if isinstance(item, JobFailed):
+                self.failed = item.error
+                raise item.error
+        self.failed = self.ticket.error or PoolError(
+            "shutting_down", "the model stopped before the embeddings were computed"
+        )
+        raise self.failed
 
     async def collect(self) -> Finished:
         """Run to the end; the :class:`Finished` event, or its error raised."""

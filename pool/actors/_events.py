@@ -64,4 +64,13 @@ class Failed:
     error: PoolError
 
 
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """An embedding request completed: one vector per text, in order."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    usage: Usage
+    timings: Timings
+
+
 Event = Delta | Finished | Failed

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from pool.actors._request import DecodingOverrides, InferenceRequest
-from pool.backends import Capabilities, Decoding, GenerationRequest, ImagePart, Turn
+from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
+from pool.backends import (
+    Capabilities,
+    Decoding,
+    EmbeddingJob,
+    GenerationRequest,
+    ImagePart,
+    Turn,
+)
 from pool.config import DecodingDefaults
 from pool.errors import PoolError
 from pool.media import MediaLoader
@@ -30,6 +37,71 @@ def effective_decoding(asked: DecodingOverrides, defaults: DecodingDefaults) -> 
         ),
         max_tokens=asked.max_tokens if asked.max_tokens is not None else defaults.max_tokens,
         stop=tuple(dict.fromkeys([*defaults.stop, *asked.stop])),
+        min_p=asked.min_p,
+        seed=asked.seed,
+        presence_penalty=asked.presence_penalty,
+        frequency_penalty=asked.frequency_penalty,
+        logit_bias=asked.logit_bias,
+    )
+
+
+def check_sampling(name: str, decoding: Decoding, capabilities: Capabilities) -> None:
+    """The one place that decides whether a backend can honour the sampling asked for.
+
+    Raises:
+        PoolError: ``sampling_unsupported`` (400) naming the first field it cannot honour.
+    """
+    for field in decoding.asked_extras():
+        if field not in capabilities.sampling:
+            supported = sorted(capabilities.sampling) or "none of the optional fields"
+            raise PoolError(
+                "sampling_unsupported",
+                f"model {name!r} cannot honour {field} (its backend supports: {supported})",
+                details={"param": field},
+            )
+
+
+def _check_remote(name: str, allow_remote: bool, capabilities: Capabilities) -> None:
+    if capabilities.remote and not allow_remote:
+        raise PoolError(
+            "remote_not_allowed",
+            f"model {name!r} calls a remote API; set allow_remote: true to use it",
+        )
+
+
+def build_embedding_job(
+    request: EmbeddingRequest, *, request_id: str, capabilities: Capabilities
+) -> EmbeddingJob:
+    """Check ``request`` against the model's capabilities and build the backend job.
+
+    Raises:
+        PoolError: ``embeddings_unsupported`` for a generation model, ``invalid_request``
+            for no input or an unsupported ``dimensions``, ``remote_not_allowed``.
+    """
+    name = request.model
+    if not capabilities.embeddings:
+        raise PoolError(
+            "embeddings_unsupported",
+            f"model {name!r} is a generation model; embeddings need a model with embedding: true",
+        )
+    _check_remote(name, request.allow_remote, capabilities)
+    if not request.texts:
+        raise PoolError("invalid_request", "input must hold at least one text")
+    if request.dimensions is not None:
+        if not capabilities.embedding_dimensions:
+            raise PoolError(
+                "invalid_request",
+                f"model {name!r} cannot shorten its embeddings: leave dimensions out",
+                details={"param": "dimensions"},
+            )
+        if request.dimensions < 1:
+            raise PoolError("invalid_request", "dimensions must be at least 1")
+    return EmbeddingJob(
+        request_id=request_id,
+        model=name,
+        texts=request.texts,
+        dimensions=request.dimensions,
+        truncate=request.truncate,
     )
 
 
@@ -43,15 +115,17 @@ def build_generation_request(
     """Check ``request`` against the model's capabilities and build the backend request.
 
     Raises:
-        PoolError: ``remote_not_allowed``, ``multi_turn_unsupported``,
-            ``modality_unsupported`` or ``thinking_unsupported`` (all 400).
+        PoolError: ``generation_unsupported``, ``remote_not_allowed``,
+            ``multi_turn_unsupported``, ``modality_unsupported``,
+            ``thinking_unsupported`` or ``sampling_unsupported`` (all 400).
     """
     name = request.model
-    if capabilities.remote and not request.allow_remote:
+    if not capabilities.generation:
         raise PoolError(
-            "remote_not_allowed",
-            f"model {name!r} calls a remote API; set allow_remote: true to use it",
+            "generation_unsupported",
+            f"model {name!r} is an embedding model: use /v1/embeddings or /api/embed",
         )
+    _check_remote(name, request.allow_remote, capabilities)
     if request.multi_turn and not capabilities.multi_turn:
         raise PoolError(
             "multi_turn_unsupported",
@@ -67,11 +141,13 @@ def build_generation_request(
             "thinking_unsupported",
             f"model {name!r} accepts thinking values {list(capabilities.thinking_modes)}",
         )
+    decoding = effective_decoding(request.decoding, decoding_defaults)
+    check_sampling(name, decoding, capabilities)
     return GenerationRequest(
         request_id=request_id,
         model=name,
         turns=request.turns,
-        decoding=effective_decoding(request.decoding, decoding_defaults),
+        decoding=decoding,
         instructions=request.instructions,
         multi_turn=request.multi_turn,
         thinking=request.thinking,

@@ -32,7 +32,14 @@ from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
 from pool.actors._vram import LoadMeter
-from pool.backends import Backend, Capabilities, GenerationRequest, LoadContext, get_backend
+from pool.backends import (
+    Backend,
+    Capabilities,
+    EmbeddingJob,
+    GenerationRequest,
+    LoadContext,
+    get_backend,
+)
 from pool.config import (
     EngineSettings,
     LoadRequest,
@@ -231,7 +238,7 @@ class ModelActor:
 
     def admit(
         self,
-        request: GenerationRequest,
+        request: GenerationRequest | EmbeddingJob,
         *,
         tenant: str,
         priority: str,

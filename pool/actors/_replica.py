@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from pool.actors._events import Delta
-from pool.actors._ticket import JobFailed, JobFinished, Ticket
+from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.backends import EmbeddingJob
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
-    from pool.backends import Backend, LoadContext, Runtime
+    from pool.backends import Backend, EmbeddingRuntime, LoadContext, Runtime
     from pool.config import ModelDefinition
 
 log = logging.getLogger("pool.replica")
@@ -187,14 +188,25 @@ class Replica:
         self.inflight -= 1
         self._on_job_done()
 
-    async def _generate(self, ticket: Ticket) -> JobFinished | JobFailed | None:
+    async def _generate(self, ticket: Ticket) -> JobFinished | JobEmbedded | JobFailed | None:
         """Run the backend; None when the request was cancelled."""
         assert self.runtime is not None
         sink = _TicketSink(ticket)
+        request = ticket.request
         with ticket.scope:
             started = time.perf_counter()
             try:
-                stats = await self.runtime.generate(ticket.request, sink)
+                if isinstance(request, EmbeddingJob):
+                    runtime: EmbeddingRuntime = self.runtime  # type: ignore[assignment]
+                    result = await runtime.embed(request)
+                    if len(result.vectors) != len(request.texts):
+                        raise BackendError(
+                            f"the runtime returned {len(result.vectors)} vectors"
+                            f" for {len(request.texts)} texts"
+                        )
+                    ended = time.perf_counter()
+                    return JobEmbedded(result, (ended - started) * 1000.0, ended)
+                stats = await self.runtime.generate(request, sink)
             except BackendError as exc:
                 return JobFailed(PoolError("backend_error", str(exc)))
             except PoolError as exc:

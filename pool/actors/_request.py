@@ -23,6 +23,11 @@ class DecodingOverrides:
     repetition_penalty: float | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +54,20 @@ class InferenceRequest:
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:
         """A single-turn text request (the embedded API's shortest form)."""
         return cls(model, (Turn("user", (TextPart(text),)),), **fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """Texts to embed with one model, whatever API they arrived on.
+
+    It goes through the same admission as generation (rate limits, queue, replicas,
+    on-demand loads); ``dimensions`` is honoured only by models that can shorten
+    their vectors.
+    """
+
+    model: str
+    texts: tuple[str, ...]
+    dimensions: int | None = None
+    truncate: bool = True
+    allow_remote: bool = False
+    keep_alive: float | str | None = None

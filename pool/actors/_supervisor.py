@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 import trio
 
 from pool.actors._admission import Admission, new_request_id
-from pool.actors._events import Event, Finished
+from pool.actors._events import Embedded, Event, Finished
 from pool.actors._footprints import FootprintStore, default_path
 from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
-from pool.actors._intake import build_generation_request, inline_images
+from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
-from pool.actors._request import InferenceRequest
+from pool.actors._request import EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
     GpuReading,
@@ -48,6 +48,7 @@ from pool.actors._vram import (
     gpu_room,
     place,
 )
+from pool.backends import EmbeddingJob, GenerationRequest
 from pool.config import LoadRequest, Settings, apply_override, validate_load_request
 from pool.errors import PoolError
 from pool.media import MediaLoader
@@ -187,7 +188,7 @@ class Pool:
     @asynccontextmanager
     async def admit(
         self,
-        request: InferenceRequest,
+        request: InferenceRequest | EmbeddingRequest,
         *,
         tenant: str = "default",
         priority: str = "normal",
@@ -200,7 +201,9 @@ class Pool:
         from the queue or stops its generation, so nothing runs for a departed caller.
 
         Images are inlined under the media policy (``image_refused`` otherwise) after
-        the capability checks and before the request is queued.
+        the capability checks and before the request is queued. An
+        :class:`EmbeddingRequest` takes the same path; read it with
+        :meth:`Admission.embedded`.
 
         Raises:
             PoolError: for unknown models, capability or state violations, a refused
@@ -213,18 +216,25 @@ class Pool:
         status = "cancelled"
         try:
             request_id = request_id or new_request_id()
-            generation = build_generation_request(
-                request,
-                request_id=request_id,
-                capabilities=actor.capabilities,
-                decoding_defaults=self.settings.engine.decoding,
-            )
-            self.rate_limiter.admit(tenant)
-            generation = await inline_images(generation, self.media)
+            job: GenerationRequest | EmbeddingJob
+            if isinstance(request, EmbeddingRequest):
+                job = build_embedding_job(
+                    request, request_id=request_id, capabilities=actor.capabilities
+                )
+                self.rate_limiter.admit(tenant)
+            else:
+                job = build_generation_request(
+                    request,
+                    request_id=request_id,
+                    capabilities=actor.capabilities,
+                    decoding_defaults=self.settings.engine.decoding,
+                )
+                self.rate_limiter.admit(tenant)
+                job = await inline_images(job, self.media)
             deadline = trio.current_time() + actor.queue_timeout_s
             await self._wait_at_door(actor, deadline)
             ticket = actor.admit(
-                generation,
+                job,
                 tenant=tenant,
                 priority=priority,
                 buffer=self.settings.engine.stream_buffer_tokens,
@@ -250,7 +260,7 @@ class Pool:
                     ticket, request_id, request.model, admitted_at, self._record_finished
                 )
                 yield admission
-                if admission.finished is not None:
+                if admission.finished is not None or admission.embedding is not None:
                     status = "success"
                 elif admission.failed is not None:
                     status = admission.failed.code
@@ -290,6 +300,15 @@ class Pool:
         """Run ``request`` to completion; the :class:`Finished` event, or its error raised."""
         async with self.admit(request, **kwargs) as admission:
             return await admission.collect()
+
+    async def embed(self, request: EmbeddingRequest, **kwargs: Any) -> Embedded:
+        """Embed ``request``'s texts: the :class:`Embedded` result, or its error raised."""
+        async with self.admit(request, **kwargs) as admission:
+            done = await admission.embedded()
+        tokens = done.usage.prompt_tokens or 0
+        self.metrics.prompt_tokens.labels(request.model).inc(tokens)
+        self.rate_limiter.charge_tokens(admission.ticket.tenant, tokens)
+        return done
 
     async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(*args)`` in the pool's nursery and wait for its result.

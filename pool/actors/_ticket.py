@@ -18,7 +18,7 @@ from pool.actors._events import Delta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.backends import GenerationRequest, GenerationStats
+    from pool.backends import EmbeddingJob, EmbeddingResult, GenerationRequest, GenerationStats
 
 
 @dataclass(slots=True)
@@ -33,16 +33,25 @@ class JobFinished:
 
 
 @dataclass(slots=True)
+class JobEmbedded:
+    """The replica's report of a completed embedding job."""
+
+    result: EmbeddingResult
+    backend_wall_ms: float
+    finished_at: float
+
+
+@dataclass(slots=True)
 class JobFailed:
     error: PoolError
 
 
-Output = Delta | JobFinished | JobFailed
+Output = Delta | JobFinished | JobEmbedded | JobFailed
 
 
 @dataclass(eq=False, slots=True)
 class Ticket:
-    request: GenerationRequest
+    request: GenerationRequest | EmbeddingJob
     tenant: str = "default"
     priority: Literal["high", "normal", "low"] = "normal"
     buffer: int = 32

@@ -18,13 +18,32 @@ import trio
 
 from pool.backends._chat_client import chat_messages, stream_chat
 from pool.backends._process import ManagedProcess
-from pool.backends._protocol import GenerationRequest, GenerationStats, TokenSink
+from pool.backends._protocol import Decoding, GenerationRequest, GenerationStats, TokenSink
 from pool.backends._upstream import UpstreamError, open_transport
 from pool.errors import BackendError
 
 log = logging.getLogger("pool.process")
 
 STOP_GRACE_S = 10.0
+
+
+# The optional sampling fields both managed servers (and OpenAI-style upstreams) take
+# in a Chat Completions body under these names.
+SERVER_SAMPLING = frozenset(
+    {"min_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias"}
+)
+
+
+def sampling_fields(d: Decoding) -> dict[str, Any]:
+    """The optional sampling fields a request set, as a Chat Completions body spells them."""
+    fields: dict[str, Any] = {
+        name: getattr(d, name)
+        for name in ("min_p", "seed", "presence_penalty", "frequency_penalty")
+        if getattr(d, name) is not None
+    }
+    if d.logit_bias:
+        fields["logit_bias"] = {str(token): bias for token, bias in d.logit_bias}
+    return fields
 
 
 class ManagedServerRuntime:
@@ -37,8 +56,14 @@ class ManagedServerRuntime:
         request_timeout_s: float,
         api_key: str | None = None,
         extra_body: dict[str, Any] | None = None,
+        repetition_field: str = "repeat_penalty",
+        enable_thinking: bool | None = None,
     ) -> None:
         self.process = process
+        # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
+        # ignores the other silently.
+        self._repetition_field = repetition_field
+        self._enable_thinking = enable_thinking
         self.base_url = base_url
         self._model = served_model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -59,11 +84,18 @@ class ManagedServerRuntime:
             "temperature": d.temperature,
             "top_p": d.top_p,
             "top_k": d.top_k,
-            "repeat_penalty": d.repetition_penalty,
+            self._repetition_field: d.repetition_penalty,
             **self._extra,
         }
         if d.stop:
             body["stop"] = list(d.stop)
+        body.update(sampling_fields(d))
+        thinking = {"enabled": True, "disabled": False}.get(request.thinking)
+        if thinking is None:
+            thinking = self._enable_thinking
+        if thinking is not None:
+            # Both servers hand these to the model's Jinja chat template.
+            body["chat_template_kwargs"] = {"enable_thinking": thinking}
         return body
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
@@ -190,6 +222,8 @@ async def launch(
     start_timeout_s: float,
     request_timeout_s: float,
     api_key: str | None = None,
+    repetition_field: str = "repeat_penalty",
+    enable_thinking: bool | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready."""
     process = ManagedProcess(label, command, env)
@@ -200,6 +234,8 @@ async def launch(
         served_model=served_model,
         request_timeout_s=request_timeout_s,
         api_key=api_key,
+        repetition_field=repetition_field,
+        enable_thinking=enable_thinking,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

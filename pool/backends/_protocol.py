@@ -78,6 +78,43 @@ class Decoding:
     repetition_penalty: float = 1.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    # Set only when the client asked (None: the backend's own default, never sent).
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def asked_extras(self) -> tuple[str, ...]:
+        """The optional sampling fields this request sets (checked against the backend)."""
+        asked = [
+            name
+            for name in ("min_p", "seed", "presence_penalty", "frequency_penalty")
+            if getattr(self, name) is not None
+        ]
+        if self.logit_bias:
+            asked.append("logit_bias")
+        return tuple(asked)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingJob:
+    """What an embedding runtime is asked to embed: several texts in one call."""
+
+    request_id: str
+    model: str
+    texts: tuple[str, ...]
+    dimensions: int | None = None
+    # False: a text longer than the model's context is a 400 rather than cut short.
+    truncate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """One vector per text, in order, and the tokens read (``None`` where unknown)."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +156,16 @@ class Capabilities:
     multi_turn: bool = False
     thinking_modes: tuple[ThinkingMode, ...] = ("default",)
     remote: bool = False
+    # An embedding model (``embedding: true``) serves embeddings instead of generation;
+    # its runtime implements :class:`EmbeddingRuntime`.
+    embeddings: bool = False
+    embedding_dimensions: bool = False
+    # The optional Decoding fields the runtime honours (a request setting another is a 400).
+    sampling: frozenset[str] = frozenset()
+
+    @property
+    def generation(self) -> bool:
+        return not self.embeddings
 
 
 class TokenSink(Protocol):
@@ -146,6 +193,14 @@ class Runtime(Protocol):
     @property
     def vram_mib(self) -> int | None:
         """VRAM this replica holds, when the runtime can tell."""
+        ...
+
+
+class EmbeddingRuntime(Runtime, Protocol):
+    """A runtime of an embedding model (``Capabilities.embeddings``)."""
+
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        """One vector per text of ``job``, computed in one call where the engine batches."""
         ...
 
 

@@ -18,11 +18,13 @@ from functools import partial
 from typing import Any, Literal
 
 import trio
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from pool.backends._protocol import (
     Backend,
     Capabilities,
+    EmbeddingJob,
+    EmbeddingResult,
     FinishReason,
     GenerationRequest,
     GenerationStats,
@@ -44,6 +46,13 @@ from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
 FlashAttn = Literal["on", "off", "auto"]
+Pooling = Literal["mean", "cls", "last", "none", "rank"]
+# llama.h's ``enum llama_pooling_type``.
+_POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+# What llama.generate can honour beyond the base fields (logit_bias by a logits processor).
+LLAMA_CPP_SAMPLING = frozenset(
+    {"min_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias"}
+)
 
 
 class LlamaCppModel(CommonModelFields):
@@ -58,6 +67,14 @@ class LlamaCppModel(CommonModelFields):
     gguf_n_threads: PositiveInt | None = None
     gguf_n_batch: PositiveInt = 512
     gguf_seed: int | None = None
+    embedding: bool = Field(
+        False, description="Serve /v1/embeddings and /api/embed instead of generation."
+    )
+    pooling: Pooling | None = Field(
+        None,
+        description="How an embedding model pools token vectors; default: the GGUF's own"
+        " (a causal chat model usually needs `mean`).",
+    )
 
 
 class LlamaCppLoadOverrides(LoadOverrides):
@@ -216,13 +233,18 @@ class LlamaCppRuntime:
         produced = 0
         first_at: float | None = None
         finish: FinishReason = "stop"
+        if decoding.seed is not None:
+            llama.set_seed(decoding.seed)
         for token in llama.generate(
             tokens,
             top_k=decoding.top_k,
             top_p=decoding.top_p,
-            min_p=0.0,
+            min_p=decoding.min_p or 0.0,
             temp=decoding.temperature,  # 0 selects llama.cpp's greedy sampler
             repeat_penalty=decoding.repetition_penalty,
+            frequency_penalty=decoding.frequency_penalty or 0.0,
+            presence_penalty=decoding.presence_penalty or 0.0,
+            logits_processor=_logit_bias(decoding.logit_bias, llama.n_vocab()),
             reset=True,
         ):
             if llama_cpp.llama_vocab_is_eog(vocab, token):
@@ -249,6 +271,29 @@ class LlamaCppRuntime:
             send(tail)
         return produced, first_at, finish
 
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        llama = self._llama
+
+        def embed_blocking() -> EmbeddingResult:
+            # llama-cpp-python packs the texts into batches of n_batch tokens and up to
+            # n_seq_max sequences, so many short inputs cost one decode per batch.
+            try:
+                vectors, count = llama.embed(
+                    list(job.texts), normalize=True, truncate=job.truncate, return_count=True
+                )
+            except ValueError as exc:
+                raise PoolError(
+                    "invalid_request",
+                    f"model {job.model!r}: {exc} (send shorter texts or truncate: true)",
+                ) from exc
+            except RuntimeError as exc:
+                raise BackendError(f"llama.cpp embedding failed: {exc}") from exc
+            return EmbeddingResult(tuple(tuple(float(x) for x in v) for v in vectors), count)
+
+        return await trio.to_thread.run_sync(embed_blocking, limiter=self._limiter)
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -267,6 +312,30 @@ class LlamaCppRuntime:
             _return_freed_heap()
 
         await trio.to_thread.run_sync(release, limiter=self._limiter)
+
+
+def _logit_bias(pairs: tuple[tuple[int, float], ...], n_vocab: int) -> Any:
+    """A logits processor that adds each bias to its token's score (None without any)."""
+    if not pairs:
+        return None
+    import llama_cpp
+    import numpy as np
+
+    for token, _ in pairs:
+        if token >= n_vocab:
+            raise PoolError(
+                "invalid_request",
+                f"logit_bias: token {token} is not in the vocabulary ({n_vocab} tokens)",
+            )
+    ids = np.array([t for t, _ in pairs], dtype=np.intc)
+    biases = np.array([b for _, b in pairs], dtype=np.single)
+
+    def add_bias(input_ids: Any, scores: Any) -> Any:
+        scores = scores.copy()
+        scores[ids] += biases
+        return scores
+
+    return llama_cpp.LogitsProcessorList([add_bias])
 
 
 def _return_freed_heap() -> None:
@@ -330,6 +399,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             modalities=("text",),
             multi_turn=multi_turn,
             thinking_modes=thinking_modes(definition.prompt_format),
+            embeddings=definition.embedding,
+            sampling=LLAMA_CPP_SAMPLING,
         )
 
     def effective_target_inflight(self, definition: LlamaCppModel) -> int:
@@ -359,6 +430,12 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             kwargs["n_threads"] = definition.gguf_n_threads
         if definition.gguf_seed is not None:
             kwargs["seed"] = definition.gguf_seed
+        if definition.embedding:
+            kwargs["embedding"] = True
+            # A pooled sequence must fit in one micro-batch.
+            kwargs["n_ubatch"] = kwargs["n_batch"]
+            if definition.pooling is not None:
+                kwargs["pooling_type"] = _POOLING_TYPES[definition.pooling]
         for field in ("gguf_type_k", "gguf_type_v"):
             value = getattr(definition, field)
             if value is not None:
@@ -375,8 +452,11 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 # Warm-up, as llama-server does: the first forward pass touches every
                 # memory-mapped weight page and sizes the compute buffers. Paying for
                 # it here keeps it out of the first request's time to first token.
-                llama.eval([max(llama.token_bos(), 0)])
-                llama.reset()
+                if definition.embedding:
+                    llama.embed("warm up")
+                else:
+                    llama.eval([max(llama.token_bos(), 0)])
+                    llama.reset()
             except (ValueError, RuntimeError) as exc:
                 llama.close()
                 raise BackendError(f"llama.cpp could not run {path}: {exc}") from exc

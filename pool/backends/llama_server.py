@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field, PositiveInt
 
-from pool.backends._managed import ManagedServerRuntime, find_binary, launch
+from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
+    ALL_THINKING_MODES,
     Backend,
     Capabilities,
     LoadContext,
@@ -160,7 +161,9 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         return Capabilities(
             modalities=("text", "image") if images else ("text",),
             multi_turn=True,
-            thinking_modes=("default",),
+            # Sent as chat_template_kwargs.enable_thinking (read by --jinja templates).
+            thinking_modes=ALL_THINKING_MODES,
+            sampling=SERVER_SAMPLING,
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:
@@ -192,6 +195,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             health_path="/health",
             start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
+            enable_thinking=definition.enable_thinking,
         )
 
 

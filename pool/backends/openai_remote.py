@@ -16,6 +16,7 @@ import trio
 from pydantic import Field
 
 from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
+from pool.backends._managed import SERVER_SAMPLING, sampling_fields
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     Backend,
@@ -77,6 +78,7 @@ class OpenAIRemoteRuntime:
         }
         if d.stop:
             body["stop"] = list(d.stop)
+        body.update(sampling_fields(d))
         thinking = {"enabled": "enabled", "disabled": "disabled"}.get(request.thinking)
         thinking = thinking or self._definition.remote_thinking
         if thinking is not None:
@@ -121,6 +123,8 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             modalities=tuple(definition.modalities),
             multi_turn=True,
             thinking_modes=ALL_THINKING_MODES,
+            # OpenAI's Chat Completions has no min_p.
+            sampling=SERVER_SAMPLING - {"min_p"},
             remote=True,
         )
 

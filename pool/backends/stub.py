@@ -8,6 +8,8 @@ without a real model.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from typing import Annotated, Any, Literal
 
@@ -18,13 +20,15 @@ from pool.backends._protocol import (
     ALL_THINKING_MODES,
     Backend,
     Capabilities,
+    EmbeddingJob,
+    EmbeddingResult,
     GenerationRequest,
     GenerationStats,
     LoadContext,
     TokenSink,
 )
 from pool.config import CommonModelFields
-from pool.errors import BackendError
+from pool.errors import BackendError, PoolError
 
 
 class StubModel(CommonModelFields):
@@ -37,6 +41,33 @@ class StubModel(CommonModelFields):
     stub_unload_seconds: NonNegativeFloat = 0.0
     stub_fail_load: bool = False
     stub_vram_mib: Annotated[int, Field(ge=0)] = 0
+    embedding: bool = Field(
+        False, description="Serve embeddings (stub_embedding_dim wide) instead of generation."
+    )
+    stub_embedding_dim: Annotated[int, Field(ge=1, le=4096)] = 8
+
+
+# Every sampling field a request may set: the stub ignores them, but accepts them so that
+# the surfaces' parsing is tested without a real engine.
+STUB_SAMPLING = frozenset({"min_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias"})
+
+
+def stub_embedding(text: str, dimensions: int) -> tuple[float, ...]:
+    """A deterministic unit vector for ``text``: SHA-256 blocks of the text as numbers.
+
+    The same text always gives the same vector and different texts differ, which is
+    all the pool's tests need; the first ``n`` components renormalized are the vector
+    asked for with ``dimensions: n`` (as OpenAI's shortened embeddings behave).
+    """
+    raw: list[float] = []
+    counter = 0
+    while len(raw) < dimensions:
+        block = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        raw.extend((b - 127.5) / 127.5 for b in block)
+        counter += 1
+    raw = raw[:dimensions]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return tuple(x / norm for x in raw)
 
 
 def stub_tokens(text: str) -> list[str]:
@@ -86,6 +117,20 @@ class StubRuntime:
             finish_reason=finish,
         )
 
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        width = self._definition.stub_embedding_dim
+        if job.dimensions is not None and job.dimensions > width:
+            raise PoolError(
+                "invalid_request",
+                f"dimensions {job.dimensions} is larger than the model's {width}",
+                details={"param": "dimensions"},
+            )
+        vectors = tuple(stub_embedding(t, job.dimensions or width) for t in job.texts)
+        await trio.lowlevel.checkpoint()
+        return EmbeddingResult(vectors, sum(len(stub_tokens(t)) for t in job.texts))
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -102,6 +147,9 @@ class StubBackend(Backend[StubModel]):
             modalities=tuple(definition.modalities),
             multi_turn=True,
             thinking_modes=ALL_THINKING_MODES,
+            embeddings=definition.embedding,
+            embedding_dimensions=definition.embedding,
+            sampling=STUB_SAMPLING,
         )
 
     def effective_target_inflight(self, definition: StubModel) -> int:

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from pool.backends import vllm
-from pool.backends._managed import ManagedServerRuntime, find_binary, launch
+from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Backend, Capabilities, LoadContext
+from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
 from pool.errors import BackendError
 
 
@@ -107,7 +107,13 @@ class VllmServeBackend(Backend[VllmServeModel]):
     context_field = vllm.CONTEXT_FIELD
 
     def capabilities(self, definition: VllmServeModel) -> Capabilities:
-        return Capabilities(modalities=tuple(definition.modalities), multi_turn=True)
+        return Capabilities(
+            modalities=tuple(definition.modalities),
+            multi_turn=True,
+            # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
+            thinking_modes=ALL_THINKING_MODES,
+            sampling=SERVER_SAMPLING,
+        )
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         # vLLM batches: the configured target, but never past the engine's own seq limit.
@@ -131,6 +137,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             start_timeout_s=definition.vllm_serve_start_timeout_s,
             request_timeout_s=definition.vllm_serve_timeout_s,
             api_key=definition.vllm_serve_api_key,
+            repetition_field="repetition_penalty",
+            enable_thinking=definition.enable_thinking,
         )
 
 

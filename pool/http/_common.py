@@ -178,3 +178,49 @@ def tenant_and_priority() -> tuple[str, str]:
 
 def require(ctx: AppContext, access: Access) -> None:
     ctx.auth.check_bearer(headers().get("authorization"), access)
+
+
+_CACHE_MODES = ("prefix", "none", "auto")
+
+
+def cache_headers_in() -> None:
+    """Validate ``X-Cache-Mode`` / ``X-Cache-Tag`` (no backend here keeps a prefix cache)."""
+    mode = request.headers.get("x-cache-mode")
+    if mode is not None and mode.strip().lower() not in _CACHE_MODES:
+        raise PoolError("invalid_request", "X-Cache-Mode must be prefix, none or auto")
+    tag = request.headers.get("x-cache-tag")
+    if tag is not None and (len(tag) > 64 or not tag.isprintable()):
+        raise PoolError(
+            "invalid_request", "X-Cache-Tag must be printable and at most 64 characters"
+        )
+
+
+def inference_headers(queue_wait_ms: float, gpu_ms: float | None) -> dict[str, str]:
+    return {
+        "X-Queue-Wait-Ms": str(round(queue_wait_ms)),
+        "X-GPU-Time-Ms": str(round(gpu_ms or 0)),
+        "X-Cache-Hit": "false",
+        "X-Cache-Tokens-Reused": "0",
+    }
+
+
+def logit_bias(
+    asked: dict[str, float] | None, where: str = "logit_bias"
+) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` map (token id strings) as pairs; a bad key is a 400."""
+    if not asked:
+        return ()
+    pairs = []
+    for key, bias in asked.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise PoolError(
+                "invalid_request",
+                f"{where}: keys are token ids, not {key[:40]!r}",
+                details={"param": where},
+            ) from None
+        if token < 0:
+            raise PoolError("invalid_request", f"{where}: token ids are not negative")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)

@@ -1,8 +1,14 @@
-"""The Ollama API: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
-``/api/ps``, ``/api/version``; NDJSON streams by default and Ollama's error shape.
+"""The Ollama API: ``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``,
+``/api/show``, ``/api/ps``, ``/api/copy``, ``/api/version`` and the ``GET /`` probe;
+NDJSON streams by default and Ollama's error shape.
 
 Durations are nanoseconds as Ollama reports them; a request with no messages (chat)
 or an empty prompt (generate) loads the model, and with ``keep_alive: 0`` unloads it.
+``/api/tags`` describes each model's artifact (the file's size, mtime and SHA-256,
+hashed once per file version on a worker thread); a model without a file (stub,
+remote) shows the settings file's mtime and the digest of its definition.
+``/api/copy`` is a 400 ``copy_unsupported``: models are named by the settings files,
+and a name that exists only in memory would vanish at the next restart.
 """
 
 from __future__ import annotations
@@ -12,9 +18,12 @@ import binascii
 import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import trio
 from quart import Blueprint, Quart, Response
 
 from pool._version import __version__
@@ -22,6 +31,8 @@ from pool.actors import (
     Admission,
     DecodingOverrides,
     Delta,
+    Embedded,
+    EmbeddingRequest,
     Finished,
     InferenceRequest,
     ModelActor,
@@ -29,6 +40,7 @@ from pool.actors import (
     parse_keep_alive,
 )
 from pool.backends import ImagePart, TextPart, ThinkingMode, Turn, context_field
+from pool.config import resolve_model_path
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -43,8 +55,12 @@ from pool.http._common import (
 from pool.http._rows import definition_body
 from pool.http._streaming import admitted_stream
 from pool.media import sniff_image_type
+from pool.pulls import FileDigests
 from pool.schemas import (
     OllamaChatRequest,
+    OllamaCopyRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaModelRequest,
     OllamaOptions,
@@ -56,6 +72,19 @@ _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for a model kept forev
 
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _timestamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class _Artifact:
+    """What ``/api/tags`` says about a model's files."""
+
+    modified_at: str
+    size: int
+    digest: str
 
 
 def _image(data: str) -> ImagePart:
@@ -76,6 +105,10 @@ def _decoding(options: OllamaOptions) -> DecodingOverrides:
         stop=tuple(options.stop or ()),
         # Ollama's -1 (no limit) and -2 (fill the context) keep the pool's default cap.
         max_tokens=options.num_predict if options.num_predict and options.num_predict > 0 else None,
+        min_p=options.min_p,
+        seed=options.seed,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
     )
 
 
@@ -137,6 +170,15 @@ def _stats(finished: Finished) -> dict[str, Any]:
     }
 
 
+def _embed_stats(done: Embedded) -> dict[str, Any]:
+    t = done.timings
+    return {
+        "total_duration": round((t.pool_ms or 0.0) * 1_000_000),
+        "load_duration": round((t.queue_wait_ms or 0.0) * 1_000_000),
+        "prompt_eval_count": done.usage.prompt_tokens or 0,
+    }
+
+
 def _pull_line(event: dict[str, Any]) -> dict[str, Any]:
     """A pull state as Ollama's progress line (``status``, ``total``, ``completed``, ...)."""
     if event.get("status") == "error":
@@ -162,13 +204,19 @@ def _digest(snapshot: ModelSnapshot) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
-def _tag(snapshot: ModelSnapshot) -> dict[str, Any]:
-    size = (snapshot.artifact_mib or 0) * 1024 * 1024
-    return {"name": snapshot.name, "model": snapshot.name, "modified_at": _now(), "size": size,
-            "digest": _digest(snapshot), "details": _details(snapshot)}  # fmt: skip
+def _tag(snapshot: ModelSnapshot, artifact: _Artifact) -> dict[str, Any]:
+    return {
+        "name": snapshot.name,
+        "model": snapshot.name,
+        "modified_at": artifact.modified_at,
+        "size": artifact.size,
+        "digest": artifact.digest,
+        "details": _details(snapshot),
+        "loaded": snapshot.state == "loaded",
+    }
 
 
-def _running(snapshot: ModelSnapshot) -> dict[str, Any]:
+def _running(snapshot: ModelSnapshot, artifact: _Artifact) -> dict[str, Any]:
     """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its VRAM."""
     remaining = snapshot.expires_in_s
     expires = (
@@ -176,25 +224,30 @@ def _running(snapshot: ModelSnapshot) -> dict[str, Any]:
         if remaining is not None
         else _FAR_FUTURE
     )
-    return _tag(snapshot) | {
+    return _tag(snapshot, artifact) | {
         "expires_at": expires,
         "size_vram": (snapshot.vram.mib or 0) * 1024 * 1024,
     }
 
 
-def _show(snapshot: ModelSnapshot) -> dict[str, Any]:
+def _show(snapshot: ModelSnapshot, artifact: _Artifact, parameters: str) -> dict[str, Any]:
     caps = snapshot.capabilities
-    capabilities = ["completion"] + (["vision"] if "image" in caps.modalities else [])
+    # `tools` joins this list when the pool has tool calling.
+    capabilities = ["completion"] if caps.generation else ["embedding"]
+    if "image" in caps.modalities:
+        capabilities.append("vision")
     if "enabled" in caps.thinking_modes:
         capabilities.append("thinking")
+    definition = snapshot.active_definition
     return {
         "modelfile": "",
-        "parameters": "",
-        "template": "",
+        "parameters": parameters,
+        # The pool renders prompts itself: the template is its prompt format's name.
+        "template": definition.prompt_format,
         "details": _details(snapshot),
         "model_info": definition_body(snapshot),
         "capabilities": capabilities,
-        "modified_at": _now(),
+        "modified_at": artifact.modified_at,
     }
 
 
@@ -204,6 +257,52 @@ class _Routes:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.pool = ctx.pool
+        self.digests = FileDigests()
+
+    async def _artifact(self, snapshot: ModelSnapshot) -> _Artifact:
+        """The model file's mtime, size and SHA-256; the settings file's mtime without one."""
+        value = snapshot.active_definition.model_path
+        base_dir = self.ctx.settings.base_dir
+        facts = None
+        if value:
+
+            def resolve() -> Path | None:
+                try:
+                    return resolve_model_path(value, base_dir)
+                except (FileNotFoundError, OSError):
+                    return None
+
+            path = await trio.to_thread.run_sync(resolve)
+            facts = await self.digests.facts(path) if path is not None else None
+        if facts is not None:
+            return _Artifact(_timestamp(facts.mtime), facts.size, facts.sha256 or _digest(snapshot))
+        sources = self.ctx.settings.source_files
+        mtime = await self.digests.mtime(Path(sources[0])) if sources else None
+        return _Artifact(
+            _timestamp(mtime) if mtime is not None else _now(),
+            (snapshot.artifact_mib or 0) * 1024 * 1024,
+            _digest(snapshot),
+        )
+
+    def _parameters(self, snapshot: ModelSnapshot) -> str:
+        """The decoding defaults as Ollama's ``parameters`` text (``name value`` lines)."""
+        d = self.ctx.settings.engine.decoding
+        lines = [
+            f"temperature {d.temperature:g}",
+            f"top_k {d.top_k}",
+            f"top_p {d.top_p:g}",
+            f"repeat_penalty {d.repetition_penalty:g}",
+            f"num_predict {d.max_tokens}",
+            *(f'stop "{s}"' for s in d.stop),
+        ]
+        if snapshot.context_length is not None:
+            lines.append(f"num_ctx {snapshot.context_length}")
+        return "\n".join(lines)
+
+    # -- the probe Ollama clients send first -------------------------------------
+    async def root(self) -> Response:
+        """``GET /`` and ``HEAD /``: "Ollama is running", as Ollama answers."""
+        return Response("Ollama is running", content_type="text/plain; charset=utf-8")
 
     # -- inference ---------------------------------------------------------------
     async def chat(self) -> Response:
@@ -307,23 +406,73 @@ class _Routes:
         response.timeout = None
         return response
 
+    # -- embeddings --------------------------------------------------------------
+    async def embed(self) -> Response:
+        """Ollama embeddings of one text or several: ``embeddings``, one list per text."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaEmbedRequest)
+        texts = (body.input,) if isinstance(body.input, str) else tuple(body.input)
+        request = EmbeddingRequest(
+            body.model,
+            texts,
+            dimensions=body.dimensions,
+            truncate=body.truncate,
+            keep_alive=body.keep_alive,
+        )
+        done = await self._embed(request)
+        return json_response(
+            {"model": body.model, "embeddings": [list(v) for v in done.vectors]}
+            | _embed_stats(done)
+        )
+
+    async def embeddings(self) -> Response:
+        """Ollama's older endpoint: one ``prompt``, one ``embedding``."""
+        require(self.ctx, "inference")
+        body = await read_body(OllamaEmbeddingsRequest)
+        request = EmbeddingRequest(body.model, (body.prompt,), keep_alive=body.keep_alive)
+        done = await self._embed(request)
+        return json_response({"embedding": list(done.vectors[0])})
+
+    async def _embed(self, request: EmbeddingRequest) -> Embedded:
+        tenant, priority = tenant_and_priority()
+        return await self.pool.embed(request, tenant=tenant, priority=priority)
+
     # -- models ------------------------------------------------------------------
     async def tags(self) -> Response:
         """Every configured model, Ollama's list format."""
         require(self.ctx, "inference")
-        return json_response({"models": [_tag(s) for s in self.pool.snapshots()]})
+        snapshots = self.pool.snapshots()
+        tags = [_tag(s, await self._artifact(s)) for s in snapshots]
+        return json_response({"models": tags})
 
     async def ps(self) -> Response:
         """Loaded models with the time their keep-alive runs out."""
         require(self.ctx, "inference")
-        loaded = [_running(s) for s in self.pool.snapshots() if s.state == "loaded"]
+        loaded = [
+            _running(s, await self._artifact(s))
+            for s in self.pool.snapshots()
+            if s.state == "loaded"
+        ]
         return json_response({"models": loaded})
 
     async def show(self) -> Response:
         """A model's definition, details and capabilities."""
         require(self.ctx, "inference")
         body = await read_body(OllamaModelRequest)
-        return json_response(_show(self.pool.snapshot(body.target)))
+        snapshot = self.pool.snapshot(body.target)
+        artifact = await self._artifact(snapshot)
+        return json_response(_show(snapshot, artifact, self._parameters(snapshot)))
+
+    async def copy(self) -> Response:
+        """Refused: models are named by the settings files (see the module docstring)."""
+        require(self.ctx, "admin")
+        body = await read_body(OllamaCopyRequest)
+        self.pool.snapshot(body.source)  # 404 for an unknown source first
+        raise PoolError(
+            "copy_unsupported",
+            f"cannot copy {body.source!r} to {body.destination!r}: models are defined in the"
+            " settings files; add an entry for the new name there (or in config/local.json)",
+        )
 
     async def version(self) -> Response:
         return json_response({"version": __version__})
@@ -405,9 +554,13 @@ def register(app: Quart, ctx: AppContext) -> None:
     for path, view, methods in (
         ("/api/chat", routes.chat, ["POST"]),
         ("/api/generate", routes.generate, ["POST"]),
+        ("/api/embed", routes.embed, ["POST"]),
+        ("/api/embeddings", routes.embeddings, ["POST"]),
         ("/api/tags", routes.tags, ["GET"]),
         ("/api/ps", routes.ps, ["GET"]),
         ("/api/show", routes.show, ["POST"]),
+        ("/api/copy", routes.copy, ["POST"]),
+        ("/", routes.root, ["GET", "HEAD"]),
         ("/api/version", routes.version, ["GET"]),
         ("/api/pull", routes.pull, ["POST"]),
         ("/api/pull/status/<model>", routes.pull_status, ["GET"]),

@@ -1,33 +1,55 @@
-"""``POST /v1/chat/completions``: the OpenAI Chat Completions format over the same pool.
+"""OpenAI's formats over the same pool: Chat Completions, legacy Completions, Embeddings.
 
 System and developer messages become ``instructions``; one user message becomes
 single-turn ``input`` (so single-turn models work with chat clients); a longer
-conversation becomes ``messages``. Errors use OpenAI's error object.
+conversation becomes ``messages``. A legacy completion's prompt is one user turn
+(rendered by the model's prompt format like any other). Errors use OpenAI's error
+object.
 """
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
 import uuid
 from typing import Any
 
 from quart import Blueprint, Quart, Response
 
-from pool.actors import Admission, DecodingOverrides, Delta, Finished, InferenceRequest
+from pool.actors import (
+    Admission,
+    DecodingOverrides,
+    Delta,
+    Embedded,
+    EmbeddingRequest,
+    Finished,
+    InferenceRequest,
+)
 from pool.backends import ImagePart, TextPart, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
+    cache_headers_in,
     chat_request,
     dumps,
+    inference_headers,
     json_response,
+    logit_bias,
     read_body,
     require,
     tenant_and_priority,
 )
 from pool.http._streaming import admitted_stream
-from pool.schemas import ChatCompletionRequest, ChatImagePart, ChatTextPart
+from pool.schemas import (
+    ChatCompletionRequest,
+    ChatImagePart,
+    ChatTextPart,
+    CompletionRequest,
+    EmbeddingsRequest,
+    OpenAISampling,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -72,14 +94,105 @@ def inference_request(body: ChatCompletionRequest) -> InferenceRequest:
         turns,
         instructions="\n\n".join(system) if system else None,
         allow_remote=body.allow_remote,
-        decoding=DecodingOverrides(
+        keep_alive=body.keep_alive,
+        decoding=openai_decoding(
+            body,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
             max_tokens=body.max_completion_tokens or body.max_tokens,
-            stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+            stop=body.stop,
         ),
     )
+
+
+def openai_decoding(
+    body: OpenAISampling,
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    max_tokens: int | None,
+    stop: str | list[str] | None,
+) -> DecodingOverrides:
+    """The decoding a Chat Completions or Completions body asks for."""
+    return DecodingOverrides(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        repetition_penalty=body.repetition_penalty,
+        min_p=body.min_p,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=logit_bias(body.logit_bias),
+    )
+
+
+def completion_requests(body: CompletionRequest) -> list[InferenceRequest]:
+    """One single-turn request per prompt of a legacy completion."""
+    if body.logprobs is not None:
+        raise PoolError(
+            "logprobs_unsupported",
+            f"model {body.model!r}: no backend of this pool reports logprobs; leave them out",
+            details={"param": "logprobs"},
+        )
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    decoding = openai_decoding(
+        body,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        max_tokens=body.max_tokens,
+        stop=body.stop,
+    )
+    return [
+        InferenceRequest.prompt(
+            body.model,
+            prompt,
+            decoding=decoding,
+            allow_remote=body.allow_remote,
+            keep_alive=body.keep_alive,
+        )
+        for prompt in prompts
+    ]
+
+
+def embedding_request(body: EmbeddingsRequest) -> EmbeddingRequest:
+    texts = (body.input,) if isinstance(body.input, str) else tuple(body.input)
+    return EmbeddingRequest(
+        body.model,
+        texts,
+        dimensions=body.dimensions,
+        allow_remote=body.allow_remote,
+        keep_alive=body.keep_alive,
+    )
+
+
+def encode_vector(vector: tuple[float, ...], encoding: str) -> list[float] | str:
+    """A vector as OpenAI sends it: floats, or base64 of little-endian float32."""
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return list(vector)
+
+
+def embeddings_body(body: EmbeddingsRequest, done: Embedded) -> dict[str, Any]:
+    tokens = done.usage.prompt_tokens or 0
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": encode_vector(vector, body.encoding_format),
+            }
+            for index, vector in enumerate(done.vectors)
+        ],
+        "model": body.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def _usage(finished: Finished) -> dict[str, int]:
@@ -195,6 +308,108 @@ def register(app: Quart, ctx: AppContext) -> None:
                 "X-Queue-Wait-Ms": str(round(admission.queue_wait_ms)),
             },
         )
+        response.timeout = None
+        return response
+
+    @blueprint.post("/v1/embeddings")
+    async def embeddings() -> Response:
+        """OpenAI Embeddings: one vector per input, floats or base64."""
+        require(ctx, "inference")
+        tenant, priority = tenant_and_priority()
+        body = await read_body(EmbeddingsRequest)
+        done = await pool.embed(embedding_request(body), tenant=tenant, priority=priority)
+        headers = inference_headers(done.timings.queue_wait_ms or 0.0, done.timings.backend_ms)
+        headers.update(pool.rate_limiter.headers(tenant))
+        return json_response(embeddings_body(body, done), headers=headers)
+
+    @blueprint.post("/v1/completions")
+    async def completions() -> Response:
+        """OpenAI's legacy Completions: plain, or streamed as ``text_completion`` chunks."""
+        require(ctx, "inference")
+        tenant, priority = tenant_and_priority()
+        cache_headers_in()
+        body = await read_body(CompletionRequest)
+        requests = completion_requests(body)
+        completion_id = "cmpl-" + uuid.uuid4().hex
+        created = int(time.time())
+
+        def choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
+
+        if not body.stream:
+            choices = []
+            prompt_tokens = completion_tokens = 0
+            queue_wait_ms = gpu_ms = 0.0
+            for index, request in enumerate(requests):
+                async with pool.admit(request, tenant=tenant, priority=priority) as admission:
+                    finished = await admission.collect()
+                choices.append(choice(index, finished.text, _FINISH[finished.finish_reason]))
+                usage = _usage(finished)
+                prompt_tokens += usage["prompt_tokens"]
+                completion_tokens += usage["completion_tokens"]
+                queue_wait_ms += admission.queue_wait_ms
+                gpu_ms += finished.timings.backend_ms or 0.0
+            headers = inference_headers(queue_wait_ms, gpu_ms)
+            headers.update(pool.rate_limiter.headers(tenant))
+            return json_response(
+                {
+                    "id": completion_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": body.model,
+                    "choices": choices,
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                },
+                headers=headers,
+            )
+        if len(requests) > 1:
+            raise PoolError(
+                "invalid_request",
+                "stream: true takes one prompt; send several prompts without streaming",
+                details={"param": "prompt"},
+            )
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            payload: dict[str, Any] = {
+                "id": completion_id,
+                "object": "text_completion",
+                "created": created,
+                "model": body.model,
+                "choices": choices,
+            }
+            if include_usage:
+                payload["usage"] = usage
+            return b"data: " + dumps(payload) + b"\n\n"
+
+        def render(admission: Admission, event: Delta | Finished) -> bytes:
+            if type(event) is Delta:
+                return chunk([choice(0, event.text, None)])
+            assert isinstance(event, Finished)
+            out = chunk([choice(0, "", _FINISH[event.finish_reason])])
+            if include_usage:
+                out += chunk([], _usage(event))
+            return out + b"data: [DONE]\n\n"
+
+        def render_error(admission: Admission, exc: PoolError) -> bytes:
+            return b"data: " + dumps(openai_error(exc.status, exc.code, exc.message)) + b"\n\n"
+
+        admission, chunks = await admitted_stream(
+            pool,
+            requests[0],
+            tenant=tenant,
+            priority=priority,
+            render=render,
+            render_error=render_error,
+        )
+        headers = inference_headers(admission.queue_wait_ms, None)
+        headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        headers.update(pool.rate_limiter.headers(tenant))
+        response = Response(chunks, content_type="text/event-stream", headers=headers)
         response.timeout = None
         return response
 

@@ -14,6 +14,15 @@ from pool.config import LoadRequest
 from pool.errors import STATUS_BY_CODE
 from pool.schemas import (
     CacheFlushRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingsRequest,
+    OllamaChatRequest,
+    OllamaCopyRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaModelRequest,
     ResponseEnvelope,
     ResponseRequest,
     RunnerLoadRequest,
@@ -76,10 +85,150 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
     ("post", "/v1/cache/flush", "runner", "Flush prompt caches",
      "Scopes `all`, `model`, `tenant`, `tag`; backends without a prompt cache report 0.",
      CacheFlushRequest, 200),
+    ("post", "/v1/chat/completions", "openai", "Chat Completions (OpenAI)",
+     "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`). Sampling"
+     " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
+     " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes. An embedding model"
+     " answers 400 `generation_unsupported`.", ChatCompletionRequest, 200),
+    ("post", "/v1/completions", "openai", "Completions (OpenAI, legacy)",
+     "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
+     " `text_completion` chunks as Server-Sent Events, then `data: [DONE]`. `max_tokens`"
+     " defaults to 16 as in OpenAI's API; `echo` must be false; `logprobs` is a 400"
+     " `logprobs_unsupported`. The prompt is one user turn rendered by the model's prompt"
+     " format. Headers as `/v1/responses` (`X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, ...).",
+     CompletionRequest, 200),
+    ("post", "/v1/embeddings", "openai", "Embeddings (OpenAI)",
+     "One vector per input, in order, for a model with `embedding: true`; `encoding_format`"
+     " `float` or `base64` (little-endian float32); `dimensions` only where the model can"
+     " shorten its vectors (else 400). The inputs go through the same queue, replicas,"
+     " tenant limits and on-demand loads as generation; a generation model answers 400"
+     " `embeddings_unsupported`.", EmbeddingsRequest, 200),
+    ("post", "/api/chat", "ollama", "Chat (Ollama)",
+     "NDJSON stream by default; no messages loads the model (`keep_alive: 0` unloads).",
+     OllamaChatRequest, 200),
+    ("post", "/api/generate", "ollama", "Generate (Ollama)",
+     "One prompt; NDJSON stream by default; an empty prompt loads the model.",
+     OllamaGenerateRequest, 200),
+    ("post", "/api/embed", "ollama", "Embed (Ollama)",
+     "`embeddings`: one L2-normalized vector per input.", OllamaEmbedRequest, 200),
+    ("post", "/api/embeddings", "ollama", "Embeddings (Ollama, older)",
+     "`embedding`: the vector of one `prompt`.", OllamaEmbeddingsRequest, 200),
+    ("get", "/api/tags", "ollama", "List models (Ollama)",
+     "Every configured (and pulled) model: `loaded`, the artifact's `modified_at`, `size` and"
+     " SHA-256 `digest` (a model without a file: the settings file's mtime and the digest of"
+     " its definition).", None, 200),
+    ("get", "/api/ps", "ollama", "Loaded models (Ollama)",
+     "As `/api/tags`, loaded models only, with `expires_at` and `size_vram`.", None, 200),
+    ("post", "/api/show", "ollama", "Show a model (Ollama)",
+     "Template (the pool's prompt format), parameters (decoding defaults), capabilities"
+     " (`completion` or `embedding`, `thinking`, `vision`), details and the definition.",
+     OllamaModelRequest, 200),
+    ("post", "/api/copy", "ollama", "Copy a model (Ollama): refused",
+     "Always 400 `copy_unsupported` (404 for an unknown source): model names come from the"
+     " settings files; add an entry there instead.", OllamaCopyRequest, 200),
+    ("get", "/", "ollama", "Ollama probe", "`Ollama is running` (text/plain); HEAD too.",
+     None, 200),
     ("get", "/health", "operations", "Health",
      "200 while serving; 503 with `reason` when every model failed or on shutdown.", None, 200),
     ("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.", None, 200),
 ]  # fmt: skip
+
+_VECTOR: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+_USAGE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+    },
+}
+_TAG: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "model", "modified_at", "size", "digest", "loaded"],
+    "properties": {
+        "name": {"type": "string"},
+        "model": {"type": "string"},
+        "modified_at": {"type": "string", "format": "date-time"},
+        "size": {"type": "integer"},
+        "digest": {"type": "string"},
+        "loaded": {"type": "boolean"},
+        "details": {"type": "object"},
+        "expires_at": {"type": "string", "format": "date-time", "description": "/api/ps"},
+        "size_vram": {"type": "integer", "description": "/api/ps"},
+    },
+}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+_CHOICES_COMPLETION = _object(
+    id={"type": "string"},
+    object={"const": "text_completion"},
+    created={"type": "integer"},
+    model={"type": "string"},
+    choices={
+        "type": "array",
+        "items": _object(
+            text={"type": "string"},
+            index={"type": "integer"},
+            logprobs={"type": "null"},
+            finish_reason={"type": ["string", "null"], "enum": ["stop", "length", None]},
+        ),
+    },
+    usage=_USAGE,
+)
+# The success bodies of the routes whose request models live in pool.schemas.
+RESPONSE_SCHEMAS: dict[str, dict[str, Any]] = {
+    "/v1/embeddings": _json(
+        _object(
+            object={"const": "list"},
+            data={
+                "type": "array",
+                "items": _object(
+                    object={"const": "embedding"},
+                    index={"type": "integer"},
+                    embedding={"oneOf": [_VECTOR, {"type": "string", "contentEncoding": "base64"}]},
+                ),
+            },
+            model={"type": "string"},
+            usage=_USAGE,
+        )
+    ),
+    "/v1/completions": _json(_CHOICES_COMPLETION)
+    | {"text/event-stream": {"schema": {"type": "string"}}},
+    "/v1/chat/completions": _json({"type": "object", "description": "OpenAI chat.completion"})
+    | {"text/event-stream": {"schema": {"type": "string"}}},
+    "/api/embed": _json(
+        _object(
+            model={"type": "string"},
+            embeddings={"type": "array", "items": _VECTOR},
+            total_duration={"type": "integer"},
+            load_duration={"type": "integer"},
+            prompt_eval_count={"type": "integer"},
+        )
+    ),
+    "/api/embeddings": _json(_object(embedding=_VECTOR)),
+    "/api/tags": _json(_object(models={"type": "array", "items": _TAG})),
+    "/api/ps": _json(_object(models={"type": "array", "items": _TAG})),
+    "/api/show": _json(
+        _object(
+            template={"type": "string"},
+            parameters={"type": "string"},
+            capabilities={
+                "type": "array",
+                "items": {"enum": ["completion", "embedding", "thinking", "vision"]},
+            },
+            details={"type": "object"},
+            model_info={"type": "object"},
+            modified_at={"type": "string", "format": "date-time"},
+        )
+    ),
+    "/": {"text/plain": {"schema": {"const": "Ollama is running"}}},
+}
 
 _ERROR_SCHEMA = {
     "type": "object",
@@ -137,6 +286,8 @@ def openapi_document(
                 "application/json": {"schema": {"$ref": "#/components/schemas/ResponseEnvelope"}},
                 "text/event-stream": {"schema": {"type": "string"}},
             }
+        elif path in RESPONSE_SCHEMAS:
+            operation["responses"][str(status)]["content"] = RESPONSE_SCHEMAS[path]
         if model is not None:
             operation["requestBody"] = {
                 "required": model is not LoadRequest,

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import trio
-from quart import Quart, Response, request, websocket
+from quart import Quart, Response, websocket
 
 from pool.actors import Admission, DecodingOverrides, Delta, Failed, Finished, InferenceRequest
 from pool.backends import ImagePart, TextPart, Turn
@@ -16,9 +16,12 @@ from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     SchemaError,
+    cache_headers_in,
     dumps,
     error_body,
+    inference_headers,
     json_response,
+    logit_bias,
     parse_json,
     read_body,
     request_id,
@@ -39,29 +42,6 @@ from pool.schemas import (
 )
 
 log = logging.getLogger("pool.http")
-
-_CACHE_MODES = ("prefix", "none", "auto")
-
-
-def cache_headers_in() -> None:
-    """Validate ``X-Cache-Mode`` / ``X-Cache-Tag`` (no backend here keeps a prefix cache)."""
-    mode = request.headers.get("x-cache-mode")
-    if mode is not None and mode.strip().lower() not in _CACHE_MODES:
-        raise PoolError("invalid_request", "X-Cache-Mode must be prefix, none or auto")
-    tag = request.headers.get("x-cache-tag")
-    if tag is not None and (len(tag) > 64 or not tag.isprintable()):
-        raise PoolError(
-            "invalid_request", "X-Cache-Tag must be printable and at most 64 characters"
-        )
-
-
-def inference_headers(queue_wait_ms: float, gpu_ms: float | None) -> dict[str, str]:
-    return {
-        "X-Queue-Wait-Ms": str(round(queue_wait_ms)),
-        "X-GPU-Time-Ms": str(round(gpu_ms or 0)),
-        "X-Cache-Hit": "false",
-        "X-Cache-Tokens-Reused": "0",
-    }
 
 
 def _turn(role: str, content: Content) -> Turn:
@@ -85,6 +65,11 @@ def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
         repetition_penalty=asked.repetition_penalty,
         max_tokens=asked.max_tokens,
         stop=tuple(asked.stop or ()),
+        min_p=asked.min_p,
+        seed=asked.seed,
+        presence_penalty=asked.presence_penalty,
+        frequency_penalty=asked.frequency_penalty,
+        logit_bias=logit_bias(asked.logit_bias, "decoding.logit_bias"),
     )
 
 

@@ -112,6 +112,7 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
             "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
             "audioInput": False,
             "functionCalling": False,
+            "embeddings": any(s.capabilities.embeddings for s in snapshots),
         },
         "health": "healthy" if health.serving else "unhealthy",
         "healthReason": health.reason,

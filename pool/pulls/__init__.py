@@ -7,6 +7,7 @@ path inside the store; ``_handle`` is one pull's state and its watchers; ``_mana
 is the actor that runs pulls and points models at what they pulled.
 """
 
+from pool.pulls._digests import FileDigests, FileFacts
 from pool.pulls._handle import FINAL_STATUSES, PullEvents, PullHandle, PullStatus
 from pool.pulls._manager import PulledModel, PullManager
 from pool.pulls._sources import SourceKind, classify_source, url_file_name
@@ -14,6 +15,8 @@ from pool.pulls._store import ModelStore, default_store
 
 __all__ = [
     "FINAL_STATUSES",
+    "FileDigests",
+    "FileFacts",
     "ModelStore",
     "PullEvents",
     "PullHandle",

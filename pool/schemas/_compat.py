@@ -46,7 +46,31 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Lenient):
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+MAX_EMBED_INPUTS = 2048
+
+
+class OpenAISampling(_Lenient):
+    """Sampling fields OpenAI's APIs share; each one a backend cannot honour is a 400."""
+
+    seed: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="Token id (as a string) to a bias from -100 to 100."
+    )
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        None, description="Pool extension (as llama.cpp and vLLM take it)."
+    )
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = Field(
+        None, description="Pool extension (as vLLM takes it)."
+    )
+    keep_alive: float | str | None = Field(
+        None, description="Ollama's keep_alive, for on-demand models (seconds or a duration)."
+    )
+
+
+class ChatCompletionRequest(OpenAISampling):
     """``POST /v1/chat/completions`` (OpenAI format)."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
@@ -63,6 +87,66 @@ class ChatCompletionRequest(_Lenient):
     allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
 
 
+class CompletionRequest(OpenAISampling):
+    """``POST /v1/completions`` (OpenAI's legacy text completions)."""
+
+    model: ModelName
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=16)] = Field(
+        description="One prompt, or several (one choice each; streamed only for one)."
+    )
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = 16
+    stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: Literal[False] = Field(False, description="Only false is supported.")
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
+        None, description="A 400 logprobs_unsupported: no backend here reports them yet."
+    )
+    n: Annotated[int, Field(ge=1, le=1)] | None = Field(None, description="Only 1 is supported.")
+    suffix: None = Field(None, description="Not supported.")
+    allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+
+
+class EmbeddingsRequest(_Lenient):
+    """``POST /v1/embeddings`` (OpenAI format)."""
+
+    model: ModelName
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
+    user: str | None = None
+    allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+    keep_alive: float | str | None = None
+
+
+class OllamaEmbedRequest(_Lenient):
+    """``POST /api/embed``: one text or several."""
+
+    model: ModelName
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]
+    truncate: bool = True
+    dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
+    keep_alive: float | str | None = None
+
+
+class OllamaEmbeddingsRequest(_Lenient):
+    """``POST /api/embeddings``: Ollama's older single-text endpoint."""
+
+    model: ModelName
+    prompt: Text
+    keep_alive: float | str | None = None
+
+
+class OllamaCopyRequest(_Lenient):
+    """``POST /api/copy``."""
+
+    source: ModelName
+    destination: ModelName
+
+
 class OllamaOptions(_Lenient):
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -71,6 +155,10 @@ class OllamaOptions(_Lenient):
     stop: Annotated[list[Stop], Field(max_length=16)] | None = None
     repeat_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
     num_ctx: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
 
 
 class OllamaMessage(_Lenient):

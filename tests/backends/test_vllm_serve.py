@@ -142,3 +142,23 @@ async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("vs")
         assert _gone(pid)
+
+
+def test_request_body_spells_vllm_fields_and_forwards_thinking() -> None:
+    from pool.backends import Decoding, GenerationRequest, TextPart, Turn
+    from pool.backends._managed import ManagedServerRuntime
+
+    runtime = ManagedServerRuntime.__new__(ManagedServerRuntime)
+    runtime._model = "m"
+    runtime._extra = {}
+    runtime._repetition_field = "repetition_penalty"
+    runtime._enable_thinking = False
+    decoding = Decoding(repetition_penalty=1.3, min_p=0.05, seed=7, logit_bias=((42, -100.0),))
+    request = GenerationRequest("r", "m", (Turn("user", (TextPart("hi"),)),), decoding)
+    body = runtime.body(request)
+    assert body["repetition_penalty"] == 1.3 and "repeat_penalty" not in body
+    assert body["min_p"] == 0.05 and body["seed"] == 7 and body["logit_bias"] == {"42": -100.0}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    asked = GenerationRequest("r", "m", request.turns, Decoding(), thinking="enabled")
+    assert runtime.body(asked)["chat_template_kwargs"] == {"enable_thinking": True}
+    assert "presence_penalty" not in runtime.body(asked)

