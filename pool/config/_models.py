@@ -249,6 +249,12 @@ class EngineSettings(BaseModel):
     unload_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
         30.0, description="Bound on releasing one replica's resources."
     )
+    generation_idle_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
+        300.0,
+        description="Longest wait for a running generation's next token (time the client"
+        " takes to read does not count); past it the request fails with `backend_timeout`"
+        " and its slot is freed.",
+    )
     keep_alive: float | str = Field(
         300.0, description="Idle time before an on-demand model unloads ('5m'; -1 forever)."
     )
