@@ -72,17 +72,22 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def live_in_group(pgid: int) -> list[int]:
-    """Processes of group ``pgid`` that still run (zombies are listed too: a zombie is a
-    process its parent failed to reap, which these tests count as left behind)."""
+    """Processes of group ``pgid`` that still run (not zombies).
+
+    A grandchild killed with its group is reparented to the machine's init, which reaps
+    it when it gets to it; a zombie there is not the pool's. The pool's own child must
+    not be a zombie: see :func:`exists`.
+    """
     found = []
     for entry in os.listdir("/proc"):
         fields = _stat(int(entry)) if entry.isdigit() else None
-        if fields is not None and int(fields[2]) == pgid:
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(entry))
     return found
 
 
-def is_zombie_or_alive(pid: int) -> bool:
+def exists(pid: int) -> bool:
+    """The process is alive or a zombie (not yet reaped by its parent)."""
     return _stat(pid) is not None
 
 
