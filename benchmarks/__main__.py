@@ -76,6 +76,10 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "latency_cdf.png", dpi=90)
         files.append("latency_cdf.png")
+    if name == "soak":
+        files.append(_soak_plot(report, out, plt))
+        plt.close("all")
+        return files
     series, unit = _throughput_series(report["rows"])
     if series:
         fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.5))
@@ -109,6 +113,24 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
     return files
 
 
+def _soak_plot(report: dict[str, Any], out: Path, plt: Any) -> str:
+    samples = report["series"]
+    fits = {row["series"]: row for row in report["rows"]}
+    keys = [("rss_mib", "RSS (MiB)"), ("fds", "open fds"), ("trio_tasks", "Trio tasks"),
+            ("threads", "threads")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(keys), figsize=(16, 3.5))
+    times = [s["t_s"] for s in samples]
+    for ax, (key, label) in zip(axes, keys, strict=True):
+        ax.plot(times, [s[key] for s in samples], marker=".", linewidth=1)
+        row = fits[key]
+        ax.set_title(f"{label}: {row['slope_per_hour']:+g}/h", fontsize=9)
+        ax.set_xlabel("seconds")
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(out / "soak.png", dpi=90)
+    return "soak.png"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -139,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     extra_tables = {
         key: value
         for key, value in report.items()
-        if key != "rows" and isinstance(value, list) and value and isinstance(value[0], dict)
+        if key not in ("rows", "series")
+        and isinstance(value, list)
+        and value
+        and isinstance(value[0], dict)
     }
     report.pop("cdf", None)
     full = {

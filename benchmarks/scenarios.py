@@ -29,6 +29,7 @@ from benchmarks.harness import (
 )
 from benchmarks.llama_cpp_direct import GGUF, QUESTION
 from benchmarks.llama_cpp_direct import main as compare_llama_cpp
+from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
 from pool.config import resolve_model_path
 
@@ -537,4 +538,5 @@ SCENARIOS = {
     "llama-cpp": llama_cpp,
     "llama-server": llama_server,
     "proxy-peers": proxy_peers,
+    "soak": soak,
 }

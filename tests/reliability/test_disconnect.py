@@ -9,6 +9,7 @@ the upstream pool's count falls too, so its request ended as well.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import httpx
@@ -45,6 +46,10 @@ async def _pools(nursery: trio.Nursery, relayed: bool) -> tuple[ServerInfo, list
     }
     front = await start_server(nursery, {"m": remote})
     return front, [front, upstream]
+
+
+def _stopped(info: ServerInfo) -> bool:
+    return info.pool.snapshot("m").running == 0
 
 
 def _all_running(pools: list[ServerInfo]) -> None:
@@ -101,7 +106,7 @@ async def test_disconnect_stops_generation_within_a_second(
     left_at = trio.current_time()
     # ... and stopped everywhere within the bound.
     for info in pools:
-        await wait_for(lambda info=info: info.pool.snapshot("m").running == 0, ABORT_WITHIN_S)
+        await wait_for(partial(_stopped, info), ABORT_WITHIN_S)
     assert trio.current_time() - left_at < ABORT_WITHIN_S
     # Nothing else was disturbed: the same pool serves the next request.
     async with httpx.AsyncClient(base_url=front.url, timeout=10) as client:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -110,7 +111,10 @@ async def _still_serving(client: httpx.AsyncClient) -> None:
 
 @pytest.fixture
 async def server_url(nursery: trio.Nursery, tmp_path: Path) -> str:
-    models = {"echo": {"backend": "stub", "enabled": True}, "x": {"backend": "stub"}}
+    models: dict[str, dict[str, Any]] = {
+        "echo": {"backend": "stub", "enabled": True},
+        "x": {"backend": "stub"},
+    }
     info = await start_server(nursery, models, model_store=str(tmp_path / "store"))
     return info.url
 
