@@ -48,6 +48,8 @@ RSS_BYTES_PER_REQUEST = 64  # a leak of one small object per request exceeds it
 RSS_FLOOR_MIB = 4.0  # allocator noise: arenas are kept, not returned at once
 COUNT_PER_REQUESTS = 1000  # tasks, fds: at most one per this many requests
 THREADS_FLOOR = 1.0  # the thread count must not grow at all
+LIFECYCLE_LIMIT_S = 15.0  # a stub load or unload takes 50 ms plus a drain of ~20 ms
+REQUEST_LIMIT_S = 15.0
 
 
 @dataclass
@@ -59,7 +61,9 @@ class Tally:
     abandoned: int = 0
     loads: int = 0
     unloads: int = 0
+    timed_out: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
+    wedged: dict[str, str] = field(default_factory=dict)
 
 
 def _proc(pid: int) -> tuple[float, int, int]:
@@ -105,17 +109,32 @@ async def _churn_client(url: str, rng: random.Random, tally: Tally, stop: trio.E
         while not stop.is_set():
             model = rng.choice(["churn-a", "churn-b"])
             tally.requests += 1
-            reply = await client.post("/v1/responses", json={"model": model, "input": "x"})
+            try:
+                reply = await client.post(
+                    "/v1/responses", json={"model": model, "input": "x"}, timeout=REQUEST_LIMIT_S
+                )
+            except httpx.TimeoutException:
+                tally.timed_out += 1
+                continue
             _count(tally, reply.status_code)
             await trio.sleep(0.01)
 
 
 async def _lifecycle(url: str, rng: random.Random, tally: Tally, stop: trio.Event) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         while not stop.is_set():
-            model = rng.choice(["churn-a", "churn-b"])
+            models = [m for m in ("churn-a", "churn-b") if m not in tally.wedged]
+            if not models:
+                return  # both wedged: the figures below still show what that cost
+            model = rng.choice(models)
             verb = rng.choice(["load", "unload"])
-            reply = await client.post(f"/v1/admin/models/{model}/{verb}", json={})
+            with trio.move_on_after(LIFECYCLE_LIMIT_S) as stuck:
+                reply = await client.post(f"/v1/admin/models/{model}/{verb}", json={})
+            if stuck.cancelled_caught:
+                # A lifecycle call that never returns: record it, leave that model alone.
+                tally.wedged[model] = f"{verb} never returned"
+                progress(f"soak: {verb} of {model} did not return within {LIFECYCLE_LIMIT_S}s")
+                continue
             if reply.status_code >= 500:
                 tally.server_errors += 1
             elif reply.status_code == 200:
@@ -230,8 +249,10 @@ def _report(samples: list[dict[str, float]], tally: Tally, duration: float) -> d
             "refused_4xx_or_503": tally.refused_4xx_503,
             "server_errors_5xx": tally.server_errors,
             "abandoned_mid_stream": tally.abandoned,
+            "timed_out_15s": tally.timed_out,
             "loads": tally.loads,
             "unloads": tally.unloads,
+            "wedged_models": ", ".join(f"{m} ({why})" for m, why in tally.wedged.items()) or "none",
             "requests_per_s": round(tally.requests / duration, 1),
         }
     ]
