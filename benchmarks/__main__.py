@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from functools import partial
@@ -143,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="llama-server: compute threads (-t) of the servers; results go to llama-server-tN",
     )
+    plot = commands.add_parser("plot", help="draw a run's plots again from its results.json")
+    plot.add_argument("folder", type=Path, help="e.g. benchmarks/results/soak")
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return _replot(args.folder)
     machine = describe()
     started = time.time()
     scenario = SCENARIOS[args.scenario]
@@ -188,6 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(report["rows"]))
     for key, rows in extra_tables.items():
         print(f"{key}:\n{_table(rows)}")
+    return 0
+
+
+def _replot(folder: Path) -> int:
+    """Plots of a finished run (a machine without matplotlib wrote only the tables)."""
+    report = json.loads((folder / "results.json").read_text())
+    scenario = re.sub(r"-t\d+$", "", report["scenario"])  # llama-server-t1: llama-server
+    files = _plots(scenario, report, folder)
+    if not files:
+        print("matplotlib is not installed (pip install 'llm-pool[bench]')", file=sys.stderr)
+        return 1
+    markdown = folder / "results.md"
+    text = markdown.read_text()
+    text += "".join(f"\n![{f}]({f})\n" for f in files if f"({f})" not in text)
+    markdown.write_text(text)
+    print("\n".join(str(folder / f) for f in files))
     return 0
 
 
