@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from functools import partial
@@ -76,6 +77,10 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "latency_cdf.png", dpi=90)
         files.append("latency_cdf.png")
+    if name == "soak":
+        files.append(_soak_plot(report, out, plt))
+        plt.close("all")
+        return files
     series, unit = _throughput_series(report["rows"])
     if series:
         fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.5))
@@ -109,6 +114,24 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
     return files
 
 
+def _soak_plot(report: dict[str, Any], out: Path, plt: Any) -> str:
+    samples = report["series"]
+    fits = {row["series"]: row for row in report["rows"]}
+    keys = [("rss_mib", "RSS (MiB)"), ("fds", "open fds"), ("trio_tasks", "Trio tasks"),
+            ("threads", "threads")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(keys), figsize=(16, 3.5))
+    times = [s["t_s"] for s in samples]
+    for ax, (key, label) in zip(axes, keys, strict=True):
+        ax.plot(times, [s[key] for s in samples], marker=".", linewidth=1)
+        row = fits[key]
+        ax.set_title(f"{label}: {row['slope_per_hour']:+g}/h", fontsize=9)
+        ax.set_xlabel("seconds")
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(out / "soak.png", dpi=90)
+    return "soak.png"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -121,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="llama-server: compute threads (-t) of the servers; results go to llama-server-tN",
     )
+    plot = commands.add_parser("plot", help="draw a run's plots again from its results.json")
+    plot.add_argument("folder", type=Path, help="e.g. benchmarks/results/soak")
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return _replot(args.folder)
     machine = describe()
     started = time.time()
     scenario = SCENARIOS[args.scenario]
@@ -139,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     extra_tables = {
         key: value
         for key, value in report.items()
-        if key != "rows" and isinstance(value, list) and value and isinstance(value[0], dict)
+        if key not in ("rows", "series")
+        and isinstance(value, list)
+        and value
+        and isinstance(value[0], dict)
     }
     report.pop("cdf", None)
     full = {
@@ -163,6 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(report["rows"]))
     for key, rows in extra_tables.items():
         print(f"{key}:\n{_table(rows)}")
+    return 0
+
+
+def _replot(folder: Path) -> int:
+    """Plots of a finished run (a machine without matplotlib wrote only the tables)."""
+    report = json.loads((folder / "results.json").read_text())
+    scenario = re.sub(r"-t\d+$", "", report["scenario"])  # llama-server-t1: llama-server
+    files = _plots(scenario, report, folder)
+    if not files:
+        print("matplotlib is not installed (pip install 'llm-pool[bench]')", file=sys.stderr)
+        return 1
+    markdown = folder / "results.md"
+    text = markdown.read_text()
+    text += "".join(f"\n![{f}]({f})\n" for f in files if f"({f})" not in text)
+    markdown.write_text(text)
+    print("\n".join(str(folder / f) for f in files))
     return 0
 
 

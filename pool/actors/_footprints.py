@@ -3,7 +3,7 @@
 A load measured on a GPU source records what it took, keyed by the model and the
 settings that change memory (context, cache types, parallel slots, GPU layers, batch:
 :class:`~pool.backends.MemoryProfile`) and the replica count. The store is one small
-JSON file in the cache dir (``$LLM_POOL_CACHE_DIR`` or ``~/.cache/llm-pool``), read at
+JSON file in the state dir (``$LLM_POOL_STATE_DIR``, else the cache dir), read at
 boot and rewritten atomically (a temporary file, then ``os.replace``) after each new
 measurement, so the next boot's estimates start from what was measured.
 """
@@ -21,6 +21,8 @@ from typing import Any
 
 import trio
 
+from pool.config import state_dir
+
 log = logging.getLogger("pool.vram")
 
 FILE_NAME = "vram-footprints.json"
@@ -28,16 +30,9 @@ _VERSION = 1
 _SAVE_TIMEOUT_S = 5.0
 
 
-FOOTPRINTS_ENV = "LLM_POOL_FOOTPRINTS_PATH"
-
-
 def default_path() -> Path:
-    """``$LLM_POOL_FOOTPRINTS_PATH``, else ``vram-footprints.json`` in the cache dir
-    (``$LLM_POOL_CACHE_DIR``, default ``~/.cache/llm-pool``)."""
-    if explicit := os.environ.get(FOOTPRINTS_ENV):
-        return Path(explicit)
-    cache = os.environ.get("LLM_POOL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "llm-pool")
-    return Path(cache) / FILE_NAME
+    """``vram-footprints.json`` in the state dir (``$LLM_POOL_STATE_DIR``, else the cache dir)."""
+    return state_dir() / FILE_NAME
 
 
 class FootprintStore:

@@ -7,9 +7,11 @@ scrape time by a collector, so they can never drift from the truth.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -81,6 +83,35 @@ class _LiveState(Collector):
             used.add_metric([str(gpu.index)], gpu.used_mib * 1024 * 1024)
             total.add_metric([str(gpu.index)], gpu.total_mib * 1024 * 1024)
         yield from (used, total)
+        yield from _runtime_figures()
+
+
+def trio_task_count() -> int | None:
+    """Tasks alive in the current Trio run (walked from the root task), or None outside one."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return None
+    if root is None:
+        return None
+    count, stack = 0, [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+def _runtime_figures() -> Iterator[Metric]:
+    # Debug figures for leak hunting (the soak benchmark samples them): counted at scrape
+    # time, so a task or thread that outlives its work shows as a rising line.
+    tasks = trio_task_count()
+    if tasks is not None:
+        yield GaugeMetricFamily("llm_pool_trio_tasks", "Trio tasks alive in the pool", tasks)
+    yield GaugeMetricFamily(
+        "llm_pool_threads", "Threads alive in the pool process", threading.active_count()
+    )
 
 
 class PoolMetrics:

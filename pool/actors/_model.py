@@ -356,6 +356,7 @@ class ModelActor:
                     ),
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,
+                    idle_timeout_s=self.engine.generation_idle_timeout_s,
                     on_job_done=self.scheduler.job_finished,
                     on_failure=self._replica_failed,
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -25,12 +26,19 @@ _RESULT_HANDOVER_S = 5.0
 
 
 class _TicketSink:
-    """Delivers text to the requester; a departed requester cancels the job."""
+    """Delivers text to the requester; a departed requester cancels the job.
 
-    __slots__ = ("_ticket", "chunks", "first_at")
+    It also keeps the idle watchdog's deadline: each piece of text pushes it on by the
+    idle timeout, and while a send waits for a slow reader the watchdog is off, so only
+    the backend's own silence counts.
+    """
 
-    def __init__(self, ticket: Ticket) -> None:
+    __slots__ = ("_idle", "_idle_s", "_ticket", "chunks", "first_at")
+
+    def __init__(self, ticket: Ticket, idle: trio.CancelScope, idle_s: float) -> None:
         self._ticket = ticket
+        self._idle = idle
+        self._idle_s = idle_s
         self.chunks = 0
         self.first_at: float | None = None
 
@@ -40,12 +48,14 @@ class _TicketSink:
         if self.first_at is None:
             self.first_at = time.perf_counter()
         self.chunks += 1
+        self._idle.deadline = math.inf
         try:
             await self._ticket.send_channel.send(Delta(text))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
             self._ticket.scope.cancel()
             await trio.lowlevel.checkpoint()
+        self._idle.deadline = trio.current_time() + self._idle_s
 
 
 class Replica:
@@ -64,6 +74,7 @@ class Replica:
         context: LoadContext,
         capacity: int,
         unload_timeout_s: float,
+        idle_timeout_s: float = math.inf,
         on_job_done: Callable[[], None],
         on_failure: Callable[[Replica, str], None] | None = None,
     ) -> None:
@@ -74,6 +85,7 @@ class Replica:
         self.inflight = 0
         self.runtime: Runtime | None = None
         self._unload_timeout_s = unload_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         self._on_job_done = on_job_done
         self._on_failure = on_failure
         self._running: set[Ticket] = set()
@@ -191,7 +203,8 @@ class Replica:
     async def _generate(self, ticket: Ticket) -> JobFinished | JobEmbedded | JobFailed | None:
         """Run the backend; None when the request was cancelled."""
         assert self.runtime is not None
-        sink = _TicketSink(ticket)
+        idle = trio.CancelScope(deadline=trio.current_time() + self._idle_timeout_s)
+        sink = _TicketSink(ticket, idle, self._idle_timeout_s)
         request = ticket.request
         with ticket.scope:
             started = time.perf_counter()
@@ -206,7 +219,24 @@ class Replica:
                         )
                     ended = time.perf_counter()
                     return JobEmbedded(result, (ended - started) * 1000.0, ended)
-                stats = await self.runtime.generate(request, sink)
+                with idle:
+                    stats = await self.runtime.generate(request, sink)
+                if idle.cancelled_caught:
+                    # A hung backend must not hold its slot for ever: fail the request,
+                    # free the slot, keep the replica (the next request may well work).
+                    log.warning(
+                        "replica %s/%d: no token for %.1fs, request failed",
+                        self.context.model_name,
+                        self.index,
+                        self._idle_timeout_s,
+                    )
+                    return JobFailed(
+                        PoolError(
+                            "backend_timeout",
+                            f"model {self.context.model_name!r} produced no token for"
+                            f" {self._idle_timeout_s:g} s (engine.generation_idle_timeout_s)",
+                        )
+                    )
             except BackendError as exc:
                 return JobFailed(PoolError("backend_error", str(exc)))
             except PoolError as exc:

@@ -8,9 +8,12 @@ from pool.config._files import (
     LOCAL_SETTINGS_ENV,
     SETTINGS_ENV,
     build_settings,
+    cache_dir,
+    environment_settings,
     load_settings,
     merge,
     resolve_model_path,
+    state_dir,
 )
 from pool.config._load_request import (
     LoadRequest,
@@ -55,8 +58,10 @@ __all__ = [
     "UnknownBackendError",
     "apply_override",
     "build_settings",
+    "cache_dir",
     "check_override_value",
     "definition_class",
+    "environment_settings",
     "invalid_load_request",
     "load_constraints",
     "load_recommendations",
@@ -65,5 +70,6 @@ __all__ = [
     "merge",
     "model_definition",
     "resolve_model_path",
+    "state_dir",
     "validate_load_request",
 ]

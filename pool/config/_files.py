@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,39 @@ from pool.errors import ConfigError
 SETTINGS_ENV = "LLM_POOL_SETTINGS_PATH"
 LOCAL_SETTINGS_ENV = "LLM_POOL_LOCAL_SETTINGS_PATH"
 PACKAGE_SCHEME = "pkg://"
+ENVIRONMENT_SOURCE = Path("<environment>")
+
+# The runner spec's container variables (spec/model-runner-api.txt, "Docker Environment
+# Variables"), each mapped onto the setting that already does its job.
+ENV_MAX_QUEUE_DEPTH = "MAX_QUEUE_DEPTH"
+ENV_QUEUE_TIMEOUT_MS = "QUEUE_TIMEOUT_MS"
+ENV_DEFAULT_RATE_LIMIT = "DEFAULT_RATE_LIMIT"
+ENV_TENANT_RATE_LIMIT_PREFIX = "TENANT_RATE_LIMIT_"
+ENV_OP_TOKEN_KEY_PATH = "VERIFIED_OP_TOKEN_KEY_PATH"
+_RATE = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(?:req|requests?)?\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$",
+    re.IGNORECASE,
+)
+_PER_MINUTE = {"s": 60.0, "sec": 60.0, "second": 60.0, "m": 1.0, "min": 1.0, "minute": 1.0}
+
+
+CACHE_DIR_ENV = "LLM_POOL_CACHE_DIR"
+STATE_DIR_ENV = "LLM_POOL_STATE_DIR"
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where built artifacts live (venvs, converted models, the model store):
+    ``$LLM_POOL_CACHE_DIR``, else ``~/.cache/llm-pool``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "llm-pool")
+
+
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the pool keeps what it learns across restarts (measured VRAM footprints,
+    op-token nonces): ``$LLM_POOL_STATE_DIR``, else the cache dir."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(STATE_DIR_ENV)
+    return Path(explicit) if explicit else cache_dir(env)
 
 
 def default_settings_path() -> Path:
@@ -141,17 +176,118 @@ def build_settings(
     return Settings(service=service, engine=engine, source_files=[str(p) for p, _ in files])
 
 
-def load_settings(settings_path: Path | None = None, local_path: Path | None = None) -> Settings:
-    """Read ``settings.json`` and, when present, ``local.json`` merged over it."""
+def _requests_per_minute(name: str, value: str) -> float:
+    match = _RATE.match(value)
+    if match is None:
+        raise ConfigError([f"${name}: {value!r} is not a rate like '100req/min' (s, min or h)"])
+    count, unit = float(match.group(1)), match.group(2).lower()
+    per_minute = count * _PER_MINUTE.get(unit, 1.0 / 60.0)
+    if per_minute <= 0:
+        raise ConfigError([f"${name}: the rate must be above zero"])
+    return per_minute
+
+
+def _number(name: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError([f"${name}: {value!r} is not a number"]) from None
+
+
+def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings the runner spec's environment variables ask for, as a settings overlay.
+
+    ``MAX_QUEUE_DEPTH`` is ``engine.max_queue``; ``QUEUE_TIMEOUT_MS`` is
+    ``engine.queue_timeout_s`` (in milliseconds); ``DEFAULT_RATE_LIMIT`` and
+    ``TENANT_RATE_LIMIT_default`` are ``service.tenancy.default.requests_per_minute``;
+    ``TENANT_RATE_LIMIT_<tenant>`` is that tenant's ``requests_per_minute`` (rates are
+    ``100req/min``, ``/s`` or ``/h``); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
+    ``service.auth.op_token_key_path``. Unset or empty variables add nothing.
+
+    Raises:
+        ConfigError: a value that is not a number or a rate, naming the variable.
+    """
+    env = os.environ if environ is None else environ
+    engine: dict[str, Any] = {}
+    service: dict[str, Any] = {}
+    problems: list[str] = []
+
+    def attempt(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            return None
+
+    if value := env.get(ENV_MAX_QUEUE_DEPTH, "").strip():
+        depth = attempt(_number, ENV_MAX_QUEUE_DEPTH, value)
+        if depth is not None and not depth.is_integer():
+            problems.append(f"${ENV_MAX_QUEUE_DEPTH}: {value!r} is not a whole number")
+        elif depth is not None:
+            engine["max_queue"] = int(depth)
+    if value := env.get(ENV_QUEUE_TIMEOUT_MS, "").strip():
+        millis = attempt(_number, ENV_QUEUE_TIMEOUT_MS, value)
+        if millis is not None:
+            engine["queue_timeout_s"] = millis / 1000.0
+    tenancy: dict[str, Any] = {}
+    if value := env.get(ENV_DEFAULT_RATE_LIMIT, "").strip():
+        rate = attempt(_requests_per_minute, ENV_DEFAULT_RATE_LIMIT, value)
+        if rate is not None:
+            tenancy["default"] = {"requests_per_minute": rate}
+    for name in sorted(env):
+        tenant = name[len(ENV_TENANT_RATE_LIMIT_PREFIX) :]
+        if not name.startswith(ENV_TENANT_RATE_LIMIT_PREFIX) or not tenant:
+            continue
+        if not (value := env[name].strip()):
+            continue
+        rate = attempt(_requests_per_minute, name, value)
+        if rate is None:
+            continue
+        # The spec's `TENANT_RATE_LIMIT_default` is the default tenant; it is the more
+        # specific of the two names, so it wins over DEFAULT_RATE_LIMIT.
+        if tenant == "default":
+            tenancy["default"] = {"requests_per_minute": rate}
+        else:
+            tenancy.setdefault("tenants", {})[tenant] = {"requests_per_minute": rate}
+    if tenancy:
+        service["tenancy"] = tenancy
+    if value := env.get(ENV_OP_TOKEN_KEY_PATH, "").strip():
+        service["auth"] = {"op_token_key_path": value}
+    if problems:
+        raise ConfigError(problems)
+    overlay: dict[str, Any] = {}
+    if engine:
+        overlay["engine"] = engine
+    if service:
+        overlay["service"] = service
+    return overlay
+
+
+def load_settings(
+    settings_path: Path | None = None,
+    local_path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read ``settings.json`` and, when present, ``local.json`` merged over it.
+
+    The runner spec's environment variables (:func:`environment_settings`) are merged
+    over both files: the environment wins, as a container's ``-e`` should over the
+    config baked into its image. ``environ`` defaults to ``os.environ``.
+    """
     settings_path = settings_path or default_settings_path()
     files = [(settings_path, read_json(settings_path))]
     local_path = local_path or default_local_path(settings_path)
     if local_path.is_file():
         files.append((local_path, read_json(local_path)))
+    if overlay := environment_settings(environ):
+        files.append((ENVIRONMENT_SOURCE, overlay))
     data: dict[str, Any] = {}
     for _, file_data in files:
         data = merge(data, file_data)
-    return build_settings(data, files)
+    settings = build_settings(data, files)
+    settings.source_files = [f for f in settings.source_files if f != str(ENVIRONMENT_SOURCE)]
+    return settings
 
 
 def resolve_model_path(value: str, base_dir: str | Path | None = None) -> Path:

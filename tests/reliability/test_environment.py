@@ -1,0 +1,177 @@
+"""The runner spec's environment variables are honoured (over the settings files), and
+op-token nonces outlive a restart: a token replayed to a restarted pool is refused."""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from pool import serve
+from pool.config import load_settings
+from pool.errors import ConfigError
+from pool.http import Authenticator, nonce_file_path, sign_op_token
+
+SPEC_ENV = {
+    "MAX_QUEUE_DEPTH": "16",
+    "QUEUE_TIMEOUT_MS": "30000",
+    "DEFAULT_RATE_LIMIT": "100req/min",
+    "TENANT_RATE_LIMIT_community-x": "100req/min",
+    "TENANT_RATE_LIMIT_community-y": "500 req/min",
+    "TENANT_RATE_LIMIT_burst-y": "2req/s",
+}
+
+
+def _settings_file(tmp_path: Path, **sections: Any) -> Path:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": {"models": {"m": {"backend": "stub"}}}, **sections}))
+    return path
+
+
+def test_spec_variables_map_onto_settings(tmp_path: Path) -> None:
+    key = tmp_path / "op.key"
+    key.write_text("k" * 32)
+    settings = load_settings(
+        _settings_file(tmp_path), environ={**SPEC_ENV, "VERIFIED_OP_TOKEN_KEY_PATH": str(key)}
+    )
+    assert settings.engine.max_queue == 16
+    assert settings.engine.queue_timeout_s == 30.0
+    tenancy = settings.service.tenancy
+    assert tenancy.default.requests_per_minute == 100
+    assert tenancy.tenants["community-x"].requests_per_minute == 100
+    assert tenancy.tenants["community-y"].requests_per_minute == 500
+    assert tenancy.tenants["burst-y"].requests_per_minute == 120
+    assert settings.service.auth.op_token_key_path == str(key)
+    assert settings.source_files == [str(tmp_path / "settings.json")]
+
+
+def test_the_environment_wins_over_the_files(tmp_path: Path) -> None:
+    path = _settings_file(
+        tmp_path,
+        engine={"max_queue": 4, "queue_timeout_s": 5, "models": {"m": {"backend": "stub"}}},
+        service={"tenancy": {"default": {"requests_per_minute": 7, "burst": 3}}},
+    )
+    assert load_settings(path, environ={}).engine.max_queue == 4
+    settings = load_settings(path, environ={"MAX_QUEUE_DEPTH": "9", "DEFAULT_RATE_LIMIT": "60/min"})
+    assert settings.engine.max_queue == 9
+    assert settings.engine.queue_timeout_s == 5  # not set in the environment: the file's
+    # Merged per field: the file's burst stays, the environment's rate wins.
+    assert settings.service.tenancy.default.requests_per_minute == 60
+    assert settings.service.tenancy.default.burst == 3
+    # The spec's TENANT_RATE_LIMIT_default is the more specific name for the default.
+    both = {"DEFAULT_RATE_LIMIT": "60/min", "TENANT_RATE_LIMIT_default": "50req/min"}
+    assert load_settings(path, environ=both).service.tenancy.default.requests_per_minute == 50
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MAX_QUEUE_DEPTH", "lots", "$MAX_QUEUE_DEPTH: 'lots' is not a number"),
+        ("MAX_QUEUE_DEPTH", "1.5", "$MAX_QUEUE_DEPTH: '1.5' is not a whole number"),
+        ("MAX_QUEUE_DEPTH", "-1", "<environment>: engine.max_queue:"),
+        ("QUEUE_TIMEOUT_MS", "0", "<environment>: engine.queue_timeout_s:"),
+        ("DEFAULT_RATE_LIMIT", "100", "$DEFAULT_RATE_LIMIT: '100' is not a rate"),
+        ("TENANT_RATE_LIMIT_a", "0req/min", "$TENANT_RATE_LIMIT_a: the rate must be above zero"),
+    ],
+)
+def test_bad_values_name_the_variable(tmp_path: Path, name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(_settings_file(tmp_path), environ={name: value})
+    assert any(p.startswith(message) for p in info.value.problems), info.value.problems
+
+
+async def test_the_served_pool_applies_them(tmp_path: Path, nursery: trio.Nursery) -> None:
+    # Through the real entry point's loader: a one-slot stub with MAX_QUEUE_DEPTH=0
+    # refuses a second concurrent request with queue_full; a tenant over its rate is 429.
+    path = tmp_path / "settings.json"
+    slow = {"backend": "stub", "enabled": True, "stub_reply": "a b c", "stub_tokens_per_second": 4}
+    path.write_text(json.dumps({"engine": {"models": {"m": slow}}}))
+    environ = {"MAX_QUEUE_DEPTH": "0", "TENANT_RATE_LIMIT_tight": "1req/h"}
+    settings = load_settings(path, environ=environ)
+    info = await nursery.start(lambda task_status: serve(settings, port=0, task_status=task_status))
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        async with trio.open_nursery() as requests:
+            requests.start_soon(
+                functools.partial(client.post, "/v1/responses", json={"model": "m", "input": "x"})
+            )
+            await trio.sleep(0.3)
+            full = await client.post("/v1/responses", json={"model": "m", "input": "x"})
+        assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
+        tight = {"X-Tenant-ID": "tight"}
+        body = {"model": "m", "input": "x", "decoding": {"max_tokens": 1}}
+        assert (await client.post("/v1/responses", json=body, headers=tight)).status_code == 200
+        limited = await client.post("/v1/responses", json=body, headers=tight)
+        assert limited.status_code == 429 and "Retry-After" in limited.headers
+
+
+def _claims(nonce: str) -> dict[str, Any]:
+    return {
+        "operation": "model-load",
+        "modelId": "m",
+        "issuedAt": time.time(),  # signed at run time: the window is 300 s
+        "signers": ["admin1"],
+        "nonce": nonce,
+    }
+
+
+def test_nonces_survive_a_restart(tmp_path: Path) -> None:
+    key = secrets.token_bytes(32).hex().encode()
+    key_path = tmp_path / "op.key"
+    key_path.write_bytes(key)
+    environ = {"VERIFIED_OP_TOKEN_KEY_PATH": str(key_path), "LLM_POOL_CACHE_DIR": str(tmp_path)}
+    settings = load_settings(_settings_file(tmp_path), environ=environ)
+    token = sign_op_token(key, _claims("nonce-" + secrets.token_hex(8)))
+
+    first = Authenticator(settings.service.auth, environ=environ)
+    first.verify_op_token(token, operation="model-load", model="m")
+    stored = nonce_file_path(str(key_path), key, environ)
+    assert stored.is_file() and stored.parent.parent == tmp_path
+    assert not list(stored.parent.glob(".nonces-*"))  # written through a temporary file
+
+    # A new process (a fresh Authenticator reading the same cache dir) refuses the replay.
+    restarted = Authenticator(settings.service.auth, environ=environ)
+    with pytest.raises(Exception, match="already used"):
+        restarted.verify_op_token(token, operation="model-load", model="m")
+    fresh = sign_op_token(key, _claims("nonce-" + secrets.token_hex(8)))
+    restarted.verify_op_token(fresh, operation="model-load", model="m")
+
+
+def test_expired_nonces_are_pruned_from_the_file(tmp_path: Path) -> None:
+    key = b"0123456789abcdef0123456789abcdef"
+    key_path = tmp_path / "op.key"
+    key_path.write_bytes(key)
+    environ = {"VERIFIED_OP_TOKEN_KEY_PATH": str(key_path), "LLM_POOL_CACHE_DIR": str(tmp_path)}
+    auth_settings = load_settings(_settings_file(tmp_path), environ=environ).service.auth
+    auth = Authenticator(auth_settings, environ=environ)
+    now = time.time()
+    old = _claims("nonce-old-0001") | {"issuedAt": now - 200}
+    auth.verify_op_token(sign_op_token(key, old), operation="model-load", model="m", now=now)
+    new = _claims("nonce-new-0001")
+    # 150 s later the old nonce's window (issuedAt + 300) has passed: it is dropped.
+    later = now + 150
+    auth.verify_op_token(sign_op_token(key, new | {"issuedAt": later}), operation="model-load",
+                         model="m", now=later)  # fmt: skip
+    stored = json.loads(nonce_file_path(str(key_path), key, environ).read_text())
+    assert list(stored) == ["nonce-new-0001"]
+
+
+def test_an_unwritable_cache_dir_still_refuses_replays_in_process(tmp_path: Path) -> None:
+    key = b"0123456789abcdef0123456789abcdef"
+    key_path = tmp_path / "op.key"
+    key_path.write_bytes(key)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    environ = {"VERIFIED_OP_TOKEN_KEY_PATH": str(key_path), "LLM_POOL_CACHE_DIR": str(blocker)}
+    auth_settings = load_settings(_settings_file(tmp_path), environ=environ).service.auth
+    auth = Authenticator(auth_settings, environ=environ)
+    token = sign_op_token(key, _claims("nonce-unwritable"))
+    auth.verify_op_token(token, operation="model-load", model="m")
+    with pytest.raises(Exception, match="already used"):
+        auth.verify_op_token(token, operation="model-load", model="m")

@@ -1,0 +1,149 @@
+"""The pool process and its signals: SIGKILL leaves no runtime process behind (every
+managed backend), SIGTERM lets open streams finish within ``service.shutdown_grace_s``
+and exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from pool.config import Settings, build_settings
+from tests.backends.test_process import FAKE, assert_killed_pool_leaves_no_server
+
+from .conftest import live_in_group, words
+
+
+def _managed(tmp_path: Path, backend: str, extra_args: list[str]) -> Settings:
+    binary = tmp_path / "fake-server"
+    binary.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
+    binary.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    fields = {
+        "llama_server": {
+            "llama_server_binary": str(binary),
+            "llama_server_start_timeout_s": 20,
+            "llama_server_extra_args": extra_args,
+        },
+        "vllm_serve": {
+            "vllm_serve_binary": str(binary),
+            "vllm_serve_start_timeout_s": 20,
+            "vllm_serve_extra_args": extra_args,
+        },
+    }[backend]
+    return build_settings(
+        {"engine": {"models": {"srv": {"backend": backend, "model_path": str(model), **fields}}}}
+    )
+
+
+@pytest.mark.parametrize("backend", ["llama_server", "vllm_serve"])
+def test_a_killed_pool_leaves_no_runtime_process(tmp_path: Path, backend: str) -> None:
+    assert_killed_pool_leaves_no_server(_managed(tmp_path, backend, []), "srv", tmp_path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the parent-death signal reaches the server only; a process the"
+    " server itself started outlives a SIGKILLed pool (docs/reliability.md)",
+)
+def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
+    settings = _managed(tmp_path, "llama_server", ["--spawn-child"])
+    (tmp_path / "settings.json").write_text(settings.model_dump_json())
+    script = tmp_path / "run_pool.py"
+    script.write_text(
+        "import pathlib, trio, pool\n"
+        "from pool.config import load_settings\n"
+        "async def main():\n"
+        f"    s = load_settings(pathlib.Path({str(tmp_path / 'settings.json')!r}))\n"
+        "    async with pool.open_pool(s) as p:\n"
+        "        await p.load('srv')\n"
+        "        print(p.model('srv').replicas[0].runtime.process.pid, flush=True)\n"
+        "        await trio.sleep_forever()\n"
+        "trio.run(main)\n"
+    )
+    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server = 0
+    try:
+        assert runner.stdout is not None
+        server = int(runner.stdout.readline())
+        deadline = time.monotonic() + 10
+        while len(live_in_group(server)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.kill()
+        runner.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while live_in_group(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not live_in_group(server)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        if server:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server, signal.SIGKILL)
+
+
+GRACE_S = 5.0
+
+
+async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
+    settings = tmp_path / "settings.json"
+    slow = {
+        "backend": "stub",
+        "enabled": True,
+        "stub_reply": words(30),
+        "stub_tokens_per_second": 20,  # 1.5 s of words: well inside the grace
+    }
+    settings.write_text(
+        json.dumps({"service": {"shutdown_grace_s": GRACE_S}, "engine": {"models": {"m": slow}}})
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pool", "serve", "--settings", str(settings), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        buffer = b""
+        with trio.fail_after(60):
+            while b"listening on " not in buffer or not buffer.endswith(b"\n"):
+                buffer += await process.stdout.receive_some()
+        url = buffer.decode().split("listening on ")[1].split()[0]
+        signalled_at = 0.0
+        lines: list[str] = []
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": "m", "input": "x", "stream": True}
+            async with client.stream("POST", "/v1/responses", json=body) as response:
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line == "event: response.output_text.delta" and not signalled_at:
+                        process.send_signal(signal.SIGTERM)
+                        signalled_at = trio.current_time()
+            completed_at = trio.current_time()
+            # Draining: no new connection is accepted meanwhile.
+            with pytest.raises(httpx.TransportError):
+                await client.get("/health")
+        with trio.fail_after(GRACE_S + 5):
+            code = await process.wait()
+        exited_at = trio.current_time()
+        assert "event: response.completed" in lines
+        done = json.loads(lines[lines.index("event: response.completed") + 1][6:])
+        assert done["response"]["output_text"] == words(30)
+        assert completed_at - signalled_at < GRACE_S
+        assert code == 0
+        # Exit follows the drain promptly (unloading a stub model is instant).
+        assert exited_at - signalled_at < GRACE_S + 2
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
