@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +35,31 @@ _TAIL_LINES = 40
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _term_with_parent() -> None:  # the group guard's: it must live to act on the signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+# The parent-death signal reaches the server only, not the processes it starts (vLLM's
+# engine core): a server's group outlived a SIGKILLed pool. This guard, one per server,
+# gets SIGTERM when the pool dies and kills the server's whole group; when the pool stops
+# the server itself, it closes the guard's stdin and the guard just exits.
+_GROUP_GUARD = """
+import os, signal, sys
+def reap(*_):
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    finally:
+        os._exit(0)
+signal.signal(signal.SIGTERM, reap)
+if os.getppid() != int(sys.argv[2]):
+    reap()  # the pool died before the parent-death signal was armed
+sys.stdin.buffer.read()
+if os.getppid() != int(sys.argv[2]):
+    reap()  # EOF because the pool died, not because it stopped the server itself
+"""
 
 
 def group_alive(pgid: int) -> bool:
@@ -78,6 +104,7 @@ class ManagedProcess:
         self.command = list(command)
         self._env = dict(env)
         self._popen: subprocess.Popen[bytes] | None = None
+        self._guard: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         self._output: trio.lowlevel.FdStream | None = None
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -111,6 +138,18 @@ class ManagedProcess:
             )
         except OSError as exc:
             raise BackendError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from exc
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-c", _GROUP_GUARD, str(self._popen.pid), str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_term_with_parent,
+            )
+        except OSError as exc:
+            self._signal_group(signal.SIGKILL)
+            raise BackendError(f"cannot start the process guard: {exc}") from exc
         assert self._popen.stdout is not None
         self._output = trio.lowlevel.FdStream(os.dup(self._popen.stdout.fileno()))
         self._popen.stdout.close()
@@ -163,12 +202,31 @@ class ManagedProcess:
             with trio.move_on_after(5):
                 while await trio.to_thread.run_sync(group_alive, self._popen.pid):  # noqa: ASYNC110
                     await trio.sleep(0.02)
+            await self._dismiss_guard()
             if self._output is not None:
                 await self._output.aclose()
                 self._output = None
             if self._pidfd is not None:
                 os.close(self._pidfd)
                 self._pidfd = None
+
+    async def _dismiss_guard(self) -> None:
+        """The group is gone: the guard exits on EOF; reap it (bounded)."""
+        guard, self._guard = self._guard, None
+        if guard is None:
+            return
+        assert guard.stdin is not None
+        with contextlib.suppress(OSError):
+            guard.stdin.close()
+        pidfd = os.pidfd_open(guard.pid)
+        try:
+            with trio.move_on_after(5):
+                await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        if guard.poll() is None:
+            guard.kill()
+        guard.wait()  # exited (or killed just now): reaps at once
 
     def _signal_group(self, signum: int) -> None:
         assert self._popen is not None

@@ -51,11 +51,6 @@ def test_a_killed_pool_leaves_no_runtime_process(tmp_path: Path, backend: str) -
     assert_killed_pool_leaves_no_server(_managed(tmp_path, backend, []), "srv", tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the parent-death signal reaches the server only; a process the"
-    " server itself started outlives a SIGKILLed pool (docs/reliability.md)",
-)
 def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
     settings = _managed(tmp_path, "llama_server", ["--spawn-child"])
     (tmp_path / "settings.json").write_text(settings.model_dump_json())
