@@ -15,7 +15,6 @@ GPU's total is its budget (no reserve: there is no driver to keep a margin for).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -198,7 +197,3 @@ class LoadMeter:
         if mark is not None:
             self._loads -= 1
             self._epoch += 1
-
-
-def split_evenly(total_mib: int, replicas: int) -> int:
-    return math.ceil(total_mib / max(1, replicas))
