@@ -33,8 +33,8 @@ import multiprocessing.resource_tracker
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import trio
 
@@ -44,6 +44,7 @@ from pool.config import invalid_load_request
 from pool.errors import BackendError, PoolError
 
 log = logging.getLogger("pool.backends.vllm")
+T = TypeVar("T")
 
 # How long the engine's processes get to exit after shutdown() before they are killed.
 PROCESS_EXIT_TIMEOUT_S = 30.0
@@ -341,6 +342,22 @@ class EngineHost:
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._cancel_job, job)
+
+    async def run_on_engine(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``await work(engine)`` on the engine's loop (benchmarks drive it directly).
+
+        The Trio side waits on a worker thread; one call, not one per token.
+        """
+        loop = self._loop
+        if loop is None or self._engine is None:
+            raise BackendError("vLLM's engine is not running")
+        engine = self._engine
+
+        async def call() -> T:
+            return await work(engine)
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        return await trio.to_thread.run_sync(future.result)
 
     async def wait_failed(self) -> str:
         await self._failed.wait()

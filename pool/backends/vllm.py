@@ -190,6 +190,15 @@ class VllmRuntime:
     def process_count(self) -> int:
         return len(self._host.processes)
 
+    @property
+    def host(self) -> EngineHost:
+        """The engine's thread (benchmarks drive the same engine directly through it)."""
+        return self._host
+
+    def render(self, request: GenerationRequest) -> RenderedPrompt:
+        """``request`` as this replica's prompt format renders it."""
+        return self._render(request)
+
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
             raise BackendError("the vllm runtime is closed")

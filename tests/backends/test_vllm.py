@@ -90,6 +90,19 @@ def test_sampling_reaches_vllm_names() -> None:
     assert arguments["logit_bias"] == {7: -5.0} and "presence_penalty" not in arguments
 
 
+async def test_without_vllm_a_load_says_so(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    from pool.backends import LoadContext
+    from pool.errors import BackendError
+
+    backend = get_backend("vllm")
+    with pytest.raises(BackendError, match="vLLM is not installed"):
+        await backend.load(_model(vllm_model=str(tmp_path)), LoadContext("v", 0))
+
+
 @pytest.mark.real_model
 async def test_real_vllm_backend_in_its_env() -> None:
     """vllm_in_env.py inside vLLM's environment: Paris, streaming, a batch of 8,
