@@ -170,6 +170,40 @@ def engine_config(model: str, arguments: dict[str, Any], fields: dict[str, str])
         raise BackendError(f"vLLM could not read model {model!r}: {exc}") from exc
 
 
+# Set on an engine host's thread while it starts its engine (see _keep_main_out_of_spawn).
+_starting_engine = threading.local()
+
+
+def _keep_main_out_of_spawn() -> None:
+    """Spawned engine processes must not import the pool's main script.
+
+    vLLM starts its engine core with multiprocessing's ``spawn``, which imports the
+    parent's ``__main__`` in the child (the ``llm-pool`` script, a benchmark). That
+    imports the pool, and with it Quart's and Flask's ``LocalProxy`` globals; vLLM 0.32's
+    CPU worker then scans every loaded module (``triton_utils.dispatcher``) and the first
+    proxy it touches raises "Working outside of application context": the engine never
+    starts. The engine's processes need nothing from ``__main__`` (their code and
+    arguments are vLLM's), so for processes started from an engine host's thread while
+    it starts its engine, the main-module step of the child's preparation is left out.
+    Every other use of multiprocessing in the process is untouched.
+    """
+    import multiprocessing.spawn as spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "pool_keeps_main_out", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = original(name)
+        if getattr(_starting_engine, "active", False):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    get_preparation_data.pool_keeps_main_out = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
 def _stat_logger_class(counts: SchedulerCounts) -> Any:
     """A vLLM stat logger that keeps the scheduler's counts in ``counts``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -402,6 +436,8 @@ class EngineHost:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._stop = asyncio.Event()
+        _keep_main_out_of_spawn()
+        _starting_engine.active = True
         try:
             # Blocks this loop for the whole load; nothing else runs on it yet.
             engine = AsyncLLM.from_vllm_config(
@@ -413,6 +449,8 @@ class EngineHost:
         except Exception as exc:  # noqa: BLE001 - start() raises it as a BackendError
             self._start_error = exc
             return
+        finally:
+            _starting_engine.active = False
         self._engine = engine
         self._loop = asyncio.get_running_loop()
         assert self._started is not None

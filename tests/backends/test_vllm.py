@@ -142,3 +142,23 @@ async def test_real_vllm_backend_in_its_env() -> None:
     output = result.stdout.decode(errors="replace")
     print(output[-6000:])
     assert result.returncode == 0, output[-6000:]
+
+
+def test_engine_processes_do_not_import_the_pools_main_script() -> None:
+    """vLLM's spawned engine core must not re-import ``__main__`` (the llm-pool script
+    imports Quart, whose proxies break vLLM's CPU worker); other spawns still do."""
+    import multiprocessing.spawn as spawn
+
+    from pool.backends._vllm_engine import _keep_main_out_of_spawn, _starting_engine
+
+    _keep_main_out_of_spawn()
+    _keep_main_out_of_spawn()  # installed once
+    plain = spawn.get_preparation_data("other")
+    assert "init_main_from_name" in plain or "init_main_from_path" in plain
+    _starting_engine.active = True
+    try:
+        engine = spawn.get_preparation_data("EngineCore")
+    finally:
+        _starting_engine.active = False
+    assert "init_main_from_name" not in engine and "init_main_from_path" not in engine
+    assert engine["sys_path"] == plain["sys_path"]
