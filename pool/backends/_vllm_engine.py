@@ -46,8 +46,14 @@ from pool.errors import BackendError, PoolError
 log = logging.getLogger("pool.backends.vllm")
 T = TypeVar("T")
 
-# How long the engine's processes get to exit after shutdown() before they are killed.
-PROCESS_EXIT_TIMEOUT_S = 30.0
+# The bounds of an unload, inside the replica's unload_timeout_s (default 30 s):
+# shutdown() waits this long for the engine's processes to exit on their own...
+_SHUTDOWN_TIMEOUT_S = 10.0
+# ...the Trio side this long for the engine thread to end...
+_THREAD_JOIN_TIMEOUT_S = _SHUTDOWN_TIMEOUT_S + 5.0
+# ...and a process still alive after this much more is killed.
+_EXIT_GRACE_S = 5.0
+CLOSE_TIMEOUT_S = _THREAD_JOIN_TIMEOUT_S + _EXIT_GRACE_S + 1.0
 # How often the host looks at whether the engine died while no request was running.
 _HEALTH_POLL_S = 1.0
 _MIB = 1024 * 1024
@@ -306,11 +312,10 @@ class EngineHost:
         self._stop: asyncio.Event | None = None
         self._stopping = threading.Event()
         self._engine: Any = None
-        self._vllm: Any = None
         self._jobs: set[EngineJob] = set()
         self._touched: dict[int, PieceStream] = {}
         self._flush_pending = False
-        self._single_tokens: dict[str, int | None] = {}
+        self._single_tokens: dict[str, tuple[int | None, bool]] = {}
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._failed = trio.Event()
         self._started: trio.Event | None = None
@@ -318,13 +323,12 @@ class EngineHost:
         self._done = threading.Event()
 
     # -- Trio side ------------------------------------------------------------------
-    async def start(self, vllm_config: Any, vllm: Any) -> None:
+    async def start(self, vllm_config: Any) -> None:
         """Start the engine on the host's thread and wait until it serves.
 
         Raises:
             BackendError: the engine did not start (its processes are gone again).
         """
-        self._vllm = vllm
         self._trio_token = trio.lowlevel.current_trio_token()
         self._started = trio.Event()
         before = _child_pids()
@@ -405,13 +409,13 @@ class EngineHost:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stop.set)
         await self._join_thread()
-        await trio.to_thread.run_sync(_reap, self.processes, PROCESS_EXIT_TIMEOUT_S)
+        await trio.to_thread.run_sync(_reap, self.processes, _EXIT_GRACE_S)
 
     async def _join_thread(self) -> None:
         if self._thread is None:
             return
         # The thread's shutdown() already waits for the engine's processes, bounded.
-        await trio.to_thread.run_sync(self._done.wait, PROCESS_EXIT_TIMEOUT_S + 10.0)
+        await trio.to_thread.run_sync(self._done.wait, _THREAD_JOIN_TIMEOUT_S)
 
     def _to_trio(self, callback: Callable[[], None]) -> None:
         assert self._trio_token is not None
@@ -469,7 +473,7 @@ class EngineHost:
                 *(job.task for job in list(self._jobs) if job.task is not None),
                 return_exceptions=True,
             )
-            engine.shutdown(timeout=PROCESS_EXIT_TIMEOUT_S)
+            engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
             self._engine = None
 
     async def _watch_health(self) -> None:
@@ -510,10 +514,10 @@ class EngineHost:
         engine = self._engine
         failure: BaseException | None = None
         try:
+            sampling = dict(job.sampling)
+            sampling["stop"], stop_ids = self._stops(sampling.get("stop") or ())
             params = SamplingParams(
-                output_kind=RequestOutputKind.DELTA,
-                stop_token_ids=self._stop_token_ids(job.sampling.get("stop") or ()),
-                **job.sampling,
+                output_kind=RequestOutputKind.DELTA, stop_token_ids=stop_ids, **sampling
             )
             started = time.perf_counter()
             parsed = parse_model_prompt(engine.model_config, job.prompt)
@@ -551,21 +555,33 @@ class EngineHost:
             job.stream.finish(failure)
             self._touch(job.stream)
 
-    def _stop_token_ids(self, stops: Iterable[str]) -> list[int]:
-        """The ids of the stops that are one token each.
+    def _stops(self, stops: Iterable[str]) -> tuple[list[str], list[int]]:
+        """``(stop strings, stop token ids)`` for vLLM.
 
-        A stop that is a special token (ChatML's ``<|im_end|>``) is skipped when vLLM
-        detokenizes, so as a string it would never match: it stops by its id.
+        A stop that is one special token (ChatML's ``<|im_end|>``) is skipped when vLLM
+        detokenizes, so as a string it never matches: it stops by its id instead, and is
+        not passed as a string, because vLLM holds back up to a stop string's length of
+        text at every step to match it (the first delta would come tokens late). A
+        stop that is one ordinary token stops by id and by text (the text can also come
+        split across tokens).
         """
-        ids = []
+        strings: list[str] = []
+        ids: list[int] = []
+        tokenizer = self._engine.get_tokenizer()
         for stop in stops:
             if stop not in self._single_tokens:
-                encoded = self._engine.get_tokenizer().encode(stop, add_special_tokens=False)
-                self._single_tokens[stop] = int(encoded[0]) if len(encoded) == 1 else None
-            token = self._single_tokens[stop]
+                encoded = tokenizer.encode(stop, add_special_tokens=False)
+                token = int(encoded[0]) if len(encoded) == 1 else None
+                special = token is not None and token in set(
+                    getattr(tokenizer, "all_special_ids", None) or ()
+                )
+                self._single_tokens[stop] = (token, special)
+            token, special = self._single_tokens[stop]
             if token is not None:
                 ids.append(token)
-        return ids
+            if not special:
+                strings.append(stop)
+        return strings, ids
 
     def _touch(self, stream: PieceStream) -> None:
         self._touched[id(stream)] = stream

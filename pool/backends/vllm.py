@@ -36,7 +36,7 @@ from pool.backends._protocol import (
     TokenSink,
 )
 from pool.backends._vllm_engine import (
-    PROCESS_EXIT_TIMEOUT_S,
+    CLOSE_TIMEOUT_S,
     EngineHost,
     EngineJob,
     SchedulerCounts,
@@ -270,17 +270,17 @@ class VllmBackend(Backend[VllmModel]):
         # The engine is sized to what the pool admits, unless configured.
         arguments.setdefault("max_num_seqs", replica_concurrency(definition))
         limiter = trio.CapacityLimiter(1)
-        vllm = await trio.to_thread.run_sync(import_vllm, limiter=limiter)
+        await trio.to_thread.run_sync(import_vllm, limiter=limiter)
         rss_before = rss_mib()
         vllm_config = await trio.to_thread.run_sync(
             partial(engine_config, model, arguments, _FIELD_OF_ARGUMENT), limiter=limiter
         )
         host = EngineHost(f"vllm-{context.model_name}-{context.replica_index}")
-        await host.start(vllm_config, vllm)
+        await host.start(vllm_config)
         try:
             prompt_format = _prompt_format(definition, host)
         except BaseException:
-            with trio.move_on_after(PROCESS_EXIT_TIMEOUT_S + 15.0, shield=True):
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await host.close()
             raise
         return VllmRuntime(host, definition, prompt_format, limiter, rss_before)

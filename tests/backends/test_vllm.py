@@ -90,7 +90,9 @@ def test_sampling_reaches_vllm_names() -> None:
     assert arguments["logit_bias"] == {7: -5.0} and "presence_penalty" not in arguments
 
 
-async def test_without_vllm_a_load_says_so(tmp_path: Path) -> None:
+async def test_without_vllm_a_load_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
@@ -99,8 +101,15 @@ async def test_without_vllm_a_load_says_so(tmp_path: Path) -> None:
     from pool.errors import BackendError
 
     backend = get_backend("vllm")
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
     with pytest.raises(BackendError, match="vLLM is not installed"):
         await backend.load(_model(vllm_model=str(tmp_path)), LoadContext("v", 0))
+    # Set before vLLM's import (which reads it), unless the environment had chosen.
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    with pytest.raises(BackendError):
+        await backend.load(_model(vllm_model=str(tmp_path)), LoadContext("v", 0))
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
 
 
 @pytest.mark.real_model
