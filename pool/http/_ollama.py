@@ -241,14 +241,19 @@ def _running(snapshot: ModelSnapshot, artifact: _Artifact) -> dict[str, Any]:
 
 def _show(snapshot: ModelSnapshot, artifact: _Artifact, parameters: str) -> dict[str, Any]:
     caps = snapshot.capabilities
-    capabilities = ["completion"] if caps.generation else ["embedding"]
-    # Capabilities.tools comes with tool calling (#17 item 1); absent, no tools.
-    if caps.generation and getattr(caps, "tools", False):
-        capabilities.append("tools")
-    if "image" in caps.modalities:
-        capabilities.append("vision")
-    if "enabled" in caps.thinking_modes:
-        capabilities.append("thinking")
+    if not caps.generation:
+        # An embedding model takes text and gives vectors: no tools, thinking or images
+        # (whatever its backend could do for a generation model).
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion"]
+        # Capabilities.tools comes with tool calling (#17 item 1); absent, no tools.
+        if getattr(caps, "tools", False):
+            capabilities.append("tools")
+        if "image" in caps.modalities:
+            capabilities.append("vision")
+        if "enabled" in caps.thinking_modes:
+            capabilities.append("thinking")
     definition = snapshot.active_definition
     return {
         "modelfile": "",

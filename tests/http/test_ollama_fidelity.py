@@ -51,9 +51,10 @@ async def test_tags_describe_the_file_and_the_loaded_flag(
         assert [m["name"] for m in ps] == ["filed"]
         assert ps[0]["expires_at"] and isinstance(ps[0]["size_vram"], int)
         shown = (await http.post("/api/show", json={"model": "vec"})).json()
-        assert shown["capabilities"] == ["embedding", "thinking"]
+        # An embedding model: no thinking, though the stub backend could think.
+        assert shown["capabilities"] == ["embedding"]
         shown = (await http.post("/api/show", json={"model": "filed"})).json()
-        assert "completion" in shown["capabilities"] and "tools" not in shown["capabilities"]
+        assert shown["capabilities"] == ["completion", "thinking"]
         assert "temperature" in shown["parameters"] and shown["template"] == "generic"
         r = await http.post("/api/copy", json={"source": "filed", "destination": "other"})
         assert r.status_code == 400 and "settings files" in r.json()["error"]
