@@ -214,7 +214,12 @@ def register(app: Quart, ctx: AppContext) -> None:
         headers = (
             {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
         )
-        return json_response(openai_error(exc.status, exc.code, exc.message), exc.status, headers)
+        # The field at fault, where the pool knows it (dimensions, logprobs, a sampling field).
+        param = exc.details.get("param")
+        body = openai_error(
+            exc.status, exc.code, exc.message, param if isinstance(param, str) else None
+        )
+        return json_response(body, exc.status, headers)
 
     @blueprint.errorhandler(SchemaError)
     async def schema_error(exc: SchemaError) -> Response:
