@@ -10,6 +10,7 @@ import trio
 
 from pool import InferenceRequest, PoolError, open_pool
 from pool.actors import EmbeddingRequest
+from pool.backends import EmbeddingJob
 from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
 from pool.config import apply_override, build_settings
 from pool.convert import cached_model
@@ -200,6 +201,8 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
                         "vllm_dtype": "float32",
                         "vllm_serve_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
                         "vllm_serve_start_timeout_s": 900,
+                        # No torch.compile of the pooling graph: ~90 s to ready, not minutes.
+                        "vllm_enforce_eager": True,
                         "embedding": True,
                         "pooling": "mean",
                         "enabled": True,
@@ -223,3 +226,9 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
         with pytest.raises(PoolError) as info:
             await pool.embed(EmbeddingRequest("vemb", texts, dimensions=8))
         assert info.value.code == "invalid_request" and "dimensions" in info.value.message
+        # Past the pool's check (as with embedding_dimensions: true on a model that is not
+        # Matryoshka-trained), vLLM's own 400 comes back as the client's 400.
+        runtime = pool.model("vemb").replicas[0].runtime
+        with pytest.raises(PoolError) as info:
+            await runtime.embed(EmbeddingJob("r", "vemb", texts[:1], dimensions=8))  # type: ignore[union-attr]
+        assert info.value.code == "invalid_request" and "Matryoshka" in info.value.message
