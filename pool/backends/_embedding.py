@@ -10,6 +10,7 @@ the token counts are summed.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -85,8 +86,13 @@ async def embed_upstream(
     batch_size: int,
     headers: dict[str, str] | None = None,
     what: str = "upstream",
+    truncate_fields: Mapping[str, Any] | None = None,
 ) -> EmbeddingResult:
     """Embed ``job``'s texts with POSTs of at most ``batch_size`` texts to ``path``.
+
+    ``truncate_fields`` go into the body when the job may cut long texts, for a server
+    that can (vLLM's ``truncate_prompt_tokens``); elsewhere a text longer than the
+    context is the server's 400.
 
     Raises:
         PoolError: ``invalid_request`` when the server refuses the input (4xx: a text too
@@ -100,6 +106,8 @@ async def embed_upstream(
         body: dict[str, Any] = {"model": model, "input": batch, "encoding_format": "float"}
         if job.dimensions is not None:
             body["dimensions"] = job.dimensions
+        if job.truncate and truncate_fields:
+            body.update(truncate_fields)
         payload = json.dumps(body, ensure_ascii=False).encode()
         try:
             async with transport.request("POST", path, body=payload, headers=headers) as response:

@@ -67,10 +67,13 @@ class ManagedServerRuntime:
         repetition_field: str = "repeat_penalty",
         enable_thinking: bool | None = None,
         embedding_batch: int | None = None,
+        embedding_truncate: dict[str, Any] | None = None,
     ) -> None:
         self.process = process
-        # Set for an embedding model: the most texts per /v1/embeddings request.
+        # Set for an embedding model: the most texts per /v1/embeddings request, and
+        # what tells the server it may cut texts longer than its context.
         self._embedding_batch = embedding_batch
+        self._embedding_truncate = embedding_truncate
         # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
         # ignores the other silently.
         self._repetition_field = repetition_field
@@ -142,6 +145,7 @@ class ManagedServerRuntime:
                 batch_size=self._embedding_batch or 1,
                 headers=self._headers,
                 what=self.process.label,
+                truncate_fields=self._embedding_truncate,
             )
         except BackendError as exc:
             if not self.process.alive:
@@ -263,11 +267,13 @@ async def launch(
     repetition_field: str = "repeat_penalty",
     enable_thinking: bool | None = None,
     embedding_batch: int | None = None,
+    embedding_truncate: dict[str, Any] | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
     ``embedding_batch``: set for an embedding model (the most texts per request); its
     readiness probe is then one embedding rather than one generated token.
+    ``embedding_truncate``: body fields that let the server cut over-long texts.
     """
     process = ManagedProcess(label, command, env)
     process.spawn()
@@ -280,6 +286,7 @@ async def launch(
         repetition_field=repetition_field,
         enable_thinking=enable_thinking,
         embedding_batch=embedding_batch,
+        embedding_truncate=embedding_truncate,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

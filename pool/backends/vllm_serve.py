@@ -151,6 +151,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             repetition_field="repetition_penalty",
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            # -1: cut a text to the model's length (Ollama's truncate, the default).
+            embedding_truncate={"truncate_prompt_tokens": -1},
         )
 
 

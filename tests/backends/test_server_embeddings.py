@@ -110,6 +110,10 @@ async def test_sixteen_inputs_with_the_official_clients(
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
         r = await http.post("/v1/embeddings", json={"model": "emb", "input": "x", "dimensions": 8})
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+        # Longer than a slot's context: llama-server cannot cut it; its 400 is the client's.
+        r = await http.post("/v1/embeddings", json={"model": "emb", "input": "word " * 700})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        assert "context size" in r.json()["error"]["message"]
         r = await http.post("/v1/embeddings", json={"model": "remote-emb", "input": "x"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "remote_not_allowed"
         r = await http.post(

@@ -223,6 +223,13 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
         assert done.vectors[0] != done.vectors[1] and (done.usage.prompt_tokens or 0) > 16
         alone = await pool.embed(EmbeddingRequest("vemb", texts[3:4]))
         assert alone.vectors[0] == pytest.approx(done.vectors[3], abs=1e-4)
+        # Longer than vllm_max_model_len: cut (truncate, the default), or a 400 without.
+        long = ("word " * 700,)
+        cut = await pool.embed(EmbeddingRequest("vemb", long))
+        assert len(cut.vectors[0]) == 576 and cut.usage.prompt_tokens == 512
+        with pytest.raises(PoolError) as info:
+            await pool.embed(EmbeddingRequest("vemb", long, truncate=False))
+        assert info.value.code == "invalid_request"
         with pytest.raises(PoolError) as info:
             await pool.embed(EmbeddingRequest("vemb", texts, dimensions=8))
         assert info.value.code == "invalid_request" and "dimensions" in info.value.message
