@@ -51,6 +51,7 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
             if generate_ms > 0 and output_tokens
             else None
         ),
+        backend_queue_ms=stats.queue_ms,
     )
     return timings, Usage(prompt_tokens=stats.prompt_tokens, output_tokens=output_tokens)
 

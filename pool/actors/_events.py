@@ -45,6 +45,9 @@ class Timings:
     generate_ms: float | None = None
     decode_after_first_token_ms: float | None = None
     tokens_per_second: float | None = None
+    # Inside backend_ms: the wait in the engine's own scheduler, where the backend
+    # reports it (vLLM). Not part of the HTTP metrics.
+    backend_queue_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -383,6 +383,10 @@ class ModelActor:
             self.scheduler.fail_queued(
                 PoolError("model_failed", f"model {self.name!r} failed to load: {self.last_error}")
             )
+            if isinstance(leaf, PoolError) and leaf.status < 500:
+                # The backend's runtime refused a value of this load (vLLM validates
+                # its engine arguments itself): the caller's error, with its own code.
+                raise leaf from None
             raise PoolError(
                 "load_failed",
                 f"loading model {self.name!r} failed: {self.last_error}",

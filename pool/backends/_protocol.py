@@ -142,6 +142,9 @@ class GenerationStats:
     time_to_first_token_ms: float | None = None
     generate_total_ms: float | None = None
     finish_reason: FinishReason = "stop"
+    # Time the request waited inside a batching engine's own scheduler before its first
+    # step (vLLM's queued-to-scheduled); the pool's queue is measured by the pool.
+    queue_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

