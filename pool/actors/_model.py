@@ -37,6 +37,7 @@ from pool.backends import (
     Capabilities,
     EmbeddingJob,
     GenerationRequest,
+    GpuPlacement,
     LoadContext,
     get_backend,
 )
@@ -73,7 +74,8 @@ class _Command:
     reason: str = ""
     replica: Replica | None = None
     model_path: str | None = None
-    gpus: tuple[int, ...] = ()  # the GPU of each replica, chosen by the pool's VRAM gate
+    # The GPUs of each replica, chosen by the pool's VRAM gate.
+    gpus: tuple[GpuPlacement, ...] = ()
     reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
 
 
@@ -138,11 +140,11 @@ class ModelActor:
         self._nursery: trio.Nursery | None = None
         self.artifact: Artifact | None = None
         self.artifact_mib: int | None = None
-        # VRAM: the GPU of each replica (from the pool's gate), what this load was
+        # VRAM: the GPUs of each replica (from the pool's gate), what this load was
         # measured to take per GPU, and since when (Trio clock) the model is resident.
         self._meter = meter
         self._footprints = footprints
-        self.placement: tuple[int, ...] = ()
+        self.placement: tuple[GpuPlacement, ...] = ()
         self.observed_per_gpu: dict[int, int] | None = None
         self.resident_since = 0.0
         self.loaded_at: float | None = None
@@ -196,11 +198,11 @@ class ModelActor:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
     async def load(
-        self, body: LoadRequest | None = None, *, gpus: tuple[int, ...] = ()
+        self, body: LoadRequest | None = None, *, gpus: tuple[GpuPlacement, ...] = ()
     ) -> ModelSnapshot:
         """Load the model (or return its row if it is loaded or loading).
 
-        ``gpus``: the GPU of each replica, as the pool's VRAM gate placed them.
+        ``gpus``: the GPUs of each replica, as the pool's VRAM gate placed them.
 
         Raises:
             PoolError: ``invalid_load_request`` for a body that does not suit the
@@ -353,6 +355,7 @@ class ModelActor:
                         model_name=self.name,
                         replica_index=index,
                         settings_dir=self.settings.base_dir,
+                        placement=(command.gpus[index] if index < len(command.gpus) else None),
                     ),
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,
@@ -651,5 +654,5 @@ class ModelActor:
             loaded_at_wall=self.loaded_at_wall,
             expires_in_s=self.expires_in_s,
             observed_load_delta_mib=self.observed_load_delta_mib,
-            gpus=self.placement if self.state in ("loading", "loaded", "unloading") else (),
+            placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
         )

@@ -48,8 +48,14 @@ from pool.actors._vram import (
     gpu_room,
     place,
 )
-from pool.backends import EmbeddingJob, GenerationRequest
-from pool.config import LoadRequest, Settings, apply_override, validate_load_request
+from pool.backends import EmbeddingJob, GenerationRequest, GpuPlacement
+from pool.config import (
+    LoadRequest,
+    ModelDefinition,
+    Settings,
+    apply_override,
+    validate_load_request,
+)
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
@@ -129,10 +135,10 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
-        # Loads that the VRAM gate let through, with the GPU of each replica, until they
+        # Loads that the VRAM gate let through, with the GPUs of each replica, until they
         # are `loading`; evictions and the decisions that lead to them, one at a time;
         # models asked to make way (new requests wait at their door), with who asked.
-        self._reserved: dict[ModelActor, tuple[int, ...]] = {}
+        self._reserved: dict[ModelActor, tuple[GpuPlacement, ...]] = {}
         self._room_lock = trio.Lock()
         self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
         self.evictions = 0
@@ -457,14 +463,19 @@ class Pool:
 
     # -- the VRAM gate (docs/vram.md) ---------------------------------------------------
     def _holdings(self) -> list[tuple[int, int]]:
-        """(GPU, MiB) of every loaded replica's runtime, for virtual GPUs."""
-        held = []
+        """(GPU, MiB) of every loaded replica's runtime, for virtual GPUs: what the
+        runtime reports, spread over the replica's GPUs as its placement says."""
+        held: list[tuple[int, int]] = []
         for actor in self.models.values():
             for index, replica in enumerate(actor.replicas):
                 mib = replica.runtime.vram_mib if replica.runtime is not None else None
-                if mib:
-                    placement = actor.placement
-                    held.append((placement[index] if index < len(placement) else 0, mib))
+                if not mib:
+                    continue
+                if index < len(actor.placement):
+                    placement = actor.placement[index]
+                    held.extend(zip(placement.gpus, placement.scaled(mib), strict=True))
+                else:
+                    held.append((0, mib))
         return held
 
     def _charges(self, exclude: ModelActor) -> tuple[dict[int, int], dict[int, int]]:
@@ -475,22 +486,42 @@ class Pool:
             if actor is exclude:
                 continue
             if actor in self._reserved and actor.state in ("unloaded", "failed"):
-                per_replica = actor.vram_estimate().per_replica_mib or 0
-                charges(self._reserved[actor], per_replica, pending)
+                for placement in self._reserved[actor]:
+                    for index, mib in zip(placement.gpus, placement.mib, strict=True):
+                        pending[index] = pending.get(index, 0) + mib
             elif actor.state == "loading":
                 per_replica = actor.vram_estimate().per_replica_mib or 0
-                charges(actor.placement or (0,) * actor.selected_replicas, per_replica, pending)
+                charges(actor.placement, per_replica, pending, replicas=actor.selected_replicas)
             elif actor.state in ("loaded", "unloading"):
                 if actor.observed_per_gpu is not None:
                     for index, mib in actor.observed_per_gpu.items():
                         loaded[index] = loaded.get(index, 0) + mib
                 else:
                     per_replica = actor.vram_estimate().per_replica_mib or 0
-                    placement = actor.placement or (0,) * len(actor.replicas)
-                    charges(placement, per_replica, loaded)
+                    charges(actor.placement, per_replica, loaded, replicas=len(actor.replicas))
         return loaded, pending
 
-    def _fit(self, actor: ModelActor, per_replica: int, replicas: int) -> tuple[int, ...] | None:
+    def _place(
+        self,
+        actor: ModelActor,
+        definition: ModelDefinition,
+        room: dict[int, int],
+        per_replica: int,
+        replicas: int,
+    ) -> tuple[GpuPlacement, ...] | None:
+        """``place`` with the backend's way of splitting a replica over GPUs."""
+        return place(
+            room,
+            per_replica,
+            replicas,
+            gpus_per_replica=actor.backend.gpus_per_replica(definition),
+            even=actor.backend.even_gpu_split,
+            virtual=all(g.virtual for g in self.gpus.view().gpus),
+        )
+
+    def _fit(
+        self, actor: ModelActor, definition: ModelDefinition, per_replica: int, replicas: int
+    ) -> tuple[GpuPlacement, ...] | None:
         """Where ``actor``'s replicas would go now; ``()`` when there is no GPU to gate."""
         view = self.gpus.view()
         if not view.gpus:
@@ -504,9 +535,11 @@ class Pool:
             loaded=loaded,
             pending=pending,
         )
-        return place(room, per_replica, replicas)
+        return self._place(actor, definition, room, per_replica, replicas)
 
-    def _could_ever_fit(self, actor: ModelActor, per_replica: int, replicas: int) -> bool:
+    def _could_ever_fit(
+        self, actor: ModelActor, definition: ModelDefinition, per_replica: int, replicas: int
+    ) -> bool:
         """Whether the load would fit with every unpinned model gone and no other
         process on the GPUs (those may leave: a load waits for them)."""
         view = self.gpus.view()
@@ -520,14 +553,19 @@ class Pool:
             stays = other.definition.pinned
             if other is not actor and stays and other.state in ("loaded", "loading", "unloading"):
                 estimate = other.vram_estimate().per_replica_mib or 0
-                for index in other.placement or (0,) * len(other.replicas):
-                    room[index] = room.get(index, 0) - estimate
-        return place(room, per_replica, replicas) is not None
+                held = charges(other.placement, estimate, replicas=len(other.replicas))
+                for index, mib in held.items():
+                    room[index] = room.get(index, 0) - mib
+        return self._place(actor, definition, room, per_replica, replicas) is not None
 
     async def _make_room(
         self, actor: ModelActor, replicas: int, patch: dict[str, Any], *, wait: bool
-    ) -> tuple[int, ...] | None:
-        """Find room for a load of ``actor``: the GPU of each replica (``()`` without GPUs).
+    ) -> tuple[GpuPlacement, ...] | None:
+        """Find room for a load of ``actor``: the GPUs of each replica (``()`` without GPUs).
+
+        The reservation is taken under one lock, for every GPU of every replica at once
+        (all or nothing, in GPU index order): two loads that each need a split cannot
+        each hold half of what the other needs.
 
         Evicts idle models that the spec's rules allow, one at a time, each followed by
         a bounded wait for the GPU source to show its memory back. ``wait`` (on-demand
@@ -552,12 +590,14 @@ class Pool:
                 while True:
                     if wait and actor.scheduler.queue_depth == 0:
                         return None
-                    gpus = self._fit(actor, per_replica, replicas)
+                    gpus = self._fit(actor, definition, per_replica, replicas)
                     if gpus is not None and (not limit or self._loaded_count(actor) < limit):
                         self._reserved[actor] = gpus
                         self._release_yields(actor)
                         return gpus
-                    if gpus is None and not self._could_ever_fit(actor, per_replica, replicas):
+                    if gpus is None and not self._could_ever_fit(
+                        actor, definition, per_replica, replicas
+                    ):
                         raise PoolError(
                             "load_failed",
                             f"model {actor.name!r} needs {per_replica} MiB per replica"
@@ -638,15 +678,16 @@ class Pool:
             incoming.name,
             victim.name,
             victim.definition.priority,
-            list(victim.placement),
+            [list(p.gpus) for p in victim.placement],
         )
         # Its door closes first: a request for it that arrives now waits for the eviction
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
         expected = charges(
-            victim.placement or (0,) * len(victim.replicas),
+            victim.placement,
             victim.vram_estimate().per_replica_mib or 0,
+            replicas=len(victim.replicas),
         )
         if victim.observed_per_gpu is not None:
             expected = dict(victim.observed_per_gpu)

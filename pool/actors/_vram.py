@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pool.actors._gpu import GpuSource
 from pool.actors._snapshots import GpuReading, GpuView
+from pool.backends import GpuPlacement
 
 if TYPE_CHECKING:
     from pool.actors._model import ModelActor
@@ -60,30 +61,97 @@ def gpu_ceilings(
     return ceilings
 
 
-def place(room: Mapping[int, int], per_replica_mib: int, replicas: int) -> tuple[int, ...] | None:
-    """A GPU for each replica, the one with most room first; None if one does not fit.
+def place(
+    room: Mapping[int, int],
+    per_replica_mib: int,
+    replicas: int,
+    *,
+    gpus_per_replica: int | None = None,
+    even: bool = False,
+    virtual: bool = False,
+) -> tuple[GpuPlacement, ...] | None:
+    """The GPUs of each replica, or None if one of them does not fit.
 
-    A model is never split across GPUs here (multi-GPU splits come later)."""
+    A replica goes to the GPU with the most room. One that no GPU can hold is split
+    over the fewest GPUs whose room together holds it (those with the most room), in
+    proportion to each one's room, or in equal shares with ``even`` (tensor
+    parallelism). ``gpus_per_replica`` fixes how many GPUs a replica spans. The room
+    is what is left after the reserve of each GPU (``gpu_room``), so the margin holds
+    per GPU of a split too. Placements list their GPUs in index order.
+    """
     left = dict(room)
-    placement = []
+    placements = []
     for _ in range(replicas):
-        if not left:
+        placement = _place_one(left, per_replica_mib, gpus_per_replica, even, virtual)
+        if placement is None:
             return None
-        best = max(left, key=lambda i: (left[i], -i))
-        if left[best] < per_replica_mib:
+        for index, mib in zip(placement.gpus, placement.mib, strict=True):
+            left[index] -= mib
+        placements.append(placement)
+    return tuple(placements)
+
+
+def _place_one(
+    left: Mapping[int, int], need: int, count: int | None, even: bool, virtual: bool
+) -> GpuPlacement | None:
+    roomiest = sorted(left, key=lambda i: (-left[i], i))
+    if not roomiest:
+        return None
+    if count is None or count == 1:
+        best = roomiest[0]
+        if left[best] >= need:
+            return GpuPlacement((best,), (need,), virtual)
+        if count == 1:
             return None
-        placement.append(best)
-        left[best] -= per_replica_mib
-    return tuple(placement)
+    for k in [count] if count else range(2, len(roomiest) + 1):
+        chosen = sorted(roomiest[:k])
+        if len(chosen) < k:
+            return None
+        if even:
+            share = -(-need // k)
+            if all(left[i] >= share for i in chosen):
+                return GpuPlacement(tuple(chosen), (share,) * k, virtual)
+            continue
+        shares = proportional_shares(need, [max(0, left[i]) for i in chosen])
+        if shares is not None:
+            return GpuPlacement(tuple(chosen), shares, virtual)
+    return None
+
+
+def proportional_shares(need: int, rooms: Sequence[int]) -> tuple[int, ...] | None:
+    """``need`` MiB split over GPUs in proportion to their ``rooms``, none past its room;
+    None when the rooms together are too small."""
+    total = sum(rooms)
+    if total < need or total <= 0:
+        return None
+    shares = [need * r // total for r in rooms]
+    # Rounding down left a few MiB over (fewer than GPUs): one each, most spare first.
+    order = sorted(range(len(rooms)), key=lambda i: shares[i] - rooms[i])
+    while sum(shares) < need:
+        for i in order:
+            if sum(shares) < need and shares[i] < rooms[i]:
+                shares[i] += 1
+    return tuple(shares)
 
 
 def charges(
-    placement: Sequence[int], per_replica_mib: int, into: dict[int, int] | None = None
+    placements: Sequence[GpuPlacement],
+    per_replica_mib: int,
+    into: dict[int, int] | None = None,
+    *,
+    replicas: int = 0,
 ) -> dict[int, int]:
-    """Add ``per_replica_mib`` on each replica's GPU to ``into``."""
+    """Add ``per_replica_mib`` for each replica to ``into``, spread over its GPUs as
+    its placement says. With no placement (loaded while no GPU was seen), ``replicas``
+    replicas count on GPU 0."""
     into = {} if into is None else into
-    for index in placement:
-        into[index] = into.get(index, 0) + per_replica_mib
+    if not placements:
+        if replicas and per_replica_mib:
+            into[0] = into.get(0, 0) + per_replica_mib * replicas
+        return into
+    for placement in placements:
+        for index, mib in zip(placement.gpus, placement.scaled(per_replica_mib), strict=True):
+            into[index] = into.get(index, 0) + mib
     return into
 
 

@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
+from pool.backends._placement import GpuPlacement
 from pool.config import (
     CommonModelFields,
     check_override_value,
@@ -237,6 +238,8 @@ class LoadContext:
     replica_index: int
     settings_dir: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The GPUs the pool's VRAM gate placed this replica on; None without GPUs to gate.
+    placement: GpuPlacement | None = None
 
     def model_path(self, value: str | None, hint: str = "") -> Path:
         """The configured ``model_path`` as a path; BackendError if unset or unresolvable."""
@@ -277,6 +280,8 @@ class Backend(ABC, Generic[ConfigT]):
         load_recommendations: presets shown beside the constraints.
         context_field: the load override that sets the context length (the runner API's
             ``maxContextLength``, Ollama's ``num_ctx``); None where there is none.
+        even_gpu_split: a replica split over several GPUs takes the same share of each
+            (tensor parallelism), not shares in proportion to each GPU's free memory.
     """
 
     config: type[ConfigT]
@@ -284,6 +289,7 @@ class Backend(ABC, Generic[ConfigT]):
     load_constraints: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     load_recommendations: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     context_field: str | None = None
+    even_gpu_split: bool = False
 
     @property
     def name(self) -> str:
@@ -306,6 +312,11 @@ class Backend(ABC, Generic[ConfigT]):
         """The memory-relevant settings of a load of ``definition`` (context by default)."""
         context = getattr(definition, self.context_field, None) if self.context_field else None
         return MemoryProfile(context=context if isinstance(context, int) else None)
+
+    def gpus_per_replica(self, definition: ConfigT) -> int | None:
+        """How many GPUs one replica must span, where the definition fixes it (a
+        tensor-parallel size); None lets the pool use one GPU, or split when none has room."""
+        return None
 
     def declared_vram_mib(self, definition: ConfigT) -> int | None:
         """VRAM per replica that the definition itself declares, for a backend whose

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from pool.backends import vllm
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
 from pool.errors import BackendError
@@ -52,10 +53,22 @@ def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
     return config
 
 
+def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> int:
+    """The configured size, or the GPU count of a replica the pool split over GPUs."""
+    if placement is not None and len(placement.gpus) > 1:
+        return max(d.vllm_tensor_parallel_size, len(placement.gpus))
+    return d.vllm_tensor_parallel_size
+
+
 def command_line(
-    d: VllmServeModel, binary: str, model: str, port: int, served_name: str
+    d: VllmServeModel,
+    binary: str,
+    model: str,
+    port: int,
+    served_name: str,
+    placement: GpuPlacement | None = None,
 ) -> list[str]:
-    """The ``vllm serve`` arguments for ``d``."""
+    """The ``vllm serve`` arguments for ``d`` (on the GPUs of ``placement``)."""
     if Path(binary).name.startswith("python"):
         args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
@@ -72,7 +85,7 @@ def command_line(
         "--gpu-memory-utilization",
         str(d.vllm_gpu_memory_utilization),
         "--tensor-parallel-size",
-        str(d.vllm_tensor_parallel_size),
+        str(tensor_parallel_size(d, placement)),
     ]
 
     def add(flag: str, value: object) -> None:
@@ -101,6 +114,8 @@ def command_line(
 
 class VllmServeBackend(Backend[VllmServeModel]):
     config = VllmServeModel
+    # Tensor parallelism shards every layer evenly: a split takes equal shares.
+    even_gpu_split = True
     # The engine's overrides, whether vLLM runs in-process or as `vllm serve`.
     load_overrides = vllm.VllmLoadOverrides
     load_constraints = vllm.LOAD_CONSTRAINTS
@@ -115,6 +130,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
             sampling=SERVER_SAMPLING,
         )
 
+    def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
+        size = definition.vllm_tensor_parallel_size
+        return size if size > 1 else None
+
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         # vLLM batches: the configured target, but never past the engine's own seq limit.
         limit = definition.vllm_max_num_seqs
@@ -128,8 +147,12 @@ class VllmServeBackend(Backend[VllmServeModel]):
         port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
-            command_line(definition, binary, model, port, context.model_name),
-            child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path),
+            command_line(definition, binary, model, port, context.model_name, context.placement),
+            child_environment(
+                definition.vllm_serve_env,
+                definition.vllm_serve_library_path,
+                context.placement,
+            ),
             host=definition.vllm_serve_host,
             port=port,
             served_model=context.model_name,
