@@ -145,6 +145,8 @@ class ModelActor:
         self._meter = meter
         self._footprints = footprints
         self.placement: tuple[GpuPlacement, ...] = ()
+        # How far the load under way has come (0..1), per replica, where reported.
+        self._progress: dict[int, float] = {}
         self.observed_per_gpu: dict[int, int] | None = None
         self.resident_since = 0.0
         self.loaded_at: float | None = None
@@ -341,6 +343,7 @@ class ModelActor:
         self.selected_replicas = command.replicas
         self.placement = command.gpus
         self.observed_per_gpu = None
+        self._progress = {}
         self._set_state("loading")
         started_at = time.perf_counter()
         mark = await self._meter.start() if self._meter is not None else None
@@ -356,6 +359,7 @@ class ModelActor:
                         replica_index=index,
                         settings_dir=self.settings.base_dir,
                         placement=(command.gpus[index] if index < len(command.gpus) else None),
+                        report_progress=self._progress_reporter(index),
                     ),
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,
@@ -414,6 +418,24 @@ class ModelActor:
             (time.perf_counter() - started_at) * 1000.0,
         )
         return self.snapshot()
+
+    def _progress_reporter(self, index: int) -> Callable[[float], None]:
+        def report(fraction: float) -> None:
+            if self.state == "loading":
+                self._progress[index] = min(1.0, max(0.0, fraction))
+                if self._on_change is not None:
+                    self._on_change()  # wakes the requests that show it to their clients
+
+        return report
+
+    @property
+    def load_progress(self) -> float | None:
+        """How far the load under way has come (0..1): the mean over its replicas, the
+        ones not started yet at 0; None while loading when no replica reports, or when
+        not loading."""
+        if self.state != "loading" or not self._progress:
+            return None
+        return sum(self._progress.values()) / max(1, self.selected_replicas)
 
     async def _do_unload(self) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):

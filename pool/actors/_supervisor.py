@@ -15,14 +15,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import trio
 
 from pool.actors._admission import Admission, new_request_id
-from pool.actors._events import Embedded, Event, Finished
+from pool.actors._events import (
+    Embedded,
+    Event,
+    Finished,
+    Loading,
+    Queued,
+    Waiting,
+    WaitReason,
+)
 from pool.actors._footprints import FootprintStore, default_path
 from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
@@ -39,7 +48,7 @@ from pool.actors._snapshots import (
 )
 from pool.actors._stats import percentile
 from pool.actors._tasks import LoadTask, LoadTasks
-from pool.actors._ticket import JobFinished
+from pool.actors._ticket import JobFinished, Ticket
 from pool.actors._vram import (
     LoadMeter,
     charges,
@@ -75,6 +84,9 @@ RECHECK_S = 5.0
 # how often to look (CUDA hands memory back some time after the process lets go).
 RECLAIM_WAIT_S = 10.0
 RECLAIM_POLL_S = 0.25
+# A request that reports its wait looks at its place in the queue at least this often
+# (it moves as others are dispatched, which wakes nobody).
+WAIT_TICK_S = 1.0
 
 
 class _OnDemandLoads:
@@ -141,6 +153,8 @@ class Pool:
         self._reserved: dict[ModelActor, tuple[GpuPlacement, ...]] = {}
         self._room_lock = trio.Lock()
         self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
+        # On-demand loads that found no room and wait for it (their requests wait for VRAM).
+        self._waiting_for_room: set[ModelActor] = set()
         self.evictions = 0
         # On-demand loads under way, with the overrides their first request hinted at.
         self._on_demand: dict[ModelActor, dict[str, Any]] = {}
@@ -200,8 +214,15 @@ class Pool:
         priority: str = "normal",
         request_id: str | None = None,
         load_hint: dict[str, Any] | None = None,
+        report_waits: bool = False,
     ) -> AsyncIterator[Admission]:
         """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
+
+        With ``report_waits``, a request that must wait for VRAM or a load (an
+        on-demand model that is not loaded, or one making way for another) is yielded
+        at once instead: its :meth:`Admission.waits` reports the wait (``Queued``,
+        ``Loading``) and its events follow; a timeout then arrives as a ``Failed``
+        event. A request to a loaded model waits here as without it.
 
         Leaving the block (normally, by error or by cancellation) removes the request
         from the queue or stops its generation, so nothing runs for a departed caller.
@@ -238,8 +259,8 @@ class Pool:
                 self.rate_limiter.admit(tenant)
                 job = await inline_images(job, self.media)
             deadline = trio.current_time() + actor.queue_timeout_s
-            await self._wait_at_door(actor, deadline)
-            ticket = actor.admit(
+            enqueue = partial(
+                actor.admit,
                 job,
                 tenant=tenant,
                 priority=priority,
@@ -247,33 +268,38 @@ class Pool:
                 keep_alive=request.keep_alive,
                 load_hint=load_hint,
             )
+            ticket: Ticket | None = None
+            steps: AsyncGenerator[Waiting | Ticket, None] | None = None
+            door_closed = self._door_closed(actor)
+            if report_waits and (
+                door_closed or (actor.definition.on_demand and actor.state != "loaded")
+            ):
+                # It waits for VRAM or a load: the caller gets the admission now and
+                # reads the wait from it. Queued here unless a door holds it, so a full
+                # queue is still refused before anything is sent.
+                if not door_closed:
+                    ticket = enqueue()
+                steps = self._wait_steps(actor, ticket, enqueue, deadline)
+            else:
+                await self._wait_at_door(actor, deadline)
+                ticket = enqueue()
+            admission = Admission(
+                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+            )
             try:
-                if not ticket.ready.is_set():
-                    with trio.move_on_at(deadline):
-                        await ticket.ready.wait()
-                    if not ticket.ready.is_set():
-                        actor.scheduler.remove(ticket)
-                        raise PoolError(
-                            "queue_timeout",
-                            f"waited {actor.queue_timeout_s:g}s in the queue of"
-                            f" model {request.model!r}",
-                        )
-                if ticket.error is None:
-                    await ticket.started.wait()
-                if ticket.error is not None:
-                    raise ticket.error
-                admission = Admission(
-                    ticket, request_id, request.model, admitted_at, self._record_finished
-                )
+                if ticket is not None and steps is None:
+                    await self._wait_ready(actor, ticket, deadline)
                 yield admission
                 if admission.finished is not None or admission.embedding is not None:
                     status = "success"
                 elif admission.failed is not None:
                     status = admission.failed.code
             finally:
-                if not ticket.ready.is_set():
-                    actor.scheduler.remove(ticket)
-                ticket.abandon()
+                queued = admission.queued_ticket
+                if queued is not None:
+                    if not queued.ready.is_set():
+                        actor.scheduler.remove(queued)
+                    queued.abandon()
         except PoolError as exc:
             status = exc.code
             raise
@@ -592,6 +618,7 @@ class Pool:
                         return None
                     gpus = self._fit(actor, definition, per_replica, replicas)
                     if gpus is not None and (not limit or self._loaded_count(actor) < limit):
+                        self._waiting_for_room.discard(actor)
                         self._reserved[actor] = gpus
                         self._release_yields(actor)
                         return gpus
@@ -607,6 +634,9 @@ class Pool:
                     if victim is None:
                         break
                     await self._evict(victim, actor)
+            if wait and actor not in self._waiting_for_room:
+                self._waiting_for_room.add(actor)
+                self._notify_change()  # its requests now know they wait for VRAM
             if not wait:
                 raise PoolError(
                     "load_failed",
@@ -669,6 +699,7 @@ class Pool:
 
     def _release(self, actor: ModelActor) -> None:
         self._reserved.pop(actor, None)
+        self._waiting_for_room.discard(actor)
         self._release_yields(actor)
 
     async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
@@ -713,6 +744,111 @@ class Pool:
             RECLAIM_WAIT_S,
         )
 
+    # -- what a waiting request waits for (docs/vram.md, "The client sees the wait") ----
+    def _door_closed(self, actor: ModelActor) -> bool:
+        """Whether new requests for ``actor`` wait at its door (it makes way for another
+        model, or an on-demand model is unloading)."""
+        unloading = actor.definition.on_demand and actor.state == "unloading"
+        return actor in self._yielding or unloading
+
+    def _wait_reason(self, actor: ModelActor) -> WaitReason | None:
+        """What a queued request of ``actor`` waits for now; None while its on-demand
+        load has not been through the VRAM gate yet (room or not is not known)."""
+        if actor.state == "loaded":
+            return "replica"
+        if actor.state == "loading" or actor in self._reserved:
+            return "load"
+        if self._door_closed(actor) or actor in self._waiting_for_room:
+            return "vram"
+        if actor in self._on_demand:
+            return None
+        return "load"
+
+    def _queue_timeout(self, actor: ModelActor, reason: WaitReason | None) -> PoolError:
+        reason = reason or "load"
+        waited = f"waited {actor.queue_timeout_s:g}s"
+        message = {
+            "replica": f"{waited} in the queue of model {actor.name!r}",
+            "load": f"{waited} for model {actor.name!r} to load",
+            "vram": f"{waited} for room on the GPUs for model {actor.name!r}",
+        }[reason]
+        return PoolError("queue_timeout", message, details={"waiting_for": reason})
+
+    async def _wait_ready(self, actor: ModelActor, ticket: Ticket, deadline: float) -> None:
+        """Wait until ``ticket`` runs (or is refused); ``queue_timeout`` at ``deadline``."""
+        if not ticket.ready.is_set():
+            with trio.move_on_at(deadline):
+                await ticket.ready.wait()
+            if not ticket.ready.is_set():
+                reason = self._wait_reason(actor)
+                actor.scheduler.remove(ticket)
+                raise self._queue_timeout(actor, reason)
+        if ticket.error is None:
+            await ticket.started.wait()
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def _wait_steps(
+        self,
+        actor: ModelActor,
+        ticket: Ticket | None,
+        enqueue: Callable[[], Ticket],
+        deadline: float,
+    ) -> AsyncGenerator[Waiting | Ticket, None]:
+        """The wait of a request that reports it: :class:`Queued` whenever its place or
+        what it waits for changes, :class:`Loading` while its model loads (again as the
+        progress moves), and the ticket once it is queued (``ticket`` None: a door holds
+        it first). Ends when the request runs; raises its error otherwise."""
+        queued: Queued | None = None
+        loading: Loading | None = None
+        if ticket is None:
+            while self._door_closed(actor):
+                now = Queued(actor.scheduler.queue_depth + 1, "vram")
+                if now != queued:
+                    queued = now
+                    yield now
+                await self._wait_change(None, min(deadline, trio.current_time() + WAIT_TICK_S))
+                if trio.current_time() >= deadline and self._door_closed(actor):
+                    raise self._queue_timeout(actor, "vram")
+            ticket = enqueue()
+            yield ticket
+        while not ticket.ready.is_set():
+            reason = self._wait_reason(actor)
+            status = None if reason is None else Queued(actor.scheduler.position(ticket), reason)
+            if status is not None and status != queued:
+                queued = status
+                yield status
+            if actor.state == "loading":
+                progress = Loading(actor.load_progress)
+                if progress != loading:
+                    loading = progress
+                    yield progress
+            await self._wait_change(ticket.ready, min(deadline, trio.current_time() + WAIT_TICK_S))
+            if not ticket.ready.is_set() and trio.current_time() >= deadline:
+                reason = self._wait_reason(actor)
+                actor.scheduler.remove(ticket)
+                raise self._queue_timeout(actor, reason)
+        if ticket.error is None:
+            await ticket.started.wait()
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def _wait_change(self, ready: trio.Event | None, until: float) -> None:
+        """Until ``ready`` is set, any model changes, or ``until``."""
+        changed = self._changed
+        with trio.move_on_at(until):
+            if ready is None:
+                await changed.wait()
+                return
+            async with trio.open_nursery() as nursery:
+
+                async def wake(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(wake, ready)
+                nursery.start_soon(wake, changed)
+
     async def _wait_at_door(self, actor: ModelActor, deadline: float) -> None:
         """Hold a request for a model that makes way for another (or an on-demand model
         that is unloading) until that is over; it then queues (and reloads the model)."""
@@ -731,6 +867,7 @@ class Pool:
                     "queue_timeout",
                     f"waited {actor.queue_timeout_s:g}s for model {actor.name!r} to make way"
                     " for another model and load again",
+                    details={"waiting_for": "vram"},
                 )
 
     async def _startup_load(self, actor: ModelActor) -> None:

@@ -11,7 +11,7 @@ shape, generic over the config class, so a backend's methods get its own setting
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -240,6 +240,9 @@ class LoadContext:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # The GPUs the pool's VRAM gate placed this replica on; None without GPUs to gate.
     placement: GpuPlacement | None = None
+    # A backend that knows how far its load has come reports it here (0..1); waiting
+    # clients see it as ``response.loading``'s progress.
+    report_progress: Callable[[float], None] | None = None
 
     def model_path(self, value: str | None, hint: str = "") -> Path:
         """The configured ``model_path`` as a path; BackendError if unset or unresolvable."""
