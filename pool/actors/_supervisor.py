@@ -50,6 +50,7 @@ from pool.actors._stats import percentile
 from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._ticket import JobFinished, Ticket
 from pool.actors._vram import (
+    CudaContexts,
     LoadMeter,
     charges,
     eviction_candidates,
@@ -129,6 +130,7 @@ class Pool:
         measurable = isinstance(gpus, VirtualGpus) or bool(self.gpus.view().gpus)
         self.footprints = FootprintStore(default_path() if measurable else None)
         self.meter = LoadMeter(self.gpus)
+        self.contexts = CudaContexts(self.footprints, lambda actor: self._charges(actor)[0])
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
         self.models: dict[str, ModelActor] = {
             name: ModelActor(
@@ -140,6 +142,7 @@ class Pool:
                 loader=_OnDemandLoads(self),
                 meter=self.meter,
                 footprints=self.footprints,
+                contexts=self.contexts,
             )
             for name, definition in settings.engine.models.items()
         }
@@ -535,7 +538,11 @@ class Pool:
         per_replica: int,
         replicas: int,
     ) -> tuple[GpuPlacement, ...] | None:
-        """``place`` with the backend's way of splitting a replica over GPUs."""
+        """``place`` with the backend's way of splitting a replica over GPUs. An
+        in-process runtime also pays the pool process's CUDA context on each GPU that has
+        none yet (CudaContexts)."""
+        if actor.backend.holds_cuda_context(definition):
+            room = {gpu: mib - self.contexts.cost_mib(gpu) for gpu, mib in room.items()}
         return place(
             room,
             per_replica,
@@ -553,6 +560,9 @@ class Pool:
         if not view.gpus:
             return ()
         loaded, pending = self._charges(exclude=actor)
+        # What in-process runtimes left in the pool process is held, not free.
+        for gpu, mib in self.contexts.held().items():
+            loaded[gpu] = loaded.get(gpu, 0) + mib
         engine = self.settings.engine
         room = gpu_room(
             view,
@@ -573,6 +583,8 @@ class Pool:
         room = gpu_ceilings(
             view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
         )
+        for gpu, mib in self.contexts.held().items():
+            room[gpu] = room.get(gpu, 0) - mib  # the pool process keeps its contexts
         for other in self.models.values():
             # Only pinned models stay for good; a more important one may still leave by
             # keep_alive or an admin unload, so a load behind it waits.
@@ -722,6 +734,9 @@ class Pool:
         )
         if victim.observed_per_gpu is not None:
             expected = dict(victim.observed_per_gpu)
+            # An in-process victim's CUDA context stays with the pool process.
+            for gpu in victim.unsplit_context:
+                expected[gpu] = max(0, expected[gpu] - self.contexts.expected_mib(gpu))
         before = {g.index: _held(g) for g in view.gpus}
         self.evictions += 1
         try:

@@ -15,10 +15,11 @@ GPU's total is its budget (no reserve: there is no driver to keep a margin for).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pool.actors._footprints import FootprintStore
 from pool.actors._gpu import GpuSource
 from pool.actors._snapshots import GpuReading, GpuView
 from pool.backends import GpuPlacement
@@ -246,6 +247,11 @@ class LoadMeter:
         self._epoch += 1
         return MeterMark(self._epoch, self._loads == 1, {g.index: _held(g) for g in view.gpus})
 
+    @property
+    def quiet(self) -> bool:
+        """No load is being measured now (a reading then shows no load's growth)."""
+        return self._loads == 0
+
     async def finish(self, mark: MeterMark | None) -> dict[int, int] | None:
         """MiB the load took per GPU, or None when it could not be measured cleanly."""
         if mark is None:
@@ -265,3 +271,82 @@ class LoadMeter:
         if mark is not None:
             self._loads -= 1
             self._epoch += 1
+
+
+# -- the CUDA context of in-process runtimes ----------------------------------------------
+
+# What a CUDA context with its libraries' handles and the allocator's first pools takes
+# before one was measured on a GPU (ExLlamaV3 left 782 MiB behind on an H100).
+DEFAULT_CONTEXT_MIB = 500
+
+
+class CudaContexts:
+    """What in-process runtimes leave in the pool process on each GPU.
+
+    The first in-process load on a GPU pays for the process's CUDA context (and the
+    allocator's cache); later ones do not, and unloading a model leaves both behind,
+    held by the pool process: not free memory. So a measured in-process load is split
+    into the context and the model's own part, and only the model's part is its
+    footprint. The context's size is learned when an in-process model unloads (what the
+    pool process still holds beyond its other loaded models) and kept in the footprint
+    store; until then the first model's footprint includes it and is corrected then.
+
+    ``others(actor)``: MiB per GPU charged to the loaded models other than ``actor``.
+    """
+
+    def __init__(self, store: FootprintStore, others: Callable[[Any], Mapping[int, int]]) -> None:
+        self._store = store
+        self._others = others
+        self.opened: set[int] = set()
+
+    def expected_mib(self, gpu: int) -> int:
+        known = self._store.context_mib(gpu)
+        return DEFAULT_CONTEXT_MIB if known is None else known
+
+    def cost_mib(self, gpu: int) -> int:
+        """What an in-process load on ``gpu`` pays for the context beside the model."""
+        return 0 if gpu in self.opened else self.expected_mib(gpu)
+
+    def held(self) -> dict[int, int]:
+        """MiB the pool process holds for contexts, per GPU, where known."""
+        held = {}
+        for gpu in self.opened:
+            known = self._store.context_mib(gpu)
+            if known:
+                held[gpu] = known
+        return held
+
+    def split(
+        self, per_gpu: Mapping[int, int], gpus: Iterable[int]
+    ) -> tuple[dict[int, int], set[int]]:
+        """A measured in-process load on ``gpus``: the model's own MiB per GPU, and the
+        GPUs whose context it paid at a size not known yet (its part includes it)."""
+        own: dict[int, int] = {}
+        unsplit: set[int] = set()
+        placed = set(gpus)
+        for gpu, mib in per_gpu.items():
+            known = self._store.context_mib(gpu)
+            if gpu not in placed or gpu in self.opened:
+                own[gpu] = mib
+            elif known is None:
+                own[gpu] = mib
+                unsplit.add(gpu)
+            else:
+                own[gpu] = max(0, mib - known)
+        self.opened |= placed
+        return own, unsplit
+
+    def learn(self, actor: Any, view: GpuView, gpus: Iterable[int]) -> dict[int, int]:
+        """After ``actor`` (in-process) unloaded, with no load under way: what the pool
+        process still holds on each of ``gpus`` beyond the other loaded models is its
+        context. Recorded in the store; returned per GPU."""
+        others = self._others(actor)
+        learned = {}
+        readings = {g.index: g for g in view.gpus}
+        for gpu in gpus:
+            reading = readings.get(gpu)
+            if reading is None or reading.pool_used_mib is None:
+                continue  # only a per-process reading tells the pool's part apart
+            learned[gpu] = max(0, reading.pool_used_mib - others.get(gpu, 0))
+            self._store.record_context(gpu, learned[gpu])
+        return learned

@@ -321,6 +321,12 @@ class Backend(ABC, Generic[ConfigT]):
         tensor-parallel size); None lets the pool use one GPU, or split when none has room."""
         return None
 
+    def holds_cuda_context(self, definition: ConfigT) -> bool:
+        """Whether a load runs CUDA inside the pool process (an in-process runtime on the
+        GPU): its process then keeps a CUDA context and allocator cache on the GPU after
+        the model unloads. Managed servers free everything when their process exits."""
+        return False
+
     def declared_vram_mib(self, definition: ConfigT) -> int | None:
         """VRAM per replica that the definition itself declares, for a backend whose
         runtime has no artifact to read (the stub); None for the others."""

@@ -179,6 +179,9 @@ class Ct2Backend(Backend[Ct2Model]):
             thinking_modes=thinking_modes(definition.prompt_format),
         )
 
+    def holds_cuda_context(self, definition: Ct2Model) -> bool:
+        return definition.device == "cuda"
+
     def gpus_per_replica(self, definition: Ct2Model) -> int | None:
         # A list of device indices replicates the model, it does not split it.
         return 1

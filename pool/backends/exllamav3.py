@@ -847,6 +847,9 @@ class ExLlamaV3Backend(Backend[ExLlamaV3Model]):
             update["exllama_cache_quant"] = None if k is None else f"{k},{v}"
         return super().apply_load_override(definition, update)
 
+    def holds_cuda_context(self, definition: ExLlamaV3Model) -> bool:
+        return definition.device != "cpu"  # torch's context and caching allocator stay
+
     def capabilities(self, definition: ExLlamaV3Model) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
         return Capabilities(

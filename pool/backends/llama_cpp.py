@@ -419,6 +419,10 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             batch=definition.gguf_n_batch,
         )
 
+    def holds_cuda_context(self, definition: LlamaCppModel) -> bool:
+        # Offloading any layer initialises the GPU backend in the pool process.
+        return definition.gguf_n_gpu_layers != 0
+
     def capabilities(self, definition: LlamaCppModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
         # In-process GGUF has no vision path, whatever the config says.
