@@ -116,7 +116,7 @@ class Admission:
     def queue_wait_ms(self) -> float:
         return 0.0 if self._ticket is None else self._ticket.queue_wait_ms
 
-    async def waits(self) -> AsyncIterator[Waiting]:
+    async def waits(self) -> AsyncGenerator[Waiting, None]:
         """The wait before the request runs, as it changes; nothing for a request that
         was admitted without waiting for VRAM or a load."""
         steps, self._steps = self._steps, None

@@ -74,8 +74,9 @@ async def admitted_stream(
             if opening is not None and (head := opening(admission)):
                 yield head
             if render_wait is not None and admission.waiting:
-                async for waiting in admission.waits():
-                    yield render_wait(admission, waiting)
+                async with contextlib.aclosing(admission.waits()) as waits:
+                    async for waiting in waits:
+                        yield render_wait(admission, waiting)
             async for event in events:
                 if isinstance(event, Failed):
                     yield render_error(admission, event.error)
