@@ -309,3 +309,23 @@ async def test_a_stream_that_times_out_waiting_names_the_load(nursery: trio.Nurs
         # Without streaming the same wait is a plain 504 that says the same.
         plain = await client.post("/v1/responses", json={"model": "never", "input": "x"})
         assert plain.status_code == 504 and plain.json()["error"]["waiting_for"] == "load"
+
+
+async def test_leaving_a_stream_while_it_waits_leaves_the_queue(nursery: trio.Nursery) -> None:
+    models = {**WAITING_MODELS, "never": {**WAITING_MODELS["never"], "queue_timeout_s": 60}}
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        body = {"model": "never", "input": "x", "stream": True}
+        async with client.stream("POST", "/v1/responses", json=body) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("event: response.loading"):
+                    assert await _queued(client, "never") == 1
+                    break
+        with trio.fail_after(5):
+            while await _queued(client, "never"):
+                await trio.sleep(0.02)
+
+
+async def _queued(client: httpx.AsyncClient, model: str) -> int:
+    row = (await client.get(f"/v1/admin/models/{model}")).json()
+    return int(row["queue_depth"])
