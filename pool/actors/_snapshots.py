@@ -71,6 +71,11 @@ class ModelSnapshot:
     placement: tuple[GpuPlacement, ...] = ()
 
     @property
+    def gpus(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of each replica, while placed; empty otherwise."""
+        return tuple(p.gpus for p in self.placement)
+
+    @property
     def inflight_requests(self) -> int:
         """Queued plus running requests."""
         return self.queue_depth + self.running

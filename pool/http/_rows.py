@@ -45,7 +45,7 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         "vram_estimate_source": snapshot.vram.source,
         "observed_load_delta": snapshot.observed_load_delta_mib,
         # Per replica: its GPUs, and the MiB planned on each (a split names several).
-        "gpus": [list(p.gpus) for p in snapshot.placement],
+        "gpus": [list(gpus) for gpus in snapshot.gpus],
         "gpu_split_mib": [list(p.mib) for p in snapshot.placement],
     }
     if full:
