@@ -17,8 +17,16 @@ from typing import Any
 import trio
 
 from pool.backends._chat_client import chat_messages, stream_chat
+from pool.backends._embedding import embed_upstream
 from pool.backends._process import ManagedProcess
-from pool.backends._protocol import Decoding, GenerationRequest, GenerationStats, TokenSink
+from pool.backends._protocol import (
+    Decoding,
+    EmbeddingJob,
+    EmbeddingResult,
+    GenerationRequest,
+    GenerationStats,
+    TokenSink,
+)
 from pool.backends._upstream import UpstreamError, open_transport
 from pool.errors import BackendError
 
@@ -58,8 +66,14 @@ class ManagedServerRuntime:
         extra_body: dict[str, Any] | None = None,
         repetition_field: str = "repeat_penalty",
         enable_thinking: bool | None = None,
+        embedding_batch: int | None = None,
+        embedding_truncate: dict[str, Any] | None = None,
     ) -> None:
         self.process = process
+        # Set for an embedding model: the most texts per /v1/embeddings request, and
+        # what tells the server it may cut texts longer than its context.
+        self._embedding_batch = embedding_batch
+        self._embedding_truncate = embedding_truncate
         # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
         # ignores the other silently.
         self._repetition_field = repetition_field
@@ -109,6 +123,29 @@ class ManagedServerRuntime:
                 sink,
                 headers=self._headers,
                 what=self.process.label,
+            )
+        except BackendError as exc:
+            if not self.process.alive:
+                raise BackendError(
+                    f"{self.process.label} exited (status {self.process.returncode});"
+                    f" last output: {self.process.tail()[-500:]}"
+                ) from exc
+            raise
+
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        """The job's texts through the server's ``/v1/embeddings``, in batches."""
+        if self._closed or not self.process.alive:
+            raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        try:
+            return await embed_upstream(
+                self._upstream,
+                "/v1/embeddings",
+                job,
+                model=self._model,
+                batch_size=self._embedding_batch or 1,
+                headers=self._headers,
+                what=self.process.label,
+                truncate_fields=self._embedding_truncate,
             )
         except BackendError as exc:
             if not self.process.alive:
@@ -183,6 +220,11 @@ class ManagedServerRuntime:
             nursery.cancel_scope.cancel()
 
     async def _probe(self) -> None:
+        if self._embedding_batch is not None:
+            # An embedding server has no chat endpoint: one vector proves it ready.
+            await self.embed(EmbeddingJob("probe", self._model, ("Hi",)))
+            return
+
         class _Discard:
             async def send(self, text: str) -> None:
                 pass
@@ -224,8 +266,15 @@ async def launch(
     api_key: str | None = None,
     repetition_field: str = "repeat_penalty",
     enable_thinking: bool | None = None,
+    embedding_batch: int | None = None,
+    embedding_truncate: dict[str, Any] | None = None,
 ) -> ManagedServerRuntime:
-    """Start the server process and return its runtime once it is ready."""
+    """Start the server process and return its runtime once it is ready.
+
+    ``embedding_batch``: set for an embedding model (the most texts per request); its
+    readiness probe is then one embedding rather than one generated token.
+    ``embedding_truncate``: body fields that let the server cut over-long texts.
+    """
     process = ManagedProcess(label, command, env)
     process.spawn()
     runtime = ManagedServerRuntime(
@@ -236,6 +285,8 @@ async def launch(
         api_key=api_key,
         repetition_field=repetition_field,
         enable_thinking=enable_thinking,
+        embedding_batch=embedding_batch,
+        embedding_truncate=embedding_truncate,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

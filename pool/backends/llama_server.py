@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field, PositiveInt
 
+from pool.backends._embedding import PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -31,8 +32,12 @@ from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
 
-class LlamaServerModel(CommonModelFields):
-    """A managed native ``llama-server`` subprocess."""
+class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
+    """A managed native ``llama-server`` subprocess.
+
+    With ``embedding: true`` it starts with ``--embeddings`` (and ``--pooling``) and
+    serves embeddings only.
+    """
 
     backend: Literal["llama_server"] = "llama_server"
     llama_server_binary: str = "llama-server"
@@ -145,6 +150,14 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
+    if d.embedding:
+        args.append("--embeddings")
+        add("--pooling", d.pooling)
+        # A pooled text must fit in one micro-batch (512 tokens by default): as large as
+        # the context, so any text the context takes can be embedded.
+        if d.llama_server_n_ctx and not {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args):
+            add("-b", d.llama_server_n_ctx)
+            add("-ub", d.llama_server_n_ctx)
     own_split = {"-ts", "--tensor-split"} & set(d.llama_server_extra_args)
     # Virtual GPUs have no devices to split over: only the environment names them.
     split = placement is not None and len(placement.gpus) > 1 and not placement.virtual
@@ -176,6 +189,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             # Sent as chat_template_kwargs.enable_thinking (read by --jinja templates).
             thinking_modes=ALL_THINKING_MODES,
             sampling=SERVER_SAMPLING,
+            embeddings=definition.embedding,
+            # llama-server has no `dimensions`: a request setting it is a 400.
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:
@@ -212,6 +227,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
+            embedding_batch=definition.embedding_batch_size if definition.embedding else None,
         )
 
 

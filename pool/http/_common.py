@@ -72,11 +72,15 @@ def error_body(exc: PoolError) -> dict[str, Any]:
     return {"error": {"code": exc.code, "message": exc.message, **details}}
 
 
+def retry_after(exc: PoolError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) for an error that says when to retry."""
+    if exc.retry_after_s is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+
+
 def error_response(exc: PoolError) -> Response:
-    headers = {}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    return json_response(error_body(exc), exc.status, headers)
+    return json_response(error_body(exc), exc.status, retry_after(exc))
 
 
 def schema_error_response(exc: SchemaError) -> Response:

@@ -50,6 +50,7 @@ from pool.http._common import (
     json_response,
     read_body,
     require,
+    retry_after,
     tenant_and_priority,
 )
 from pool.http._rows import definition_body
@@ -217,27 +218,42 @@ def _tag(snapshot: ModelSnapshot, artifact: _Artifact) -> dict[str, Any]:
 
 
 def _running(snapshot: ModelSnapshot, artifact: _Artifact) -> dict[str, Any]:
-    """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its VRAM."""
+    """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its memory.
+
+    ``size`` is the loaded footprint (the measured or estimated VRAM of its replicas;
+    the artifact's size when there is no estimate), ``size_vram`` the part on GPUs: all
+    of it when the pool placed the replicas on GPUs, 0 for a model on CPU or remote.
+    """
     remaining = snapshot.expires_in_s
     expires = (
         (datetime.now(UTC) + timedelta(seconds=remaining)).isoformat().replace("+00:00", "Z")
         if remaining is not None
         else _FAR_FUTURE
     )
+    footprint = snapshot.vram.mib * 1024 * 1024 if snapshot.vram.mib is not None else artifact.size
+    on_gpus = bool(snapshot.gpus) and not snapshot.capabilities.remote
     return _tag(snapshot, artifact) | {
+        "size": footprint,
         "expires_at": expires,
-        "size_vram": (snapshot.vram.mib or 0) * 1024 * 1024,
+        "size_vram": footprint if on_gpus else 0,
     }
 
 
 def _show(snapshot: ModelSnapshot, artifact: _Artifact, parameters: str) -> dict[str, Any]:
     caps = snapshot.capabilities
-    # `tools` joins this list when the pool has tool calling.
-    capabilities = ["completion"] if caps.generation else ["embedding"]
-    if "image" in caps.modalities:
-        capabilities.append("vision")
-    if "enabled" in caps.thinking_modes:
-        capabilities.append("thinking")
+    if not caps.generation:
+        # An embedding model takes text and gives vectors: no tools, thinking or images
+        # (whatever its backend could do for a generation model).
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion"]
+        # Capabilities.tools comes with tool calling (#17 item 1); absent, no tools.
+        if getattr(caps, "tools", False):
+            capabilities.append("tools")
+        if "image" in caps.modalities:
+            capabilities.append("vision")
+        if "enabled" in caps.thinking_modes:
+            capabilities.append("thinking")
     definition = snapshot.active_definition
     return {
         "modelfile": "",
@@ -537,7 +553,8 @@ def _generate_piece(text: str) -> dict[str, Any]:
 
 
 async def _pool_error(exc: PoolError) -> Response:
-    return json_response({"error": exc.message}, exc.status)
+    # A full queue (503) or a rate limit (429) says when to come back, as on OpenAI routes.
+    return json_response({"error": exc.message}, exc.status, retry_after(exc))
 
 
 async def _schema_error(exc: SchemaError) -> Response:

@@ -39,6 +39,7 @@ from pool.http._common import (
     logit_bias,
     read_body,
     require,
+    retry_after,
     tenant_and_priority,
 )
 from pool.http._streaming import admitted_stream
@@ -211,10 +212,12 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @blueprint.errorhandler(PoolError)
     async def pool_error(exc: PoolError) -> Response:
-        headers = (
-            {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
+        # The field at fault, where the pool knows it (dimensions, logprobs, a sampling field).
+        param = exc.details.get("param")
+        body = openai_error(
+            exc.status, exc.code, exc.message, param if isinstance(param, str) else None
         )
-        return json_response(openai_error(exc.status, exc.code, exc.message), exc.status, headers)
+        return json_response(body, exc.status, retry_after(exc))
 
     @blueprint.errorhandler(SchemaError)
     async def schema_error(exc: SchemaError) -> Response:

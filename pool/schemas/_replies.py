@@ -1,0 +1,410 @@
+"""Success bodies of the routes that are not the Responses API, for the OpenAPI document.
+
+The routes build these bodies as dicts (byte-exact output is pinned by the golden
+tests); these models describe them field by field, and tests/http/test_openapi.py
+validates real answers of every route against the schemas generated from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Reply(BaseModel):
+    # A client may meet fields added later; the document lists those we send today.
+    model_config = ConfigDict(extra="allow")
+
+
+# -- OpenAI --------------------------------------------------------------------------------
+class CompletionUsage(_Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionMessage(_Reply):
+    role: Literal["assistant"]
+    content: str | None
+
+
+class ChatCompletionChoice(_Reply):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class ChatCompletion(_Reply):
+    """A non-streamed Chat Completion; streamed, ``chat.completion.chunk`` events follow
+    OpenAI's shape (``delta`` in place of ``message``), then ``data: [DONE]``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: CompletionUsage
+
+
+class TextCompletionChoice(_Reply):
+    text: str
+    index: int
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class TextCompletion(_Reply):
+    """A legacy completion: one choice per prompt (streamed: the same object per piece)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextCompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class EmbeddingItem(_Reply):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(
+        description="Floats, or base64 of little-endian float32 (`encoding_format: base64`)."
+    )
+
+
+class EmbeddingUsage(_Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Reply):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ModelCard(_Reply):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Reply):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(_Reply):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class OpenAIError(_Reply):
+    """The error body of ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``."""
+
+    error: OpenAIErrorDetail
+
+
+# -- Ollama --------------------------------------------------------------------------------
+class OllamaAssistantMessage(_Reply):
+    role: Literal["assistant"]
+    content: str
+
+
+class _OllamaDone(_Reply):
+    """The last line of a stream (or the one object of ``stream: false``) adds timings."""
+
+    model: str
+    created_at: str = Field(description="RFC 3339 time.")
+    done: bool
+    done_reason: Literal["stop", "length", "load", "unload"] | None = None
+    total_duration: int | None = Field(None, description="Nanoseconds, as Ollama reports.")
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class OllamaChatReply(_OllamaDone):
+    """One NDJSON line of ``/api/chat`` (or its one object with ``stream: false``)."""
+
+    message: OllamaAssistantMessage
+
+
+class OllamaGenerateReply(_OllamaDone):
+    """One NDJSON line of ``/api/generate`` (or its one object with ``stream: false``)."""
+
+    response: str
+
+
+class OllamaEmbedReply(_Reply):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbeddingsReply(_Reply):
+    embedding: list[float]
+
+
+class OllamaModelDetails(_Reply):
+    parent_model: str
+    format: str
+    family: str
+    families: list[str] | None
+    parameter_size: str
+    quantization_level: str
+
+
+class OllamaTag(_Reply):
+    name: str
+    model: str
+    modified_at: str = Field(description="The artifact's mtime (RFC 3339).")
+    size: int = Field(description="Bytes of the artifact.")
+    digest: str = Field(description="SHA-256 of the artifact, or of the definition.")
+    details: OllamaModelDetails
+    loaded: bool
+
+
+class OllamaRunningModel(OllamaTag):
+    size: int = Field(description="Bytes the loaded model takes (its VRAM footprint).")
+    expires_at: str = Field(description="When the keep-alive unloads it (RFC 3339).")
+    size_vram: int = Field(description="Bytes of `size` on GPUs: 0 on CPU or remote.")
+
+
+class OllamaTags(_Reply):
+    models: list[OllamaTag]
+
+
+class OllamaRunning(_Reply):
+    models: list[OllamaRunningModel]
+
+
+class OllamaShowReply(_Reply):
+    modelfile: str
+    parameters: str = Field(description="Decoding defaults, one `name value` a line.")
+    template: str = Field(description="The pool's prompt format of the model.")
+    details: OllamaModelDetails
+    model_info: dict[str, Any] = Field(description="The model's definition.")
+    capabilities: list[Literal["completion", "embedding", "tools", "thinking", "vision"]]
+    modified_at: str
+
+
+class OllamaVersion(_Reply):
+    version: str
+
+
+class PullState(_Reply):
+    """A pull's state: each NDJSON progress line, and ``/api/pull/status/{model}``.
+
+    Fields not known yet are left out."""
+
+    model: str
+    source: str
+    status: str = Field(description="queued, downloading, ..., then success, error, cancelled.")
+    completed: int | None = Field(None, description="Bytes done over all files.")
+    total: int | None = None
+    files_done: int | None = None
+    files_total: int | None = None
+    file: str | None = None
+    error: str | None = None
+    path: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class PullCancelled(_Reply):
+    model: str
+    cancelled: Literal[True]
+
+
+class Empty(_Reply):
+    """``{}``."""
+
+
+class OllamaError(_Reply):
+    """The error body of the Ollama routes: a message only, as Ollama sends."""
+
+    error: str
+
+
+# -- admin ---------------------------------------------------------------------------------
+class RowCapabilities(_Reply):
+    modalities: list[str]
+    multi_turn: bool
+    thinking_modes: list[Literal["default", "enabled", "disabled"]]
+
+
+class ModelRow(_Reply):
+    """One configured model with its live state (spec: runtime-admin-api)."""
+
+    name: str
+    resolved_backend: str
+    configured_enabled: bool
+    runtime_state: Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+    is_loaded: bool
+    replicas: int
+    replica_max: int
+    loaded_replicas: int
+    inflight_requests: int
+    queue_depth: int
+    runtime_inflight: int
+    configured_target_inflight: int
+    effective_target_inflight: int
+    last_error: str | None
+    vram_estimate_mib: int | None
+    vram_estimate_replica_count: int
+    vram_estimate_source: str
+    observed_load_delta: int | None
+    gpus: list[list[int]] = Field(
+        description="Per replica, the GPUs it runs on (one, or several for a split)."
+    )
+    gpu_split_mib: list[list[int]] = Field(
+        description="Per replica, the MiB planned on each of its GPUs, in the same order."
+    )
+    load_constraints: dict[str, dict[str, Any]]
+    load_recommendations: dict[str, dict[str, Any]]
+    load_override: dict[str, Any]
+    capabilities: RowCapabilities
+    definition: dict[str, Any]
+
+
+class ModelRows(_Reply):
+    models: list[ModelRow]
+
+
+class GpuRow(_Reply):
+    index: int
+    name: str
+    used_mib: int
+    total_mib: int
+    used_over_total: str
+
+
+class GpuModelRow(_Reply):
+    name: str
+    runtime_state: str
+    is_loaded: bool
+    configured_target_inflight: int
+    effective_target_inflight: int
+    vram_estimate_mib: int | None
+    vram_estimate_replica_count: int
+    vram_estimate_source: str
+    observed_load_delta: int | None
+    gpus: list[list[int]] = Field(
+        description="Per replica, the GPUs it runs on (one, or several for a split)."
+    )
+    gpu_split_mib: list[list[int]] = Field(
+        description="Per replica, the MiB planned on each of its GPUs, in the same order."
+    )
+
+
+class GpuMemory(_Reply):
+    gpus: list[GpuRow]
+    models: list[GpuModelRow]
+    error: str | None = Field(description="Why there are no readings (none when there are).")
+    read_at: float
+
+
+# -- runner API ----------------------------------------------------------------------------
+class LoadedModel(_Reply):
+    id: str
+    backend: str
+    contextLength: int | None
+    loadedAt: int
+    gpuMemoryMB: int | None
+    replicas: int
+
+
+class LoadingModel(_Reply):
+    id: str
+    progress: float | None
+    eta: float | None
+
+
+class RunnerModels(_Reply):
+    loaded: list[LoadedModel]
+    loading: list[LoadingModel]
+    available: list[str]
+
+
+class RunnerResources(_Reply):
+    gpuIds: list[int]
+    gpuMemoryTotalMB: int
+    gpuMemoryUsedMB: int
+    gpuMemoryFreeMB: int
+    error: str | None
+
+
+class RunnerQueue(_Reply):
+    depth: int
+    maxDepth: int
+    avgWaitMs: float
+    p95WaitMs: float
+
+
+class RunnerFlags(_Reply):
+    streaming: bool
+    prefixCaching: bool
+    multiTenant: bool
+    visionInput: bool
+    audioInput: bool
+    functionCalling: bool
+    embeddings: bool = Field(description="Some configured model serves embeddings.")
+
+
+class RunnerDescriptor(_Reply):
+    """``GET /v1/capabilities`` (503 with the same body while unhealthy)."""
+
+    runnerType: str
+    runnerId: str
+    models: RunnerModels
+    resources: RunnerResources
+    queue: RunnerQueue
+    capabilities: RunnerFlags
+    health: Literal["healthy", "unhealthy"]
+    healthReason: str | None
+
+
+class LoadTaskState(_Reply):
+    taskId: str
+    status: Literal["loading", "completed", "failed"]
+    modelId: str
+    createdAt: int
+    progress: float
+    evictModel: str | None = None
+    loadTimeMs: int | None = None
+    gpuMemoryUsedMB: int | None = None
+    error: str | None = None
+    errorCode: str | None = None
+    eta: float | None = Field(None, description="Only in the 202 that starts the task.")
+
+
+class RunnerUnloaded(_Reply):
+    modelId: str
+    gpuMemoryFreedMB: int | None
+    gpuMemoryFreedSource: str
+    kvCacheFlushed: bool
+
+
+class CacheFlushed(_Reply):
+    flushed: bool
+    entriesRemoved: int
+    memoryFreedMB: int
+
+
+class Health(_Reply):
+    status: Literal["healthy", "unhealthy"]
+    uptime: int = Field(description="Seconds since the pool started.")
+    modelsLoaded: int
+    queueDepth: int
+    reason: str | None = None
