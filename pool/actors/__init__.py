@@ -6,7 +6,19 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
-from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
+from pool.actors._events import (
+    Delta,
+    Embedded,
+    Event,
+    Failed,
+    Finished,
+    Loading,
+    Queued,
+    Timings,
+    Usage,
+    Waiting,
+    WaitReason,
+)
 from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import trio_task_count
@@ -42,17 +54,21 @@ __all__ = [
     "GpuView",
     "InferenceRequest",
     "LoadTask",
+    "Loading",
     "ModelActor",
     "ModelSnapshot",
     "NoGpus",
     "Pool",
     "PoolHealth",
     "QueueStats",
+    "Queued",
     "RuntimeState",
     "Timings",
     "Usage",
     "VirtualGpus",
     "VramEstimate",
+    "WaitReason",
+    "Waiting",
     "new_request_id",
     "open_pool",
     "parse_keep_alive",

@@ -8,9 +8,18 @@ here), then one :class:`Finished` with usage and timings, or a :class:`Failed`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
+from pool.actors._events import (
+    Delta,
+    Embedded,
+    Event,
+    Failed,
+    Finished,
+    Timings,
+    Usage,
+    Waiting,
+)
 from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
 from pool.errors import PoolError
 
@@ -61,17 +70,25 @@ class Admission:
 
     ``events()`` yields every :class:`Delta`, then exactly one :class:`Finished` or
     :class:`Failed`; ``collect()`` returns the :class:`Finished` or raises the error.
+
+    An admission that still waits for VRAM or a load (``admit(report_waits=True)``)
+    reports the wait first: :meth:`waits` yields :class:`Queued` and :class:`Loading`
+    until the request runs. ``events()`` waits silently where they were not read, and
+    a wait that ends in an error (a timeout) is its :class:`Failed` event.
     """
 
     def __init__(
         self,
-        ticket: Ticket,
+        ticket: Ticket | None,
         request_id: str,
         model: str,
         admitted_at: float,
         on_finished: Callable[[Admission, JobFinished, Finished], None] | None = None,
+        waits: AsyncGenerator[Waiting | Ticket, None] | None = None,
     ) -> None:
-        self.ticket = ticket
+        self._ticket = ticket
+        self._steps = waits
+        self._wait_error: PoolError | None = None
         self.id = request_id
         self.model = model
         self.admitted_at = admitted_at
@@ -82,10 +99,53 @@ class Admission:
         self._on_finished = on_finished
 
     @property
+    def ticket(self) -> Ticket:
+        """The queued request (after :meth:`waits`, where a door held it back)."""
+        assert self._ticket is not None, "the request is not queued yet: read waits() first"
+        return self._ticket
+
+    @property
+    def queued_ticket(self) -> Ticket | None:
+        return self._ticket
+
+    @property
+    def waiting(self) -> bool:
+        """Whether :meth:`waits` has a wait to report (it was not read yet)."""
+        return self._steps is not None
+
+    @property
     def queue_wait_ms(self) -> float:
-        return self.ticket.queue_wait_ms
+        return 0.0 if self._ticket is None else self._ticket.queue_wait_ms
+
+    async def waits(self) -> AsyncGenerator[Waiting, None]:
+        """The wait before the request runs, as it changes; nothing for a request that
+        was admitted without waiting for VRAM or a load."""
+        steps, self._steps = self._steps, None
+        if steps is None:
+            return
+        try:
+            async for step in steps:
+                if isinstance(step, Ticket):
+                    self._ticket = step
+                else:
+                    yield step
+        except PoolError as exc:
+            self._wait_error = exc
+        finally:
+            await steps.aclose()
+
+    async def _waited(self) -> PoolError | None:
+        """Wait out an unread wait; the error it ended with, if any."""
+        if self._steps is not None:
+            async for _ in self.waits():
+                pass
+        return self._wait_error
 
     async def events(self) -> AsyncIterator[Event]:
+        if (error := await self._waited()) is not None:
+            self.failed = error
+            yield Failed(error)
+            return
         pieces: list[str] = []
         async for item in self.ticket.receive_channel:
             if type(item) is Delta:
@@ -111,6 +171,9 @@ class Admission:
 
     async def embedded(self) -> Embedded:
         """The result of an embedding request, or its error raised."""
+        if (error := await self._waited()) is not None:
+            self.failed = error
+            raise error
         async for item in self.ticket.receive_channel:
             if isinstance(item, JobEmbedded):
                 assert self.ticket.dispatched_at is not None

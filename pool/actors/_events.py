@@ -7,6 +7,7 @@ every API surface renders them in its own wire format (``pool/http``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pool.backends import FinishReason
 from pool.errors import PoolError
@@ -77,3 +78,29 @@ class Embedded:
 
 
 Event = Delta | Finished | Failed
+
+# What a request that has not started yet waits for: room on the GPUs (the VRAM gate,
+# or its model making way for another), its model's load, or a free replica slot.
+WaitReason = Literal["vram", "load", "replica"]
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits: its place among the model's waiting requests (1: next) and why.
+
+    Reported again whenever either changes, until the request runs.
+    """
+
+    position: int
+    waiting_for: WaitReason
+
+
+@dataclass(frozen=True, slots=True)
+class Loading:
+    """The model the request waits for is loading; ``progress`` 0..1 where the backend
+    reports it, else None. Reported again when the progress moves."""
+
+    progress: float | None
+
+
+Waiting = Queued | Loading

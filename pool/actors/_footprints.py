@@ -6,6 +6,10 @@ settings that change memory (context, cache types, parallel slots, GPU layers, b
 JSON file in the state dir (``$LLM_POOL_STATE_DIR``, else the cache dir), read at
 boot and rewritten atomically (a temporary file, then ``os.replace``) after each new
 measurement, so the next boot's estimates start from what was measured.
+
+Beside the models, it keeps what the pool process itself holds on each GPU once an
+in-process runtime has used it (the CUDA context and the allocator's cache), apart
+from every model's own footprint: only the first in-process load on a GPU pays it.
 """
 
 from __future__ import annotations
@@ -81,6 +85,20 @@ class FootprintStore:
             "mib": mib,
             "measured_at": time.time(),
         }
+
+    # -- the CUDA context of the pool process, per GPU -------------------------------
+    @staticmethod
+    def _context_key(gpu: int) -> str:
+        return f"cuda-context|gpu={gpu}"
+
+    def context_mib(self, gpu: int) -> int | None:
+        """What the pool process keeps on ``gpu`` once an in-process runtime used it (the
+        CUDA context and the allocator's cache), as last measured; None if never."""
+        entry = self._entries.get(self._context_key(gpu))
+        return None if entry is None else int(entry["mib"])
+
+    def record_context(self, gpu: int, mib: int) -> None:
+        self._entries[self._context_key(gpu)] = {"gpu": gpu, "mib": mib, "measured_at": time.time()}
 
     async def save(self) -> None:
         """Write the file atomically in a worker thread; a failure is logged, not raised."""

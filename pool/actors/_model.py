@@ -31,12 +31,13 @@ from pool.actors._scheduler import Scheduler
 from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
-from pool.actors._vram import LoadMeter
+from pool.actors._vram import CudaContexts, LoadMeter
 from pool.backends import (
     Backend,
     Capabilities,
     EmbeddingJob,
     GenerationRequest,
+    GpuPlacement,
     LoadContext,
     get_backend,
 )
@@ -73,7 +74,8 @@ class _Command:
     reason: str = ""
     replica: Replica | None = None
     model_path: str | None = None
-    gpus: tuple[int, ...] = ()  # the GPU of each replica, chosen by the pool's VRAM gate
+    # The GPUs of each replica, chosen by the pool's VRAM gate.
+    gpus: tuple[GpuPlacement, ...] = ()
     reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
 
 
@@ -105,6 +107,7 @@ class ModelActor:
         loader: OnDemandLoader | None = None,
         meter: LoadMeter | None = None,
         footprints: FootprintStore | None = None,
+        contexts: CudaContexts | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -138,11 +141,17 @@ class ModelActor:
         self._nursery: trio.Nursery | None = None
         self.artifact: Artifact | None = None
         self.artifact_mib: int | None = None
-        # VRAM: the GPU of each replica (from the pool's gate), what this load was
+        # VRAM: the GPUs of each replica (from the pool's gate), what this load was
         # measured to take per GPU, and since when (Trio clock) the model is resident.
         self._meter = meter
         self._footprints = footprints
-        self.placement: tuple[int, ...] = ()
+        self._contexts = contexts
+        # GPUs whose CUDA context this (in-process) load paid at a size not known yet:
+        # its measured part there includes the context until an unload tells them apart.
+        self.unsplit_context: set[int] = set()
+        self.placement: tuple[GpuPlacement, ...] = ()
+        # How far the load under way has come (0..1), per replica, where reported.
+        self._progress: dict[int, float] = {}
         self.observed_per_gpu: dict[int, int] | None = None
         self.resident_since = 0.0
         self.loaded_at: float | None = None
@@ -196,11 +205,11 @@ class ModelActor:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
     async def load(
-        self, body: LoadRequest | None = None, *, gpus: tuple[int, ...] = ()
+        self, body: LoadRequest | None = None, *, gpus: tuple[GpuPlacement, ...] = ()
     ) -> ModelSnapshot:
         """Load the model (or return its row if it is loaded or loading).
 
-        ``gpus``: the GPU of each replica, as the pool's VRAM gate placed them.
+        ``gpus``: the GPUs of each replica, as the pool's VRAM gate placed them.
 
         Raises:
             PoolError: ``invalid_load_request`` for a body that does not suit the
@@ -339,6 +348,7 @@ class ModelActor:
         self.selected_replicas = command.replicas
         self.placement = command.gpus
         self.observed_per_gpu = None
+        self._progress = {}
         self._set_state("loading")
         started_at = time.perf_counter()
         mark = await self._meter.start() if self._meter is not None else None
@@ -353,6 +363,8 @@ class ModelActor:
                         model_name=self.name,
                         replica_index=index,
                         settings_dir=self.settings.base_dir,
+                        placement=(command.gpus[index] if index < len(command.gpus) else None),
+                        report_progress=self._progress_reporter(index),
                     ),
                     capacity=capacity,
                     unload_timeout_s=self.engine.unload_timeout_s,
@@ -416,6 +428,24 @@ class ModelActor:
         )
         return self.snapshot()
 
+    def _progress_reporter(self, index: int) -> Callable[[float], None]:
+        def report(fraction: float) -> None:
+            if self.state == "loading":
+                self._progress[index] = min(1.0, max(0.0, fraction))
+                if self._on_change is not None:
+                    self._on_change()  # wakes the requests that show it to their clients
+
+        return report
+
+    @property
+    def load_progress(self) -> float | None:
+        """How far the load under way has come (0..1): the mean over its replicas, the
+        ones not started yet at 0; None while loading when no replica reports, or when
+        not loading."""
+        if self.state != "loading" or not self._progress:
+            return None
+        return sum(self._progress.values()) / max(1, self.selected_replicas)
+
     async def _do_unload(self) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):
             return self.snapshot()
@@ -430,6 +460,7 @@ class ModelActor:
         replicas, self.replicas = self.replicas, []
         self.scheduler.set_replicas(())
         await self._stop_replicas(replicas)
+        await self._learn_context(len(replicas))
         self.load_override = {}
         self.active_definition = self.definition
         self.selected_replicas = self.definition.replicas
@@ -478,19 +509,62 @@ class ModelActor:
         )
         self.artifact_mib = self.artifact.size_mib if self.artifact is not None else None
 
+    @property
+    def _in_process_gpu(self) -> bool:
+        return self._contexts is not None and self.backend.holds_cuda_context(
+            self.active_definition
+        )
+
+    def _placed_gpus(self) -> set[int]:
+        return {gpu for placement in self.placement for gpu in placement.gpus}
+
     def _record_footprint(self, per_gpu: dict[int, int] | None) -> None:
-        """Keep a measured load's footprint for the estimate chain and the next boot."""
+        """Keep a measured load's footprint for the estimate chain and the next boot.
+
+        An in-process load's CUDA context is not the model's: where the context's size
+        is known it is taken out (CudaContexts)."""
+        self.unsplit_context = set()
+        if self._in_process_gpu:
+            assert self._contexts is not None
+            if per_gpu is None:
+                self._contexts.opened |= self._placed_gpus()  # paid, though not measured
+            else:
+                per_gpu, self.unsplit_context = self._contexts.split(per_gpu, self._placed_gpus())
         self.observed_per_gpu = per_gpu
         if per_gpu is None:
             return
         total = sum(per_gpu.values())
         log.info("model=%s load measured at %d MiB on the GPUs %s", self.name, total, per_gpu)
+        self._keep_footprint(len(self.replicas), total)
+
+    def _keep_footprint(self, replicas: int, mib: int) -> None:
         if self._footprints is not None:
             profile = self.backend.memory_profile(self.active_definition).key()
-            self._footprints.record(self.name, profile, len(self.replicas), total)
+            self._footprints.record(self.name, profile, replicas, mib)
             # Written in the background: the load does not wait for a file.
             assert self._nursery is not None
             self._nursery.start_soon(self._footprints.save)
+
+    async def _learn_context(self, replicas: int) -> None:
+        """An in-process model unloaded: what the pool process still holds beyond the
+        other models is its CUDA context (CudaContexts.learn). A footprint that had to
+        include the context (the first load, its size unknown) is corrected."""
+        gpus = self._placed_gpus()
+        if not (self._in_process_gpu and gpus and self._meter is not None and self._meter.quiet):
+            return
+        assert self._contexts is not None
+        learned = self._contexts.learn(self, await self._meter.refresh(), gpus)
+        log.info("model=%s unloaded; the pool process keeps %s MiB per GPU", self.name, learned)
+        if self.unsplit_context and self.observed_per_gpu is not None:
+            own = sum(
+                mib - learned.get(gpu, 0) if gpu in self.unsplit_context else mib
+                for gpu, mib in self.observed_per_gpu.items()
+            )
+            self._keep_footprint(replicas, max(0, own))
+        elif learned and self._footprints is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._footprints.save)
+        self.unsplit_context = set()
 
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
         await self._read_artifact(command.model_path)
@@ -655,5 +729,5 @@ class ModelActor:
             loaded_at_wall=self.loaded_at_wall,
             expires_in_s=self.expires_in_s,
             observed_load_delta_mib=self.observed_load_delta_mib,
-            gpus=self.placement if self.state in ("loading", "loaded", "unloading") else (),
+            placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
         )

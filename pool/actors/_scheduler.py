@@ -126,6 +126,21 @@ class Scheduler:
         self._check_idle()
         return True
 
+    def position(self, ticket: Ticket) -> int:
+        """Where a queued ticket stands (1: next): those of higher priority and those of
+        its own that came first are ahead. Tenant fairness may still reorder its own
+        priority, so this is an estimate; for the client's progress display only."""
+        ahead = 0
+        for priority in PRIORITIES:
+            for queue in self._queues[priority].values():
+                if priority != ticket.priority:
+                    ahead += len(queue)
+                else:
+                    ahead += sum(1 for other in queue if other.sequence < ticket.sequence)
+            if priority == ticket.priority:
+                break
+        return ahead + 1
+
     def fail_queued(self, error: PoolError) -> int:
         """Reject every queued ticket with ``error`` (unload, shutdown); returns how many."""
         failed = 0

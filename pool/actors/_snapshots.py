@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pool.backends import Capabilities
+from pool.backends import Capabilities, GpuPlacement
 from pool.config import ModelDefinition
 
 RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
@@ -67,8 +67,13 @@ class ModelSnapshot:
     expires_in_s: float | None
     # MiB the current load was measured to take on the GPUs; None when not measured.
     observed_load_delta_mib: int | None = None
-    # The GPU index of each replica, while placed (loading, loaded, unloading).
-    gpus: tuple[int, ...] = ()
+    # The GPUs of each replica, while placed (loading, loaded, unloading).
+    placement: tuple[GpuPlacement, ...] = ()
+
+    @property
+    def gpus(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of each replica, while placed; empty otherwise."""
+        return tuple(p.gpus for p in self.placement)
 
     @property
     def inflight_requests(self) -> int:

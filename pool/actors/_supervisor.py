@@ -15,14 +15,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import trio
 
 from pool.actors._admission import Admission, new_request_id
-from pool.actors._events import Embedded, Event, Finished
+from pool.actors._events import (
+    Embedded,
+    Event,
+    Finished,
+    Loading,
+    Queued,
+    Waiting,
+    WaitReason,
+)
 from pool.actors._footprints import FootprintStore, default_path
 from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
@@ -39,8 +48,9 @@ from pool.actors._snapshots import (
 )
 from pool.actors._stats import percentile
 from pool.actors._tasks import LoadTask, LoadTasks
-from pool.actors._ticket import JobFinished
+from pool.actors._ticket import JobFinished, Ticket
 from pool.actors._vram import (
+    CudaContexts,
     LoadMeter,
     charges,
     eviction_candidates,
@@ -48,8 +58,14 @@ from pool.actors._vram import (
     gpu_room,
     place,
 )
-from pool.backends import EmbeddingJob, GenerationRequest
-from pool.config import LoadRequest, Settings, apply_override, validate_load_request
+from pool.backends import EmbeddingJob, GenerationRequest, GpuPlacement
+from pool.config import (
+    LoadRequest,
+    ModelDefinition,
+    Settings,
+    apply_override,
+    validate_load_request,
+)
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
@@ -69,6 +85,9 @@ RECHECK_S = 5.0
 # how often to look (CUDA hands memory back some time after the process lets go).
 RECLAIM_WAIT_S = 10.0
 RECLAIM_POLL_S = 0.25
+# A request that reports its wait looks at its place in the queue at least this often
+# (it moves as others are dispatched, which wakes nobody).
+WAIT_TICK_S = 1.0
 
 
 class _OnDemandLoads:
@@ -111,6 +130,7 @@ class Pool:
         measurable = isinstance(gpus, VirtualGpus) or bool(self.gpus.view().gpus)
         self.footprints = FootprintStore(default_path() if measurable else None)
         self.meter = LoadMeter(self.gpus)
+        self.contexts = CudaContexts(self.footprints, lambda actor: self._charges(actor)[0])
         self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
         self.models: dict[str, ModelActor] = {
             name: ModelActor(
@@ -122,6 +142,7 @@ class Pool:
                 loader=_OnDemandLoads(self),
                 meter=self.meter,
                 footprints=self.footprints,
+                contexts=self.contexts,
             )
             for name, definition in settings.engine.models.items()
         }
@@ -129,12 +150,14 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
-        # Loads that the VRAM gate let through, with the GPU of each replica, until they
+        # Loads that the VRAM gate let through, with the GPUs of each replica, until they
         # are `loading`; evictions and the decisions that lead to them, one at a time;
         # models asked to make way (new requests wait at their door), with who asked.
-        self._reserved: dict[ModelActor, tuple[int, ...]] = {}
+        self._reserved: dict[ModelActor, tuple[GpuPlacement, ...]] = {}
         self._room_lock = trio.Lock()
         self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
+        # On-demand loads that found no room and wait for it (their requests wait for VRAM).
+        self._waiting_for_room: set[ModelActor] = set()
         self.evictions = 0
         # On-demand loads under way, with the overrides their first request hinted at.
         self._on_demand: dict[ModelActor, dict[str, Any]] = {}
@@ -194,8 +217,15 @@ class Pool:
         priority: str = "normal",
         request_id: str | None = None,
         load_hint: dict[str, Any] | None = None,
+        report_waits: bool = False,
     ) -> AsyncIterator[Admission]:
         """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
+
+        With ``report_waits``, a request that must wait for VRAM or a load (an
+        on-demand model that is not loaded, or one making way for another) is yielded
+        at once instead: its :meth:`Admission.waits` reports the wait (``Queued``,
+        ``Loading``) and its events follow; a timeout then arrives as a ``Failed``
+        event. A request to a loaded model waits here as without it.
 
         Leaving the block (normally, by error or by cancellation) removes the request
         from the queue or stops its generation, so nothing runs for a departed caller.
@@ -232,8 +262,8 @@ class Pool:
                 self.rate_limiter.admit(tenant)
                 job = await inline_images(job, self.media)
             deadline = trio.current_time() + actor.queue_timeout_s
-            await self._wait_at_door(actor, deadline)
-            ticket = actor.admit(
+            enqueue = partial(
+                actor.admit,
                 job,
                 tenant=tenant,
                 priority=priority,
@@ -241,33 +271,38 @@ class Pool:
                 keep_alive=request.keep_alive,
                 load_hint=load_hint,
             )
+            ticket: Ticket | None = None
+            steps: AsyncGenerator[Waiting | Ticket, None] | None = None
+            door_closed = self._door_closed(actor)
+            if report_waits and (
+                door_closed or (actor.definition.on_demand and actor.state != "loaded")
+            ):
+                # It waits for VRAM or a load: the caller gets the admission now and
+                # reads the wait from it. Queued here unless a door holds it, so a full
+                # queue is still refused before anything is sent.
+                if not door_closed:
+                    ticket = enqueue()
+                steps = self._wait_steps(actor, ticket, enqueue, deadline)
+            else:
+                await self._wait_at_door(actor, deadline)
+                ticket = enqueue()
+            admission = Admission(
+                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+            )
             try:
-                if not ticket.ready.is_set():
-                    with trio.move_on_at(deadline):
-                        await ticket.ready.wait()
-                    if not ticket.ready.is_set():
-                        actor.scheduler.remove(ticket)
-                        raise PoolError(
-                            "queue_timeout",
-                            f"waited {actor.queue_timeout_s:g}s in the queue of"
-                            f" model {request.model!r}",
-                        )
-                if ticket.error is None:
-                    await ticket.started.wait()
-                if ticket.error is not None:
-                    raise ticket.error
-                admission = Admission(
-                    ticket, request_id, request.model, admitted_at, self._record_finished
-                )
+                if ticket is not None and steps is None:
+                    await self._wait_ready(actor, ticket, deadline)
                 yield admission
                 if admission.finished is not None or admission.embedding is not None:
                     status = "success"
                 elif admission.failed is not None:
                     status = admission.failed.code
             finally:
-                if not ticket.ready.is_set():
-                    actor.scheduler.remove(ticket)
-                ticket.abandon()
+                queued = admission.queued_ticket
+                if queued is not None:
+                    if not queued.ready.is_set():
+                        actor.scheduler.remove(queued)
+                    queued.abandon()
         except PoolError as exc:
             status = exc.code
             raise
@@ -457,14 +492,19 @@ class Pool:
 
     # -- the VRAM gate (docs/vram.md) ---------------------------------------------------
     def _holdings(self) -> list[tuple[int, int]]:
-        """(GPU, MiB) of every loaded replica's runtime, for virtual GPUs."""
-        held = []
+        """(GPU, MiB) of every loaded replica's runtime, for virtual GPUs: what the
+        runtime reports, spread over the replica's GPUs as its placement says."""
+        held: list[tuple[int, int]] = []
         for actor in self.models.values():
             for index, replica in enumerate(actor.replicas):
                 mib = replica.runtime.vram_mib if replica.runtime is not None else None
-                if mib:
-                    placement = actor.placement
-                    held.append((placement[index] if index < len(placement) else 0, mib))
+                if not mib:
+                    continue
+                if index < len(actor.placement):
+                    placement = actor.placement[index]
+                    held.extend(zip(placement.gpus, placement.scaled(mib), strict=True))
+                else:
+                    held.append((0, mib))
         return held
 
     def _charges(self, exclude: ModelActor) -> tuple[dict[int, int], dict[int, int]]:
@@ -475,27 +515,54 @@ class Pool:
             if actor is exclude:
                 continue
             if actor in self._reserved and actor.state in ("unloaded", "failed"):
-                per_replica = actor.vram_estimate().per_replica_mib or 0
-                charges(self._reserved[actor], per_replica, pending)
+                for placement in self._reserved[actor]:
+                    for index, mib in zip(placement.gpus, placement.mib, strict=True):
+                        pending[index] = pending.get(index, 0) + mib
             elif actor.state == "loading":
                 per_replica = actor.vram_estimate().per_replica_mib or 0
-                charges(actor.placement or (0,) * actor.selected_replicas, per_replica, pending)
+                charges(actor.placement, per_replica, pending, replicas=actor.selected_replicas)
             elif actor.state in ("loaded", "unloading"):
                 if actor.observed_per_gpu is not None:
                     for index, mib in actor.observed_per_gpu.items():
                         loaded[index] = loaded.get(index, 0) + mib
                 else:
                     per_replica = actor.vram_estimate().per_replica_mib or 0
-                    placement = actor.placement or (0,) * len(actor.replicas)
-                    charges(placement, per_replica, loaded)
+                    charges(actor.placement, per_replica, loaded, replicas=len(actor.replicas))
         return loaded, pending
 
-    def _fit(self, actor: ModelActor, per_replica: int, replicas: int) -> tuple[int, ...] | None:
+    def _place(
+        self,
+        actor: ModelActor,
+        definition: ModelDefinition,
+        room: dict[int, int],
+        per_replica: int,
+        replicas: int,
+    ) -> tuple[GpuPlacement, ...] | None:
+        """``place`` with the backend's way of splitting a replica over GPUs. An
+        in-process runtime also pays the pool process's CUDA context on each GPU that has
+        none yet (CudaContexts)."""
+        if actor.backend.holds_cuda_context(definition):
+            room = {gpu: mib - self.contexts.cost_mib(gpu) for gpu, mib in room.items()}
+        return place(
+            room,
+            per_replica,
+            replicas,
+            gpus_per_replica=actor.backend.gpus_per_replica(definition),
+            even=actor.backend.even_gpu_split,
+            virtual=all(g.virtual for g in self.gpus.view().gpus),
+        )
+
+    def _fit(
+        self, actor: ModelActor, definition: ModelDefinition, per_replica: int, replicas: int
+    ) -> tuple[GpuPlacement, ...] | None:
         """Where ``actor``'s replicas would go now; ``()`` when there is no GPU to gate."""
         view = self.gpus.view()
         if not view.gpus:
             return ()
         loaded, pending = self._charges(exclude=actor)
+        # What in-process runtimes left in the pool process is held, not free.
+        for gpu, mib in self.contexts.held().items():
+            loaded[gpu] = loaded.get(gpu, 0) + mib
         engine = self.settings.engine
         room = gpu_room(
             view,
@@ -504,9 +571,11 @@ class Pool:
             loaded=loaded,
             pending=pending,
         )
-        return place(room, per_replica, replicas)
+        return self._place(actor, definition, room, per_replica, replicas)
 
-    def _could_ever_fit(self, actor: ModelActor, per_replica: int, replicas: int) -> bool:
+    def _could_ever_fit(
+        self, actor: ModelActor, definition: ModelDefinition, per_replica: int, replicas: int
+    ) -> bool:
         """Whether the load would fit with every unpinned model gone and no other
         process on the GPUs (those may leave: a load waits for them)."""
         view = self.gpus.view()
@@ -514,20 +583,27 @@ class Pool:
         room = gpu_ceilings(
             view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
         )
+        for gpu, mib in self.contexts.held().items():
+            room[gpu] = room.get(gpu, 0) - mib  # the pool process keeps its contexts
         for other in self.models.values():
             # Only pinned models stay for good; a more important one may still leave by
             # keep_alive or an admin unload, so a load behind it waits.
             stays = other.definition.pinned
             if other is not actor and stays and other.state in ("loaded", "loading", "unloading"):
                 estimate = other.vram_estimate().per_replica_mib or 0
-                for index in other.placement or (0,) * len(other.replicas):
-                    room[index] = room.get(index, 0) - estimate
-        return place(room, per_replica, replicas) is not None
+                held = charges(other.placement, estimate, replicas=len(other.replicas))
+                for index, mib in held.items():
+                    room[index] = room.get(index, 0) - mib
+        return self._place(actor, definition, room, per_replica, replicas) is not None
 
     async def _make_room(
         self, actor: ModelActor, replicas: int, patch: dict[str, Any], *, wait: bool
-    ) -> tuple[int, ...] | None:
-        """Find room for a load of ``actor``: the GPU of each replica (``()`` without GPUs).
+    ) -> tuple[GpuPlacement, ...] | None:
+        """Find room for a load of ``actor``: the GPUs of each replica (``()`` without GPUs).
+
+        The reservation is taken under one lock, for every GPU of every replica at once
+        (all or nothing, in GPU index order): two loads that each need a split cannot
+        each hold half of what the other needs.
 
         Evicts idle models that the spec's rules allow, one at a time, each followed by
         a bounded wait for the GPU source to show its memory back. ``wait`` (on-demand
@@ -552,12 +628,15 @@ class Pool:
                 while True:
                     if wait and actor.scheduler.queue_depth == 0:
                         return None
-                    gpus = self._fit(actor, per_replica, replicas)
+                    gpus = self._fit(actor, definition, per_replica, replicas)
                     if gpus is not None and (not limit or self._loaded_count(actor) < limit):
+                        self._waiting_for_room.discard(actor)
                         self._reserved[actor] = gpus
                         self._release_yields(actor)
                         return gpus
-                    if gpus is None and not self._could_ever_fit(actor, per_replica, replicas):
+                    if gpus is None and not self._could_ever_fit(
+                        actor, definition, per_replica, replicas
+                    ):
                         raise PoolError(
                             "load_failed",
                             f"model {actor.name!r} needs {per_replica} MiB per replica"
@@ -567,6 +646,9 @@ class Pool:
                     if victim is None:
                         break
                     await self._evict(victim, actor)
+            if wait and actor not in self._waiting_for_room:
+                self._waiting_for_room.add(actor)
+                self._notify_change()  # its requests now know they wait for VRAM
             if not wait:
                 raise PoolError(
                     "load_failed",
@@ -629,6 +711,7 @@ class Pool:
 
     def _release(self, actor: ModelActor) -> None:
         self._reserved.pop(actor, None)
+        self._waiting_for_room.discard(actor)
         self._release_yields(actor)
 
     async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
@@ -638,18 +721,22 @@ class Pool:
             incoming.name,
             victim.name,
             victim.definition.priority,
-            list(victim.placement),
+            [list(p.gpus) for p in victim.placement],
         )
         # Its door closes first: a request for it that arrives now waits for the eviction
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
         expected = charges(
-            victim.placement or (0,) * len(victim.replicas),
+            victim.placement,
             victim.vram_estimate().per_replica_mib or 0,
+            replicas=len(victim.replicas),
         )
         if victim.observed_per_gpu is not None:
             expected = dict(victim.observed_per_gpu)
+            # An in-process victim's CUDA context stays with the pool process.
+            for gpu in victim.unsplit_context:
+                expected[gpu] = max(0, expected[gpu] - self.contexts.expected_mib(gpu))
         before = {g.index: _held(g) for g in view.gpus}
         self.evictions += 1
         try:
@@ -672,6 +759,111 @@ class Pool:
             RECLAIM_WAIT_S,
         )
 
+    # -- what a waiting request waits for (docs/vram.md, "The client sees the wait") ----
+    def _door_closed(self, actor: ModelActor) -> bool:
+        """Whether new requests for ``actor`` wait at its door (it makes way for another
+        model, or an on-demand model is unloading)."""
+        unloading = actor.definition.on_demand and actor.state == "unloading"
+        return actor in self._yielding or unloading
+
+    def _wait_reason(self, actor: ModelActor) -> WaitReason | None:
+        """What a queued request of ``actor`` waits for now; None while its on-demand
+        load has not been through the VRAM gate yet (room or not is not known)."""
+        if actor.state == "loaded":
+            return "replica"
+        if actor.state == "loading" or actor in self._reserved:
+            return "load"
+        if self._door_closed(actor) or actor in self._waiting_for_room:
+            return "vram"
+        if actor in self._on_demand:
+            return None
+        return "load"
+
+    def _queue_timeout(self, actor: ModelActor, reason: WaitReason | None) -> PoolError:
+        reason = reason or "load"
+        waited = f"waited {actor.queue_timeout_s:g}s"
+        message = {
+            "replica": f"{waited} in the queue of model {actor.name!r}",
+            "load": f"{waited} for model {actor.name!r} to load",
+            "vram": f"{waited} for room on the GPUs for model {actor.name!r}",
+        }[reason]
+        return PoolError("queue_timeout", message, details={"waiting_for": reason})
+
+    async def _wait_ready(self, actor: ModelActor, ticket: Ticket, deadline: float) -> None:
+        """Wait until ``ticket`` runs (or is refused); ``queue_timeout`` at ``deadline``."""
+        if not ticket.ready.is_set():
+            with trio.move_on_at(deadline):
+                await ticket.ready.wait()
+            if not ticket.ready.is_set():
+                reason = self._wait_reason(actor)
+                actor.scheduler.remove(ticket)
+                raise self._queue_timeout(actor, reason)
+        if ticket.error is None:
+            await ticket.started.wait()
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def _wait_steps(
+        self,
+        actor: ModelActor,
+        ticket: Ticket | None,
+        enqueue: Callable[[], Ticket],
+        deadline: float,
+    ) -> AsyncGenerator[Waiting | Ticket, None]:
+        """The wait of a request that reports it: :class:`Queued` whenever its place or
+        what it waits for changes, :class:`Loading` while its model loads (again as the
+        progress moves), and the ticket once it is queued (``ticket`` None: a door holds
+        it first). Ends when the request runs; raises its error otherwise."""
+        queued: Queued | None = None
+        loading: Loading | None = None
+        if ticket is None:
+            while self._door_closed(actor):
+                now = Queued(actor.scheduler.queue_depth + 1, "vram")
+                if now != queued:
+                    queued = now
+                    yield now
+                await self._wait_change(None, min(deadline, trio.current_time() + WAIT_TICK_S))
+                if trio.current_time() >= deadline and self._door_closed(actor):
+                    raise self._queue_timeout(actor, "vram")
+            ticket = enqueue()
+            yield ticket
+        while not ticket.ready.is_set():
+            reason = self._wait_reason(actor)
+            status = None if reason is None else Queued(actor.scheduler.position(ticket), reason)
+            if status is not None and status != queued:
+                queued = status
+                yield status
+            if actor.state == "loading":
+                progress = Loading(actor.load_progress)
+                if progress != loading:
+                    loading = progress
+                    yield progress
+            await self._wait_change(ticket.ready, min(deadline, trio.current_time() + WAIT_TICK_S))
+            if not ticket.ready.is_set() and trio.current_time() >= deadline:
+                reason = self._wait_reason(actor)
+                actor.scheduler.remove(ticket)
+                raise self._queue_timeout(actor, reason)
+        if ticket.error is None:
+            await ticket.started.wait()
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def _wait_change(self, ready: trio.Event | None, until: float) -> None:
+        """Until ``ready`` is set, any model changes, or ``until``."""
+        changed = self._changed
+        with trio.move_on_at(until):
+            if ready is None:
+                await changed.wait()
+                return
+            async with trio.open_nursery() as nursery:
+
+                async def wake(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(wake, ready)
+                nursery.start_soon(wake, changed)
+
     async def _wait_at_door(self, actor: ModelActor, deadline: float) -> None:
         """Hold a request for a model that makes way for another (or an on-demand model
         that is unloading) until that is over; it then queues (and reloads the model)."""
@@ -690,6 +882,7 @@ class Pool:
                     "queue_timeout",
                     f"waited {actor.queue_timeout_s:g}s for model {actor.name!r} to make way"
                     " for another model and load again",
+                    details={"waiting_for": "vram"},
                 )
 
     async def _startup_load(self, actor: ModelActor) -> None:

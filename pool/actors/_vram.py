@@ -15,12 +15,14 @@ GPU's total is its budget (no reserve: there is no driver to keep a margin for).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pool.actors._footprints import FootprintStore
 from pool.actors._gpu import GpuSource
 from pool.actors._snapshots import GpuReading, GpuView
+from pool.backends import GpuPlacement
 
 if TYPE_CHECKING:
     from pool.actors._model import ModelActor
@@ -60,30 +62,97 @@ def gpu_ceilings(
     return ceilings
 
 
-def place(room: Mapping[int, int], per_replica_mib: int, replicas: int) -> tuple[int, ...] | None:
-    """A GPU for each replica, the one with most room first; None if one does not fit.
+def place(
+    room: Mapping[int, int],
+    per_replica_mib: int,
+    replicas: int,
+    *,
+    gpus_per_replica: int | None = None,
+    even: bool = False,
+    virtual: bool = False,
+) -> tuple[GpuPlacement, ...] | None:
+    """The GPUs of each replica, or None if one of them does not fit.
 
-    A model is never split across GPUs here (multi-GPU splits come later)."""
+    A replica goes to the GPU with the most room. One that no GPU can hold is split
+    over the fewest GPUs whose room together holds it (those with the most room), in
+    proportion to each one's room, or in equal shares with ``even`` (tensor
+    parallelism). ``gpus_per_replica`` fixes how many GPUs a replica spans. The room
+    is what is left after the reserve of each GPU (``gpu_room``), so the margin holds
+    per GPU of a split too. Placements list their GPUs in index order.
+    """
     left = dict(room)
-    placement = []
+    placements = []
     for _ in range(replicas):
-        if not left:
+        placement = _place_one(left, per_replica_mib, gpus_per_replica, even, virtual)
+        if placement is None:
             return None
-        best = max(left, key=lambda i: (left[i], -i))
-        if left[best] < per_replica_mib:
+        for index, mib in zip(placement.gpus, placement.mib, strict=True):
+            left[index] -= mib
+        placements.append(placement)
+    return tuple(placements)
+
+
+def _place_one(
+    left: Mapping[int, int], need: int, count: int | None, even: bool, virtual: bool
+) -> GpuPlacement | None:
+    roomiest = sorted(left, key=lambda i: (-left[i], i))
+    if not roomiest:
+        return None
+    if count is None or count == 1:
+        best = roomiest[0]
+        if left[best] >= need:
+            return GpuPlacement((best,), (need,), virtual)
+        if count == 1:
             return None
-        placement.append(best)
-        left[best] -= per_replica_mib
-    return tuple(placement)
+    for k in [count] if count else range(2, len(roomiest) + 1):
+        chosen = sorted(roomiest[:k])
+        if len(chosen) < k:
+            return None
+        if even:
+            share = -(-need // k)
+            if all(left[i] >= share for i in chosen):
+                return GpuPlacement(tuple(chosen), (share,) * k, virtual)
+            continue
+        shares = proportional_shares(need, [max(0, left[i]) for i in chosen])
+        if shares is not None:
+            return GpuPlacement(tuple(chosen), shares, virtual)
+    return None
+
+
+def proportional_shares(need: int, rooms: Sequence[int]) -> tuple[int, ...] | None:
+    """``need`` MiB split over GPUs in proportion to their ``rooms``, none past its room;
+    None when the rooms together are too small."""
+    total = sum(rooms)
+    if total < need or total <= 0:
+        return None
+    shares = [need * r // total for r in rooms]
+    # Rounding down left a few MiB over (fewer than GPUs): one each, most spare first.
+    order = sorted(range(len(rooms)), key=lambda i: shares[i] - rooms[i])
+    while sum(shares) < need:
+        for i in order:
+            if sum(shares) < need and shares[i] < rooms[i]:
+                shares[i] += 1
+    return tuple(shares)
 
 
 def charges(
-    placement: Sequence[int], per_replica_mib: int, into: dict[int, int] | None = None
+    placements: Sequence[GpuPlacement],
+    per_replica_mib: int,
+    into: dict[int, int] | None = None,
+    *,
+    replicas: int = 0,
 ) -> dict[int, int]:
-    """Add ``per_replica_mib`` on each replica's GPU to ``into``."""
+    """Add ``per_replica_mib`` for each replica to ``into``, spread over its GPUs as
+    its placement says. With no placement (loaded while no GPU was seen), ``replicas``
+    replicas count on GPU 0."""
     into = {} if into is None else into
-    for index in placement:
-        into[index] = into.get(index, 0) + per_replica_mib
+    if not placements:
+        if replicas and per_replica_mib:
+            into[0] = into.get(0, 0) + per_replica_mib * replicas
+        return into
+    for placement in placements:
+        for index, mib in zip(placement.gpus, placement.scaled(per_replica_mib), strict=True):
+            into[index] = into.get(index, 0) + mib
     return into
 
 
@@ -178,6 +247,11 @@ class LoadMeter:
         self._epoch += 1
         return MeterMark(self._epoch, self._loads == 1, {g.index: _held(g) for g in view.gpus})
 
+    @property
+    def quiet(self) -> bool:
+        """No load is being measured now (a reading then shows no load's growth)."""
+        return self._loads == 0
+
     async def finish(self, mark: MeterMark | None) -> dict[int, int] | None:
         """MiB the load took per GPU, or None when it could not be measured cleanly."""
         if mark is None:
@@ -197,3 +271,82 @@ class LoadMeter:
         if mark is not None:
             self._loads -= 1
             self._epoch += 1
+
+
+# -- the CUDA context of in-process runtimes ----------------------------------------------
+
+# What a CUDA context with its libraries' handles and the allocator's first pools takes
+# before one was measured on a GPU (ExLlamaV3 left 782 MiB behind on an H100).
+DEFAULT_CONTEXT_MIB = 500
+
+
+class CudaContexts:
+    """What in-process runtimes leave in the pool process on each GPU.
+
+    The first in-process load on a GPU pays for the process's CUDA context (and the
+    allocator's cache); later ones do not, and unloading a model leaves both behind,
+    held by the pool process: not free memory. So a measured in-process load is split
+    into the context and the model's own part, and only the model's part is its
+    footprint. The context's size is learned when an in-process model unloads (what the
+    pool process still holds beyond its other loaded models) and kept in the footprint
+    store; until then the first model's footprint includes it and is corrected then.
+
+    ``others(actor)``: MiB per GPU charged to the loaded models other than ``actor``.
+    """
+
+    def __init__(self, store: FootprintStore, others: Callable[[Any], Mapping[int, int]]) -> None:
+        self._store = store
+        self._others = others
+        self.opened: set[int] = set()
+
+    def expected_mib(self, gpu: int) -> int:
+        known = self._store.context_mib(gpu)
+        return DEFAULT_CONTEXT_MIB if known is None else known
+
+    def cost_mib(self, gpu: int) -> int:
+        """What an in-process load on ``gpu`` pays for the context beside the model."""
+        return 0 if gpu in self.opened else self.expected_mib(gpu)
+
+    def held(self) -> dict[int, int]:
+        """MiB the pool process holds for contexts, per GPU, where known."""
+        held = {}
+        for gpu in self.opened:
+            known = self._store.context_mib(gpu)
+            if known:
+                held[gpu] = known
+        return held
+
+    def split(
+        self, per_gpu: Mapping[int, int], gpus: Iterable[int]
+    ) -> tuple[dict[int, int], set[int]]:
+        """A measured in-process load on ``gpus``: the model's own MiB per GPU, and the
+        GPUs whose context it paid at a size not known yet (its part includes it)."""
+        own: dict[int, int] = {}
+        unsplit: set[int] = set()
+        placed = set(gpus)
+        for gpu, mib in per_gpu.items():
+            known = self._store.context_mib(gpu)
+            if gpu not in placed or gpu in self.opened:
+                own[gpu] = mib
+            elif known is None:
+                own[gpu] = mib
+                unsplit.add(gpu)
+            else:
+                own[gpu] = max(0, mib - known)
+        self.opened |= placed
+        return own, unsplit
+
+    def learn(self, actor: Any, view: GpuView, gpus: Iterable[int]) -> dict[int, int]:
+        """After ``actor`` (in-process) unloaded, with no load under way: what the pool
+        process still holds on each of ``gpus`` beyond the other loaded models is its
+        context. Recorded in the store; returned per GPU."""
+        others = self._others(actor)
+        learned = {}
+        readings = {g.index: g for g in view.gpus}
+        for gpu in gpus:
+            reading = readings.get(gpu)
+            if reading is None or reading.pool_used_mib is None:
+                continue  # only a per-process reading tells the pool's part apart
+            learned[gpu] = max(0, reading.pool_used_mib - others.get(gpu, 0))
+            self._store.record_context(gpu, learned[gpu])
+        return learned

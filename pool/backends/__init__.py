@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
@@ -50,6 +51,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationStats",
+    "GpuPlacement",
     "ImagePart",
     "LoadContext",
     "LoadOverrides",

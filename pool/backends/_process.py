@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
+from pool.backends._placement import GpuPlacement
 from pool.errors import BackendError
 
 log = logging.getLogger("pool.process")
@@ -85,11 +86,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def child_environment(
-    env: Mapping[str, str] | None = None, library_path: Sequence[str] = ()
+    env: Mapping[str, str] | None = None,
+    library_path: Sequence[str] = (),
+    placement: GpuPlacement | None = None,
 ) -> dict[str, str]:
-    """The pool's environment plus ``env``, with ``library_path`` before LD_LIBRARY_PATH."""
+    """The pool's environment plus ``env``, with ``library_path`` before LD_LIBRARY_PATH.
+
+    With a ``placement`` the child sees exactly its GPUs (``CUDA_VISIBLE_DEVICES`` in
+    the PCI bus order NVML counts in): the pool's gate decided where it runs, and its
+    accounting holds only if the server goes there, so this wins over ``env``.
+    """
     merged = dict(os.environ)
     merged.update(env or {})
+    if placement is not None and placement.gpus:
+        merged.update(placement.child_environment())
     if library_path:
         current = merged.get("LD_LIBRARY_PATH", "")
         merged["LD_LIBRARY_PATH"] = os.pathsep.join(

@@ -11,7 +11,7 @@ shape, generic over the config class, so a backend's methods get its own setting
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
+from pool.backends._placement import GpuPlacement
 from pool.config import (
     CommonModelFields,
     check_override_value,
@@ -240,6 +241,11 @@ class LoadContext:
     replica_index: int
     settings_dir: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The GPUs the pool's VRAM gate placed this replica on; None without GPUs to gate.
+    placement: GpuPlacement | None = None
+    # A backend that knows how far its load has come reports it here (0..1); waiting
+    # clients see it as ``response.loading``'s progress.
+    report_progress: Callable[[float], None] | None = None
 
     def model_path(self, value: str | None, hint: str = "") -> Path:
         """The configured ``model_path`` as a path; BackendError if unset or unresolvable."""
@@ -280,6 +286,8 @@ class Backend(ABC, Generic[ConfigT]):
         load_recommendations: presets shown beside the constraints.
         context_field: the load override that sets the context length (the runner API's
             ``maxContextLength``, Ollama's ``num_ctx``); None where there is none.
+        even_gpu_split: a replica split over several GPUs takes the same share of each
+            (tensor parallelism), not shares in proportion to each GPU's free memory.
     """
 
     config: type[ConfigT]
@@ -287,6 +295,7 @@ class Backend(ABC, Generic[ConfigT]):
     load_constraints: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     load_recommendations: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     context_field: str | None = None
+    even_gpu_split: bool = False
 
     @property
     def name(self) -> str:
@@ -309,6 +318,17 @@ class Backend(ABC, Generic[ConfigT]):
         """The memory-relevant settings of a load of ``definition`` (context by default)."""
         context = getattr(definition, self.context_field, None) if self.context_field else None
         return MemoryProfile(context=context if isinstance(context, int) else None)
+
+    def gpus_per_replica(self, definition: ConfigT) -> int | None:
+        """How many GPUs one replica must span, where the definition fixes it (a
+        tensor-parallel size); None lets the pool use one GPU, or split when none has room."""
+        return None
+
+    def holds_cuda_context(self, definition: ConfigT) -> bool:
+        """Whether a load runs CUDA inside the pool process (an in-process runtime on the
+        GPU): its process then keeps a CUDA context and allocator cache on the GPU after
+        the model unloads. Managed servers free everything when their process exits."""
+        return False
 
     def declared_vram_mib(self, definition: ConfigT) -> int | None:
         """VRAM per replica that the definition itself declares, for a backend whose

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import trio
 
+from pool.backends._placement import GpuPlacement
 from pool.backends._protocol import (
     Backend,
     Capabilities,
@@ -38,6 +39,15 @@ class Ct2Model(CommonModelFields):
     backend: Literal["ct2"] = "ct2"
     device: str = "cpu"
     compute_type: str = "int8"
+
+
+def device_options(definition: Ct2Model, placement: GpuPlacement | None) -> dict[str, Any]:
+    """``device_index`` of the GPU the pool placed the replica on (``device: cuda``,
+    real GPUs the process sees); CTranslate2 cannot split one model over GPUs."""
+    if definition.device != "cuda" or placement is None or placement.virtual:
+        return {}
+    devices = placement.local_indices()
+    return {"device_index": devices[0]} if devices else {}
 
 
 class Ct2Runtime:
@@ -169,6 +179,13 @@ class Ct2Backend(Backend[Ct2Model]):
             thinking_modes=thinking_modes(definition.prompt_format),
         )
 
+    def holds_cuda_context(self, definition: Ct2Model) -> bool:
+        return definition.device == "cuda"
+
+    def gpus_per_replica(self, definition: Ct2Model) -> int | None:
+        # A list of device indices replicates the model, it does not split it.
+        return 1
+
     def effective_target_inflight(self, definition: Ct2Model) -> int:
         # generate_tokens decodes one sequence per call on this replica's one thread.
         return 1
@@ -193,7 +210,10 @@ class Ct2Backend(Backend[Ct2Model]):
                 raise BackendError(f"{path} has no tokenizer.json")
             try:
                 generator = ctranslate2.Generator(
-                    str(path), device=definition.device, compute_type=definition.compute_type
+                    str(path),
+                    device=definition.device,
+                    compute_type=definition.compute_type,
+                    **device_options(definition, context.placement),
                 )
                 tokenizer = tokenizers.Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
             except (RuntimeError, ValueError, OSError) as exc:

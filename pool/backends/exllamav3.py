@@ -43,6 +43,7 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field, PositiveInt
 
+from pool.backends._placement import GpuPlacement
 from pool.backends._protocol import (
     Backend,
     Capabilities,
@@ -176,8 +177,19 @@ class LoadPlan:
     max_rq_tokens: int | None
 
 
-def load_plan(definition: ExLlamaV3Model, model_dir: Path) -> LoadPlan:
+# A split gives each GPU this much over its planned share: exllamav3 fills the devices
+# in order up to their limits, and an estimate that falls a little short must still fit.
+_SPLIT_SLACK = 1.1
+
+
+def load_plan(
+    definition: ExLlamaV3Model, model_dir: Path, placement: GpuPlacement | None = None
+) -> LoadPlan:
     """Map the ``exllama_*`` fields onto exllamav3's arguments.
+
+    Where the pool placed the replica (``placement``, real GPUs) and the definition
+    names no split and ``device: cuda``: that GPU, or a ``gpu_split`` of the planned
+    shares (GB per CUDA device, with 10% slack) when the replica spans several.
 
     Raises:
         BackendError: a value exllamav3 would refuse, said in the pool's field names.
@@ -208,6 +220,14 @@ def load_plan(definition: ExLlamaV3Model, model_dir: Path) -> LoadPlan:
         raise BackendError("exllama_tp_backend needs exllama_tensor_parallel: true")
     elif split is not None:
         load_kwargs["use_per_device"] = list(split)
+    elif definition.device == "cuda" and (placed := _placed_devices(placement)):
+        if len(placed) == 1:
+            load_kwargs["device"] = f"cuda:{placed[0][0]}"
+        else:
+            per_device = [0.0] * (max(device for device, _ in placed) + 1)
+            for device, mib in placed:
+                per_device[device] = round(mib * _SPLIT_SLACK / 1024, 2)
+            load_kwargs["use_per_device"] = per_device
     elif definition.device != "auto":
         # exllamav3 places modules on an explicit device; "auto" splits across all GPUs.
         load_kwargs["device"] = "cuda:0" if definition.device == "cuda" else definition.device
@@ -225,6 +245,14 @@ def load_plan(definition: ExLlamaV3Model, model_dir: Path) -> LoadPlan:
         generator_kwargs=generator_kwargs,
         max_rq_tokens=definition.exllama_max_rq_tokens,
     )
+
+
+def _placed_devices(placement: GpuPlacement | None) -> list[tuple[int, int]]:
+    """(CUDA device, MiB) of a placement on real GPUs the process sees; else empty."""
+    if placement is None or placement.virtual or not placement.gpus:
+        return []
+    devices = placement.local_indices()
+    return [] if devices is None else list(zip(devices, placement.mib, strict=True))
 
 
 def _batch_size(definition: ExLlamaV3Model) -> int:
@@ -819,6 +847,9 @@ class ExLlamaV3Backend(Backend[ExLlamaV3Model]):
             update["exllama_cache_quant"] = None if k is None else f"{k},{v}"
         return super().apply_load_override(definition, update)
 
+    def holds_cuda_context(self, definition: ExLlamaV3Model) -> bool:
+        return definition.device != "cpu"  # torch's context and caching allocator stay
+
     def capabilities(self, definition: ExLlamaV3Model) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
         return Capabilities(
@@ -839,7 +870,7 @@ class ExLlamaV3Backend(Backend[ExLlamaV3Model]):
                 f"exllamav3 loads a model folder (config.json and EXL3 safetensors);"
                 f" {model_dir} is not a folder"
             )
-        plan = load_plan(definition, model_dir)
+        plan = load_plan(definition, model_dir, context.placement)
         limiter = trio.CapacityLimiter(1)
         # Both imports take seconds (minutes for exllamav3's first compile): off the loop.
         cuda = await trio.to_thread.run_sync(_open_cuda, limiter=limiter)

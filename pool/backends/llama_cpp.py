@@ -20,6 +20,7 @@ from typing import Any, Literal
 import trio
 from pydantic import Field, PositiveInt
 
+from pool.backends._placement import GpuPlacement
 from pool.backends._protocol import (
     Backend,
     Capabilities,
@@ -376,6 +377,32 @@ def _flash_attention(definition: LlamaCppModel) -> bool:
     return definition.gguf_type_v not in (None, "f32", "f16", "bf16")
 
 
+# llama.cpp's enum llama_split_mode: the whole model on main_gpu, or layers by tensor_split.
+SPLIT_MODE_NONE = 0
+SPLIT_MODE_LAYER = 1
+
+
+def gpu_options(placement: GpuPlacement | None, n_gpu_layers: int) -> dict[str, Any]:
+    """``Llama(...)`` arguments that put the model where the pool placed it.
+
+    One GPU: ``split_mode`` none with that ``main_gpu``. Several: layers split in the
+    placement's proportions (``tensor_split`` is indexed by CUDA device number). None
+    for virtual GPUs, for a model kept off the GPU (``gguf_n_gpu_layers: 0``) or for a
+    GPU the pool process cannot see: llama.cpp's own defaults then apply.
+    """
+    if placement is None or placement.virtual or not placement.gpus or n_gpu_layers == 0:
+        return {}
+    devices = placement.local_indices()
+    if devices is None:
+        return {}
+    if len(devices) == 1:
+        return {"split_mode": SPLIT_MODE_NONE, "main_gpu": devices[0]}
+    split = [0.0] * (max(devices) + 1)
+    for device, share in zip(devices, placement.split, strict=True):
+        split[device] = share
+    return {"split_mode": SPLIT_MODE_LAYER, "main_gpu": devices[0], "tensor_split": split}
+
+
 class LlamaCppBackend(Backend[LlamaCppModel]):
     config = LlamaCppModel
     load_overrides = LlamaCppLoadOverrides
@@ -391,6 +418,10 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             gpu_layers=definition.gguf_n_gpu_layers,
             batch=definition.gguf_n_batch,
         )
+
+    def holds_cuda_context(self, definition: LlamaCppModel) -> bool:
+        # Offloading any layer initialises the GPU backend in the pool process.
+        return definition.gguf_n_gpu_layers != 0
 
     def capabilities(self, definition: LlamaCppModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
@@ -425,6 +456,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             "n_batch": min(definition.gguf_n_batch, definition.gguf_n_ctx),
             "flash_attn": _flash_attention(definition),
             "verbose": False,
+            **gpu_options(context.placement, definition.gguf_n_gpu_layers),
         }
         if definition.gguf_n_threads is not None:
             kwargs["n_threads"] = definition.gguf_n_threads

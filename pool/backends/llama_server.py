@@ -17,6 +17,7 @@ from pydantic import Field, PositiveInt
 
 from pool.backends._embedding import PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
@@ -109,8 +110,14 @@ def command_line(
     model_path: str,
     port: int,
     base_dir: str | None = None,
+    placement: GpuPlacement | None = None,
 ) -> list[str]:
-    """The ``llama-server`` arguments for ``definition``."""
+    """The ``llama-server`` arguments for ``definition``.
+
+    A replica the pool split over GPUs gets ``--tensor-split`` in the placement's
+    proportions (the devices are numbered within its ``CUDA_VISIBLE_DEVICES``), unless
+    the extra arguments set their own.
+    """
     d = definition
     args = [
         binary,
@@ -151,6 +158,11 @@ def command_line(
         if d.llama_server_n_ctx and not {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args):
             add("-b", d.llama_server_n_ctx)
             add("-ub", d.llama_server_n_ctx)
+    own_split = {"-ts", "--tensor-split"} & set(d.llama_server_extra_args)
+    # Virtual GPUs have no devices to split over: only the environment names them.
+    split = placement is not None and len(placement.gpus) > 1 and not placement.virtual
+    if placement is not None and split and not own_split:
+        add("--tensor-split", ",".join(f"{share:.4f}" for share in placement.split))
     args.extend(d.llama_server_extra_args)
     return args
 
@@ -202,8 +214,12 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         port = definition.llama_server_port or free_port(definition.llama_server_host)
         return await launch(
             f"model={context.model_name} llama-server[{context.replica_index}]",
-            command_line(definition, binary, str(model_path), port, context.settings_dir),
-            child_environment(library_path=definition.llama_server_library_path),
+            command_line(
+                definition, binary, str(model_path), port, context.settings_dir, context.placement
+            ),
+            child_environment(
+                library_path=definition.llama_server_library_path, placement=context.placement
+            ),
             host=definition.llama_server_host,
             port=port,
             served_model=context.model_name,

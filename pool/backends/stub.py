@@ -158,7 +158,11 @@ class StubBackend(Backend[StubModel]):
 
     async def load(self, definition: StubModel, context: LoadContext) -> StubRuntime:
         if definition.stub_load_seconds:
-            await trio.sleep(definition.stub_load_seconds)
+            # In quarters, each reported: the pool's load progress is driven by this.
+            for quarter in range(1, 5):
+                await trio.sleep(definition.stub_load_seconds / 4)
+                if context.report_progress is not None:
+                    context.report_progress(quarter / 4)
         if definition.stub_fail_load:
             raise BackendError(
                 f"stub_fail_load is set for model {context.model_name!r}"

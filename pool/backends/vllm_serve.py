@@ -22,6 +22,7 @@ from pydantic import Field
 
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFields
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
 from pool.backends._vllm_fields import (
@@ -52,16 +53,31 @@ class VllmServeModel(VllmFields, PooledEmbeddingFields):
     embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
 
 
+def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> int:
+    """The configured size, or the GPU count of a replica the pool split over GPUs."""
+    if placement is not None and len(placement.gpus) > 1:
+        return max(d.vllm_tensor_parallel_size, len(placement.gpus))
+    return d.vllm_tensor_parallel_size
+
+
 def command_line(
-    d: VllmServeModel, binary: str, model: str, port: int, served_name: str
+    d: VllmServeModel,
+    binary: str,
+    model: str,
+    port: int,
+    served_name: str,
+    placement: GpuPlacement | None = None,
 ) -> list[str]:
-    """The ``vllm serve`` arguments for ``d``: the engine arguments as flags."""
+    """The ``vllm serve`` arguments for ``d``: its engine arguments as flags, on the GPUs
+    of ``placement``."""
     if Path(binary).name.startswith("python"):
         args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
         args = [binary, "serve", model]
     args += ["--host", d.vllm_serve_host, "--port", str(port), "--served-model-name", served_name]
-    for name, value in engine_arguments(d).items():
+    arguments = engine_arguments(d)
+    arguments["tensor_parallel_size"] = tensor_parallel_size(d, placement)
+    for name, value in arguments.items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
             if value:
@@ -81,6 +97,8 @@ def command_line(
 
 class VllmServeBackend(Backend[VllmServeModel]):
     config = VllmServeModel
+    # Tensor parallelism shards every layer evenly: a split takes equal shares.
+    even_gpu_split = True
     # The engine's overrides, whether vLLM runs in-process or as `vllm serve`.
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
@@ -97,6 +115,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
         )
 
+    def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
+        size = definition.vllm_tensor_parallel_size
+        return size if size > 1 else None
+
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         return replica_concurrency(definition)
 
@@ -108,8 +130,12 @@ class VllmServeBackend(Backend[VllmServeModel]):
         port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
-            command_line(definition, binary, model, port, context.model_name),
-            child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path),
+            command_line(definition, binary, model, port, context.model_name, context.placement),
+            child_environment(
+                definition.vllm_serve_env,
+                definition.vllm_serve_library_path,
+                context.placement,
+            ),
             host=definition.vllm_serve_host,
             port=port,
             served_model=context.model_name,

@@ -58,7 +58,13 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             str(row.get("queue_depth", 0)),
             _memory(row),
             str(row.get("vram_estimate_source") or "-"),
-            ",".join(str(g) for g in gpus if g is not None) or "-",
+            # One entry per replica; a replica split over GPUs shows them joined by "+".
+            ",".join(
+                "+".join(str(g) for g in replica) if isinstance(replica, list) else str(replica)
+                for replica in gpus
+                if replica is not None
+            )
+            or "-",
         )
     return table
 

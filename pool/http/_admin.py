@@ -39,10 +39,11 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def admin_load(name: str) -> Response:
         """Load a configured model, with optional replicas and live-only overrides."""
         require(ctx, "admin")
-        actor = pool.model(name)
+        pool.model(name)  # an unknown model is a 404 before the body is read
         body = await read_body(LoadRequest, optional=True)
-        # The model actor owns the load: a client that disconnects does not cancel it.
-        return json_response(model_row(await pool.detached(actor.load, body)))
+        # The pool owns the load (through its VRAM gate: placement, eviction); a client
+        # that disconnects does not cancel it.
+        return json_response(model_row(await pool.detached(pool.load, name, body)))
 
     @app.post("/v1/admin/models/<name>/unload")
     async def admin_unload(name: str) -> Response:

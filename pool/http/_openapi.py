@@ -101,7 +101,12 @@ ROUTES: list[Route] = [
      "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
      " `response.created`, one `response.output_text.delta` per generated piece,"
      " `response.metrics`, `response.completed`; an error after the stream started is an"
-     " `error` event. The same path accepts a WebSocket (see `GET /v1/responses`)."
+     " `error` event. A request that waits for VRAM or a load (an on-demand model not"
+     " loaded yet) streams at once and shows the wait before the first delta:"
+     " `response.queued` (`position`, `waiting_for`: vram/load/replica) and"
+     " `response.loading` (`progress` 0..1, null where unknown); its timeout is then an"
+     " `error` event. `queue_timeout` errors carry `waiting_for`. The same path accepts a"
+     " WebSocket (see `GET /v1/responses`)."
      " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode`, `X-Cache-Tag`;"
      " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
      " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
@@ -121,7 +126,8 @@ ROUTES: list[Route] = [
      " VRAM (`vram_estimate_mib` and its `vram_estimate_source`: configured_vram_mb,"
      " observed_load_delta, artifact_metadata, model_artifact_size, name_heuristic or"
      " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
-     " when none; `gpus`: the GPU of each replica), capabilities, load constraints and"
+     " when none; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
+     " each of them), capabilities, load constraints and"
      " recommendations, load override and definition.", reply=ModelRows),
     Route("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.",
      reply=ModelRow),

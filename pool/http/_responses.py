@@ -10,7 +10,16 @@ from typing import Any
 import trio
 from quart import Quart, Response, websocket
 
-from pool.actors import Admission, DecodingOverrides, Delta, Failed, Finished, InferenceRequest
+from pool.actors import (
+    Admission,
+    DecodingOverrides,
+    Delta,
+    Failed,
+    Finished,
+    InferenceRequest,
+    Queued,
+    Waiting,
+)
 from pool.backends import ImagePart, TextPart, Turn
 from pool.errors import PoolError
 from pool.http._common import (
@@ -150,6 +159,17 @@ def finished_events(
     return metrics, {"type": "response.completed", "response": body.model_dump()}
 
 
+def wait_event(waiting: Waiting) -> dict[str, Any]:
+    """``response.queued`` (its place, what it waits for) or ``response.loading``."""
+    if isinstance(waiting, Queued):
+        return {
+            "type": "response.queued",
+            "position": waiting.position,
+            "waiting_for": waiting.waiting_for,
+        }
+    return {"type": "response.loading", "progress": waiting.progress}
+
+
 def error_event(exc: PoolError | SchemaError) -> dict[str, Any]:
     body = schema_error_body(exc) if isinstance(exc, SchemaError) else error_body(exc)
     return {"type": "error", "error": body["error"]}
@@ -230,6 +250,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render=render,
             render_error=render_error,
             opening=lambda admission: sse(created_event(admission)),
+            render_wait=lambda admission, waiting: sse(wait_event(waiting)),
         )
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -271,8 +292,12 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
         with trio.CancelScope() as scope:
             running.append(scope)
             try:
-                async with ctx.pool.admit(request, tenant=tenant, priority=priority) as admission:
+                async with ctx.pool.admit(
+                    request, tenant=tenant, priority=priority, report_waits=True
+                ) as admission:
                     await send(created_event(admission))
+                    async for waiting in admission.waits():
+                        await send(wait_event(waiting))
                     async for event in admission.events():
                         if type(event) is Delta:
                             await send({"type": _DELTA, "delta": event.text})

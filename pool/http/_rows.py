@@ -44,7 +44,9 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         "vram_estimate_replica_count": snapshot.vram.replica_count,
         "vram_estimate_source": snapshot.vram.source,
         "observed_load_delta": snapshot.observed_load_delta_mib,
-        "gpus": list(snapshot.gpus),
+        # Per replica: its GPUs, and the MiB planned on each (a split names several).
+        "gpus": [list(gpus) for gpus in snapshot.gpus],
+        "gpu_split_mib": [list(p.mib) for p in snapshot.placement],
     }
     if full:
         row["load_constraints"] = {k: dict(v) for k, v in snapshot.load_constraints.items()}
@@ -66,6 +68,7 @@ _GPU_MEMORY_ROW_KEYS = (
     "vram_estimate_source",
     "observed_load_delta",
     "gpus",
+    "gpu_split_mib",
 )
 
 

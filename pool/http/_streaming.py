@@ -6,6 +6,11 @@ a plain HTTP error with its status. :func:`admitted_stream` runs admission first
 hands back the admission and an iterator over the rendered rest; leaving that iterator
 early (a client that disconnects) leaves the ``admit`` block and so cancels the
 generation.
+
+With ``render_wait``, a request that has to wait for VRAM or a load is the exception:
+its 200 goes out at once and the wait is rendered before the first delta (a timeout
+then ends the stream as an error event). A request that does not wait for either
+streams exactly as without it.
 """
 
 from __future__ import annotations
@@ -13,18 +18,30 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from pool.actors import Admission, Delta, Event, Failed, Finished, InferenceRequest, Pool
+from pool.actors import (
+    Admission,
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    InferenceRequest,
+    Pool,
+    Waiting,
+)
 from pool.errors import PoolError
 
 Render = Callable[[Admission, Delta | Finished], bytes | None]
 RenderError = Callable[[Admission, PoolError], bytes]
+RenderWait = Callable[[Admission, Waiting], bytes]
 Frame = Callable[[Admission], bytes | None]
 
 
 async def _events(
-    pool: Pool, request: InferenceRequest, tenant: str, priority: str
+    pool: Pool, request: InferenceRequest, tenant: str, priority: str, report_waits: bool
 ) -> AsyncGenerator[Admission | Event, None]:
-    async with pool.admit(request, tenant=tenant, priority=priority) as admission:
+    async with pool.admit(
+        request, tenant=tenant, priority=priority, report_waits=report_waits
+    ) as admission:
         yield admission
         async for event in admission.events():
             yield event
@@ -39,14 +56,16 @@ async def admitted_stream(
     render: Render,
     render_error: RenderError,
     opening: Frame | None = None,
+    render_wait: RenderWait | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
     """Admit ``request`` (raising its PoolError), then stream its rendered events.
 
     ``opening`` renders what goes first (e.g. ``response.created``), ``render`` each
     delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
-    stream ends after it).
+    stream ends after it), ``render_wait`` each ``Queued``/``Loading`` of a request that
+    waits for VRAM or a load.
     """
-    events = _events(pool, request, tenant, priority)
+    events = _events(pool, request, tenant, priority, render_wait is not None)
     admission = await anext(events)
     assert isinstance(admission, Admission)
 
@@ -54,6 +73,10 @@ async def admitted_stream(
         async with contextlib.aclosing(events):
             if opening is not None and (head := opening(admission)):
                 yield head
+            if render_wait is not None and admission.waiting:
+                async with contextlib.aclosing(admission.waits()) as waits:
+                    async for waiting in waits:
+                        yield render_wait(admission, waiting)
             async for event in events:
                 if isinstance(event, Failed):
                     yield render_error(admission, event.error)

@@ -265,7 +265,12 @@ class ModelRow(_Reply):
     vram_estimate_replica_count: int
     vram_estimate_source: str
     observed_load_delta: int | None
-    gpus: list[int]
+    gpus: list[list[int]] = Field(
+        description="Per replica, the GPUs it runs on (one, or several for a split)."
+    )
+    gpu_split_mib: list[list[int]] = Field(
+        description="Per replica, the MiB planned on each of its GPUs, in the same order."
+    )
     load_constraints: dict[str, dict[str, Any]]
     load_recommendations: dict[str, dict[str, Any]]
     load_override: dict[str, Any]
@@ -295,7 +300,12 @@ class GpuModelRow(_Reply):
     vram_estimate_replica_count: int
     vram_estimate_source: str
     observed_load_delta: int | None
-    gpus: list[int]
+    gpus: list[list[int]] = Field(
+        description="Per replica, the GPUs it runs on (one, or several for a split)."
+    )
+    gpu_split_mib: list[list[int]] = Field(
+        description="Per replica, the MiB planned on each of its GPUs, in the same order."
+    )
 
 
 class GpuMemory(_Reply):

@@ -421,14 +421,14 @@ async def test_replicas_are_placed_on_the_gpus_with_room(autojump_clock: trio.ab
     )
     async with open_pool(settings) as pool:
         await pool.load("big")
-        assert pool.snapshot("big").gpus == (0,)
+        assert [p.gpus for p in pool.snapshot("big").placement] == [(0,)]
         wide = await pool.load("wide")
-        assert sorted(wide.gpus) == [0, 1, 1]
+        assert sorted(p.gpus for p in wide.placement) == [(0,), (1,), (1,)]
         assert wide.observed_load_delta_mib == 9000
         assert wide.vram.source == "observed_load_delta"
         unloaded = await pool.unload("wide")
         assert unloaded.observed_load_delta_mib is None
-        assert unloaded.gpus == ()
+        assert unloaded.placement == ()
 
 
 # -- measured footprints ------------------------------------------------------------------

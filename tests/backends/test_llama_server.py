@@ -136,3 +136,24 @@ async def test_openai_remote_against_the_server(binary: str) -> None:
 
 def test_kill_9_of_the_pool_leaves_no_llama_server(binary: str, tmp_path: Path) -> None:
     assert_killed_pool_leaves_no_server(_settings(binary), "ls", tmp_path)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+async def test_the_server_runs_on_the_gpus_it_was_placed_on(binary: str) -> None:
+    """Two virtual GPUs: a replica of 1.5 GPUs is split; the real server's environment
+    names both, and it still answers (CUDA_VISIBLE_DEVICES is moot on a CPU build)."""
+    config = _settings(binary, vram_mb=1500).model_dump()
+    config["engine"]["gpu_budget_mib"] = [1000, 1000]
+    async with open_pool(build_settings(config)) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        (placement,) = pool.snapshot("ls").placement
+        assert placement.gpus == (0, 1) and placement.mib == (750, 750)
+        pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        environ = _environ(pid)
+        assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert "Paris" in (await pool.respond(_ask())).text

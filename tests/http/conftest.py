@@ -27,6 +27,22 @@ STUB_MODELS: dict[str, dict[str, Any]] = {
     "single": {"backend": "exllamav3", "prompt_format": "translategemma_template"},
 }
 
+# A model that loads on the first request, reporting each quarter of a 0.4 s load.
+WAITING_MODELS = {
+    "lazy": {
+        "backend": "stub",
+        "on_demand": True,
+        "stub_reply": "a b c",
+        "stub_load_seconds": 0.4,
+    },
+    "never": {
+        "backend": "stub",
+        "on_demand": True,
+        "stub_load_seconds": 30,
+        "queue_timeout_s": 0.3,
+    },
+}
+
 
 class FakeGpus:
     """A GPU source with fixed readings, in place of the NVML monitor ``serve`` starts."""

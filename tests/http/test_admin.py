@@ -21,6 +21,7 @@ ROW_FIELDS = {
     "replica_max", "loaded_replicas", "inflight_requests", "queue_depth", "runtime_inflight",
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
     "vram_estimate_replica_count", "vram_estimate_source", "observed_load_delta", "gpus",
+    "gpu_split_mib",
     "load_constraints",
     "load_recommendations", "load_override", "capabilities", "definition",
 }  # fmt: skip
@@ -312,3 +313,22 @@ async def test_rate_limit_over_http(nursery: trio.Nursery) -> None:
         assert 1 <= int(refused.headers["retry-after"]) <= 30
         other = await client.post("/v1/responses", json=body, headers={"X-Tenant-ID": "other"})
         assert other.status_code == 200
+
+
+async def test_rows_show_the_gpus_of_each_replica(nursery: trio.Nursery) -> None:
+    """Two virtual GPUs: a model of 1.5 GPUs is split, 1:2 beside a smaller one."""
+    stub = {"backend": "stub", "on_demand": True}
+    models = {
+        "small": {**stub, "stub_vram_mib": 4000},
+        "big": {**stub, "stub_vram_mib": 12_000},
+    }
+    info = await start_server(nursery, models, engine={"gpu_budget_mib": [8000, 8000]})
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        await client.post("/v1/admin/models/small/load", json={})
+        row = (await client.post("/v1/admin/models/big/load", json={})).json()
+        assert row["gpus"] == [[0, 1]], row
+        assert row["gpu_split_mib"] == [[4000, 8000]]
+        memory = {m["name"]: m for m in (await client.get("/v1/admin/gpu-memory")).json()["models"]}
+        assert memory["small"]["gpus"] == [[0]] and memory["small"]["gpu_split_mib"] == [[4000]]
+        unloaded = (await client.post("/v1/admin/models/big/unload")).json()
+        assert unloaded["gpus"] == [] and unloaded["gpu_split_mib"] == []

@@ -116,7 +116,10 @@ _RESOURCES_NORMAL = (
 
 # Which GPUs a loaded model was placed on depends on the machine's GPUs too (placement
 # itself is pinned in tests/actors/test_vram.py).
-_PLACEMENT = re.compile(r'"observed_load_delta":(null|\d+),"gpus":\[[\d,]*\]')
+_PLACEMENT = re.compile(
+    r'"observed_load_delta":(null|\d+),"gpus":\[(?:\[[\d,]*\],?)*\],'
+    r'"gpu_split_mib":\[(?:\[[\d,]*\],?)*\]'
+)
 
 _HEADER_VALUES = {
     "content-length": "<LEN>",

@@ -107,7 +107,7 @@ async def test_ps_reports_the_footprint_and_what_is_on_gpus(nursery: trio.Nurser
         # No GPU placed it (this pool has none): the footprint, none of it in VRAM.
         assert row["size"] == 300 * 1024 * 1024 and row["size_vram"] == 0
     placed = await start_server(nursery, {"gpu": models["cpu"] | {"enabled": False}}, gpus=TWO_GPUS)
-    assert (await placed.pool.load("gpu")).gpus == (0,)
+    assert (await placed.pool.load("gpu")).gpus == ((0,),)
     async with httpx.AsyncClient(base_url=placed.url, timeout=10) as http:
         (row,) = (await http.get("/api/ps")).json()["models"]
         assert row["size"] == row["size_vram"] == 300 * 1024 * 1024

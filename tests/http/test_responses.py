@@ -12,7 +12,7 @@ from pool import ServerInfo
 from pool.http._common import dumps
 from pool.http._responses import sse
 
-from .conftest import sse_events, start_server
+from .conftest import WAITING_MODELS, sse_events, start_server
 
 
 async def _inflight(client: httpx.AsyncClient, model: str) -> int:
@@ -263,3 +263,69 @@ def test_delta_events_encode_like_any_other_event(text: str) -> None:
     generic = b"event: response.output_text.delta\ndata: " + dumps(event) + b"\n\n"
     assert sse(event) == generic
     assert json.loads(sse(event).split(b"data: ", 1)[1]) == event
+
+
+async def test_a_stream_waiting_for_a_load_sees_queued_then_loading(
+    nursery: trio.Nursery,
+) -> None:
+    info = await start_server(nursery, WAITING_MODELS)
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        body = {"model": "lazy", "input": "x", "stream": True}
+        reply = await client.post("/v1/responses", json=body)
+        assert reply.status_code == 200
+        events = [(kind, json.loads(data)) for kind, data in sse_events(reply.text)]
+        kinds = [kind for kind, _ in events]
+        first_delta = kinds.index("response.output_text.delta")
+        assert kinds[0] == "response.created"
+        assert kinds[1] == "response.queued"
+        assert events[1][1] == {"type": "response.queued", "position": 1, "waiting_for": "load"}
+        loading = [data["progress"] for kind, data in events if kind == "response.loading"]
+        assert loading[0] is None and loading[1:4] == [0.25, 0.5, 0.75]
+        assert set(kinds[1:first_delta]) == {"response.queued", "response.loading"}
+        assert kinds[-1] == "response.completed"
+        assert events[-1][1]["response"]["output_text"] == "a b c"
+        # Loaded now: the next stream waits for nothing and shows no wait.
+        again = await client.post("/v1/responses", json=body)
+        assert "response.queued" not in again.text and "response.loading" not in again.text
+
+
+async def test_a_stream_that_times_out_waiting_names_the_load(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, WAITING_MODELS)
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        body = {"model": "never", "input": "x", "stream": True}
+        reply = await client.post("/v1/responses", json=body)
+        # The wait was streamed, so the timeout is the stream's last event.
+        assert reply.status_code == 200
+        events = sse_events(reply.text)
+        assert [k for k, _ in events][:3] == [
+            "response.created",
+            "response.queued",
+            "response.loading",
+        ]
+        kind, data = events[-1]
+        error = json.loads(data)["error"]
+        assert kind == "error" and error["code"] == "queue_timeout"
+        assert error["waiting_for"] == "load"
+        # Without streaming the same wait is a plain 504 that says the same.
+        plain = await client.post("/v1/responses", json={"model": "never", "input": "x"})
+        assert plain.status_code == 504 and plain.json()["error"]["waiting_for"] == "load"
+
+
+async def test_leaving_a_stream_while_it_waits_leaves_the_queue(nursery: trio.Nursery) -> None:
+    models = {**WAITING_MODELS, "never": {**WAITING_MODELS["never"], "queue_timeout_s": 60}}
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        body = {"model": "never", "input": "x", "stream": True}
+        async with client.stream("POST", "/v1/responses", json=body) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("event: response.loading"):
+                    assert await _queued(client, "never") == 1
+                    break
+        with trio.fail_after(5):
+            while await _queued(client, "never"):
+                await trio.sleep(0.02)
+
+
+async def _queued(client: httpx.AsyncClient, model: str) -> int:
+    row = (await client.get(f"/v1/admin/models/{model}")).json()
+    return int(row["queue_depth"])

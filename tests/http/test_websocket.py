@@ -11,6 +11,8 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 
 from pool import ServerInfo
 
+from .conftest import WAITING_MODELS, start_server
+
 
 def _ws_url(server: ServerInfo) -> str:
     return server.url.replace("http://", "ws://") + "/v1/responses"
@@ -85,3 +87,23 @@ async def test_closing_the_socket_cancels(server: ServerInfo) -> None:
         with trio.fail_after(1):
             while (await client.get("/v1/admin/models/slow")).json()["runtime_inflight"]:
                 await trio.sleep(0.02)
+
+
+async def test_a_socket_waiting_for_a_load_sees_queued_then_loading(
+    nursery: trio.Nursery,
+) -> None:
+    info = await start_server(nursery, WAITING_MODELS)
+    async with open_websocket_url(_ws_url(info)) as ws:
+        await ws.send_message(json.dumps({"model": "lazy", "input": "x"}))
+        events = await _until(ws, "response.completed")
+    kinds = [e["type"] for e in events]
+    first_delta = kinds.index("response.output_text.delta")
+    assert kinds[:3] == ["response.created", "response.queued", "response.loading"]
+    assert events[1] == {"type": "response.queued", "position": 1, "waiting_for": "load"}
+    assert set(kinds[1:first_delta]) == {"response.queued", "response.loading"}
+    assert [e["progress"] for e in events if e["type"] == "response.loading"][1:4] == [
+        0.25,
+        0.5,
+        0.75,
+    ]
+    assert events[-1]["response"]["output_text"] == "a b c"
