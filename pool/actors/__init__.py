@@ -24,6 +24,7 @@ from pool.actors._snapshots import (
 )
 from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
+from pool.backends import ToolCallDelta
 
 __all__ = [
     "STATE_DESCRIPTIONS",
@@ -50,6 +51,7 @@ __all__ = [
     "QueueStats",
     "RuntimeState",
     "Timings",
+    "ToolCallDelta",
     "Usage",
     "VirtualGpus",
     "VramEstimate",

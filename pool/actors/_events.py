@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pool.backends import FinishReason
+from pool.backends import FinishReason, ToolCall, ToolCallDelta
 from pool.errors import PoolError
 
 
@@ -49,12 +49,17 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The request completed: the whole text, why it stopped, usage and timings."""
+    """The request completed: the whole text, why it stopped, usage and timings.
+
+    ``tool_calls`` are the calls the model made (their pieces came as
+    :class:`ToolCallDelta` events); with any, ``finish_reason`` is ``tool_calls``.
+    """
 
     text: str
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,4 +78,5 @@ class Embedded:
     timings: Timings
 
 
-Event = Delta | Finished | Failed
+# ToolCallDelta (from pool.backends) is the neutral piece of a tool call.
+Event = Delta | ToolCallDelta | Finished | Failed

@@ -19,6 +19,7 @@ from pool.backends import vllm
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._tool_calls import vllm_tool_parser
 from pool.errors import BackendError
 
 
@@ -35,6 +36,12 @@ class VllmServeModel(vllm.VllmFields):
     vllm_serve_start_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_extra_args: list[str] = Field(default_factory=list)
+    vllm_tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's --tool-call-parser; default by model family (qwen3 -> qwen3_json,"
+        " Qwen3-Coder -> qwen3_xml, mistral/mixtral -> mistral, granite -> granite, else"
+        " hermes).",
+    )
 
 
 def speculative_config(d: VllmServeModel) -> dict[str, Any] | None:
@@ -95,6 +102,12 @@ def command_line(
         args.append("--trust-remote-code")
     if d.vllm_enforce_eager:
         args.append("--enforce-eager")
+    # Tool calls come back parsed by the model family's parser (tool_choice auto).
+    args += [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        d.vllm_tool_call_parser or vllm_tool_parser(model, served_name),
+    ]
     args.extend(d.vllm_serve_extra_args)
     return args
 
@@ -113,6 +126,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
             thinking_modes=ALL_THINKING_MODES,
             sampling=SERVER_SAMPLING,
+            tools=True,
+            structured_output=True,
         )
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:

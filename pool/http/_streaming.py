@@ -13,10 +13,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from pool.actors import Admission, Delta, Event, Failed, Finished, InferenceRequest, Pool
+from pool.actors import (
+    Admission,
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    InferenceRequest,
+    Pool,
+    ToolCallDelta,
+)
 from pool.errors import PoolError
 
 Render = Callable[[Admission, Delta | Finished], bytes | None]
+RenderToolCall = Callable[[Admission, ToolCallDelta], bytes | None]
 RenderError = Callable[[Admission, PoolError], bytes]
 Frame = Callable[[Admission], bytes | None]
 
@@ -39,12 +49,14 @@ async def admitted_stream(
     render: Render,
     render_error: RenderError,
     opening: Frame | None = None,
+    render_tool_call: RenderToolCall | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
     """Admit ``request`` (raising its PoolError), then stream its rendered events.
 
     ``opening`` renders what goes first (e.g. ``response.created``), ``render`` each
     delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
-    stream ends after it).
+    stream ends after it), ``render_tool_call`` each tool-call piece (a surface
+    without one never offers tools, so none arrive).
     """
     events = _events(pool, request, tenant, priority)
     admission = await anext(events)
@@ -59,7 +71,10 @@ async def admitted_stream(
                     yield render_error(admission, event.error)
                     return
                 assert not isinstance(event, Admission)
-                chunk = render(admission, event)
+                if isinstance(event, ToolCallDelta):
+                    chunk = render_tool_call(admission, event) if render_tool_call else None
+                else:
+                    chunk = render(admission, event)
                 if chunk:
                     yield chunk
 
