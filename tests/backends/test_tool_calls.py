@@ -139,3 +139,62 @@ def test_forced_call_grammars_compile(family: Any, choice: ToolChoice) -> None:
     assert gbnf.startswith("root ::=") and '"\\"get_weather\\""' in gbnf
     assert ("get_time" in gbnf) == (choice.mode == "required")
     assert load_grammar(gbnf) is not None
+
+
+def _request(**fields: Any) -> Any:
+    from pool.backends import Decoding, GenerationRequest, TextPart, ToolCall, Turn
+
+    turns = (
+        Turn("user", (TextPart("weather?"),)),
+        Turn("assistant", (TextPart(""),), (ToolCall("call_1", "get_weather", '{"city": "P"}'),)),
+        Turn("tool", (TextPart("sunny"),), tool_call_id="call_1"),
+    )
+    return GenerationRequest("r", "m", turns, Decoding(), **fields)
+
+
+def test_managed_servers_get_openai_fields() -> None:
+    from pool.backends import OutputFormat
+    from pool.backends._chat_client import chat_messages, tool_fields
+
+    request = _request(
+        tools=(WEATHER,),
+        tool_choice=ToolChoice("function", "get_weather"),
+        output_format=OutputFormat("json_schema", {"type": "object"}, "x", True),
+    )
+    messages = chat_messages(request)
+    assert messages[1]["content"] is None
+    assert messages[1]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "P"}',
+    }
+    assert messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    fields = tool_fields(request)
+    assert fields["tools"][0]["function"]["name"] == "get_weather"
+    assert fields["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert fields["response_format"]["json_schema"] == {
+        "name": "x",
+        "schema": {"type": "object"},
+        "strict": True,
+    }
+
+
+def test_llama_server_forced_calls_use_the_pool_grammar() -> None:
+    pytest.importorskip("llama_cpp")
+    from pool.backends._chat_client import tool_fields
+    from pool.backends._forced_calls import force_with_grammar
+    from pool.backends.llama_server import LlamaServerModel, command_line
+
+    request = _request(tools=(WEATHER,), tool_choice=ToolChoice("required"))
+    body = {"chat_template_kwargs": {"enable_thinking": False}, **tool_fields(request)}
+    assert force_with_grammar(body, request, "hermes")
+    assert "tools" not in body and "tool_choice" not in body
+    assert body["chat_template_kwargs"]["enable_thinking"] is False
+    assert body["chat_template_kwargs"]["tools"][0]["function"]["name"] == "get_weather"
+    assert body["grammar"].startswith('root ::= "<tool_call>')
+    auto = _request(tools=(WEATHER,))
+    assert not force_with_grammar(tool_fields(auto), auto, "hermes")
+
+    model = LlamaServerModel(model_path="/m.gguf", llama_server_chat_template_file="/t.jinja")
+    args = command_line(model, "llama-server", "/m.gguf", 1)
+    assert "--jinja" in args and args[args.index("--chat-template-file") + 1] == "/t.jinja"
+    assert "--chat-template" not in args

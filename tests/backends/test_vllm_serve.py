@@ -162,3 +162,16 @@ def test_request_body_spells_vllm_fields_and_forwards_thinking() -> None:
     asked = GenerationRequest("r", "m", request.turns, Decoding(), thinking="enabled")
     assert runtime.body(asked)["chat_template_kwargs"] == {"enable_thinking": True}
     assert "presence_penalty" not in runtime.body(asked)
+
+
+def test_tool_parser_follows_the_model_family_unless_configured() -> None:
+    qwen = command_line(_model(vllm_model="Qwen/Qwen3-8B"), "vllm", "Qwen/Qwen3-8B", 1, "q")
+    assert "--enable-auto-tool-choice" in qwen and _flag(qwen, "--tool-call-parser") == "qwen3_json"
+    mistral = command_line(_model(vllm_model="/m"), "vllm", "/m/Mistral-7B", 1, "x")
+    assert _flag(mistral, "--tool-call-parser") == "mistral"
+    smol = command_line(_model(vllm_model="/m"), "vllm", "/m/smollm2", 1, "x")
+    assert _flag(smol, "--tool-call-parser") == "hermes"
+    chosen = command_line(
+        _model(vllm_model="/m", vllm_tool_call_parser="llama3_json"), "vllm", "/m", 1, "x"
+    )
+    assert _flag(chosen, "--tool-call-parser") == "llama3_json"
