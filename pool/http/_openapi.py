@@ -42,7 +42,11 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
      " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
      " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
-     " and from public addresses; a refusal is 400 `image_refused` with a `reason`.",
+     " and from public addresses; a refusal is 400 `image_refused` with a `reason`."
+     " Function tools (`tools`, `tool_choice`; `function_call`/`function_call_output` items in"
+     " `messages`) answer `function_call` output items (streamed as"
+     " `response.output_item.added` and `response.function_call_arguments.delta`/`.done`);"
+     " `text.format` constrains the reply to JSON.",
      ResponseRequest, 200),
     ("get", "/v1/models", "inference", "List servable models",
      "OpenAI list format of the model ids that accept requests now: loaded models and"
@@ -89,7 +93,11 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`). Sampling"
      " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
      " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes. An embedding model"
-     " answers 400 `generation_unsupported`.", ChatCompletionRequest, 200),
+     " answers 400 `generation_unsupported`. Tools (`tools`, `tool_choice`,"
+     " `parallel_tool_calls`, `tool` messages; calls come back in `message.tool_calls` and"
+     " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
+     " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
+     " naming the field in `param`.", ChatCompletionRequest, 200),
     ("post", "/v1/completions", "openai", "Completions (OpenAI, legacy)",
      "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
      " `text_completion` chunks as Server-Sent Events, then `data: [DONE]`. `max_tokens`"
@@ -104,7 +112,9 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " tenant limits and on-demand loads as generation; a generation model answers 400"
      " `embeddings_unsupported`.", EmbeddingsRequest, 200),
     ("post", "/api/chat", "ollama", "Chat (Ollama)",
-     "NDJSON stream by default; no messages loads the model (`keep_alive: 0` unloads).",
+     "NDJSON stream by default; no messages loads the model (`keep_alive: 0` unloads)."
+     " `tools` and `tool` messages where the backend can call tools (`message.tool_calls` in"
+     " the reply); `format` (`\"json\"` or a schema) constrains the reply.",
      OllamaChatRequest, 200),
     ("post", "/api/generate", "ollama", "Generate (Ollama)",
      "One prompt; NDJSON stream by default; an empty prompt loads the model.",
