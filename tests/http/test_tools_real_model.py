@@ -222,6 +222,32 @@ async def test_llama_cpp_tools_and_structured_output(nursery: trio.Nursery) -> N
         assert capabilities["functionCalling"] and capabilities["structuredOutput"]
         await _responses_round_trip(http)
 
+    # openai_remote passes tools through (here to this pool's own llama_cpp model).
+    remote = await start_server(
+        nursery,
+        {
+            "remote": {
+                "backend": "openai_remote",
+                "remote_base_url": info.url + "/v1",
+                "remote_model": "smol",
+                "enabled": True,
+            }
+        },
+    )
+    relayed = await _client(remote.url).chat.completions.create(
+        model="remote",
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice=FORCE_WEATHER,
+        temperature=0,
+        max_tokens=60,
+        extra_body={"allow_remote": True},
+    )
+    assert relayed.choices[0].finish_reason == "tool_calls"
+    (passed,) = relayed.choices[0].message.tool_calls or []
+    assert passed.function.name == "get_weather"
+    assert json.loads(passed.function.arguments) == {"city": "Paris"}
+
     # A model that cannot call tools says so rather than ignoring them.
     with pytest.raises(openai.BadRequestError) as refused:
         await client.chat.completions.create(model="plain", messages=QUESTION, tools=[WEATHER])
