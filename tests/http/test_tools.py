@@ -3,16 +3,21 @@ tools or structured output refuses them instead of ignoring them (stub models)."
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import trio
+from trio_websocket import open_websocket_url
 
 from pool import ServerInfo
+from pool.backends import register_backend, unregister_backend
 
-from .conftest import start_server
+from . import tool_backend
+from .conftest import sse_events, start_server
 
 USER: Any = [{"role": "user", "content": "hi"}]
 
@@ -146,3 +151,71 @@ async def test_responses_and_ollama_definitions(info: ServerInfo) -> None:
         assert "tools[0].function.name" in ollama_tool.json()["error"]
         caps = (await http.get("/v1/capabilities")).json()["capabilities"]
         assert caps["functionCalling"] is False and caps["structuredOutput"] is False
+
+
+@pytest.fixture
+async def caller(nursery: trio.Nursery) -> AsyncIterator[ServerInfo]:
+    register_backend("toolcaller", tool_backend.__name__)
+    try:
+        yield await start_server(nursery, {"caller": {"backend": "toolcaller", "enabled": True}})
+    finally:
+        unregister_backend("toolcaller")
+
+
+async def test_calls_render_on_every_surface(caller: ServerInfo) -> None:
+    client = openai.AsyncOpenAI(base_url=caller.url + "/v1", api_key="unused", max_retries=0)
+    reply = await client.chat.completions.create(model="caller", messages=USER, tools=[GOOD])
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.content == "Checking."
+    assert message.tool_calls and message.tool_calls[0].id == "call_toy1"
+    assert message.tool_calls[0].function.arguments == '{"n": 1}'
+
+    stream = await client.chat.completions.create(
+        model="caller", messages=USER, tools=[GOOD], stream=True
+    )
+    chunks = [c async for c in stream if c.choices]
+    pieces = [p for c in chunks for p in c.choices[0].delta.tool_calls or ()]
+    assert [p.id for p in pieces] == ["call_toy1", None, None]
+    assert "".join(p.function.arguments or "" for p in pieces if p.function) == '{"n": 1}'
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    async with httpx.AsyncClient(base_url=caller.url, timeout=10) as http:
+        tool = {"type": "function", "name": "get_weather"}
+        body = {"model": "caller", "input": "hi", "tools": [tool]}
+        envelope = (await http.post("/v1/responses", json=body)).json()
+        assert [o["type"] for o in envelope["output"]] == ["output_text", "function_call"]
+        assert envelope["output"][1]["call_id"] == "call_toy1"
+        streamed = await http.post("/v1/responses", json={**body, "stream": True})
+        kinds = [kind for kind, _ in sse_events(streamed.text)]
+        assert kinds == [
+            "response.created",
+            "response.output_text.delta",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.metrics",
+            "response.completed",
+        ]
+
+        async with open_websocket_url(
+            caller.url.replace("http://", "ws://") + "/v1/responses"
+        ) as ws:
+            await ws.send_message(json.dumps(body))
+            frames: list[str] = []
+            with trio.fail_after(5):
+                while not frames or json.loads(frames[-1])["type"] != "response.completed":
+                    frames.append(str(await ws.get_message()))
+            assert [json.loads(f)["type"] for f in frames] == kinds
+
+        chat = {"model": "caller", "messages": USER, "tools": [GOOD]}
+        whole = (await http.post("/api/chat", json={**chat, "stream": False})).json()
+        assert whole["message"]["tool_calls"] == [
+            {"function": {"name": "get_weather", "arguments": {"n": 1}}}
+        ]
+        lines = [
+            json.loads(line) for line in (await http.post("/api/chat", json=chat)).text.splitlines()
+        ]
+        called = [line for line in lines if line.get("message", {}).get("tool_calls")]
+        assert len(called) == 1 and not called[0]["done"] and lines[-1]["done"]
