@@ -23,6 +23,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "generation_unsupported": 400,
     "sampling_unsupported": 400,
     "logprobs_unsupported": 400,
+    "tools_unsupported": 400,
+    "structured_output_unsupported": 400,
     "copy_unsupported": 400,
     "unauthorized": 401,
     "host_not_allowed": 403,

@@ -36,6 +36,7 @@ from pool.actors._snapshots import (
 )
 from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
+from pool.backends import ToolCallDelta
 
 __all__ = [
     "STATE_DESCRIPTIONS",
@@ -64,6 +65,7 @@ __all__ = [
     "Queued",
     "RuntimeState",
     "Timings",
+    "ToolCallDelta",
     "Usage",
     "VirtualGpus",
     "VramEstimate",

@@ -21,6 +21,7 @@ from pool.actors._events import (
     Waiting,
 )
 from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.backends import ToolCallDelta, assemble_calls
 from pool.errors import PoolError
 
 
@@ -147,13 +148,21 @@ class Admission:
             yield Failed(error)
             return
         pieces: list[str] = []
+        call_pieces: list[ToolCallDelta] = []
         async for item in self.ticket.receive_channel:
             if type(item) is Delta:
                 pieces.append(item.text)
                 yield item
+            elif isinstance(item, ToolCallDelta):
+                call_pieces.append(item)
+                yield item
             elif isinstance(item, JobFinished):
                 timings, usage = build_timings(self.ticket, item, self.admitted_at)
-                finished = Finished("".join(pieces), item.stats.finish_reason, usage, timings)
+                calls = assemble_calls(call_pieces)
+                reason = item.stats.finish_reason
+                if calls and reason == "stop":
+                    reason = "tool_calls"
+                finished = Finished("".join(pieces), reason, usage, timings, calls)
                 self.finished = finished
                 if self._on_finished is not None:
                     self._on_finished(self, item, finished)

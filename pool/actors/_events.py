@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pool.backends import FinishReason
+from pool.backends import FinishReason, ToolCall, ToolCallDelta
 from pool.errors import PoolError
 
 
@@ -53,12 +53,17 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The request completed: the whole text, why it stopped, usage and timings."""
+    """The request completed: the whole text, why it stopped, usage and timings.
+
+    ``tool_calls`` are the calls the model made (their pieces came as
+    :class:`ToolCallDelta` events); with any, ``finish_reason`` is ``tool_calls``.
+    """
 
     text: str
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,8 @@ class Embedded:
     timings: Timings
 
 
-Event = Delta | Finished | Failed
+# ToolCallDelta (from pool.backends) is the neutral piece of a tool call.
+Event = Delta | ToolCallDelta | Finished | Failed
 
 # What a request that has not started yet waits for: room on the GPUs (the VRAM gate,
 # or its model making way for another), its model's load, or a free replica slot.

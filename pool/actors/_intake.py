@@ -17,7 +17,6 @@ from pool.backends import (
     EmbeddingJob,
     GenerationRequest,
     ImagePart,
-    Turn,
 )
 from pool.config import DecodingDefaults
 from pool.errors import PoolError
@@ -59,6 +58,44 @@ def check_sampling(name: str, decoding: Decoding, capabilities: Capabilities) ->
                 f"model {name!r} cannot honour {field} (its backend supports: {supported})",
                 details={"param": field},
             )
+
+
+def check_tools(request: InferenceRequest, capabilities: Capabilities) -> None:
+    """The one place that decides whether a model can take the tools and format asked for.
+
+    Raises:
+        PoolError: ``tools_unsupported`` or ``structured_output_unsupported`` (400) where
+            the backend cannot honour them (rather than ignoring them), and
+            ``invalid_request`` for a ``tool_choice`` naming no offered tool.
+    """
+    name = request.model
+    uses_tools = bool(request.tools) or any(t.role == "tool" or t.tool_calls for t in request.turns)
+    if uses_tools and not capabilities.tools:
+        raise PoolError(
+            "tools_unsupported",
+            f"model {name!r} cannot call tools (its backend or prompt format has no tool"
+            " support): leave tools out",
+            details={"param": "tools"},
+        )
+    choice = request.tool_choice
+    if choice.mode in ("required", "function") and not request.tools:
+        raise PoolError(
+            "invalid_request",
+            "tool_choice asks for a tool call, but no tools are given",
+            details={"param": "tool_choice"},
+        )
+    if choice.mode == "function" and choice.name not in {t.name for t in request.tools}:
+        raise PoolError(
+            "invalid_request",
+            f"tool_choice names function {choice.name!r}, which is not among the tools",
+            details={"param": "tool_choice"},
+        )
+    if request.output_format is not None and not capabilities.structured_output:
+        raise PoolError(
+            "structured_output_unsupported",
+            f"model {name!r} cannot constrain its output to JSON: leave response_format out",
+            details={"param": "response_format"},
+        )
 
 
 def _check_remote(name: str, allow_remote: bool, capabilities: Capabilities) -> None:
@@ -141,6 +178,7 @@ def build_generation_request(
             "thinking_unsupported",
             f"model {name!r} accepts thinking values {list(capabilities.thinking_modes)}",
         )
+    check_tools(request, capabilities)
     decoding = effective_decoding(request.decoding, decoding_defaults)
     check_sampling(name, decoding, capabilities)
     return GenerationRequest(
@@ -153,6 +191,10 @@ def build_generation_request(
         thinking=request.thinking,
         source_lang_code=request.source_lang_code,
         target_lang_code=request.target_lang_code,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        output_format=request.output_format,
     )
 
 
@@ -170,9 +212,9 @@ async def inline_images(request: GenerationRequest, media: MediaLoader) -> Gener
         return request
     replacements = iter(inlined)
     turns = tuple(
-        Turn(
-            turn.role,
-            tuple(
+        dataclasses.replace(
+            turn,
+            parts=tuple(
                 ImagePart(next(replacements), part.detail) if isinstance(part, ImagePart) else part
                 for part in turn.parts
             ),

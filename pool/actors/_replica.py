@@ -13,7 +13,7 @@ import trio
 
 from pool.actors._events import Delta
 from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
-from pool.backends import EmbeddingJob
+from pool.backends import EmbeddingJob, ToolCallDelta
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class _TicketSink:
         self.chunks = 0
         self.first_at: float | None = None
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str | ToolCallDelta) -> None:
         if not text:
             return
         if self.first_at is None:
@@ -50,7 +50,8 @@ class _TicketSink:
         self.chunks += 1
         self._idle.deadline = math.inf
         try:
-            await self._ticket.send_channel.send(Delta(text))
+            # A tool-call piece is its own event; text goes out as a Delta.
+            await self._ticket.send_channel.send(Delta(text) if isinstance(text, str) else text)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
             self._ticket.scope.cancel()

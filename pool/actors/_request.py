@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pool.backends import TextPart, ThinkingMode, Turn
+from pool.backends import OutputFormat, TextPart, ThinkingMode, ToolChoice, ToolSpec, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,10 @@ class InferenceRequest:
     keep_alive: float | str | None = None
     source_lang_code: str | None = None
     target_lang_code: str | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output_format: OutputFormat | None = None
 
     @classmethod
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 from pool.actors._events import Delta
+from pool.backends import ToolCallDelta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class JobFailed:
     error: PoolError
 
 
-Output = Delta | JobFinished | JobEmbedded | JobFailed
+Output = Delta | ToolCallDelta | JobFinished | JobEmbedded | JobFailed
 
 
 @dataclass(eq=False, slots=True)

@@ -39,6 +39,15 @@ from pool.backends._registry import (
     register_backend,
     unregister_backend,
 )
+from pool.backends._tools import (
+    OutputFormat,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+    assemble_calls,
+    new_call_id,
+)
 
 __all__ = [
     "ALL_THINKING_MODES",
@@ -56,17 +65,24 @@ __all__ = [
     "LoadContext",
     "LoadOverrides",
     "MemoryProfile",
+    "OutputFormat",
     "Runtime",
     "TextPart",
     "ThinkingMode",
     "TokenSink",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
+    "ToolSpec",
     "Turn",
+    "assemble_calls",
     "backend_names",
     "context_field",
     "definition_class",
     "free_port",
     "get_backend",
     "load_override_models",
+    "new_call_id",
     "register_backend",
     "unregister_backend",
 ]

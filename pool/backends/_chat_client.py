@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from pool.backends._protocol import GenerationRequest, GenerationStats, ImagePart, TokenSink
+from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import (
     Transport,
     UpstreamError,
@@ -37,8 +38,77 @@ def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
             ]
         else:
             content = turn.text
-        messages.append({"role": turn.role, "content": content})
+        message: dict[str, Any] = {"role": turn.role, "content": content}
+        if turn.tool_calls:
+            message["content"] = content or None
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in turn.tool_calls
+            ]
+        if turn.tool_call_id is not None:
+            message["tool_call_id"] = turn.tool_call_id
+        messages.append(message)
     return messages
+
+
+def tool_fields(request: GenerationRequest) -> dict[str, Any]:
+    """Tools, ``tool_choice`` and ``response_format`` in OpenAI's own fields (what
+    llama-server with ``--jinja``, vLLM and remote APIs read)."""
+    fields: dict[str, Any] = {}
+    if request.tools:
+        fields["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    **({"description": tool.description} if tool.description else {}),
+                    "parameters": dict(tool.parameters),
+                    **({"strict": True} if tool.strict else {}),
+                },
+            }
+            for tool in request.tools
+        ]
+        choice = request.tool_choice
+        fields["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if choice.mode == "function"
+            else choice.mode
+        )
+        fields["parallel_tool_calls"] = request.parallel_tool_calls
+    output = request.output_format
+    if output is not None:
+        if output.kind == "json_object" or output.schema is None:
+            fields["response_format"] = {"type": "json_object"}
+        else:
+            fields["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": output.name or "reply",
+                    "schema": dict(output.schema),
+                    "strict": output.strict,
+                },
+            }
+    return fields
+
+
+def _call_pieces(deltas: Any) -> list[ToolCallDelta]:
+    """OpenAI's streamed ``delta.tool_calls`` entries as neutral pieces."""
+    pieces = []
+    for entry in deltas or ():
+        function = entry.get("function") or {}
+        pieces.append(
+            ToolCallDelta(
+                int(entry.get("index", 0)),
+                entry.get("id") or None,
+                function.get("name") or None,
+                function.get("arguments") or "",
+            )
+        )
+    return pieces
 
 
 def _upstream_message(body: bytes) -> str:
@@ -98,12 +168,18 @@ async def stream_chat(
                 if "error" in chunk:
                     raise BackendError(f"{what} failed mid-stream: {_upstream_message(data)}")
                 for choice in chunk.get("choices") or ():
-                    text = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content")
                     if text:
                         if first_ms is None:
                             first_ms = (time.perf_counter() - started) * 1000.0
                         pieces += 1
                         await sink.send(text)
+                    for call in _call_pieces(delta.get("tool_calls")):
+                        if first_ms is None:
+                            first_ms = (time.perf_counter() - started) * 1000.0
+                        pieces += 1
+                        await sink.send(call)
                     if choice.get("finish_reason"):
                         finish = _FINISH.get(choice["finish_reason"], "stop")
                 usage = chunk.get("usage")

@@ -16,8 +16,9 @@ from typing import Any
 
 import trio
 
-from pool.backends._chat_client import chat_messages, stream_chat
+from pool.backends._chat_client import chat_messages, stream_chat, tool_fields
 from pool.backends._embedding import embed_upstream
+from pool.backends._forced_calls import ScanningSink, force_with_grammar
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
     Decoding,
@@ -27,6 +28,8 @@ from pool.backends._protocol import (
     GenerationStats,
     TokenSink,
 )
+from pool.backends._tool_calls import ToolCallFamily
+from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport
 from pool.errors import BackendError
 
@@ -68,12 +71,15 @@ class ManagedServerRuntime:
         enable_thinking: bool | None = None,
         embedding_batch: int | None = None,
         embedding_truncate: dict[str, Any] | None = None,
+        grammar_calls: ToolCallFamily | None = None,
     ) -> None:
         self.process = process
         # Set for an embedding model: the most texts per /v1/embeddings request, and
         # what tells the server it may cut texts longer than its context.
         self._embedding_batch = embedding_batch
         self._embedding_truncate = embedding_truncate
+        # llama-server: forced tool calls by the pool's grammar (see _forced_calls).
+        self._grammar_calls = grammar_calls
         # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
         # ignores the other silently.
         self._repetition_field = repetition_field
@@ -104,6 +110,7 @@ class ManagedServerRuntime:
         if d.stop:
             body["stop"] = list(d.stop)
         body.update(sampling_fields(d))
+        body.update(tool_fields(request))
         thinking = {"enabled": True, "disabled": False}.get(request.thinking)
         if thinking is None:
             thinking = self._enable_thinking
@@ -115,15 +122,24 @@ class ManagedServerRuntime:
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed or not self.process.alive:
             raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        body = self.body(request)
+        scanning: ScanningSink | None = None
+        if self._grammar_calls is not None and force_with_grammar(
+            body, request, self._grammar_calls
+        ):
+            scanning = ScanningSink(sink, self._grammar_calls, parallel=True)
         try:
-            return await stream_chat(
+            stats = await stream_chat(
                 self._upstream,
                 "/v1/chat/completions",
-                self.body(request),
-                sink,
+                body,
+                scanning or sink,
                 headers=self._headers,
                 what=self.process.label,
             )
+            if scanning is not None:
+                await scanning.finish()
+            return stats
         except BackendError as exc:
             if not self.process.alive:
                 raise BackendError(
@@ -226,7 +242,7 @@ class ManagedServerRuntime:
             return
 
         class _Discard:
-            async def send(self, text: str) -> None:
+            async def send(self, text: str | ToolCallDelta) -> None:
                 pass
 
         probe = {
@@ -268,6 +284,7 @@ async def launch(
     enable_thinking: bool | None = None,
     embedding_batch: int | None = None,
     embedding_truncate: dict[str, Any] | None = None,
+    grammar_calls: ToolCallFamily | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -287,6 +304,7 @@ async def launch(
         enable_thinking=enable_thinking,
         embedding_batch=embedding_batch,
         embedding_truncate=embedding_truncate,
+        grammar_calls=grammar_calls,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
 from pool.backends._placement import GpuPlacement
+from pool.backends._tools import OutputFormat, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from pool.config import (
     CommonModelFields,
     check_override_value,
@@ -36,8 +37,9 @@ ConfigT = TypeVar("ConfigT", bound=CommonModelFields, default=CommonModelFields)
 ThinkingMode = Literal["default", "enabled", "disabled"]
 # The request's `thinking` values of a model that can switch thinking per request.
 ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled")
-Role = Literal["user", "assistant"]
-FinishReason = Literal["stop", "length", "cancelled"]
+Role = Literal["user", "assistant", "tool"]
+# "tool_calls" is never a runtime's own report: the pool sets it when calls came back.
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +55,16 @@ class ImagePart:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One message of a conversation, already validated by the request schema."""
+    """One message of a conversation, already validated by the request schema.
+
+    An assistant turn may carry the tool calls it made; a ``tool`` turn is the result
+    of the call ``tool_call_id`` (its text is the result).
+    """
 
     role: Role
     parts: tuple[TextPart | ImagePart, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
     @property
     def text(self) -> str:
@@ -131,6 +139,16 @@ class GenerationRequest:
     thinking: ThinkingMode = "default"
     source_lang_code: str | None = None
     target_lang_code: str | None = None
+    # Tools offered (empty: none) and whether/which one the model must call.
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output_format: OutputFormat | None = None
+
+    @property
+    def offers_tools(self) -> bool:
+        """Tools are in play: offered, and the client did not rule calls out."""
+        return bool(self.tools) and self.tool_choice.mode != "none"
 
 
 @dataclass(slots=True)
@@ -166,6 +184,10 @@ class Capabilities:
     embedding_dimensions: bool = False
     # The optional Decoding fields the runtime honours (a request setting another is a 400).
     sampling: frozenset[str] = frozenset()
+    # Function calling (tools, tool_choice, tool turns) and structured output
+    # (response_format / Ollama format); a request using either elsewhere is a 400.
+    tools: bool = False
+    structured_output: bool = False
 
     @property
     def generation(self) -> bool:
@@ -173,14 +195,14 @@ class Capabilities:
 
 
 class TokenSink(Protocol):
-    """Where a runtime delivers text as it is generated.
+    """Where a runtime delivers text (and tool-call pieces) as it is generated.
 
     ``send`` may block (backpressure) and raises ``trio.Cancelled`` when the request
     is cancelled; runtimes that generate on a worker thread call it through
     ``trio.from_thread.run`` so that cancellation stops them within one token.
     """
 
-    async def send(self, text: str) -> None: ...
+    async def send(self, text: str | ToolCallDelta) -> None: ...
 
 
 class Runtime(Protocol):

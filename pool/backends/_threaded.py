@@ -18,9 +18,11 @@ from typing import TypeVar
 import trio
 
 from pool.backends._protocol import TokenSink
+from pool.backends._tools import ToolCallDelta
 
 R = TypeVar("R")
-Emit = Callable[[str], None]
+Piece = str | ToolCallDelta
+Emit = Callable[[Piece], None]
 
 # How often a worker blocked on a full buffer looks at the stop flag.
 _STOP_POLL_S = 0.05
@@ -41,7 +43,7 @@ async def stream_from_thread(
 
     Raises whatever ``work`` raises; cancellation stops the worker at its next ``emit``.
     """
-    pieces: deque[str] = deque()
+    pieces: deque[Piece] = deque()
     space = threading.Semaphore(buffer)
     stop = threading.Event()
     trio_token = trio.lowlevel.current_trio_token()
@@ -53,7 +55,7 @@ async def stream_from_thread(
     def notify() -> None:
         state["arrived"].set()
 
-    def emit(text: str) -> None:
+    def emit(text: Piece) -> None:
         while not space.acquire(timeout=_STOP_POLL_S):
             if stop.is_set():
                 raise GenerationStopped

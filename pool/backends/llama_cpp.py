@@ -20,6 +20,7 @@ from typing import Any, Literal
 import trio
 from pydantic import Field, PositiveInt
 
+from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._placement import GpuPlacement
 from pool.backends._protocol import (
     Backend,
@@ -36,6 +37,8 @@ from pool.backends._protocol import (
 )
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
+from pool.backends._tool_calls import ToolCallFamily, ToolCallScanner, tool_call_family
+from pool.backends._tools import ToolCallDelta
 from pool.backends.prompt_formats import (
     ModelTemplate,
     PromptFormat,
@@ -75,6 +78,16 @@ class LlamaCppModel(CommonModelFields):
         None,
         description="How an embedding model pools token vectors; default: the GGUF's own"
         " (a causal chat model usually needs `mean`).",
+    )
+    gguf_chat_template: str | None = Field(
+        None,
+        description="Jinja chat template used by prompt_format model_template in place of"
+        " the GGUF's own (e.g. a tool-capable ChatML template for a model whose own has none).",
+    )
+    tool_call_format: ToolCallFamily | None = Field(
+        None,
+        description="How the model writes tool calls (hermes, qwen3, mistral, granite);"
+        " default: picked from the model's name and architecture.",
     )
 
 
@@ -153,10 +166,12 @@ class LlamaCppRuntime:
         definition: LlamaCppModel,
         prompt_format: PromptFormat,
         limiter: trio.CapacityLimiter,
+        tool_family: ToolCallFamily = "hermes",
     ) -> None:
         self._llama = llama
         self._definition = definition
         self._format = prompt_format
+        self._tool_family = tool_family
         # llama.cpp contexts are not thread-safe: load, every generation and close of
         # this replica take turns on this limiter.
         self._limiter = limiter
@@ -174,8 +189,24 @@ class LlamaCppRuntime:
             partial(self._generate_blocking, request), sink, limiter=self._limiter
         )
 
+    def _grammar(self, request: GenerationRequest) -> Any:
+        """The grammar that constrains this reply: a forced tool call, or the output
+        format's JSON; None leaves the model free."""
+        if request.offers_tools and request.tool_choice.forced:
+            gbnf = tool_call_grammar(
+                request.tools,
+                request.tool_choice,
+                self._tool_family,
+                parallel=_parallel(request),
+            )
+        elif request.output_format is not None:
+            gbnf = output_grammar(request.output_format)
+        else:
+            return None
+        return load_grammar(gbnf)
+
     def _generate_blocking(
-        self, request: GenerationRequest, send: Callable[[str], None]
+        self, request: GenerationRequest, send: Callable[[str | ToolCallDelta], None]
     ) -> GenerationStats:
         llama = self._llama
         started = time.perf_counter()
@@ -195,13 +226,34 @@ class LlamaCppRuntime:
                 f" {n_ctx} tokens",
                 details={"prompt_tokens": len(tokens), "n_ctx": n_ctx},
             )
+        grammar = self._grammar(request)
+        scanner = (
+            ToolCallScanner(self._tool_family, parallel=_parallel(request))
+            if request.offers_tools
+            else None
+        )
+        emit: Callable[[str], None] = send
+        if scanner is not None:
+
+            def emit(text: str) -> None:
+                for piece in scanner.feed(text):
+                    send(piece)
+
         gen_started = time.perf_counter()
         try:
             produced, first_at, finish = self._decode(
-                tokens, request, stops, min(request.decoding.max_tokens, n_ctx - len(tokens)), send
+                tokens,
+                request,
+                stops,
+                min(request.decoding.max_tokens, n_ctx - len(tokens)),
+                emit,
+                grammar,
             )
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"llama.cpp generation failed: {exc}") from exc
+        if scanner is not None:
+            for piece in scanner.finish():
+                send(piece)
         ended = time.perf_counter()
         return GenerationStats(
             prompt_tokens=len(tokens),
@@ -221,6 +273,7 @@ class LlamaCppRuntime:
         stops: tuple[str, ...],
         budget: int,
         send: Callable[[str], None],
+        grammar: Any = None,
     ) -> tuple[int, float | None, FinishReason]:
         """Sample up to ``budget`` tokens; returns (tokens, first text time, finish reason)."""
         import llama_cpp
@@ -246,6 +299,7 @@ class LlamaCppRuntime:
             frequency_penalty=decoding.frequency_penalty or 0.0,
             presence_penalty=decoding.presence_penalty or 0.0,
             logits_processor=_logit_bias(decoding.logit_bias, llama.n_vocab()),
+            grammar=grammar,
             reset=True,
         ):
             if llama_cpp.llama_vocab_is_eog(vocab, token):
@@ -315,6 +369,12 @@ class LlamaCppRuntime:
         await trio.to_thread.run_sync(release, limiter=self._limiter)
 
 
+def _parallel(request: GenerationRequest) -> bool:
+    """Whether several calls may come back: a named function is called once (a small
+    model under a grammar that allows more tends to repeat the same call)."""
+    return request.parallel_tool_calls and request.tool_choice.mode != "function"
+
+
 def _logit_bias(pairs: tuple[tuple[int, float], ...], n_vocab: int) -> Any:
     """A logits processor that adds each bias to its token's score (None without any)."""
     if not pairs:
@@ -357,8 +417,11 @@ def _return_freed_heap() -> None:
 def _prompt_format(definition: LlamaCppModel, llama: Any) -> PromptFormat:
     template = None
     if definition.prompt_format == "model_template":
+        metadata = dict(llama.metadata)
+        if definition.gguf_chat_template:
+            metadata["tokenizer.chat_template"] = definition.gguf_chat_template
         template = ModelTemplate.from_gguf_metadata(
-            llama.metadata,
+            metadata,
             lambda token_id: llama.detokenize([token_id], special=True).decode("utf-8", "replace"),
         )
         if template is None:
@@ -432,6 +495,9 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             thinking_modes=thinking_modes(definition.prompt_format),
             embeddings=definition.embedding,
             sampling=LLAMA_CPP_SAMPLING,
+            # Tools need a chat template that renders them; output grammars work always.
+            tools=definition.prompt_format == "model_template" and not definition.embedding,
+            structured_output=not definition.embedding,
         )
 
     def effective_target_inflight(self, definition: LlamaCppModel) -> int:
@@ -503,7 +569,11 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
                 await trio.to_thread.run_sync(llama.close, limiter=limiter)
             raise BackendError(str(exc)) from exc
-        return LlamaCppRuntime(llama, definition, prompt_format, limiter)
+        metadata = llama.metadata
+        family = definition.tool_call_format or tool_call_family(
+            path.name, metadata.get("general.name"), metadata.get("general.architecture")
+        )
+        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family)
 
 
 BACKEND = LlamaCppBackend()

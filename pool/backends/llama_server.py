@@ -27,6 +27,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
 )
+from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
@@ -49,6 +50,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_flash_attn: FlashAttn | None = None
     llama_server_parallel: PositiveInt | None = None
     llama_server_chat_template: str | None = None
+    llama_server_chat_template_file: str | None = Field(
+        None,
+        description="A Jinja chat template file (--chat-template-file), e.g. a tool-capable"
+        " template for a model whose own has none; wins over llama_server_chat_template.",
+    )
     llama_server_mmproj_path: str | None = None
     llama_server_image_max_tokens: PositiveInt | None = None
     llama_server_draft_model_path: str | None = None
@@ -58,6 +64,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_spec_draft_ngl: int | str | None = None
     llama_server_reasoning: str | None = None
     llama_server_extra_args: list[str] = Field(default_factory=list)
+    tool_call_format: ToolCallFamily | None = Field(
+        None,
+        description="The model's tool-call markup (hermes, qwen3, mistral, granite), used to"
+        " force calls with a grammar; default: picked from the model's file name.",
+    )
     llama_server_start_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
 
 
@@ -130,6 +141,9 @@ def command_line(
         "--parallel",
         str(slots(d)),
         "--no-webui",
+        # Jinja templates render tools and let the server parse tool calls (and apply
+        # its grammar when a call is forced); the default of recent builds, said aloud.
+        "--jinja",
     ]
 
     def add(flag: str, value: object) -> None:
@@ -139,7 +153,13 @@ def command_line(
     add("-c", d.llama_server_n_ctx)
     add("-ngl", d.llama_server_n_gpu_layers)
     add("-fa", d.llama_server_flash_attn)
-    add("--chat-template", d.llama_server_chat_template or _CHAT_TEMPLATES.get(d.prompt_format))
+    if d.llama_server_chat_template_file:
+        add("--chat-template-file", resolve_model_path(d.llama_server_chat_template_file, base_dir))
+    else:
+        add(
+            "--chat-template",
+            d.llama_server_chat_template or _CHAT_TEMPLATES.get(d.prompt_format),
+        )
     if d.llama_server_mmproj_path:
         add("--mmproj", resolve_model_path(d.llama_server_mmproj_path, base_dir))
     add("--image-max-tokens", d.llama_server_image_max_tokens)
@@ -191,6 +211,9 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             # llama-server has no `dimensions`: a request setting it is a 400.
+            # Passed in OpenAI's fields; --jinja renders tools with the model's template.
+            tools=not definition.embedding,
+            structured_output=not definition.embedding,
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:
@@ -228,6 +251,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            grammar_calls=definition.tool_call_format or tool_call_family(model_path.name),
         )
 
 

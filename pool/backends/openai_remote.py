@@ -17,7 +17,12 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field
 
-from pool.backends._chat_client import UpstreamConnectionFailed, chat_messages, stream_chat
+from pool.backends._chat_client import (
+    UpstreamConnectionFailed,
+    chat_messages,
+    stream_chat,
+    tool_fields,
+)
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, EmbeddingFields, embed_upstream
 from pool.backends._managed import SERVER_SAMPLING, sampling_fields
 from pool.backends._protocol import (
@@ -31,6 +36,7 @@ from pool.backends._protocol import (
     LoadContext,
     TokenSink,
 )
+from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
@@ -56,7 +62,7 @@ class _CountingSink:
         self.sink = sink
         self.sent = 0
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str | ToolCallDelta) -> None:
         self.sent += 1
         await self.sink.send(text)
 
@@ -85,6 +91,7 @@ class OpenAIRemoteRuntime:
         if d.stop:
             body["stop"] = list(d.stop)
         body.update(sampling_fields(d))
+        body.update(tool_fields(request))
         thinking = {"enabled": "enabled", "disabled": "disabled"}.get(request.thinking)
         thinking = thinking or self._definition.remote_thinking
         if thinking is not None:
@@ -153,6 +160,9 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             remote=True,
             embeddings=definition.embedding,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
+            # Passed through in OpenAI's own fields; the upstream decides.
+            tools=True,
+            structured_output=True,
         )
 
     def effective_target_inflight(self, definition: OpenAIRemoteModel) -> int:

@@ -14,6 +14,7 @@ when the model's tokenizer adds its own.
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -66,8 +67,10 @@ def _effective_thinking(request: GenerationRequest, enable_thinking: bool | None
 
 def _checked_turns(request: GenerationRequest, format_name: str) -> tuple[Turn, ...]:
     """The request's turns, refused where a text-only prompt cannot carry them."""
-    if not request.turns or request.turns[-1].role != "user":
-        raise PoolError("invalid_request", "the conversation must end with a user message")
+    if not request.turns or request.turns[-1].role not in ("user", "tool"):
+        raise PoolError(
+            "invalid_request", "the conversation must end with a user message or a tool result"
+        )
     # Dropping an image silently would answer a question the client never asked.
     if any(turn.has_images for turn in request.turns):
         raise PoolError(
@@ -440,18 +443,36 @@ class ModelTemplateFormat(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if request.instructions:
             messages.append({"role": "system", "content": request.instructions})
-        messages += [
-            {"role": turn.role, "content": turn.text} for turn in _checked_turns(request, self.name)
-        ]
+        messages += [template_message(turn) for turn in _checked_turns(request, self.name)]
         variables: dict[str, Any] = {
             "messages": messages,
             "add_generation_prompt": True,
             "bos_token": self._template.bos_token,
             "eos_token": self._template.eos_token,
         }
+        if request.offers_tools:
+            if not self.renders_tools:
+                raise PoolError(
+                    "tools_unsupported",
+                    "the model's chat template does not render tools (configure a"
+                    " tool-capable chat template for it)",
+                    details={"param": "tools"},
+                )
+            # As transformers' apply_chat_template passes them: OpenAI's tool objects.
+            variables["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description or "",
+                        "parameters": dict(tool.parameters),
+                    },
+                }
+                for tool in request.tools
+            ]
         thinking = _effective_thinking(request, enable_thinking)
         if thinking is not None:
             variables["enable_thinking"] = thinking
@@ -461,6 +482,11 @@ class ModelTemplateFormat(PromptFormat):
             text = text[len(bos) :]
         eos = self._template.eos_token
         return RenderedPrompt(text, (eos,) if eos else ())
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads ``tools`` (so offered tools reach the model)."""
+        return "tools" in self._template.source
 
     def _render(self, variables: dict[str, Any]) -> str:
         try:
@@ -474,6 +500,35 @@ class ModelTemplateFormat(PromptFormat):
                 "invalid_request",
                 f"the model's chat template failed: {type(exc).__name__}: {exc}",
             ) from exc
+
+
+def template_message(turn: Turn) -> dict[str, Any]:
+    """One turn as chat templates read it (transformers' message dicts).
+
+    Tool calls carry their arguments as a mapping where they parse (templates write
+    them with ``tojson``); a tool result carries the id of its call.
+    """
+    message: dict[str, Any] = {"role": turn.role, "content": turn.text}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in turn.tool_calls
+        ]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 class _ThinkingModelTemplateFormat(ModelTemplateFormat):

@@ -25,6 +25,7 @@ from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_b
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
     CONTEXT_FIELD,
     LOAD_CONSTRAINTS,
@@ -51,6 +52,12 @@ class VllmServeModel(VllmFields, PooledEmbeddingFields):
     vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_extra_args: list[str] = Field(default_factory=list)
     embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
+    vllm_tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's --tool-call-parser; default by model family (qwen3 -> qwen3_json,"
+        " Qwen3-Coder -> qwen3_xml, mistral/mixtral -> mistral, granite -> granite, else"
+        " hermes).",
+    )
 
 
 def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> int:
@@ -86,7 +93,14 @@ def command_line(
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
     if d.vllm_serve_api_key is not None:
         args.extend(["--api-key", d.vllm_serve_api_key])
-    if d.embedding:
+    if not d.embedding:
+        # Tool calls come back parsed by the model family's parser (tool_choice auto).
+        args += [
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            d.vllm_tool_call_parser or vllm_tool_parser(model, served_name),
+        ]
+    else:
         # `auto` converts a causal LM to an embedding model and keeps a native one.
         args += ["--runner", "pooling"]
         if d.pooling:
@@ -113,6 +127,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
+            tools=not definition.embedding,
+            structured_output=not definition.embedding,
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:

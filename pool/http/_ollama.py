@@ -39,7 +39,15 @@ from pool.actors import (
     ModelSnapshot,
     parse_keep_alive,
 )
-from pool.backends import ImagePart, TextPart, ThinkingMode, Turn, context_field
+from pool.backends import (
+    ImagePart,
+    TextPart,
+    ThinkingMode,
+    ToolCall,
+    Turn,
+    context_field,
+    new_call_id,
+)
 from pool.config import resolve_model_path
 from pool.errors import PoolError
 from pool.http._common import (
@@ -55,6 +63,7 @@ from pool.http._common import (
 )
 from pool.http._rows import definition_body
 from pool.http._streaming import admitted_stream
+from pool.http._tools import arguments_text, chat_tools, ollama_call, ollama_output_format
 from pool.media import sniff_image_type
 from pool.pulls import FileDigests
 from pool.schemas import (
@@ -124,10 +133,24 @@ def _parts(text: str, images: list[str] | None) -> tuple[TextPart | ImagePart, .
 def chat_inference_request(body: OllamaChatRequest) -> InferenceRequest:
     """System messages become instructions; the others the conversation."""
     system = [m.content for m in body.messages if m.role == "system"]
-    turns = [Turn(m.role, _parts(m.content, m.images)) for m in body.messages if m.role != "system"]
+    turns = [
+        Turn(
+            m.role,
+            _parts(m.content, m.images),
+            tuple(
+                ToolCall(new_call_id(), c.function.name, arguments_text(c.function.arguments))
+                for c in m.tool_calls or ()
+            ),
+        )
+        for m in body.messages
+        if m.role != "system"
+    ]
+    tools = chat_tools(body.tools)
     return chat_request(
         body.model,
         turns,
+        tools=tools,
+        output_format=ollama_output_format(body.format),
         instructions="\n\n".join(system) or None,
         thinking=_thinking(body.think),
         decoding=_decoding(body.options),
@@ -143,6 +166,7 @@ def generate_inference_request(body: OllamaGenerateRequest) -> InferenceRequest:
         thinking=_thinking(body.think),
         decoding=_decoding(body.options),
         keep_alive=body.keep_alive,
+        output_format=ollama_output_format(body.format),
     )
 
 
@@ -247,8 +271,7 @@ def _show(snapshot: ModelSnapshot, artifact: _Artifact, parameters: str) -> dict
         capabilities = ["embedding"]
     else:
         capabilities = ["completion"]
-        # Capabilities.tools comes with tool calling (#17 item 1); absent, no tools.
-        if getattr(caps, "tools", False):
+        if caps.tools:
             capabilities.append("tools")
         if "image" in caps.modalities:
             capabilities.append("vision")
@@ -378,15 +401,16 @@ class _Routes:
                 request, tenant=tenant, priority=priority, load_hint=hint
             ) as admission:
                 finished = await admission.collect()
-            return json_response(
-                {
-                    "model": actor.name,
-                    "created_at": _now(),
-                    **piece(finished.text),
-                    "done": True,
-                    **_stats(finished),
-                }
-            )
+            body = {
+                "model": actor.name,
+                "created_at": _now(),
+                **piece(finished.text),
+                "done": True,
+                **_stats(finished),
+            }
+            if finished.tool_calls and "message" in body:
+                body["message"]["tool_calls"] = [ollama_call(c) for c in finished.tool_calls]
+            return json_response(body)
 
         def render(admission: Admission, event: Delta | Finished) -> bytes:
             if type(event) is Delta:
@@ -405,6 +429,19 @@ class _Routes:
                     "done": True,
                     **_stats(event),
                 }
+                if event.tool_calls and "message" in line:
+                    # Ollama sends whole calls in a message of their own before the end.
+                    calls = {
+                        "model": actor.name,
+                        "created_at": _now(),
+                        "message": {
+                            "role": "assistant",
+                            "content": "",
+                            "tool_calls": [ollama_call(c) for c in event.tool_calls],
+                        },
+                        "done": False,
+                    }
+                    return dumps(calls) + b"\n" + dumps(line) + b"\n"
             return dumps(line) + b"\n"
 
         def render_error(admission: Admission, exc: PoolError) -> bytes:

@@ -25,8 +25,9 @@ from pool.actors import (
     EmbeddingRequest,
     Finished,
     InferenceRequest,
+    ToolCallDelta,
 )
-from pool.backends import ImagePart, TextPart, Turn
+from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -43,6 +44,7 @@ from pool.http._common import (
     tenant_and_priority,
 )
 from pool.http._streaming import admitted_stream
+from pool.http._tools import chat_call, chat_output_format, chat_tools, tool_choice
 from pool.schemas import (
     ChatCompletionRequest,
     ChatImagePart,
@@ -52,7 +54,7 @@ from pool.schemas import (
     OpenAISampling,
 )
 
-_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
 
 
 def openai_error(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -89,10 +91,20 @@ def inference_request(body: ChatCompletionRequest) -> InferenceRequest:
             else:
                 system.append(content or "")
             continue
-        turns.append(Turn(message.role, _parts(content)))  # type: ignore[arg-type]
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or ()
+        )
+        turns.append(
+            Turn(message.role, _parts(content), calls, message.tool_call_id)  # type: ignore[arg-type]
+        )
+    tools = chat_tools(body.tools)
     return chat_request(
         body.model,
         turns,
+        tools=tools,
+        tool_choice=tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
+        output_format=chat_output_format(body.response_format),
         instructions="\n\n".join(system) if system else None,
         allow_remote=body.allow_remote,
         keep_alive=body.keep_alive,
@@ -196,6 +208,30 @@ def embeddings_body(body: EmbeddingsRequest, done: Embedded) -> dict[str, Any]:
     }
 
 
+def _message(finished: Finished) -> dict[str, Any]:
+    """The assistant message of a reply; with tool calls, content is null when empty."""
+    if not finished.tool_calls:
+        return {"role": "assistant", "content": finished.text}
+    return {
+        "role": "assistant",
+        "content": finished.text or None,
+        "tool_calls": [chat_call(call) for call in finished.tool_calls],
+    }
+
+
+def _call_delta(piece: ToolCallDelta) -> dict[str, Any]:
+    """A tool-call piece as OpenAI streams it: id, type and name only in the first."""
+    out: dict[str, Any] = {"index": piece.index}
+    function: dict[str, Any] = {"arguments": piece.arguments}
+    if piece.id is not None:
+        out["id"] = piece.id
+        out["type"] = "function"
+    if piece.name is not None:
+        function["name"] = piece.name
+    out["function"] = function
+    return out
+
+
 def _usage(finished: Finished) -> dict[str, int]:
     prompt = finished.usage.prompt_tokens or 0
     completion = finished.usage.output_tokens or 0
@@ -249,7 +285,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": finished.text},
+                            "message": _message(finished),
                             "logprobs": None,
                             "finish_reason": _FINISH[finished.finish_reason],
                         }
@@ -294,6 +330,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             return b"data: " + dumps(openai_error(exc.status, exc.code, exc.message)) + b"\n\n"
 
+        def render_tool_call(admission: Admission, piece: ToolCallDelta) -> bytes:
+            return chunk({"tool_calls": [_call_delta(piece)]}, None)
+
         admission, chunks = await admitted_stream(
             pool,
             request,
@@ -302,6 +341,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render=render,
             render_error=render_error,
             opening=lambda _: chunk({"role": "assistant", "content": ""}, None),
+            render_tool_call=render_tool_call,
         )
         response = Response(
             chunks,

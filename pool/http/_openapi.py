@@ -111,7 +111,11 @@ ROUTES: list[Route] = [
      " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
      " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
      " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
-     " and from public addresses; a refusal is 400 `image_refused` with a `reason`.",
+     " and from public addresses; a refusal is 400 `image_refused` with a `reason`."
+     " Function tools (`tools`, `tool_choice`; `function_call`/`function_call_output` items in"
+     " `messages`) answer `function_call` output items (streamed as"
+     " `response.output_item.added` and `response.function_call_arguments.delta`/`.done`);"
+     " `text.format` constrains the reply to JSON.",
      ResponseRequest, reply=ResponseEnvelope, stream=SSE),
     Route("get", "/v1/responses", "inference", "Run requests over a WebSocket",
      "The WebSocket handshake (`Upgrade: websocket`, answered 101). Send request bodies"
@@ -169,7 +173,11 @@ ROUTES: list[Route] = [
      " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
      " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes (the idle time of an"
      " on-demand model; 0 unloads it after the request). An embedding model"
-     " answers 400 `generation_unsupported`.", ChatCompletionRequest, reply=ChatCompletion,
+     " answers 400 `generation_unsupported`. Tools (`tools`, `tool_choice`,"
+     " `parallel_tool_calls`, `tool` messages; calls come back in `message.tool_calls` and"
+     " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
+     " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
+     " naming the field in `param`.", ChatCompletionRequest, reply=ChatCompletion,
      stream=SSE, errors="openai"),
     Route("post", "/v1/completions", "openai", "Completions (OpenAI, legacy)",
      "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
@@ -191,7 +199,9 @@ ROUTES: list[Route] = [
     Route("post", "/api/chat", "ollama", "Chat (Ollama)",
      "NDJSON stream by default (one line per piece, the last with `done: true` and the"
      " timings), one object with `stream: false`; no messages loads the model"
-     " (`keep_alive: 0` unloads it).", OllamaChatRequest, reply=OllamaChatReply,
+     " (`keep_alive: 0` unloads it). `tools` and `tool` messages where the backend can call"
+     " tools (`message.tool_calls` in the reply); `format` (`\"json\"` or a schema)"
+     " constrains the reply.", OllamaChatRequest, reply=OllamaChatReply,
      stream=NDJSON, errors="ollama"),
     Route("post", "/api/generate", "ollama", "Generate (Ollama)",
      "One prompt; NDJSON stream by default as `/api/chat`; an empty prompt loads the model.",

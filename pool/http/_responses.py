@@ -18,9 +18,10 @@ from pool.actors import (
     Finished,
     InferenceRequest,
     Queued,
+    ToolCallDelta,
     Waiting,
 )
-from pool.backends import ImagePart, TextPart, Turn
+from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -40,10 +41,15 @@ from pool.http._common import (
     validate,
 )
 from pool.http._streaming import admitted_stream
+from pool.http._tools import responses_output_format, responses_tools, tool_choice
 from pool.schemas import (
     Content,
     DecodingRequest,
+    FunctionCallItem,
+    FunctionCallOutput,
+    FunctionCallOutputItem,
     ImageContent,
+    Message,
     OutputText,
     ResponseEnvelope,
     ResponseMetrics,
@@ -82,13 +88,35 @@ def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
     )
 
 
+def _conversation(
+    items: list[Message | FunctionCallItem | FunctionCallOutputItem],
+) -> tuple[Turn, ...]:
+    """Messages and function-call items as turns: consecutive calls join the assistant
+    turn before them (or a turn of their own), each output becomes a ``tool`` turn."""
+    turns: list[Turn] = []
+    for item in items:
+        if isinstance(item, Message):
+            turns.append(_turn(item.role, item.content))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(item.call_id, item.name, item.arguments)
+            last = turns[-1] if turns else None
+            if last is not None and last.role == "assistant":
+                turns[-1] = Turn("assistant", last.parts, (*last.tool_calls, call))
+            else:
+                turns.append(Turn("assistant", (TextPart(""),), (call,)))
+        else:
+            turns.append(Turn("tool", (TextPart(item.output),), tool_call_id=item.call_id))
+    return tuple(turns)
+
+
 def inference_request(body: ResponseRequest) -> InferenceRequest:
     """The neutral request of a ``/v1/responses`` body."""
     if body.messages is not None:
-        turns = tuple(_turn(m.role, m.content) for m in body.messages)
+        turns = _conversation(body.messages)
     else:
         assert body.input is not None
         turns = (_turn("user", body.input),)
+    tools = responses_tools(body.tools)
     return InferenceRequest(
         model=body.model,
         turns=turns,
@@ -100,6 +128,10 @@ def inference_request(body: ResponseRequest) -> InferenceRequest:
         keep_alive=body.keep_alive,
         source_lang_code=body.source_lang_code,
         target_lang_code=body.target_lang_code,
+        tools=tools,
+        tool_choice=tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
+        output_format=responses_output_format(body.text.format if body.text else None),
     )
 
 
@@ -132,11 +164,86 @@ def response_metrics(finished: Finished) -> ResponseMetrics:
     )
 
 
+def function_call_item(call: ToolCall) -> FunctionCallOutput:
+    return FunctionCallOutput(
+        id="fc_" + call.id, call_id=call.id, name=call.name, arguments=call.arguments
+    )
+
+
+class CallEvents:
+    """The stream events of tool calls, as OpenAI's Responses API sends them.
+
+    A call's first piece opens its item (``response.output_item.added``), each
+    arguments piece is a ``response.function_call_arguments.delta``, and at the end
+    every call gets ``response.function_call_arguments.done`` and
+    ``response.output_item.done``.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[int, str] = {}
+
+    def piece(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if piece.id is not None and piece.index not in self._items:
+            item_id = "fc_" + piece.id
+            self._items[piece.index] = item_id
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": piece.index,
+                    "item": {
+                        "type": "function_call",
+                        "id": item_id,
+                        "call_id": piece.id,
+                        "name": piece.name or "",
+                        "arguments": "",
+                        "status": "in_progress",
+                    },
+                }
+            )
+        if piece.arguments:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": self._items.get(piece.index, ""),
+                    "output_index": piece.index,
+                    "delta": piece.arguments,
+                }
+            )
+        return events
+
+    def done(self, finished: Finished) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for index, call in enumerate(finished.tool_calls):
+            item = function_call_item(call)
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item.id,
+                    "output_index": index,
+                    "arguments": call.arguments,
+                }
+            )
+            events.append(
+                {
+                    "type": "response.output_item.done",
+                    "output_index": index,
+                    "item": item.model_dump(),
+                }
+            )
+        return events
+
+
 def envelope(admission: Admission, finished: Finished) -> ResponseEnvelope:
+    output: list[OutputText | FunctionCallOutput] = [OutputText(text=finished.text)]
+    if finished.tool_calls:
+        # A reply of calls only has no text item, as OpenAI's.
+        output = output if finished.text else []
+        output += [function_call_item(call) for call in finished.tool_calls]
     return ResponseEnvelope(
         id=admission.id,
         model=admission.model,
-        output=[OutputText(text=finished.text)],
+        output=output,
         output_text=finished.text,
         finish_reason=finished.finish_reason,
         metrics=response_metrics(finished),
@@ -224,11 +331,14 @@ def register(app: Quart, ctx: AppContext) -> None:
             )
             return json_response(reply.model_dump(), headers=headers)
 
+        calls = CallEvents()
+
         def render(admission: Admission, event: Delta | Finished) -> bytes:
             if type(event) is Delta:
                 return sse_delta(event.text)
             assert isinstance(event, Finished)
             metrics, completed = finished_events(admission, event, elapsed_ms())
+            done = b"".join(sse(e) for e in calls.done(event))
             log.info(
                 "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
                 rid,
@@ -236,11 +346,14 @@ def register(app: Quart, ctx: AppContext) -> None:
                 tenant,
                 elapsed_ms(),
             )
-            return sse(metrics) + sse(completed)
+            return done + sse(metrics) + sse(completed)
 
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             log.info("request_id=%s model=%s stream=true error=%s", rid, body.model, exc.code)
             return sse(error_event(exc))
+
+        def render_tool_call(admission: Admission, piece: ToolCallDelta) -> bytes:
+            return b"".join(sse(e) for e in calls.piece(piece))
 
         admission, chunks = await admitted_stream(
             pool,
@@ -251,6 +364,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_error=render_error,
             opening=lambda admission: sse(created_event(admission)),
             render_wait=lambda admission, waiting: sse(wait_event(waiting)),
+            render_tool_call=render_tool_call,
         )
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -298,11 +412,15 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
                     await send(created_event(admission))
                     async for waiting in admission.waits():
                         await send(wait_event(waiting))
+                    calls = CallEvents()
                     async for event in admission.events():
                         if type(event) is Delta:
                             await send({"type": _DELTA, "delta": event.text})
+                        elif isinstance(event, ToolCallDelta):
+                            for piece in calls.piece(event):
+                                await send(piece)
                         elif isinstance(event, Finished):
-                            for done in finished_events(admission, event):
+                            for done in (*calls.done(event), *finished_events(admission, event)):
                                 await send(done)
                         elif isinstance(event, Failed):
                             await send(error_event(event.error))

@@ -26,11 +26,13 @@ from pool.actors import (
     Finished,
     InferenceRequest,
     Pool,
+    ToolCallDelta,
     Waiting,
 )
 from pool.errors import PoolError
 
 Render = Callable[[Admission, Delta | Finished], bytes | None]
+RenderToolCall = Callable[[Admission, ToolCallDelta], bytes | None]
 RenderError = Callable[[Admission, PoolError], bytes]
 RenderWait = Callable[[Admission, Waiting], bytes]
 Frame = Callable[[Admission], bytes | None]
@@ -57,13 +59,15 @@ async def admitted_stream(
     render_error: RenderError,
     opening: Frame | None = None,
     render_wait: RenderWait | None = None,
+    render_tool_call: RenderToolCall | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
     """Admit ``request`` (raising its PoolError), then stream its rendered events.
 
     ``opening`` renders what goes first (e.g. ``response.created``), ``render`` each
     delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
     stream ends after it), ``render_wait`` each ``Queued``/``Loading`` of a request that
-    waits for VRAM or a load.
+    waits for VRAM or a load, ``render_tool_call`` each tool-call piece (a surface
+    without one never offers tools, so none arrive).
     """
     events = _events(pool, request, tenant, priority, render_wait is not None)
     admission = await anext(events)
@@ -82,7 +86,10 @@ async def admitted_stream(
                     yield render_error(admission, event.error)
                     return
                 assert not isinstance(event, Admission)
-                chunk = render(admission, event)
+                if isinstance(event, ToolCallDelta):
+                    chunk = render_tool_call(admission, event) if render_tool_call else None
+                else:
+                    chunk = render(admission, event)
                 if chunk:
                     yield chunk
 

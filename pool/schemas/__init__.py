@@ -76,6 +76,19 @@ from pool.schemas._responses import (
     TextContent,
 )
 from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
+from pool.schemas._tools import (
+    ChatTool,
+    ChatToolCall,
+    ChatToolChoiceFunction,
+    FunctionCallItem,
+    FunctionCallOutput,
+    FunctionCallOutputItem,
+    FunctionChoice,
+    FunctionTool,
+    OllamaToolCall,
+    ResponseFormat,
+    TextFormat,
+)
 
 __all__ = [
     "CacheFlushRequest",
@@ -86,6 +99,9 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatImagePart",
     "ChatTextPart",
+    "ChatTool",
+    "ChatToolCall",
+    "ChatToolChoiceFunction",
     "CompletionRequest",
     "CompletionUsage",
     "Content",
@@ -96,6 +112,11 @@ __all__ = [
     "EmbeddingUsage",
     "EmbeddingsRequest",
     "Empty",
+    "FunctionCallItem",
+    "FunctionCallOutput",
+    "FunctionCallOutputItem",
+    "FunctionChoice",
+    "FunctionTool",
     "GpuMemory",
     "GpuModelRow",
     "GpuRow",
@@ -128,6 +149,7 @@ __all__ = [
     "OllamaShowReply",
     "OllamaTag",
     "OllamaTags",
+    "OllamaToolCall",
     "OllamaVersion",
     "OpenAIError",
     "OpenAIErrorDetail",
@@ -136,6 +158,7 @@ __all__ = [
     "PullCancelled",
     "PullState",
     "ResponseEnvelope",
+    "ResponseFormat",
     "ResponseMetrics",
     "ResponseRequest",
     "RowCapabilities",
@@ -150,4 +173,5 @@ __all__ = [
     "TextCompletion",
     "TextCompletionChoice",
     "TextContent",
+    "TextFormat",
 ]

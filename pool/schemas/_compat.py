@@ -11,6 +11,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS, ImageUrl
+from pool.schemas._tools import (
+    MAX_TOOLS,
+    ChatTool,
+    ChatToolCall,
+    ChatToolChoice,
+    OllamaToolCall,
+    ResponseFormat,
+)
 
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Stop = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
@@ -31,7 +39,7 @@ class ChatImagePart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: (
         Text
         | Annotated[
@@ -40,6 +48,12 @@ class ChatMessage(_Lenient):
         ]
         | None
     ) = None
+    tool_calls: Annotated[list[ChatToolCall], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="An assistant message's calls (the conversation's history)."
+    )
+    tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = Field(
+        None, description="A `tool` message: the id of the call it answers."
+    )
 
 
 class StreamOptions(_Lenient):
@@ -85,6 +99,22 @@ class ChatCompletionRequest(OpenAISampling):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] | None = Field(None, description="Only 1 is supported.")
     allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = Field(
+        None,
+        description="Functions the model may call; a model that cannot call tools answers"
+        " 400 `tools_unsupported`.",
+    )
+    tool_choice: ChatToolChoice | None = Field(
+        None,
+        description='"auto" (default with tools), "none", "required", or'
+        ' {"type": "function", "function": {"name": ...}} to force that call.',
+    )
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per reply.")
+    response_format: ResponseFormat | None = Field(
+        None,
+        description="`json_object` or `json_schema` (constrained decoding where the backend"
+        " has it; else 400 `structured_output_unsupported`).",
+    )
 
 
 class CompletionRequest(OpenAISampling):
@@ -162,8 +192,12 @@ class OllamaOptions(_Lenient):
 
 
 class OllamaMessage(_Lenient):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: Text = ""
+    tool_calls: Annotated[list[OllamaToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_name: Annotated[str, StringConstraints(max_length=256)] | None = Field(
+        None, description="A `tool` message: the function whose result it is."
+    )
     images: (
         Annotated[
             list[Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]], Field(max_length=16)
@@ -180,8 +214,11 @@ class OllamaChatRequest(_Lenient):
     stream: bool = True
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     keep_alive: float | str | None = None
-    format: Any = None
+    format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
     think: bool | None = None
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="Functions the model may call (OpenAI's tool objects)."
+    )
 
 
 class OllamaGenerateRequest(_Lenient):
@@ -198,6 +235,7 @@ class OllamaGenerateRequest(_Lenient):
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     keep_alive: float | str | None = None
     think: bool | None = None
+    format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
 
 
 class OllamaModelRequest(_Lenient):

@@ -6,6 +6,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from pool.schemas._tools import (
+    MAX_TOOLS,
+    FunctionCallItem,
+    FunctionCallOutput,
+    FunctionCallOutputItem,
+    FunctionTool,
+    ResponsesToolChoice,
+    TextOptions,
+)
+
 # Bounds that keep a single request from exhausting the pool; anything past them is a
 # 422 before it reaches a model.
 MAX_TEXT_CHARS = 4_000_000
@@ -74,13 +84,20 @@ class DecodingRequest(_Strict):
     )
 
 
+ConversationItem = Message | FunctionCallItem | FunctionCallOutputItem
+
+
 class ResponseRequest(_Strict):
     """Body of ``POST /v1/responses``: give either ``input`` or ``messages``."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     input: Content | None = Field(None, description="Single-turn input: text or content items.")
-    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_ITEMS)] | None = Field(
-        None, description="Multi-turn conversation ending with a user message."
+    messages: (
+        Annotated[list[ConversationItem], Field(min_length=1, max_length=MAX_ITEMS)] | None
+    ) = Field(
+        None,
+        description="Multi-turn conversation ending with a user message (or a"
+        " `function_call_output` item answering a `function_call` item).",
     )
     instructions: BoundedText | None = Field(None, description="System prompt.")
     source_lang_code: LangCode | None = None
@@ -92,13 +109,33 @@ class ResponseRequest(_Strict):
     keep_alive: float | str | None = Field(
         None, description="On-demand models: idle time before unload (seconds or '5m')."
     )
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = Field(
+        None,
+        description='Function tools, `{"type": "function", "name", "parameters"}`; a model'
+        " that cannot call tools answers 400 `tools_unsupported`.",
+    )
+    tool_choice: ResponsesToolChoice | None = Field(
+        None,
+        description='"auto", "none", "required", or {"type": "function", "name": ...}.',
+    )
+    parallel_tool_calls: bool = True
+    text: TextOptions | None = Field(
+        None, description="`text.format`: json_object or json_schema (structured output)."
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> ResponseRequest:
         if (self.input is None) == (self.messages is None):
             raise ValueError("give exactly one of `input` or `messages`")
-        if self.messages is not None and self.messages[-1].role != "user":
-            raise ValueError("the last message must have role `user`")
+        if self.messages is not None:
+            last = self.messages[-1]
+            if not (
+                isinstance(last, FunctionCallOutputItem)
+                or (isinstance(last, Message) and last.role == "user")
+            ):
+                raise ValueError(
+                    "the last message must have role `user` (or be a function_call_output)"
+                )
         return self
 
 
@@ -132,7 +169,7 @@ class ResponseEnvelope(BaseModel):
     id: str
     object: Literal["response"] = "response"
     model: str
-    output: list[OutputText]
+    output: list[OutputText | FunctionCallOutput]
     output_text: str
-    finish_reason: Literal["stop", "length", "cancelled"] = "stop"
+    finish_reason: Literal["stop", "length", "cancelled", "tool_calls"] = "stop"
     metrics: ResponseMetrics

