@@ -10,8 +10,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import trio
+
 from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
-from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Output, Ticket
 from pool.errors import PoolError
 
 
@@ -90,23 +92,60 @@ class Admission:
             if type(item) is Delta:
                 pieces.append(item.text)
                 yield item
-            elif isinstance(item, JobFinished):
-                timings, usage = build_timings(self.ticket, item, self.admitted_at)
-                finished = Finished("".join(pieces), item.stats.finish_reason, usage, timings)
-                self.finished = finished
-                if self._on_finished is not None:
-                    self._on_finished(self, item, finished)
-                yield finished
+            else:
+                yield self._ending(item, pieces)
                 return
-            elif isinstance(item, JobFailed):
-                self.failed = item.error
-                yield Failed(item.error)
-                return
+        yield self._closed_early()
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The same events as :meth:`events`, as lists of every one already waiting.
+
+        A reader that keeps up gets one event per list; one that falls behind gets the
+        backlog in one list, so it pays one wake-up (and can write one send) for all of
+        it instead of one per token. No event waits for another.
+        """
+        receive = self.ticket.receive_channel
+        pieces: list[str] = []
+        async for item in receive:
+            batch: list[Event] = []
+            while True:
+                if type(item) is Delta:
+                    pieces.append(item.text)
+                    batch.append(item)
+                else:
+                    batch.append(self._ending(item, pieces))
+                    yield batch
+                    return
+                try:
+                    item = receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    batch.append(self._closed_early())
+                    yield batch
+                    return
+            yield batch
+        yield [self._closed_early()]
+
+    def _ending(self, item: Output, pieces: list[str]) -> Finished | Failed:
+        if isinstance(item, JobFinished):
+            timings, usage = build_timings(self.ticket, item, self.admitted_at)
+            finished = Finished("".join(pieces), item.stats.finish_reason, usage, timings)
+            self.finished = finished
+            if self._on_finished is not None:
+                self._on_finished(self, item, finished)
+            return finished
+        if isinstance(item, JobFailed):
+            self.failed = item.error
+            return Failed(item.error)
+        raise AssertionError(f"a generation does not end with {type(item).__name__}")
+
+    def _closed_early(self) -> Failed:
         # The channel closed without a result: the replica was stopped under us.
         self.failed = self.ticket.error or PoolError(
             "shutting_down", "the model stopped before the response completed"
         )
-        yield Failed(self.failed)
+        return Failed(self.failed)
 
     async def embedded(self) -> Embedded:
         """The result of an embedding request, or its error raised."""

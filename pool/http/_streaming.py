@@ -6,6 +6,11 @@ a plain HTTP error with its status. :func:`admitted_stream` runs admission first
 hands back the admission and an iterator over the rendered rest; leaving that iterator
 early (a client that disconnects) leaves the ``admit`` block and so cancels the
 generation.
+
+Events that are already waiting when the writer comes round are rendered together and
+leave as one chunk (one ASGI message, one socket write): a client that keeps up still
+gets each token as soon as it exists, and one that falls behind (or a busy server) no
+longer pays a write per token. Each token stays its own SSE event.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ RenderError = Callable[[Admission, PoolError], bytes]
 Frame = Callable[[Admission], bytes | None]
 
 
-async def _events(
+async def _batches(
     pool: Pool, request: InferenceRequest, tenant: str, priority: str
-) -> AsyncGenerator[Admission | Event, None]:
+) -> AsyncGenerator[Admission | list[Event], None]:
     async with pool.admit(request, tenant=tenant, priority=priority) as admission:
         yield admission
-        async for event in admission.events():
-            yield event
+        async for batch in admission.batches():
+            yield batch
 
 
 async def admitted_stream(
@@ -46,21 +51,25 @@ async def admitted_stream(
     delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
     stream ends after it).
     """
-    events = _events(pool, request, tenant, priority)
-    admission = await anext(events)
+    batches = _batches(pool, request, tenant, priority)
+    admission = await anext(batches)
     assert isinstance(admission, Admission)
 
     async def chunks() -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(events):
+        async with contextlib.aclosing(batches):
             if opening is not None and (head := opening(admission)):
                 yield head
-            async for event in events:
-                if isinstance(event, Failed):
-                    yield render_error(admission, event.error)
-                    return
-                assert not isinstance(event, Admission)
-                chunk = render(admission, event)
-                if chunk:
-                    yield chunk
+            async for batch in batches:
+                assert not isinstance(batch, Admission)
+                out = []
+                for event in batch:
+                    if isinstance(event, Failed):
+                        out.append(render_error(admission, event.error))
+                        break
+                    chunk = render(admission, event)
+                    if chunk:
+                        out.append(chunk)
+                if out:
+                    yield b"".join(out)
 
     return admission, chunks()
