@@ -7,8 +7,9 @@ here), then one :class:`Finished` with usage and timings, or a :class:`Failed`.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import trio
 
@@ -86,7 +87,7 @@ class Admission:
     def queue_wait_ms(self) -> float:
         return self.ticket.queue_wait_ms
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         pieces: list[str] = []
         async for item in self.ticket.receive_channel:
             if type(item) is Delta:
@@ -97,7 +98,7 @@ class Admission:
                 return
         yield self._closed_early()
 
-    async def batches(self) -> AsyncIterator[list[Event]]:
+    async def batches(self) -> AsyncGenerator[list[Event], None]:
         """The same events as :meth:`events`, as lists of every one already waiting.
 
         A reader that keeps up gets one event per list; one that falls behind gets the
@@ -173,9 +174,12 @@ class Admission:
 
     async def collect(self) -> Finished:
         """Run to the end; the :class:`Finished` event, or its error raised."""
-        async for event in self.events():
-            if isinstance(event, Finished):
-                return event
-            if isinstance(event, Failed):
-                raise event.error
+        # Closed here, not left to the garbage collector: Trio finalizes an abandoned
+        # async generator through its wake-up socket, a system call per request.
+        async with contextlib.aclosing(self.events()) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    return event
+                if isinstance(event, Failed):
+                    raise event.error
         raise AssertionError("events() always ends with Finished or Failed")

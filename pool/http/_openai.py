@@ -32,6 +32,7 @@ from pool.backends import ImagePart, TextPart, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    HotRoute,
     SchemaError,
     cache_headers_in,
     chat_request,
@@ -330,6 +331,8 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         response.timeout = None
         return response
+
+    ctx.hot_routes["/v1/chat/completions"] = HotRoute(chat_completions, pool_error, schema_error)
 
     @blueprint.post("/v1/embeddings")
     async def embeddings() -> Response:

@@ -16,6 +16,7 @@ from pool.backends._upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
     open_transport,
+    sse_batches,
     sse_data,
 )
 
@@ -237,3 +238,21 @@ async def test_event_stream_splitting() -> None:
 def test_transport_by_scheme() -> None:
     assert isinstance(open_transport("http://127.0.0.1:1/v1", timeout_s=1), LeanTransport)
     assert isinstance(open_transport("https://api.example/v1", timeout_s=1), HttpxTransport)
+
+
+async def _chunks(*pieces: bytes) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
+
+
+async def test_sse_batches_hand_over_every_event_of_a_chunk_at_once() -> None:
+    pieces = (
+        b"data: a\n\ndata:b\n\nda",
+        b"ta: c\r",
+        b"\n\r\nevent: x\ndata: d1\ndata: d2\n\n: a comment\n\nevent: no data\n\n",
+        b"data: e",
+    )
+    batches = [batch async for batch in sse_batches(_chunks(*pieces))]
+    assert batches == [[b"a", b"b"], [b"c", b"d1\nd2"], [b"e"]]
+    # sse_data is the same events one by one.
+    assert [d async for d in sse_data(_chunks(*pieces))] == [b"a", b"b", b"c", b"d1\nd2", b"e"]
