@@ -165,6 +165,45 @@ class _Connection:
         return data
 
 
+_SMALL_CHUNK = 64 * 1024
+
+
+def _complete_chunks(buffer: bytearray) -> tuple[bytes, str]:
+    """Decode and remove the chunks of a chunked body that ``buffer`` holds whole.
+
+    Returns the data and what comes next: ``"more"`` (a chunk of up to 64 KiB, or its
+    size line, is still arriving: read and call again), ``"end"`` (the last chunk came;
+    its trailers are left in ``buffer``) or ``"stream"`` (a larger chunk, or a bad size
+    line: the caller's chunk-by-chunk path takes it, and reports a bad one).
+    """
+    pieces: list[bytes] = []
+    at = 0
+    state = "more"
+    while True:
+        end = buffer.find(b"\r\n", at)
+        if end < 0:
+            if len(buffer) - at > 64:  # no size line is this long
+                state = "stream"
+            break
+        try:
+            size = int(buffer[at:end].split(b";", 1)[0], 16)
+        except ValueError:
+            state = "stream"
+            break
+        if size == 0:
+            at, state = end + 2, "end"
+            break
+        if size > _SMALL_CHUNK:
+            state = "stream"
+            break
+        if len(buffer) < end + 4 + size:
+            break
+        pieces.append(bytes(buffer[end + 2 : end + 2 + size]))
+        at = end + 4 + size
+    del buffer[:at]
+    return b"".join(pieces), state
+
+
 class LeanResponse:
     def __init__(self, connection: _Connection, status: int, headers: dict[str, str]) -> None:
         self.status = status
@@ -184,6 +223,19 @@ class LeanResponse:
             pass
         elif "chunked" in self.headers.get("transfer-encoding", "").lower():
             while True:
+                # Every chunk already read goes out as one piece: an event stream sends a
+                # chunk per token, and a relay that fell behind should not pay a step
+                # per token to catch up.
+                ready, state = _complete_chunks(connection.buffer)
+                if ready:
+                    yield ready
+                if state == "end":
+                    while await connection.read_line():  # trailers, then a blank line
+                        pass
+                    break
+                if state == "more":
+                    await connection.fill()
+                    continue
                 size_line = await connection.read_line()
                 try:
                     remaining = int(size_line.split(b";", 1)[0], 16)
