@@ -26,14 +26,15 @@ from benchmarks._http import CHAT_DELTA_MARK, DELTA_MARK
 from benchmarks.harness import pool_server, zero_upstream
 from benchmarks.stub_bodies import stub_text
 
+_stream_body = relay._body
 _JSON = {
     "json_stub": ("pool", "/v1/responses", "stub", DELTA_MARK),
     "json_relay": ("pool", "/v1/chat/completions", "relay", CHAT_DELTA_MARK),
 }
 
 
-def _json_body(path: str, model: str) -> dict[str, Any]:
-    body = {**relay._body(path, model), "stream": False}
+def _json_body(path: str, model: str, stream: bool = False) -> dict[str, Any]:
+    body = {**_stream_body(path, model), "stream": False}
     if path == "/v1/responses":
         body["decoding"] = {"max_tokens": 1}
     else:

@@ -25,13 +25,25 @@ _SIDES = {
     "pool_chat": ("pool", "/v1/chat/completions", "relay", CHAT_DELTA_MARK),
     "pool_responses": ("pool", "/v1/responses", "relay", DELTA_MARK),
 }
+# One-token JSON answers (no stream): what the relay adds to a plain request.
+_JSON_SIDES = {
+    "direct": ("upstream", "/v1/chat/completions", "zero", CHAT_DELTA_MARK),
+    "pool": ("pool", "/v1/chat/completions", "relay", CHAT_DELTA_MARK),
+}
 _STUB_SIDES = {
     "stub_chat": ("pool", "/v1/chat/completions", "stub", CHAT_DELTA_MARK),
     "stub_responses": ("pool", "/v1/responses", "stub", DELTA_MARK),
 }
 
 
-def _body(path: str, model: str) -> dict[str, Any]:
+def _body(path: str, model: str, stream: bool = True) -> dict[str, Any]:
+    if not stream:
+        return {
+            "model": model,
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 1,
+            "allow_remote": True,
+        }
     if path == "/v1/responses":
         return {
             "model": model,
@@ -50,11 +62,15 @@ def _body(path: str, model: str) -> dict[str, Any]:
 
 
 async def _phase(
-    servers: dict[str, Server], side: tuple[str, str, str, bytes], concurrency: int, seconds: float
+    servers: dict[str, Server],
+    side: tuple[str, str, str, bytes],
+    concurrency: int,
+    seconds: float,
+    stream: bool = True,
 ) -> dict[str, Any]:
     name, path, model, mark = side
     server = servers[name]
-    body = _body(path, model)
+    body = _body(path, model, stream)
     cpu = {key: s.cpu_seconds() for key, s in servers.items()}
     started = time.perf_counter()
     results = await closed_loop(
@@ -117,7 +133,22 @@ async def relay_capacity(quick: bool) -> dict[str, Any]:
                     progress(f"relay-capacity round {round_index + 1}/{rounds} c=64 {key}")
                     summary = await _phase(servers, side, 64, seconds)
                     raw.setdefault("stub c=64", {}).setdefault(key, []).append(summary)
-    return {"rows": _rows(raw), "in_process": _stub_rows(raw["stub c=64"]), "raw": raw}
+                for concurrency in (1, 16):
+                    for key, side in _JSON_SIDES.items():
+                        progress(
+                            f"relay-capacity round {round_index + 1}/{rounds}"
+                            f" json c={concurrency} {key}"
+                        )
+                        summary = await _phase(servers, side, concurrency, seconds, stream=False)
+                        raw.setdefault(f"json c={concurrency}", {}).setdefault(key, []).append(
+                            summary
+                        )
+    return {
+        "rows": _rows(raw),
+        "in_process": _stub_rows(raw["stub c=64"]),
+        "json": _json_rows(raw),
+        "raw": raw,
+    }
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -170,6 +201,28 @@ def _added(
             if p[metric][quantile] is not None and d[metric][quantile] is not None
         ]
     )
+
+
+def _json_rows(raw: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    rows = []
+    for key, sides in raw.items():
+        if not key.startswith("json "):
+            continue
+        direct, pool = sides["direct"], sides["pool"]
+        rows.append(
+            {
+                "cell": key,
+                "direct_p50_ms": _median([s["latency_ms"]["p50"] for s in direct]),
+                "pool_p50_ms": _median([s["latency_ms"]["p50"] for s in pool]),
+                "added_p50_ms": _added(pool, direct, "latency_ms", "p50"),
+                "added_p99_ms": _added(pool, direct, "latency_ms", "p99"),
+                "direct_rps": _median([s["requests_per_s"] for s in direct]),
+                "pool_rps": _median([s["requests_per_s"] for s in pool]),
+                "pool_cpu_ms_per_request": _median([s["server_cpu_ms_per_request"] for s in pool]),
+                "errors": sum(s["errors"] for s in (*direct, *pool)),
+            }
+        )
+    return rows
 
 
 def _stub_rows(sides: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
