@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -174,6 +175,14 @@ def wait_healthy(server: Server, path: str, timeout_s: float) -> None:
 
 
 @contextmanager
+def zero_upstream() -> Iterator[Server]:
+    """``benchmarks/zero_upstream.py``: Chat Completions streamed at no cost per token."""
+    command = [sys.executable, "-m", "benchmarks.zero_upstream", "--port", "0"]
+    with run_server("direct", command) as server:
+        yield server
+
+
+@contextmanager
 def bare_server() -> Iterator[Server]:
     with run_server("bare", [sys.executable, "-m", "benchmarks.bare_app", "--port", "0"]) as server:
         yield server
@@ -191,16 +200,25 @@ async def closed_loop(
     *,
     path: str = "/v1/responses",
     delta_mark: bytes = DELTA_MARK,
+    stop_after_s: float | None = None,
 ) -> list[Result]:
-    """``concurrency`` clients send ``count`` requests in all, each waiting for its answer."""
+    """``concurrency`` clients send ``count`` requests in all, each waiting for its answer.
+
+    Args:
+        stop_after_s: start no request after this many seconds (those under way finish,
+            so a throughput over the phase counts no half-read stream).
+    """
     host, port = server.host_port
     results: list[Result] = []
     counter = iter(range(count))
+    stop_at = None if stop_after_s is None else trio.current_time() + stop_after_s
 
     async def client() -> None:
         connection = Connection(host, port, delta_mark)
         try:
             for index in counter:
+                if stop_at is not None and trio.current_time() >= stop_at:
+                    break
                 body, headers = body_for(index)
                 results.append(await connection.post(path, body, headers))
         finally:
@@ -259,13 +277,8 @@ def summarize(results: list[Result], wall_s: float, cpu_s: float | None = None) 
         "requests": len(results),
         "ok": len(ok),
         "errors": len(results) - len(ok),
-        "statuses": dict(
-            sorted(
-                {
-                    str(r.status): sum(1 for x in results if x.status == r.status) for r in results
-                }.items()
-            )
-        ),
+        # Counted in one pass: a phase of one-token answers has tens of thousands.
+        "statuses": dict(sorted(Counter(str(r.status) for r in results).items())),
         "latency_ms": {
             q: percentile(latencies, f) for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
         },

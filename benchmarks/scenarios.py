@@ -29,6 +29,7 @@ from benchmarks.harness import (
 )
 from benchmarks.llama_cpp_direct import GGUF, QUESTION
 from benchmarks.llama_cpp_direct import main as compare_llama_cpp
+from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
 from pool.config import resolve_model_path
@@ -655,4 +656,5 @@ SCENARIOS = {
     "proxy-peers": proxy_peers,
     "vram-swap": vram_swap,
     "soak": soak,
+    "relay-capacity": relay_capacity,
 }

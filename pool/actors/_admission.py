@@ -7,8 +7,11 @@ here), then one :class:`Finished` with usage and timings, or a :class:`Failed`.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+
+import trio
 
 from pool.actors._events import (
     Delta,
@@ -20,7 +23,7 @@ from pool.actors._events import (
     Usage,
     Waiting,
 )
-from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Output, Ticket
 from pool.backends import ToolCallDelta, assemble_calls
 from pool.errors import PoolError
 
@@ -142,7 +145,7 @@ class Admission:
                 pass
         return self._wait_error
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         if (error := await self._waited()) is not None:
             self.failed = error
             yield Failed(error)
@@ -156,27 +159,74 @@ class Admission:
             elif isinstance(item, ToolCallDelta):
                 call_pieces.append(item)
                 yield item
-            elif isinstance(item, JobFinished):
-                timings, usage = build_timings(self.ticket, item, self.admitted_at)
-                calls = assemble_calls(call_pieces)
-                reason = item.stats.finish_reason
-                if calls and reason == "stop":
-                    reason = "tool_calls"
-                finished = Finished("".join(pieces), reason, usage, timings, calls)
-                self.finished = finished
-                if self._on_finished is not None:
-                    self._on_finished(self, item, finished)
-                yield finished
+            else:
+                yield self._ending(item, pieces, call_pieces)
                 return
-            elif isinstance(item, JobFailed):
-                self.failed = item.error
-                yield Failed(item.error)
-                return
+        yield self._closed_early()
+
+    async def batches(self) -> AsyncGenerator[list[Event], None]:
+        """The same events as :meth:`events`, as lists of every one already waiting.
+
+        A reader that keeps up gets one event per list; one that falls behind gets the
+        backlog in one list, so it pays one wake-up (and can write one send) for all of
+        it instead of one per token. No event waits for another.
+        """
+        if (error := await self._waited()) is not None:
+            self.failed = error
+            yield [Failed(error)]
+            return
+        receive = self.ticket.receive_channel
+        pieces: list[str] = []
+        call_pieces: list[ToolCallDelta] = []
+        async for item in receive:
+            batch: list[Event] = []
+            while True:
+                if type(item) is Delta:
+                    pieces.append(item.text)
+                    batch.append(item)
+                elif isinstance(item, ToolCallDelta):
+                    call_pieces.append(item)
+                    batch.append(item)
+                else:
+                    batch.append(self._ending(item, pieces, call_pieces))
+                    yield batch
+                    return
+                try:
+                    item = receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    batch.append(self._closed_early())
+                    yield batch
+                    return
+            yield batch
+        yield [self._closed_early()]
+
+    def _ending(
+        self, item: Output, pieces: list[str], call_pieces: list[ToolCallDelta]
+    ) -> Finished | Failed:
+        if isinstance(item, JobFinished):
+            timings, usage = build_timings(self.ticket, item, self.admitted_at)
+            calls = assemble_calls(call_pieces)
+            reason = item.stats.finish_reason
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            finished = Finished("".join(pieces), reason, usage, timings, calls)
+            self.finished = finished
+            if self._on_finished is not None:
+                self._on_finished(self, item, finished)
+            return finished
+        if isinstance(item, JobFailed):
+            self.failed = item.error
+            return Failed(item.error)
+        raise AssertionError(f"a generation does not end with {type(item).__name__}")
+
+    def _closed_early(self) -> Failed:
         # The channel closed without a result: the replica was stopped under us.
         self.failed = self.ticket.error or PoolError(
             "shutting_down", "the model stopped before the response completed"
         )
-        yield Failed(self.failed)
+        return Failed(self.failed)
 
     async def embedded(self) -> Embedded:
         """The result of an embedding request, or its error raised."""
@@ -207,9 +257,12 @@ class Admission:
 
     async def collect(self) -> Finished:
         """Run to the end; the :class:`Finished` event, or its error raised."""
-        async for event in self.events():
-            if isinstance(event, Finished):
-                return event
-            if isinstance(event, Failed):
-                raise event.error
+        # Closed here, not left to the garbage collector: Trio finalizes an abandoned
+        # async generator through its wake-up socket, a system call per request.
+        async with contextlib.aclosing(self.events()) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    return event
+                if isinstance(event, Failed):
+                    raise event.error
         raise AssertionError("events() always ends with Finished or Failed")

@@ -28,17 +28,25 @@ _RESULT_HANDOVER_S = 5.0
 class _TicketSink:
     """Delivers text to the requester; a departed requester cancels the job.
 
+    Every streamed token crosses ``send``, so it costs no scheduler round while the
+    channel has room: the text goes in with ``send_nowait`` and the requester's task
+    (woken by the first piece) later takes every piece that piled up in one go. Only a
+    full channel (a slow reader: backpressure) makes it wait. Cancellation is still
+    checked on every call.
+
     It also keeps the idle watchdog's deadline: each piece of text pushes it on by the
-    idle timeout, and while a send waits for a slow reader the watchdog is off, so only
-    the backend's own silence counts.
+    idle timeout (lazily: moving a deadline costs more than a token, so it moves only
+    once it is a twentieth of the timeout stale), and while a send waits for a slow
+    reader the watchdog is off, so only the backend's own silence counts.
     """
 
-    __slots__ = ("_idle", "_idle_s", "_ticket", "chunks", "first_at")
+    __slots__ = ("_idle", "_idle_s", "_slack_s", "_ticket", "chunks", "first_at")
 
     def __init__(self, ticket: Ticket, idle: trio.CancelScope, idle_s: float) -> None:
         self._ticket = ticket
         self._idle = idle
         self._idle_s = idle_s
+        self._slack_s = idle_s / 20
         self.chunks = 0
         self.first_at: float | None = None
 
@@ -48,15 +56,30 @@ class _TicketSink:
         if self.first_at is None:
             self.first_at = time.perf_counter()
         self.chunks += 1
-        self._idle.deadline = math.inf
+        await trio.lowlevel.checkpoint_if_cancelled()
+        channel = self._ticket.send_channel
+        # A tool-call piece is its own event; text goes out as a Delta.
+        item = Delta(text) if isinstance(text, str) else text
         try:
-            # A tool-call piece is its own event; text goes out as a Delta.
-            await self._ticket.send_channel.send(Delta(text) if isinstance(text, str) else text)
+            channel.send_nowait(item)
+        except trio.WouldBlock:
+            self._idle.deadline = math.inf
+            try:
+                await channel.send(item)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._requester_left()
+            self._idle.deadline = trio.current_time() + self._idle_s
+            return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
-            self._ticket.scope.cancel()
-            await trio.lowlevel.checkpoint()
-        self._idle.deadline = trio.current_time() + self._idle_s
+            await self._requester_left()
+        deadline = trio.current_time() + self._idle_s
+        if deadline - self._idle.deadline > self._slack_s:
+            self._idle.deadline = deadline
+
+    async def _requester_left(self) -> None:
+        # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
+        self._ticket.scope.cancel()
+        await trio.lowlevel.checkpoint()
 
 
 class Replica:

@@ -13,7 +13,7 @@ from pool.backends._upstream import (
     Transport,
     UpstreamError,
     UpstreamTimeout,
-    sse_data,
+    sse_batches,
 )
 from pool.errors import BackendError, PoolError
 
@@ -158,34 +158,35 @@ async def stream_chat(
                 message = _upstream_message(await response.read())
                 raise BackendError(f"{what} answered HTTP {response.status}: {message}")
             # Read on past [DONE] to the end of the body, so the connection can be reused.
-            async for data in sse_data(response.chunks()):
-                if done:
-                    continue
-                if data == b"[DONE]":
-                    done = True
-                    continue
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise BackendError(f"{what} failed mid-stream: {_upstream_message(data)}")
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content")
-                    if text:
-                        if first_ms is None:
-                            first_ms = (time.perf_counter() - started) * 1000.0
-                        pieces += 1
-                        await sink.send(text)
-                    for call in _call_pieces(delta.get("tool_calls")):
-                        if first_ms is None:
-                            first_ms = (time.perf_counter() - started) * 1000.0
-                        pieces += 1
-                        await sink.send(call)
-                    if choice.get("finish_reason"):
-                        finish = _FINISH.get(choice["finish_reason"], "stop")
-                usage = chunk.get("usage")
-                if usage:
-                    prompt_tokens = usage.get("prompt_tokens")
-                    completion_tokens = usage.get("completion_tokens")
+            async for batch in sse_batches(response.chunks()):
+                for data in batch:
+                    if done:
+                        break
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise BackendError(f"{what} failed mid-stream: {_upstream_message(data)}")
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content")
+                        if text:
+                            if first_ms is None:
+                                first_ms = (time.perf_counter() - started) * 1000.0
+                            pieces += 1
+                            await sink.send(text)
+                        for call in _call_pieces(delta.get("tool_calls")):
+                            if first_ms is None:
+                                first_ms = (time.perf_counter() - started) * 1000.0
+                            pieces += 1
+                            await sink.send(call)
+                        if choice.get("finish_reason"):
+                            finish = _FINISH.get(choice["finish_reason"], "stop")
+                    usage = chunk.get("usage")
+                    if usage:
+                        prompt_tokens = usage.get("prompt_tokens")
+                        completion_tokens = usage.get("completion_tokens")
     except UpstreamTimeout as exc:
         raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
     except UpstreamError as exc:

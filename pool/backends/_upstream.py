@@ -78,26 +78,44 @@ def open_transport(
 
 async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The ``data`` of each Server-Sent Event in ``chunks`` (multi-line data joined)."""
-    buffer = b""
-    data: list[bytes] = []
+    async for batch in sse_batches(chunks):
+        for data in batch:
+            yield data
+
+
+async def sse_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """The ``data`` of the Server-Sent Events in ``chunks``, a list per chunk received.
+
+    A relay at full speed reads many events per chunk: splitting them in one pass and
+    handing them over together costs one step of the caller's loop per read, not one per
+    token. Each event is usually one ``data:`` line; anything else (several lines,
+    comments, other fields, CRLF line ends) takes the line-by-line path.
+    """
+    buffer = b""  # the start of an event whose blank line has not arrived yet
     async for chunk in chunks:
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n", start)) >= 0:
-            line = buffer[start:end].removesuffix(b"\r")
-            start = end + 1
-            if not line:
-                if data:
-                    yield b"\n".join(data)
-                    data = []
-            elif line.startswith(b"data:"):
-                data.append(_field_value(line))
-        buffer = buffer[start:]
+        if b"\r" in chunk or b"\r" in buffer[-1:]:
+            buffer = (buffer + chunk).replace(b"\r\n", b"\n")
+        else:
+            buffer += chunk
+        blocks = buffer.split(b"\n\n")
+        buffer = blocks.pop()
+        out: list[bytes] = []
+        for block in blocks:
+            if block.startswith(b"data:") and b"\n" not in block:
+                out.append(_field_value(block))
+            elif (data := _block_data(block)) is not None:
+                out.append(data)
+        if out:
+            yield out
     # A stream that ends without the last blank line still delivers its last event.
-    if buffer.startswith(b"data:"):
-        data.append(_field_value(buffer.removesuffix(b"\r")))
-    if data:
-        yield b"\n".join(data)
+    if (data := _block_data(buffer.removesuffix(b"\r"))) is not None:
+        yield [data]
+
+
+def _block_data(block: bytes) -> bytes | None:
+    """The data of one event (None: it has no ``data`` field)."""
+    lines = [_field_value(line) for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 def _field_value(line: bytes) -> bytes:
@@ -147,6 +165,45 @@ class _Connection:
         return data
 
 
+_SMALL_CHUNK = 64 * 1024
+
+
+def _complete_chunks(buffer: bytearray) -> tuple[bytes, str]:
+    """Decode and remove the chunks of a chunked body that ``buffer`` holds whole.
+
+    Returns the data and what comes next: ``"more"`` (a chunk of up to 64 KiB, or its
+    size line, is still arriving: read and call again), ``"end"`` (the last chunk came;
+    its trailers are left in ``buffer``) or ``"stream"`` (a larger chunk, or a bad size
+    line: the caller's chunk-by-chunk path takes it, and reports a bad one).
+    """
+    pieces: list[bytes] = []
+    at = 0
+    state = "more"
+    while True:
+        end = buffer.find(b"\r\n", at)
+        if end < 0:
+            if len(buffer) - at > 64:  # no size line is this long
+                state = "stream"
+            break
+        try:
+            size = int(buffer[at:end].split(b";", 1)[0], 16)
+        except ValueError:
+            state = "stream"
+            break
+        if size == 0:
+            at, state = end + 2, "end"
+            break
+        if size > _SMALL_CHUNK:
+            state = "stream"
+            break
+        if len(buffer) < end + 4 + size:
+            break
+        pieces.append(bytes(buffer[end + 2 : end + 2 + size]))
+        at = end + 4 + size
+    del buffer[:at]
+    return b"".join(pieces), state
+
+
 class LeanResponse:
     def __init__(self, connection: _Connection, status: int, headers: dict[str, str]) -> None:
         self.status = status
@@ -166,6 +223,19 @@ class LeanResponse:
             pass
         elif "chunked" in self.headers.get("transfer-encoding", "").lower():
             while True:
+                # Every chunk already read goes out as one piece: an event stream sends a
+                # chunk per token, and a relay that fell behind should not pay a step
+                # per token to catch up.
+                ready, state = _complete_chunks(connection.buffer)
+                if ready:
+                    yield ready
+                if state == "end":
+                    while await connection.read_line():  # trailers, then a blank line
+                        pass
+                    break
+                if state == "more":
+                    await connection.fill()
+                    continue
                 size_line = await connection.read_line()
                 try:
                     remaining = int(size_line.split(b";", 1)[0], 16)
@@ -431,5 +501,6 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "open_transport",
+    "sse_batches",
     "sse_data",
 ]

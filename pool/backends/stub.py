@@ -80,6 +80,9 @@ class StubRuntime:
     def __init__(self, definition: StubModel) -> None:
         self._definition = definition
         self._closed = False
+        # Split once: a benchmark's stub must cost next to nothing per request.
+        reply = definition.stub_reply
+        self._reply_tokens = stub_tokens(reply) if reply is not None else []
 
     @property
     def vram_mib(self) -> int | None:
@@ -90,9 +93,7 @@ class StubRuntime:
             raise BackendError("stub runtime is closed")
         started = time.perf_counter()
         reply = self._definition.stub_reply
-        if reply is None:
-            reply = request.turns[-1].text
-        tokens = stub_tokens(reply)
+        tokens = self._reply_tokens if reply is not None else stub_tokens(request.turns[-1].text)
         limit = request.decoding.max_tokens
         finish: Any = "length" if len(tokens) > limit else "stop"
         tokens = tokens[:limit]

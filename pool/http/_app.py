@@ -81,6 +81,8 @@ def create_app(
     )
     for module in (_responses, _openai, _ollama, _admin, _runner):
         module.register(app, ctx)
+    # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
+    app.extensions["pool.hot_routes"] = ctx.hot_routes
     document = openapi_document()
 
     @app.get("/openapi.json")

@@ -7,7 +7,9 @@ import logging
 import math
 import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -31,12 +33,37 @@ JSON_TYPE = "application/json"
 
 
 @dataclass
+class HotRoute:
+    """A route the lean ASGI layer serves without Quart (``pool/http/_lean.py``): the
+    Quart view itself, and how its blueprint renders the pool's errors."""
+
+    view: Callable[[], Awaitable[Response]]
+    on_pool_error: Callable[[PoolError], Awaitable[Response]]
+    on_schema_error: Callable[[SchemaError], Awaitable[Response]]
+
+
+@dataclass
 class AppContext:
     """What the routes need, built once per app."""
 
     pool: Pool
     settings: Settings
     auth: Authenticator
+    # POST routes by path that the lean layer may serve (the inference hot path).
+    hot_routes: dict[str, HotRoute] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LeanRequest:
+    """The request a view runs for when the lean layer, not Quart, called it."""
+
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    request_id: str
+
+
+# Set by the lean layer around a view: the accessors below read it instead of Quart's.
+lean_request: ContextVar[LeanRequest | None] = ContextVar("lean_request", default=None)
 
 
 class SchemaError(Exception):
@@ -147,23 +174,34 @@ def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceReque
 
 async def read_body(model: type[T], *, optional: bool = False) -> T:
     """The request body as ``model``: 400 for non-JSON, 422 for a schema failure."""
-    raw = await request.get_data()
+    lean = lean_request.get()
+    raw = lean.body if lean is not None else await request.get_data()
     if optional and not raw.strip():
         return model()
     # The content type is not checked: curl -d and Ollama clients send JSON as form data.
     return validate(model, parse_json(raw))
 
 
-def headers() -> Headers:
-    """Headers of the current HTTP request or WebSocket handshake."""
+def headers() -> Headers | Mapping[str, str]:
+    """Headers of the current HTTP request or WebSocket handshake (ask in lower case)."""
+    lean = lean_request.get()
+    if lean is not None:
+        return lean.headers
     return request.headers if has_request_context() else websocket.headers
 
 
+def new_request_id(sent: str) -> str:
+    """The client's ``X-Request-Id`` when it is a sane one, else a fresh id."""
+    return sent if _REQUEST_ID.match(sent) else uuid.uuid4().hex
+
+
 def request_id() -> str:
+    lean = lean_request.get()
+    if lean is not None:
+        return lean.request_id
     rid: str = g.get("request_id") or ""
     if not rid:
-        client = headers().get("x-request-id", "")
-        rid = client if _REQUEST_ID.match(client) else uuid.uuid4().hex
+        rid = new_request_id(headers().get("x-request-id", ""))
         g.request_id = rid
     return rid
 
@@ -190,10 +228,11 @@ _CACHE_MODES = ("prefix", "none", "auto")
 
 def cache_headers_in() -> None:
     """Validate ``X-Cache-Mode`` / ``X-Cache-Tag`` (no backend here keeps a prefix cache)."""
-    mode = request.headers.get("x-cache-mode")
+    sent = headers()
+    mode = sent.get("x-cache-mode")
     if mode is not None and mode.strip().lower() not in _CACHE_MODES:
         raise PoolError("invalid_request", "X-Cache-Mode must be prefix, none or auto")
-    tag = request.headers.get("x-cache-tag")
+    tag = sent.get("x-cache-tag")
     if tag is not None and (len(tag) > 64 or not tag.isprintable()):
         raise PoolError(
             "invalid_request", "X-Cache-Tag must be printable and at most 64 characters"

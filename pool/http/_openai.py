@@ -10,9 +10,11 @@ object.
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from quart import Blueprint, Quart, Response
@@ -31,6 +33,7 @@ from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    HotRoute,
     SchemaError,
     cache_headers_in,
     chat_request,
@@ -242,6 +245,22 @@ def _usage(finished: Finished) -> dict[str, int]:
     }
 
 
+# Every streamed token takes the path below: the chunk is encoded once per stream around
+# a marker, and each token only fills in its JSON string (the same bytes as dumps()).
+_MARK = "\x00content\x00"
+
+
+def content_chunk_encoder(template: bytes) -> Callable[[str], bytes]:
+    """``template`` (an encoded chunk whose content is ``_MARK``) as a function of the
+    content: the bytes ``dumps`` gives for the chunk with that content."""
+    head, tail = template.split(json.dumps(_MARK).encode(), 1)
+
+    def encode(text: str) -> bytes:
+        return head + json.dumps(text, ensure_ascii=False).encode() + tail
+
+    return encode
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("openai", __name__)
@@ -310,9 +329,11 @@ def register(app: Quart, ctx: AppContext) -> None:
                 payload["usage"] = None
             return b"data: " + dumps(payload) + b"\n\n"
 
+        content_chunk = content_chunk_encoder(chunk({"content": _MARK}, None))
+
         def render(admission: Admission, event: Delta | Finished) -> bytes:
             if type(event) is Delta:
-                return chunk({"content": event.text}, None)
+                return content_chunk(event.text)
             assert isinstance(event, Finished)
             out = chunk({}, _FINISH[event.finish_reason])
             if include_usage:
@@ -353,6 +374,8 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         response.timeout = None
         return response
+
+    ctx.hot_routes["/v1/chat/completions"] = HotRoute(chat_completions, pool_error, schema_error)
 
     @blueprint.post("/v1/embeddings")
     async def embeddings() -> Response:

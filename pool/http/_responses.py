@@ -25,10 +25,12 @@ from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    HotRoute,
     SchemaError,
     cache_headers_in,
     dumps,
     error_body,
+    error_response,
     inference_headers,
     json_response,
     logit_bias,
@@ -37,6 +39,7 @@ from pool.http._common import (
     request_id,
     require,
     schema_error_body,
+    schema_error_response,
     tenant_and_priority,
     validate,
 )
@@ -371,6 +374,14 @@ def register(app: Quart, ctx: AppContext) -> None:
         response = Response(chunks, content_type="text/event-stream", headers=headers)
         response.timeout = None
         return response
+
+    async def pool_error(exc: PoolError) -> Response:
+        return error_response(exc)
+
+    async def schema_error(exc: SchemaError) -> Response:
+        return schema_error_response(exc)
+
+    ctx.hot_routes["/v1/responses"] = HotRoute(create_response, pool_error, schema_error)
 
     @app.websocket("/v1/responses")
     async def responses_socket() -> None:

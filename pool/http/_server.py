@@ -14,6 +14,7 @@ from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
+from pool.http._lean import lean_app
 
 log = logging.getLogger("pool.server")
 
@@ -98,8 +99,9 @@ async def _serve_pool(
         async def run_http(
             *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
         ) -> None:
+            app = create_app(pool, settings, auth, hosts)
             await hypercorn_serve(
-                create_app(pool, settings, auth, hosts),
+                lean_app(app, hosts, settings.service.max_body_bytes),
                 config,
                 shutdown_trigger=shutdown_trigger,
                 task_status=task_status,

@@ -7,6 +7,11 @@ hands back the admission and an iterator over the rendered rest; leaving that it
 early (a client that disconnects) leaves the ``admit`` block and so cancels the
 generation.
 
+Events that are already waiting when the writer comes round are rendered together and
+leave as one chunk (one ASGI message, one socket write): a client that keeps up still
+gets each token as soon as it exists, and one that falls behind (or a busy server) no
+longer pays a write per token. Each token stays its own SSE event.
+
 With ``render_wait``, a request that has to wait for VRAM or a load is the exception:
 its 200 goes out at once and the wait is rendered before the first delta (a timeout
 then ends the stream as an error event). A request that does not wait for either
@@ -38,15 +43,15 @@ RenderWait = Callable[[Admission, Waiting], bytes]
 Frame = Callable[[Admission], bytes | None]
 
 
-async def _events(
+async def _batches(
     pool: Pool, request: InferenceRequest, tenant: str, priority: str, report_waits: bool
-) -> AsyncGenerator[Admission | Event, None]:
+) -> AsyncGenerator[Admission | list[Event], None]:
     async with pool.admit(
         request, tenant=tenant, priority=priority, report_waits=report_waits
     ) as admission:
         yield admission
-        async for event in admission.events():
-            yield event
+        async for batch in admission.batches():
+            yield batch
 
 
 async def admitted_stream(
@@ -69,28 +74,32 @@ async def admitted_stream(
     waits for VRAM or a load, ``render_tool_call`` each tool-call piece (a surface
     without one never offers tools, so none arrive).
     """
-    events = _events(pool, request, tenant, priority, render_wait is not None)
-    admission = await anext(events)
+    batches = _batches(pool, request, tenant, priority, render_wait is not None)
+    admission = await anext(batches)
     assert isinstance(admission, Admission)
 
     async def chunks() -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(events):
+        async with contextlib.aclosing(batches):
             if opening is not None and (head := opening(admission)):
                 yield head
             if render_wait is not None and admission.waiting:
                 async with contextlib.aclosing(admission.waits()) as waits:
                     async for waiting in waits:
                         yield render_wait(admission, waiting)
-            async for event in events:
-                if isinstance(event, Failed):
-                    yield render_error(admission, event.error)
-                    return
-                assert not isinstance(event, Admission)
-                if isinstance(event, ToolCallDelta):
-                    chunk = render_tool_call(admission, event) if render_tool_call else None
-                else:
-                    chunk = render(admission, event)
-                if chunk:
-                    yield chunk
+            async for batch in batches:
+                assert not isinstance(batch, Admission)
+                out = []
+                for event in batch:
+                    if isinstance(event, Failed):
+                        out.append(render_error(admission, event.error))
+                        break
+                    if isinstance(event, ToolCallDelta):
+                        chunk = render_tool_call(admission, event) if render_tool_call else None
+                    else:
+                        chunk = render(admission, event)
+                    if chunk:
+                        out.append(chunk)
+                if out:
+                    yield b"".join(out)
 
     return admission, chunks()

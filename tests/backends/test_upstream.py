@@ -16,6 +16,7 @@ from pool.backends._upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
     open_transport,
+    sse_batches,
     sse_data,
 )
 
@@ -237,3 +238,49 @@ async def test_event_stream_splitting() -> None:
 def test_transport_by_scheme() -> None:
     assert isinstance(open_transport("http://127.0.0.1:1/v1", timeout_s=1), LeanTransport)
     assert isinstance(open_transport("https://api.example/v1", timeout_s=1), HttpxTransport)
+
+
+async def _chunks(*pieces: bytes) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
+
+
+async def test_sse_batches_hand_over_every_event_of_a_chunk_at_once() -> None:
+    pieces = (
+        b"data: a\n\ndata:b\n\nda",
+        b"ta: c\r",
+        b"\n\r\nevent: x\ndata: d1\ndata: d2\n\n: a comment\n\nevent: no data\n\n",
+        b"data: e",
+    )
+    batches = [batch async for batch in sse_batches(_chunks(*pieces))]
+    assert batches == [[b"a", b"b"], [b"c", b"d1\nd2"], [b"e"]]
+    # sse_data is the same events one by one.
+    assert [d async for d in sse_data(_chunks(*pieces))] == [b"a", b"b", b"c", b"d1\nd2", b"e"]
+
+
+async def test_chunked_bodies_in_any_split(
+    start: Callable[[Handler], Awaitable[RawServer]],
+) -> None:
+    big = b"b" * 100_000  # above the size decoded whole: streamed in pieces
+    body = (
+        b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n"  # several chunks in one read, an extension
+        + b"%x\r\n%s\r\n" % (len(big), big)
+        + b"5\r\nhijkl\r\n0\r\nTrailer: x\r\n\r\n"
+    )
+
+    async def reply(stream: trio.SocketStream, request: bytes) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for at in range(0, len(body), 7919):  # splits inside size lines, data and CRLFs
+            await stream.send_all(body[at : at + 7919])
+            await trio.sleep(0.001)
+        return True
+
+    server = await start(reply)
+    transport = LeanTransport(f"http://127.0.0.1:{server.port}", timeout_s=5)
+    try:
+        for _ in range(2):  # the connection is reused after the trailers
+            async with transport.request("GET", "/") as response:
+                assert await response.read() == b"abcdefg" + big + b"hijkl"
+    finally:
+        await transport.aclose()
+    assert server.connections == 1

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import trio
+
+from benchmarks._http import CHAT_DELTA_MARK, Connection
+from benchmarks.harness import zero_upstream
+
 
 def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks", "run", "overhead-stub", "--quick"]
@@ -26,3 +31,22 @@ def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
     assert [row["offered_rate"] for row in report["open_loop"]] == ["100/s", "300/s"]
     assert all(row["pool_errors"] == 0 and row["pool_p50_ms"] > 0 for row in report["open_loop"])
     assert (tmp_path / "overhead-stub" / "results.md").read_text().startswith("# overhead-stub")
+
+
+def test_zero_upstream_streams_what_it_is_asked_for() -> None:
+    async def ask(url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        connection = Connection(host, int(port), CHAT_DELTA_MARK)
+        try:
+            for tokens in (5, 300):
+                body = {"model": "zero", "messages": [], "max_tokens": tokens, "stream": True}
+                streamed = await connection.post("/v1/chat/completions", body)
+                assert streamed.error is None and streamed.status == 200
+                assert streamed.tokens == tokens and len(streamed.token_times) == tokens
+            answer = await connection.post("/v1/chat/completions", {"max_tokens": 3})
+            assert answer.status == 200 and answer.tokens == 3
+        finally:
+            await connection.aclose()
+
+    with zero_upstream() as upstream:
+        trio.run(ask, upstream.url)
