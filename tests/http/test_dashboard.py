@@ -232,8 +232,14 @@ async def test_chat_streams_an_answer_and_stops(nursery: trio.Nursery) -> None:
     info = await start_server(nursery, models)
 
     def scenario(page: Page) -> None:
+        sent: list[dict[str, Any]] = []
+        page.on(
+            "request",
+            lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/responses") else None,
+        )
         # Embedding models cannot chat, so they are not offered.
         expect(page.locator("#chat-model option")).to_have_text(["story"])
+        page.get_by_label("thinking").select_option("disabled")
         page.locator("#chat-input").fill("Tell me a story")
         page.locator("#chat-input").press("Enter")
         answer = page.locator(".msg.assistant").last
@@ -252,6 +258,10 @@ async def test_chat_streams_an_answer_and_stops(nursery: trio.Nursery) -> None:
         expect(second.locator(".meta")).to_have_text("stopped")
         assert "w29" not in second.locator(".text").inner_text()
         expect(page.get_by_role("button", name="Send")).to_be_enabled()
+        # Multi-turn: the second request carried the first exchange.
+        assert [m["role"] for m in sent[1]["messages"]] == ["user", "assistant", "user"]
+        assert sent[1]["messages"][1]["content"] == WORDS
+        assert sent[0]["thinking"] == "disabled" and sent[0]["stream"] is True
 
     await in_browser(info, scenario)
     # Leaving the stream cancelled the generation in the pool.

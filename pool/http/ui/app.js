@@ -696,6 +696,20 @@ function renderChatModels(models) {
   select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
   if (!names.length) select.append(el("option", { value: "", text: "no loaded model" }));
   if (names.includes(previous)) select.value = previous;
+  renderThinking();
+}
+
+// Thinking on or off, for models whose backend can switch it per request.
+function renderThinking() {
+  const select = $("chat-thinking");
+  const row = (state?.models || []).find((m) => m.name === $("chat-model").value);
+  const modes = row?.capabilities?.thinking_modes || ["default"];
+  const current = select.value;
+  if (modes.join() !== [...select.options].map((o) => o.value).join()) {
+    select.replaceChildren(...modes.map((m) => el("option", { value: m, text: `thinking: ${m}` })));
+    if (modes.includes(current)) select.value = current;
+  }
+  select.hidden = modes.length < 2;
 }
 
 function chatMessage(role, text) {
@@ -721,6 +735,8 @@ async function sendChat() {
   const meta = el("span", { class: "meta", text: `${model} …` });
   answer.node.append(meta);
   const body = { model, stream: true };
+  const thinking = $("chat-thinking");
+  if (!thinking.hidden && thinking.value && thinking.value !== "default") body.thinking = thinking.value;
   if (multiTurn) body.messages = chat.history.slice();
   else body.input = text;
   const abort = new AbortController();
@@ -795,6 +811,7 @@ function start() {
       sendChat();
     }
   });
+  $("chat-model").addEventListener("change", renderThinking);
   $("chat-stop").addEventListener("click", () => chat.abort && chat.abort.abort());
   $("chat-clear").addEventListener("click", () => {
     chat.history = [];
