@@ -52,7 +52,11 @@ def states(event: dict[str, Any]) -> dict[str, str]:
 
 async def test_the_state_comes_at_once_then_each_change(nursery: trio.Nursery) -> None:
     info = await start_server(nursery, MODELS, engine={"gpu_budget_mib": [4096]})
-    async with state_stream(info) as events, httpx.AsyncClient(base_url=info.url) as client:
+    async with (
+        state_stream(info) as events,
+        httpx.AsyncClient(base_url=info.url) as client,
+        trio.open_nursery() as requests,  # left (the request answered) before the client
+    ):
         with trio.fail_after(5):
             first = await events.receive()
         assert states(first)["cold"] == "unloaded" and states(first)["echo"] == "loaded"
@@ -60,7 +64,7 @@ async def test_the_state_comes_at_once_then_each_change(nursery: trio.Nursery) -
         (row,) = (r for r in first["models"] if r["name"] == "cold")
         assert {"load_constraints", "vram_estimate_source", "queue_depth"} <= set(row)
         assert first["gpus"][0]["total_mib"] == 4096 and first["pulls"] == []
-        nursery.start_soon(client.post, "/v1/admin/models/cold/load")
+        requests.start_soon(client.post, "/v1/admin/models/cold/load")
         seen = []
         with trio.fail_after(5):
             while not seen or seen[-1] != "loaded":
@@ -74,10 +78,14 @@ async def test_the_state_comes_at_once_then_each_change(nursery: trio.Nursery) -
 
 async def test_counters_are_pushed_without_a_state_change(nursery: trio.Nursery) -> None:
     info = await start_server(nursery, MODELS)
-    async with state_stream(info) as events, httpx.AsyncClient(base_url=info.url) as client:
+    async with (
+        state_stream(info) as events,
+        httpx.AsyncClient(base_url=info.url) as client,
+        trio.open_nursery() as requests,
+    ):
         await events.receive()
         # `slow` streams 40 words at 20 a second: its in-flight count shows while it runs.
-        nursery.start_soon(
+        requests.start_soon(
             partial(client.post, "/v1/responses", json={"model": "slow", "input": "x"}, timeout=10)
         )
         with trio.fail_after(5):
