@@ -300,9 +300,13 @@ async def test_the_admin_token_is_asked_for_and_kept_per_tab(nursery: trio.Nurse
 async def test_pull_with_progress(nursery: trio.Nursery, tmp_path: Path) -> None:
     files = FileServer()
     try:
-        files.files["/m.bin"] = os.urandom(1 << 20)
-        files.delay_s = 0.01
-        models = {"m": {"backend": "stub", "source": files.url + "/m.bin"}}
+        files.files["/m.bin"] = os.urandom(2 << 20)
+        files.delay_s = 0.05  # per 64 KiB: about 1.6 s in all
+        source = files.url + "/m.bin"
+        models = {
+            "m": {"backend": "stub", "source": source},
+            "n": {"backend": "stub", "source": source},
+        }
         info = await start_server(
             nursery, models, model_store=str(tmp_path / "store"), hf_endpoint=None
         )
@@ -312,10 +316,19 @@ async def test_pull_with_progress(nursery: trio.Nursery, tmp_path: Path) -> None
             model(page, "m").get_by_role("button", name="Pull").click()
             pull = page.locator('[data-pull="m"]')
             expect(pull).to_have_attribute("data-status", "downloading")
+            expect(pull).to_contain_text("of 2.0 MiB")
+            expect(pull.get_by_role("button", name="Cancel")).to_be_visible()
             expect(pull).to_have_attribute("data-status", "success")
-            expect(pull).to_contain_text("1.0 MiB of 1.0 MiB")
+            expect(pull).to_contain_text("2.0 MiB of 2.0 MiB")
             expect(pull).to_contain_text("pulled to")
             expect(pull.get_by_role("button", name="Cancel")).to_be_hidden()
+            # Cancel stops a running pull.
+            model(page, "n").get_by_role("button", name="Pull").click()
+            other = page.locator('[data-pull="n"]')
+            expect(other).to_have_attribute("data-status", "downloading")
+            other.get_by_role("button", name="Cancel").click()
+            expect(other).to_have_attribute("data-status", "cancelled")
+            expect(model(page, "n").get_by_role("button", name="Pull")).to_be_enabled()
 
         await in_browser(info, scenario)
     finally:
