@@ -219,6 +219,29 @@ async def test_the_form_refuses_invalid_combinations(nursery: trio.Nursery) -> N
 
 
 @browser_test
+async def test_typing_in_a_form_survives_live_updates(nursery: trio.Nursery) -> None:
+    models = {
+        "gguf": {**SMOLLM2, "model_path": "/nonexistent/model.gguf"},
+        "other": {"backend": "stub"},
+    }
+    info = await start_server(nursery, models)
+
+    def scenario(page: Page) -> None:
+        model(page, "gguf").get_by_role("button", name="Load…").click()
+        n_ctx = load_form(page, "gguf").get_by_label("gguf_n_ctx")
+        n_ctx.click()
+        page.keyboard.type("20")
+        # Another model changes state meanwhile: the rows update, the field keeps the focus.
+        httpx.post(f"{info.url}/v1/admin/models/other/load", timeout=10)
+        expect(model(page, "other").locator(".state")).to_have_text("loaded")
+        page.keyboard.type("48")
+        expect(n_ctx).to_be_focused()
+        expect(n_ctx).to_have_value("2048")
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_chat_streams_an_answer_and_stops(nursery: trio.Nursery) -> None:
     models = {
         "story": {

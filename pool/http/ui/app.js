@@ -252,15 +252,18 @@ function renderModels(models) {
       rows.delete(name);
     }
   }
-  for (const row of models) {
+  models.forEach((row, index) => {
     let entry = rows.get(row.name);
     if (!entry) {
       entry = modelEntry(row.name);
       rows.set(row.name, entry);
     }
-    table.append(entry.body); // keeps the server's order
+    // The server's order. A row is moved only when out of place: moving it would take
+    // the focus from a load form being typed into.
+    const here = table.tBodies[index];
+    if (here !== entry.body) table.insertBefore(entry.body, here || null);
     updateModel(entry, row);
-  }
+  });
 }
 
 function modelEntry(name) {
@@ -626,7 +629,7 @@ function renderPulls(list) {
   if (!list.length) return;
   if (!pulls.size) box.replaceChildren();
   const now = performance.now();
-  for (const pull of [...list].sort((a, b) => b.started_at - a.started_at)) {
+  [...list].sort((a, b) => b.started_at - a.started_at).forEach((pull, index) => {
     let item = pulls.get(pull.model);
     if (!item) {
       const parts = {
@@ -656,7 +659,8 @@ function renderPulls(list) {
       item = { node, parts, sample: null };
       pulls.set(pull.model, item);
     }
-    box.append(item.node);
+    const here = box.children[index];
+    if (here !== item.node) box.insertBefore(item.node, here || null);
     const p = item.parts;
     const done = FINAL_PULLS.has(pull.status);
     item.node.dataset.status = pull.status;
@@ -678,7 +682,7 @@ function renderPulls(list) {
     p.error.textContent = pull.error || "";
     p.path.textContent = pull.status === "success" && pull.path ? `pulled to ${pull.path}` : "";
     p.cancel.hidden = done;
-  }
+  });
 }
 
 // -- chat -----------------------------------------------------------------------------------
