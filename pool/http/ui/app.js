@@ -175,6 +175,7 @@ async function connect() {
 
 function render(next) {
   state = next;
+  if (next.shutting_down) showNotice("The pool is shutting down; this page reconnects when it is back.");
   renderGpus(next);
   renderModels(next.models);
   renderPulls(next.pulls);
