@@ -242,6 +242,19 @@ async def test_typing_in_a_form_survives_live_updates(nursery: trio.Nursery) -> 
 
 
 @browser_test
+async def test_a_shutdown_is_shown_and_the_page_retries(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery)
+
+    def scenario(page: Page) -> None:
+        expect(model(page, "echo").locator(".state")).to_have_text("loaded")
+        trio.from_thread.run_sync(info.shutdown)
+        expect(page.locator("#notice")).to_contain_text("The pool is shutting down")
+        expect(page.locator("#live")).to_have_text("reconnecting")
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_chat_streams_an_answer_and_stops(nursery: trio.Nursery) -> None:
     models = {
         "story": {
