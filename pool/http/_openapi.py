@@ -312,8 +312,10 @@ def _error_schema(shape: ErrorShape) -> dict[str, Any]:
 
 
 def _operation_id(route: Route) -> str:
-    """``get_v1_admin_models_name``; ``get_root`` for ``/``."""
+    """``get_v1_admin_models_name``; ``get_root`` for ``/``, ``get_ui_index`` for ``/ui/``."""
     words = re.findall(r"[A-Za-z0-9]+", route.path) or ["root"]
+    if route.path != "/" and route.path.endswith("/"):
+        words.append("index")  # apart from the same path without the slash
     return "_".join([route.method, *words])
 
 

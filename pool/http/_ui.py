@@ -13,7 +13,6 @@ from importlib import resources
 
 from quart import Quart, Response, redirect
 
-from pool.errors import PoolError
 from pool.http._common import AppContext
 
 _TYPES = {
@@ -54,8 +53,10 @@ def register(app: Quart, ctx: AppContext) -> None:
         """The dashboard page."""
         return serve("index.html")
 
-    @app.get("/ui/<name>")
-    async def ui_asset(name: str) -> Response:
-        if name not in assets or name == "index.html":
-            raise PoolError("not_found", f"no dashboard file {name!r}")
-        return serve(name)
+    @app.get("/ui/app.js")
+    async def ui_script() -> Response:
+        return serve("app.js")
+
+    @app.get("/ui/app.css")
+    async def ui_style() -> Response:
+        return serve("app.css")

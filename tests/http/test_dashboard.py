@@ -111,6 +111,8 @@ async def test_the_page_and_its_files(nursery: trio.Nursery) -> None:
         script = await client.get("/ui/app.js")
         assert script.headers["content-type"].startswith("text/javascript")
         assert "/v1/admin/events" in script.text
+        style = await client.get("/ui/app.css")
+        assert style.headers["content-type"].startswith("text/css")
         missing = await client.get("/ui/secrets.txt")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
         # A page of another origin is refused before it sees anything.
