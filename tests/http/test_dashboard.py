@@ -160,6 +160,26 @@ async def test_load_from_the_form_see_it_live_then_unload(nursery: trio.Nursery)
 
 
 @browser_test
+async def test_a_split_replica_shows_on_both_gpus(nursery: trio.Nursery) -> None:
+    # 12 GB on two 8 GB GPUs beside a 4 GB model: split 4000 + 8000 (docs/vram.md).
+    stub = {"backend": "stub", "on_demand": True}
+    models = {"small": {**stub, "stub_vram_mib": 4000}, "big": {**stub, "stub_vram_mib": 12_000}}
+    info = await start_server(nursery, models, engine={"gpu_budget_mib": [8000, 8000]})
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        await client.post("/v1/admin/models/small/load", json={})
+        row = (await client.post("/v1/admin/models/big/load", json={})).json()
+    assert row["gpu_split_mib"] == [[4000, 8000]]
+
+    def scenario(page: Page) -> None:
+        expect(model(page, "big").locator(".memory")).to_contain_text("GPU 0+1")
+        expect(page.locator('[data-gpu="0"]')).to_contain_text("big 3.9 GiB")
+        expect(page.locator('[data-gpu="1"]')).to_contain_text("big 7.8 GiB")
+        expect(page.locator('[data-gpu="0"]')).to_contain_text("small 3.9 GiB")
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_the_form_refuses_invalid_combinations(nursery: trio.Nursery) -> None:
     models = {
         # A llama.cpp model: the form comes from its load_constraints (never loaded here).

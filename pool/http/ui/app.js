@@ -183,18 +183,36 @@ function render(next) {
 }
 
 // -- GPU memory -----------------------------------------------------------------------------
+// Each replica's share of each GPU it runs on: `gpus` lists a replica's GPUs (several when
+// it is split), `gpu_split_mib` the MiB planned on each (docs/vram.md, "Placement").
+function shares(row) {
+  const out = [];
+  (row.gpus || []).forEach((entry, replica) => {
+    const gpus = Array.isArray(entry) ? entry : [entry]; // a flat list: older pools
+    const split = (row.gpu_split_mib || [])[replica] || [];
+    gpus.forEach((gpu, i) => out.push({ gpu, planned: typeof split[i] === "number" ? split[i] : 0 }));
+  });
+  return out;
+}
+
 // What a model holds on GPU `index`: its measured load delta where there is one, else its
-// estimate, split evenly over its replicas.
+// estimate, divided over its GPUs as the placement planned.
 function heldOn(row, index) {
-  const count = row.gpus.filter((g) => g === index).length;
-  if (!count) return null;
-  if (row.observed_load_delta !== null && row.observed_load_delta !== undefined) {
-    const per = row.observed_load_delta / Math.max(1, row.loaded_replicas || row.gpus.length);
-    return { mib: per * count, measured: true };
-  }
-  if (row.vram_estimate_mib === null) return null;
-  const per = row.vram_estimate_mib / Math.max(1, row.vram_estimate_replica_count);
-  return { mib: per * count, measured: false };
+  const all = shares(row);
+  const here = all.filter((s) => s.gpu === index);
+  if (!here.length) return null;
+  const measured = row.observed_load_delta !== null && row.observed_load_delta !== undefined;
+  const plannedAll = all.reduce((sum, s) => sum + s.planned, 0);
+  const plannedHere = here.reduce((sum, s) => sum + s.planned, 0);
+  const total = measured ? row.observed_load_delta : plannedAll || row.vram_estimate_mib;
+  if (total === null || total === undefined) return null;
+  const fraction = plannedAll > 0 ? plannedHere / plannedAll : here.length / all.length;
+  return { mib: total * fraction, measured };
+}
+
+function gpuNames(row) {
+  // "0, 1" for two replicas on two GPUs, "0+1" for one replica split over both.
+  return (row.gpus || []).map((g) => (Array.isArray(g) ? g.join("+") : String(g))).join(", ");
 }
 
 function renderGpus(next) {
@@ -338,7 +356,7 @@ function renderModelMemory(p, row) {
   if (estimate !== null && estimate !== undefined) {
     text.push(`~${mib(estimate)} est. (${row.vram_estimate_source.replaceAll("_", " ")})`);
   }
-  if (row.gpus.length) text.push(`GPU ${[...new Set(row.gpus)].join(", ")}`);
+  if ((row.gpus || []).length) text.push(`GPU ${gpuNames(row)}`);
   p.memoryText.textContent = text.join(" · ") || "no estimate";
   const top = Math.max(measured || 0, estimate || 0);
   const segs = [];
