@@ -204,6 +204,10 @@ class Pool:
     def snapshots(self) -> list[ModelSnapshot]:
         return [actor.snapshot() for actor in self.models.values()]
 
+    async def wait_change(self) -> None:
+        """Wait until a model changes state or goes idle (for whoever pushes state out)."""
+        await self._changed.wait()
+
     def servable_models(self) -> list[str]:
         return [n for n, a in self.models.items() if a.state == "loaded" or a.definition.on_demand]
 

@@ -94,7 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, help="answer length limit")
     events = client("events", "follow model state changes")
     events.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between polls (default: 1)"
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between polls, for a pool without an event stream (default: 1)",
     )
     events.add_argument("--count", type=int, help="stop after this many changes")
     bench = client("bench", "a quick latency and tokens/s check of one model")

@@ -114,20 +114,22 @@ async def unload(client: PoolClient, io: Io, name: str) -> int:
 _WATCHED = ("runtime_state", "replicas", "last_error")
 
 
-async def events(client: PoolClient, io: Io, interval: float, count: int | None) -> int:
-    """Follow state changes by polling ``/v1/admin/models`` (the pool has no event stream).
+class _Changes:
+    """Prints each model's state the first time, then what changed; counts the changes."""
 
-    The first poll prints every model's state; later ones print what changed.
-    ``count`` stops after that many changes (for scripts and tests).
-    """
-    seen: dict[str, dict[str, Any]] = {}
-    printed = 0
-    while True:
-        rows = (await client.call("GET", "/v1/admin/models")).get("models", [])
+    def __init__(self, io: Io, count: int | None) -> None:
+        self.io = io
+        self.count = count
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.printed = 0
+
+    def see(self, rows: list[dict[str, Any]]) -> bool:
+        """Print what ``rows`` changed; True once ``count`` changes were printed."""
+        io = self.io
         for row in rows:
             now = {key: row.get(key) for key in _WATCHED}
-            before = seen.get(row["name"])
-            seen[row["name"]] = now
+            before = self.seen.get(row["name"])
+            self.seen[row["name"]] = now
             if before == now:
                 continue
             event = {
@@ -139,7 +141,7 @@ async def events(client: PoolClient, io: Io, interval: float, count: int | None)
                 "last_error": now["last_error"],
             }
             if before is not None:
-                printed += 1
+                self.printed += 1
             if io.json:
                 io.emit(event)
             else:
@@ -152,6 +154,38 @@ async def events(client: PoolClient, io: Io, interval: float, count: int | None)
                 io.out.print(
                     f"{event['time']} {row['name']}: {change}, {now['replicas']} replica(s){tail}"
                 )
-            if count is not None and printed >= count:
-                return EXIT_OK
+            if self.count is not None and self.printed >= self.count:
+                return True
+        return False
+
+
+async def events(client: PoolClient, io: Io, interval: float, count: int | None) -> int:
+    """Follow state changes through the pool's event stream (``GET /v1/admin/events``).
+
+    The first event prints every model's state; later ones print what changed.
+    ``count`` stops after that many changes (for scripts and tests). A pool without the
+    stream (an older one) is polled every ``interval`` seconds instead.
+    """
+    changes = _Changes(io, count)
+    try:
+        async with client.stream("GET", "/v1/admin/events") as response:
+            kind = ""
+            async for line in response.aiter_lines():
+                if line.startswith("event: "):
+                    kind = line.removeprefix("event: ")
+                elif (
+                    line.startswith("data: ")
+                    and kind == "state"
+                    and changes.see(json.loads(line.removeprefix("data: "))["models"])
+                ):
+                    return EXIT_OK
+        io.err.print("the pool closed the event stream (it is shutting down)")
+        return EXIT_OK
+    except CliError as exc:
+        if exc.body is None or exc.body.get("error", {}).get("code") != "not_found":
+            raise
+    while True:
+        rows = (await client.call("GET", "/v1/admin/models")).get("models", [])
+        if changes.see(rows):
+            return EXIT_OK
         await trio.sleep(interval)

@@ -152,6 +152,26 @@ ROUTES: list[Route] = [
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
      " `error` says why.", reply=GpuMemory),
+    Route("get", "/v1/admin/events", "admin", "Admin state as Server-Sent Events",
+     "A long response of `state` events: the first at once, then one whenever a model's state"
+     " changes (at once) or a counter, pull or GPU reading does (looked at once a second; at"
+     " most four events a second); a `: keep-alive` comment every 15 s otherwise. Each event's"
+     " data is one JSON object: `models` (the rows of `/v1/admin/models`), `gpus` and"
+     " `gpu_error` (as `/v1/admin/gpu-memory`), `pulls` (each model's current or last pull,"
+     " as `/api/pull/status/{model}`), `shutting_down`. The stream ends when the pool shuts"
+     " down. The dashboard (`/ui/`) and `llm-pool events` follow it.",
+     text=(SSE, {"type": "string", "description": "Server-Sent Events"})),
+    Route("get", "/ui", "operations", "Dashboard (redirect)",
+     "308 to `ui/`, so the page's relative URLs resolve under `/ui/`.", status=308,
+     text=("text/html", {"type": "string"})),
+    Route("get", "/ui/", "operations", "Dashboard",
+     "An HTML page that shows and steers the pool through the admin API with the"
+     " operator's token (docs/operations.md, \"The dashboard\"); the page itself holds no"
+     " data and needs no token.", text=("text/html", {"type": "string"})),
+    Route("get", "/ui/app.js", "operations", "Dashboard script", "The page's script.",
+     text=("text/javascript", {"type": "string"})),
+    Route("get", "/ui/app.css", "operations", "Dashboard style", "The page's stylesheet.",
+     text=("text/css", {"type": "string"})),
     Route("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
      " over a recent window), capability flags (`embeddings`: some configured model serves"
@@ -292,8 +312,10 @@ def _error_schema(shape: ErrorShape) -> dict[str, Any]:
 
 
 def _operation_id(route: Route) -> str:
-    """``get_v1_admin_models_name``; ``get_root`` for ``/``."""
+    """``get_v1_admin_models_name``; ``get_root`` for ``/``, ``get_ui_index`` for ``/ui/``."""
     words = re.findall(r"[A-Za-z0-9]+", route.path) or ["root"]
+    if route.path != "/" and route.path.endswith("/"):
+        words.append("index")  # apart from the same path without the slash
     return "_".join([route.method, *words])
 
 

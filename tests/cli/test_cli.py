@@ -314,3 +314,61 @@ async def test_chat_with_smollm2(nursery: trio.Nursery) -> None:
     first, *rest = ran.out.splitlines()
     assert "Paris" in first
     assert "".join(rest).strip()  # the second turn got an answer too
+
+
+async def _slow_pull_server(nursery: trio.Nursery, tmp_path: Path) -> tuple[ServerInfo, FileServer]:
+    files = FileServer()
+    files.files["/m.bin"] = os.urandom(4 << 20)
+    files.delay_s = 0.05  # per 64 KiB: about 3 s in all
+    models = {"m": {"backend": "stub", "source": files.url + "/m.bin"}}
+    info = await start_server(
+        nursery, models, model_store=str(tmp_path / "store"), hf_endpoint=None
+    )
+    return info, files
+
+
+async def _until_downloading(info: ServerInfo) -> None:
+    with trio.fail_after(30):
+        while (info.pool.pulls.status("m") or {}).get("status") != "downloading":
+            await trio.sleep(0.02)
+
+
+async def test_pull_ctrl_c_detaches_and_the_pull_goes_on(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    info, files = await _slow_pull_server(nursery, tmp_path)
+    try:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "pool", "pull", "m", "--url", info.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_python_env(),
+        )
+        assert proc.stdout and proc.stderr
+        await _until_downloading(info)
+        proc.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            await proc.wait()
+            err = b"".join([chunk async for chunk in _drain(proc.stderr)])
+        assert proc.returncode == 130, err
+        assert b"detached: the pull of m goes on in the pool" in err
+        handle = info.pool.pulls.get("m")
+        assert handle is not None
+        with trio.fail_after(30):
+            final = await handle.wait()
+        assert final["status"] == "success"
+    finally:
+        files.httpd.shutdown()
+
+
+async def test_pull_cancel_stops_a_running_pull(nursery: trio.Nursery, tmp_path: Path) -> None:
+    info, files = await _slow_pull_server(nursery, tmp_path)
+    try:
+        info.pool.pulls.pull("m")
+        await _until_downloading(info)
+        ran = await cli(info, "pull", "m", "--cancel")
+        assert ran.code == 0, ran.err
+        assert ran.out.strip() == "pull of m cancelled"
+        assert (info.pool.pulls.status("m") or {})["status"] == "cancelled"
+    finally:
+        files.httpd.shutdown()

@@ -45,9 +45,23 @@ def test_an_existing_venv_is_installed_into_then_serves(tmp_path: Path) -> None:
     python.chmod(0o755)
     ran = _serve(tmp_path, "--port", "9")
     assert ran.returncode == 0, ran.stderr
-    calls = log.read_text()
-    assert calls.startswith("-c ")  # the check, then the install and the start
-    assert [line for line in calls.splitlines() if line.startswith("-m ")] == [
+    calls = log.read_text().splitlines()
+    # Has pip (so it is not made again), is not installed yet: install, then start.
+    assert calls[0] == "-m pip --version" and calls[1].startswith("-c ")
+    assert [line for line in calls[2:] if line.startswith("-m ")] == [
         "-m pip install --quiet --disable-pip-version-check -e .[llama-cpp]",
         "-m pool serve --port 9",
     ]
+
+
+def test_a_venv_without_pip_is_made_again(tmp_path: Path) -> None:
+    # What `python3 -m venv` leaves on Debian when python3-venv (ensurepip) is missing:
+    # an interpreter without pip. Once the package is installed, the next run repairs it.
+    python = tmp_path / f"venv-py{VERSION}/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\n[ "$2" = pip ] && exit 1\nexit 0\n')
+    python.chmod(0o755)
+    ran = _serve(tmp_path, "--dry-run")
+    assert ran.returncode == 0, ran.stderr
+    venv = python.parent.parent
+    assert ran.stdout.splitlines()[0] == f"would run: {sys.executable} -m venv {venv}"

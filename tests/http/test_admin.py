@@ -332,3 +332,16 @@ async def test_rows_show_the_gpus_of_each_replica(nursery: trio.Nursery) -> None
         assert memory["small"]["gpus"] == [[0]] and memory["small"]["gpu_split_mib"] == [[4000]]
         unloaded = (await client.post("/v1/admin/models/big/unload")).json()
         assert unloaded["gpus"] == [] and unloaded["gpu_split_mib"] == []
+
+
+async def test_admin_load_is_placed_within_the_gpu_budgets(nursery: trio.Nursery) -> None:
+    # The admin route loads through the pool's VRAM gate: a load that cannot fit is
+    # refused at once (what the dashboard shows under its load form).
+    models = {"big": {"backend": "stub", "replica_max": 2, "vram_mb": 3000, "stub_vram_mib": 3000}}
+    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096]})
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        refused = await client.post("/v1/admin/models/big/load", json={"replicas": 2})
+        assert refused.status_code == 500
+        assert refused.json()["error"]["code"] == "load_failed"
+        row = (await client.post("/v1/admin/models/big/load")).json()
+        assert row["runtime_state"] == "loaded" and row["gpus"] == [[0]]

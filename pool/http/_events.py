@@ -1,0 +1,91 @@
+"""``GET /v1/admin/events``: the admin state pushed as Server-Sent Events.
+
+One long response replaces polling: the dashboard and ``llm-pool events`` hold it open
+and get a ``state`` event whenever what they show changes. A state change of any model
+(load, unload, failure, going idle) is pushed at once; counters that move without one
+(queue depth, in flight, pull progress, GPU readings) are looked at once a second. A
+busy pool still sends at most a few events a second, and an unchanged one sends only a
+keep-alive comment now and then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+from quart import Quart, Response
+
+from pool.actors import Pool
+from pool.http._common import AppContext, dumps, require
+from pool.http._rows import gpu_memory_body, model_row
+
+STATE_EVENT = "state"
+# Counters that move without a state change are re-read this often.
+_TICK_S = 1.0
+# However busy the pool, state events are at least this far apart.
+_MIN_GAP_S = 0.25
+# An unchanged pool still writes something this often: a client (or a proxy) sees the
+# stream is alive, and the server notices a client that has gone.
+_KEEPALIVE_S = 15.0
+
+
+def admin_state(pool: Pool) -> dict[str, Any]:
+    """What one ``state`` event carries.
+
+    ``models``: the rows of ``GET /v1/admin/models``; ``gpus`` and ``gpu_error``: the
+    readings of ``GET /v1/admin/gpu-memory``; ``pulls``: the current or last pull of each
+    model that has one (``GET /api/pull/status/NAME``); ``shutting_down``.
+    """
+    snapshots = pool.snapshots()
+    gpu = gpu_memory_body(pool.gpus.view(), snapshots)
+    pulls = [status for name in pool.models if (status := pool.pulls.status(name)) is not None]
+    return {
+        "models": [model_row(s) for s in snapshots],
+        "gpus": gpu["gpus"],
+        "gpu_error": gpu["error"],
+        "pulls": pulls,
+        "shutting_down": pool.shutting_down,
+    }
+
+
+def _event(name: str, payload: bytes) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+async def state_events(pool: Pool) -> AsyncIterator[bytes]:
+    """The stream: the state at once, then each change; it ends when the pool shuts down
+    (an open stream must not hold up a graceful shutdown)."""
+    yield b"retry: 2000\n\n"  # for EventSource clients: reconnect after 2 s
+    sent: bytes | None = None
+    sent_at = -math.inf
+    while True:
+        payload = dumps(admin_state(pool))
+        now = trio.current_time()
+        if payload != sent:
+            yield _event(STATE_EVENT, payload)
+            sent, sent_at = payload, now
+        elif now - sent_at >= _KEEPALIVE_S:
+            yield b": keep-alive\n\n"
+            sent_at = now
+        if pool.shutting_down:
+            return
+        with trio.move_on_after(_TICK_S):
+            await pool.wait_change()
+        # A burst of changes (many short requests) becomes one event per gap.
+        await trio.sleep_until(max(trio.current_time(), sent_at + _MIN_GAP_S))
+
+
+def register(app: Quart, ctx: AppContext) -> None:
+    @app.get("/v1/admin/events")
+    async def admin_events() -> Response:
+        """The admin state as Server-Sent Events (see the module docstring)."""
+        require(ctx, "admin")
+        response = Response(
+            state_events(ctx.pool),
+            content_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        response.timeout = None
+        return response

@@ -1,0 +1,120 @@
+"""``GET /v1/admin/events``: the admin state pushed as Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import httpx
+import trio
+
+from pool import ServerInfo
+from tests.http.conftest import STUB_MODELS, start_server
+
+MODELS = {**STUB_MODELS, "cold": {"backend": "stub", "stub_load_seconds": 0.5}}
+
+
+@asynccontextmanager
+async def state_stream(
+    info: ServerInfo, token: str | None = None
+) -> AsyncIterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
+    """The decoded ``state`` events of one open stream, as a channel."""
+    send, receive = trio.open_memory_channel[dict[str, Any]](100)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx.AsyncClient(base_url=info.url, timeout=httpx.Timeout(10, read=None)) as client,
+        client.stream("GET", "/v1/admin/events", headers=headers) as response,
+        trio.open_nursery() as nursery,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+
+        async def read() -> None:
+            event = ""
+            async with send:
+                async for line in response.aiter_lines():
+                    if line.startswith("event: "):
+                        event = line.removeprefix("event: ")
+                    elif line.startswith("data: ") and event == "state":
+                        await send.send(json.loads(line.removeprefix("data: ")))
+
+        nursery.start_soon(read)
+        yield receive
+        nursery.cancel_scope.cancel()
+
+
+def states(event: dict[str, Any]) -> dict[str, str]:
+    return {row["name"]: row["runtime_state"] for row in event["models"]}
+
+
+async def test_the_state_comes_at_once_then_each_change(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, MODELS, engine={"gpu_budget_mib": [4096]})
+    async with (
+        state_stream(info) as events,
+        httpx.AsyncClient(base_url=info.url) as client,
+        trio.open_nursery() as requests,  # left (the request answered) before the client
+    ):
+        with trio.fail_after(5):
+            first = await events.receive()
+        assert states(first)["cold"] == "unloaded" and states(first)["echo"] == "loaded"
+        # The rows are the admin API's, with everything a dashboard needs.
+        (row,) = (r for r in first["models"] if r["name"] == "cold")
+        assert {"load_constraints", "vram_estimate_source", "queue_depth"} <= set(row)
+        assert first["gpus"][0]["total_mib"] == 4096 and first["pulls"] == []
+        requests.start_soon(client.post, "/v1/admin/models/cold/load")
+        seen = []
+        with trio.fail_after(5):
+            while not seen or seen[-1] != "loaded":
+                seen.append(states(await events.receive())["cold"])
+        assert seen == ["loading", "loaded"]
+        # Nothing changes: nothing more is sent (the once-a-second look finds no change).
+        with trio.move_on_after(1.5) as quiet:
+            await events.receive()
+        assert quiet.cancelled_caught
+
+
+async def test_counters_are_pushed_without_a_state_change(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, MODELS)
+    async with (
+        state_stream(info) as events,
+        httpx.AsyncClient(base_url=info.url) as client,
+        trio.open_nursery() as requests,
+    ):
+        await events.receive()
+        # `slow` streams 40 words at 20 a second: its in-flight count shows while it runs.
+        requests.start_soon(
+            partial(client.post, "/v1/responses", json={"model": "slow", "input": "x"}, timeout=10)
+        )
+        with trio.fail_after(5):
+            while True:
+                rows = {r["name"]: r for r in (await events.receive())["models"]}
+                if rows["slow"]["runtime_inflight"] == 1:
+                    break
+            while rows["slow"]["runtime_inflight"] != 0:
+                rows = {r["name"]: r for r in (await events.receive())["models"]}
+
+
+async def test_events_need_the_admin_token(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, MODELS, auth={"admin_token": "s3cret"})
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        refused = await client.get("/v1/admin/events")
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "unauthorized"
+    async with state_stream(info, token="s3cret") as events:
+        with trio.fail_after(5):
+            assert "cold" in states(await events.receive())
+
+
+async def test_the_stream_ends_at_shutdown(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, MODELS)
+    async with state_stream(info) as events:
+        await events.receive()
+        info.shutdown()
+        # A last event says so, then the stream ends: it does not hold up the shutdown.
+        with trio.fail_after(5):
+            async for event in events:
+                last = event
+        assert last["shutting_down"] is True
