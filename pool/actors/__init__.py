@@ -9,6 +9,7 @@ from pool.actors._admission import Admission, new_request_id
 from pool.actors._events import Delta, Embedded, Event, Failed, Finished, Timings, Usage
 from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
+from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
 from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
@@ -41,6 +42,7 @@ __all__ = [
     "GpuSource",
     "GpuView",
     "InferenceRequest",
+    "LedgerBinding",
     "LoadTask",
     "ModelActor",
     "ModelSnapshot",
@@ -49,6 +51,7 @@ __all__ = [
     "PoolHealth",
     "QueueStats",
     "RuntimeState",
+    "SharedLedger",
     "Timings",
     "Usage",
     "VirtualGpus",

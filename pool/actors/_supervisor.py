@@ -26,6 +26,7 @@ from pool.actors._events import Embedded, Event, Finished
 from pool.actors._footprints import FootprintStore, default_path
 from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
+from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
@@ -96,6 +97,7 @@ class Pool:
         *,
         gpus: GpuSource | None = None,
         media: MediaLoader | None = None,
+        ledger: SharedLedger | None = None,
     ) -> None:
         self.settings = settings
         budgets = settings.engine.gpu_budget_mib
@@ -141,6 +143,10 @@ class Pool:
         self.rate_limiter = RateLimiter(settings.service.tenancy)
         self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
         self.pulls = PullManager(settings, self.models)
+        # Leases shared with other GPU users (pool.cluster); None: this pool alone.
+        self.ledger = ledger
+        if ledger is not None:
+            ledger.bind(LedgerBinding(self._notify_change, self._lease_holdings, self._budgets))
 
     def model(self, name: str) -> ModelActor:
         try:
@@ -404,6 +410,8 @@ class Pool:
 
     # -- on-demand loading and eviction ----------------------------------------------
     def _notify_change(self) -> None:
+        if self.ledger is not None:
+            self.ledger.poke()
         self._changed.set()
         self._changed = trio.Event()
 
@@ -503,6 +511,7 @@ class Pool:
             caps_mib=engine.gpu_budget_mib,
             loaded=loaded,
             pending=pending,
+            leased_by_others=self.ledger.others_mib() if self.ledger is not None else None,
         )
         return place(room, per_replica, replicas)
 
@@ -554,9 +563,11 @@ class Pool:
                         return None
                     gpus = self._fit(actor, per_replica, replicas)
                     if gpus is not None and (not limit or self._loaded_count(actor) < limit):
-                        self._reserved[actor] = gpus
-                        self._release_yields(actor)
-                        return gpus
+                        if await self._claim_lease(actor, gpus, per_replica):
+                            self._reserved[actor] = gpus
+                            self._release_yields(actor)
+                            return gpus
+                        gpus = None  # another holder took the room: evict or wait as if full
                     if gpus is None and not self._could_ever_fit(actor, per_replica, replicas):
                         raise PoolError(
                             "load_failed",
@@ -630,6 +641,52 @@ class Pool:
     def _release(self, actor: ModelActor) -> None:
         self._reserved.pop(actor, None)
         self._release_yields(actor)
+        if self.ledger is not None:
+            self.ledger.poke()
+
+    # -- the shared lease ledger (pool.cluster, docs/cluster.md) ----------------------
+    def _budgets(self) -> dict[int, int]:
+        engine = self.settings.engine
+        view = self.gpus.view()
+        return gpu_ceilings(
+            view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
+        )
+
+    def _lease_holdings(self) -> dict[str, dict[int, int]]:
+        """MiB per GPU of every model that holds or is about to hold memory."""
+        held: dict[str, dict[int, int]] = {}
+        for actor in self.models.values():
+            per_replica = actor.vram_estimate().per_replica_mib or 0
+            if actor in self._reserved and actor.state in ("unloaded", "failed"):
+                held[actor.name] = charges(self._reserved[actor], per_replica)
+            elif actor.state == "loading":
+                placement = actor.placement or (0,) * actor.selected_replicas
+                held[actor.name] = charges(placement, per_replica)
+            elif actor.state in ("loaded", "unloading"):
+                if actor.observed_per_gpu is not None:
+                    held[actor.name] = dict(actor.observed_per_gpu)
+                else:
+                    placement = actor.placement or (0,) * len(actor.replicas)
+                    held[actor.name] = charges(placement, per_replica)
+        return held
+
+    async def _claim_lease(
+        self, actor: ModelActor, gpus: tuple[int, ...], per_replica: int
+    ) -> bool:
+        """Take the shared ledger's lease for a load the local gate let through."""
+        wanted = {i: mib for i, mib in charges(gpus, per_replica).items() if mib > 0}
+        if self.ledger is None or not wanted:
+            return True
+        reserve = self.settings.engine.gpu_reserve_mib
+        free = {
+            g.index: g.total_mib - g.used_mib - reserve
+            for g in self.gpus.view().gpus
+            if not g.virtual
+        }
+        refused = await self.ledger.claim(actor.name, wanted, free)
+        if refused is not None:
+            log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
+        return refused is None
 
     async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
         """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
@@ -706,6 +763,7 @@ async def open_pool(
     startup_loads: bool = True,
     gpus: GpuSource | None = None,
     media: MediaLoader | None = None,
+    ledger: SharedLedger | None = None,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -718,8 +776,9 @@ async def open_pool(
             by default virtual GPUs when ``engine.gpu_budget_mib`` is set, else none.
         media: the image loader (default: one for ``settings.service``; tests inject
             one with their own resolver).
+        ledger: a lease ledger shared with other GPU users (``pool.cluster``).
     """
-    pool = Pool(settings, gpus=gpus, media=media)
+    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger)
     await trio.to_thread.run_sync(pool.footprints.read)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery

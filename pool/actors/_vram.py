@@ -33,13 +33,19 @@ def gpu_room(
     caps_mib: Sequence[int] | None,
     loaded: Mapping[int, int],
     pending: Mapping[int, int],
+    leased_by_others: Mapping[int, int] | None = None,
 ) -> dict[int, int]:
-    """MiB free for a new load on each GPU (may be negative: over budget)."""
+    """MiB free for a new load on each GPU (may be negative: over budget).
+
+    ``leased_by_others``: MiB per GPU that other holders have leased in a shared ledger
+    (pool.cluster); they count as held by other processes, the larger of the lease and
+    the reading (a lease not yet allocated, or memory allocated and also leased).
+    """
     room: dict[int, int] = {}
     for gpu in view.gpus:
         charged = loaded.get(gpu.index, 0)
         ours = max(gpu.pool_used_mib or 0, charged)
-        others = max(0, gpu.used_mib - ours)
+        others = max(0, gpu.used_mib - ours, (leased_by_others or {}).get(gpu.index, 0))
         budget = gpu.total_mib - others - (0 if gpu.virtual else reserve_mib)
         if caps_mib and gpu.index < len(caps_mib):
             budget = min(budget, caps_mib[gpu.index])

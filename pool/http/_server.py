@@ -10,6 +10,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
+from pool.cluster import open_cluster
 from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
@@ -68,7 +69,10 @@ async def serve(
             monitor = await monitors.start(GpuMonitor().run)
             # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
             gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
-        async with open_pool(settings, gpus=gpus) as pool:
+        async with (
+            open_cluster(settings) as cluster,
+            open_pool(settings, gpus=gpus, ledger=cluster.leases if cluster else None) as pool,
+        ):
             await _serve_pool(pool, settings, host, port, auth, task_status)
         monitors.cancel_scope.cancel()
 
