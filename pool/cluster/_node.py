@@ -10,8 +10,9 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,8 +20,12 @@ from pool.cluster._keys import Keys
 from pool.cluster._ledger import LeaseLedger
 from pool.cluster._pool_leases import PoolLeases
 from pool.cluster._redis import missing_client_reason, open_redis
+from pool.cluster._registry import NodeRegistry, describe
 from pool.config import Settings
 from pool.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pool.actors import LedgerBinding, Pool
 
 log = logging.getLogger("pool.cluster")
 
@@ -37,7 +42,12 @@ def node_name(settings: Settings) -> str:
 
 
 class ClusterNode:
-    """What one pool keeps in the cluster."""
+    """What one pool keeps in the cluster: its leases and its registration.
+
+    It is the pool's :class:`pool.actors.SharedLedger` (pass it to ``open_pool``): the
+    lease calls go to :class:`PoolLeases`, and every change of the pool also refreshes
+    the node's record.
+    """
 
     def __init__(self, settings: Settings, ledger: LeaseLedger) -> None:
         cluster = settings.engine.cluster
@@ -51,14 +61,56 @@ class ClusterNode:
         self.leases = PoolLeases(
             ledger, holder=self.holder, host=self.gpu_host, renew_s=cluster.lease_renew_s
         )
+        self.registry = NodeRegistry(
+            ledger.client,
+            ledger.keys,
+            node_id=self.node_id,
+            gpu_host=self.gpu_host,
+            heartbeat_s=cluster.heartbeat_s,
+            node_ttl_s=cluster.node_ttl_s,
+        )
+
+    def attach(self, pool: Pool, url: str) -> None:
+        """Register ``pool``, reachable at ``url`` (or ``engine.cluster.advertise_url``)."""
+        self.registry.attach(
+            lambda: describe(pool), self.settings.engine.cluster.advertise_url or url
+        )
 
     @property
     def online(self) -> bool:
-        return self.leases.online
+        """Whether Redis answered the last call of either part."""
+        return self.leases.online and (self.registry.online or self.registry.url is None)
 
     @property
     def error(self) -> str | None:
-        return self.leases.error
+        return self.leases.error or (self.registry.error if self.registry.url else None)
+
+    def status(self) -> dict[str, Any]:
+        """The node's cluster state, for /health and the capabilities."""
+        return {
+            "node_id": self.node_id,
+            "epoch": self.registry.epoch,
+            "gpu_host": self.gpu_host,
+            "redis": "ok" if self.online else "unreachable",
+            "error": None if self.online else self.error,
+            "peers": sorted(self.registry.peers),
+        }
+
+    # -- the pool's SharedLedger -------------------------------------------------------
+    def bind(self, pool: LedgerBinding) -> None:
+        self.leases.bind(pool)
+
+    def others_mib(self) -> Mapping[int, int]:
+        return self.leases.others_mib()
+
+    async def claim(
+        self, model: str, mib_per_gpu: Mapping[int, int], free: Mapping[int, int]
+    ) -> str | None:
+        return await self.leases.claim(model, mib_per_gpu, free)
+
+    def poke(self) -> None:
+        self.leases.poke()
+        self.registry.poke()
 
 
 @asynccontextmanager
@@ -83,9 +135,11 @@ async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
         node = ClusterNode(settings, ledger)
         async with trio.open_nursery() as nursery:
             await nursery.start(node.leases.run)
+            await nursery.start(node.registry.run)
             try:
                 yield node
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(cluster.redis_timeout_s):
+                    await node.registry.leave()
                     await node.leases.release_all()
                 nursery.cancel_scope.cancel()

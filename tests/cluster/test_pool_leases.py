@@ -52,7 +52,7 @@ def on_demand(mib: int, **fields: Any) -> dict[str, Any]:
 async def clustered_pool(settings: Settings) -> AsyncIterator[tuple[Pool, ClusterNode]]:
     async with open_cluster(settings) as node:
         assert node is not None
-        async with open_pool(settings, ledger=node.leases) as pool:
+        async with open_pool(settings, ledger=node) as pool:
             yield pool, node
 
 
