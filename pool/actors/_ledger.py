@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,4 +41,9 @@ class SharedLedger(Protocol):
 
     def poke(self) -> None:
         """The pool's holdings changed: release what it no longer holds."""
+        ...
+
+    def status(self) -> Mapping[str, Any]:
+        """The ledger's state as JSON (``/health`` and the capabilities show it): at
+        least ``redis``, "ok" or "unreachable"."""
         ...

@@ -131,6 +131,7 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
+        self._was_unloading = False
         # Loads that the VRAM gate let through, with the GPU of each replica, until they
         # are `loading`; evictions and the decisions that lead to them, one at a time;
         # models asked to make way (new requests wait at their door), with who asked.
@@ -410,6 +411,12 @@ class Pool:
 
     # -- on-demand loading and eviction ----------------------------------------------
     def _notify_change(self) -> None:
+        # Memory let go while a load is measured makes its delta low: an unload that
+        # starts or ends (it is "unloading" at one of the two changes) disturbs it.
+        unloading = any(a.state == "unloading" for a in self.models.values())
+        if unloading or self._was_unloading:
+            self.meter.disturb()
+        self._was_unloading = unloading
         if self.ledger is not None:
             self.ledger.poke()
         self._changed.set()

@@ -198,6 +198,11 @@ class LoadMeter:
             return None
         return {g.index: max(0, _held(g) - mark.held.get(g.index, 0)) for g in view.gpus}
 
+    def disturb(self) -> None:
+        """The pool let memory go (a model unloading) while loads may be measured: their
+        deltas would come out low (found as a 0 MiB footprint), so they are not measured."""
+        self._epoch += 1
+
     def abandon(self, mark: MeterMark | None) -> None:
         """A load that failed: it counts as an overlap for loads measured beside it."""
         if mark is not None:

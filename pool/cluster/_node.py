@@ -139,7 +139,9 @@ async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
             try:
                 yield node
             finally:
+                # Stop renewing first: nothing may write a record or lease back after it
+                # is removed.
+                nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(cluster.redis_timeout_s):
                     await node.registry.leave()
                     await node.leases.release_all()
-                nursery.cancel_scope.cancel()

@@ -75,6 +75,7 @@ class PoolLeases:
             self._went_offline(exc)
             return None  # the local gate alone decides; the lease is put back later
         self._came_online()
+        log.debug("cluster: %s took lease %s %s", self.holder, lease.id, lease.gpus)
         old = self._held.get(model)
         self._held[model] = lease
         if old is not None:
@@ -105,22 +106,30 @@ class PoolLeases:
                 for model, gpus in self._pool.holdings().items()
             }
             for model, old in list(self._held.items()):
-                if not wanted.get(model):
+                if model not in wanted:
+                    log.debug("cluster: %s releases lease %s", self.holder, old.id)
                     await self.ledger.release(old)
                     if self._held.get(model) is old:
                         del self._held[model]
             for model, gpus in wanted.items():
                 lease = self._held.get(model)
-                if not gpus:
+                # A lease never shrinks below what its claim was granted: a measured
+                # footprint can come out low (an unload of the pool's that overlapped the
+                # load), and shrinking would hand memory still in use to other holders.
+                size = dict(lease.gpus) if lease is not None else {}
+                for index, mib in gpus.items():
+                    size[index] = max(size.get(index, 0), mib)
+                if not size:
                     continue
-                if lease is None or dict(lease.gpus) != gpus or not await self.ledger.renew(lease):
+                if lease is None or dict(lease.gpus) != size or not await self.ledger.renew(lease):
                     # Lost (expired during an outage, Redis restarted), never taken (the
-                    # claim found Redis down), or the measured size differs: the memory
-                    # is in use either way, so the lease is written whatever the budget.
+                    # claim found Redis down), or measured larger: the memory is in use
+                    # either way, so the lease is written whatever the budget.
+                    log.debug("cluster: %s re-asserts %s as %s", self.holder, lease, size)
                     self._held[model] = await self.ledger.acquire(
                         holder=self.holder,
                         host=self.host,
-                        gpus=gpus,
+                        gpus=size,
                         purpose=f"model {model}",
                         lease_id=lease.id if lease is not None else self._lease_id(model),
                         force=True,

@@ -100,6 +100,7 @@ class NodeRegistry:
         self._poked = trio.Event()
         self._peers_changed = trio.Event()
         self._last_event: str | None = None
+        self._running = trio.CancelScope()
 
     def attach(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
         """Start registering: ``describe()`` gives the record's pool part, ``url`` is
@@ -129,7 +130,11 @@ class NodeRegistry:
     # -- background --------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        await self._attached.wait()
+        with self._running:
+            await self._attached.wait()
+            await self._beat()
+
+    async def _beat(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_events)
             next_beat = trio.current_time()
@@ -146,6 +151,8 @@ class NodeRegistry:
 
     async def leave(self) -> None:
         """Remove the record and say so (a graceful stop; a crash just lets it expire)."""
+        # No heartbeat may write the record again after it is deleted.
+        self._running.cancel()
         if self.epoch is None:
             return
         try:
