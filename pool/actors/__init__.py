@@ -12,6 +12,7 @@ from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
 from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
@@ -27,6 +28,8 @@ from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
 
 __all__ = [
+    "RELAYED",
+    "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
     "Admission",
     "DecodingOverrides",
@@ -50,6 +53,8 @@ __all__ = [
     "Pool",
     "PoolHealth",
     "QueueStats",
+    "Route",
+    "Router",
     "RuntimeState",
     "SharedLedger",
     "Timings",

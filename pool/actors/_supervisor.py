@@ -30,6 +30,7 @@ from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
+from pool.actors._relay import RELAYED, Route, Router, run_relay
 from pool.actors._request import EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
@@ -40,7 +41,7 @@ from pool.actors._snapshots import (
 )
 from pool.actors._stats import percentile
 from pool.actors._tasks import LoadTask, LoadTasks
-from pool.actors._ticket import JobFinished
+from pool.actors._ticket import JobFinished, Ticket
 from pool.actors._vram import (
     LoadMeter,
     charges,
@@ -49,7 +50,7 @@ from pool.actors._vram import (
     gpu_room,
     place,
 )
-from pool.backends import EmbeddingJob, GenerationRequest
+from pool.backends import ALL_THINKING_MODES, Capabilities, EmbeddingJob, GenerationRequest
 from pool.config import LoadRequest, Settings, apply_override, validate_load_request
 from pool.errors import PoolError
 from pool.media import MediaLoader
@@ -63,6 +64,12 @@ def _held(gpu: GpuReading) -> int:
 
 
 T = TypeVar("T")
+
+# What a request for a model this node does not have configured may ask of a peer;
+# the peer checks it against the model's own capabilities.
+RELAY_CAPABILITIES = Capabilities(
+    modalities=("text", "image"), multi_turn=True, thinking_modes=ALL_THINKING_MODES
+)
 
 # A load waiting for room re-reads the GPUs at least this often (besides every change).
 RECHECK_S = 5.0
@@ -98,8 +105,11 @@ class Pool:
         gpus: GpuSource | None = None,
         media: MediaLoader | None = None,
         ledger: SharedLedger | None = None,
+        router: Router | None = None,
     ) -> None:
         self.settings = settings
+        # Sends requests for models that peers serve to them (pool.cluster).
+        self.router = router
         budgets = settings.engine.gpu_budget_mib
         if gpus is None and budgets:
             # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
@@ -219,6 +229,14 @@ class Pool:
         admitted_at = time.perf_counter()
         if self.shutting_down:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
+            route = await self.router.route(request.model, self.models.get(request.model))
+            if route is not None:
+                async with self._relayed(
+                    request, route, tenant, priority, request_id, admitted_at
+                ) as admission:
+                    yield admission
+                return
         actor = self.model(request.model)
         status = "cancelled"
         try:
@@ -280,6 +298,43 @@ class Pool:
             raise
         finally:
             self.metrics.requests.labels(actor.name, tenant, status).inc()
+
+    @asynccontextmanager
+    async def _relayed(
+        self,
+        request: InferenceRequest,
+        route: Route,
+        tenant: str,
+        priority: str,
+        request_id: str | None,
+        admitted_at: float,
+    ) -> AsyncIterator[Admission]:
+        """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
+        local = self.models.get(request.model)
+        request_id = request_id or new_request_id()
+        job = build_generation_request(
+            request,
+            request_id=request_id,
+            capabilities=local.capabilities if local is not None else RELAY_CAPABILITIES,
+            decoding_defaults=self.settings.engine.decoding,
+        )
+        self.rate_limiter.admit(tenant)
+        job = await inline_images(job, self.media)
+        ticket = Ticket(
+            job,
+            tenant=tenant,
+            priority=priority,  # type: ignore[arg-type]
+            buffer=self.settings.engine.stream_buffer_tokens,
+        )
+        if self._nursery is None:
+            raise PoolError("shutting_down", "the pool is not running")
+        idle_s = self.settings.engine.generation_idle_timeout_s
+        self._nursery.start_soon(run_relay, route, ticket, request.model, idle_s)
+        try:
+            await ticket.started.wait()
+            yield Admission(ticket, request_id, request.model, admitted_at, self._record_finished)
+        finally:
+            ticket.abandon()
 
     def _record_finished(self, admission: Admission, job: JobFinished, done: Finished) -> None:
         model = admission.model
@@ -771,6 +826,7 @@ async def open_pool(
     gpus: GpuSource | None = None,
     media: MediaLoader | None = None,
     ledger: SharedLedger | None = None,
+    router: Router | None = None,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -784,8 +840,9 @@ async def open_pool(
         media: the image loader (default: one for ``settings.service``; tests inject
             one with their own resolver).
         ledger: a lease ledger shared with other GPU users (``pool.cluster``).
+        router: sends requests for models that peers serve to them (``pool.cluster``).
     """
-    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger)
+    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger, router=router)
     await trio.to_thread.run_sync(pool.footprints.read)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery

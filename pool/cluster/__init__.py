@@ -17,13 +17,16 @@ from pool.cluster._ledger import (
 from pool.cluster._node import ClusterNode, node_name, open_cluster
 from pool.cluster._pool_leases import PoolLeases
 from pool.cluster._redis import RedisUnavailable, missing_client_reason, open_redis
+from pool.cluster._routing import ClusterRouter, PeerRoute
 
 __all__ = [
     "ClusterNode",
+    "ClusterRouter",
     "Keys",
     "Lease",
     "LeaseLedger",
     "LeaseRefused",
+    "PeerRoute",
     "PoolLeases",
     "RedisUnavailable",
     "Usage",

@@ -21,6 +21,7 @@ from pool.cluster._ledger import LeaseLedger
 from pool.cluster._pool_leases import PoolLeases
 from pool.cluster._redis import missing_client_reason, open_redis
 from pool.cluster._registry import NodeRegistry, describe
+from pool.cluster._routing import ClusterRouter
 from pool.config import Settings
 from pool.errors import ConfigError
 
@@ -69,6 +70,7 @@ class ClusterNode:
             heartbeat_s=cluster.heartbeat_s,
             node_ttl_s=cluster.node_ttl_s,
         )
+        self.router = ClusterRouter(self)
 
     def attach(self, pool: Pool, url: str) -> None:
         """Register ``pool``, reachable at ``url`` (or ``engine.cluster.advertise_url``)."""
@@ -145,3 +147,4 @@ async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
                 with trio.CancelScope(shield=True), trio.move_on_after(cluster.redis_timeout_s):
                     await node.registry.leave()
                     await node.leases.release_all()
+                    await node.router.aclose()

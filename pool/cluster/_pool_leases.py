@@ -189,7 +189,9 @@ class PoolLeases:
                             str(message.get("data", ""))
                         ):
                             await self._refresh_others()
-            except Exception as exc:  # noqa: BLE001 - any failure: resubscribe later
+            # except*: leaving a subscription while cancelled can raise a group of
+            # Cancelled and coredis's own cleanup errors; the Cancelled go on.
+            except* Exception as exc:  # noqa: BLE001 - any failure: resubscribe later
                 log.debug("cluster: lease events: %s", exc)
             await trio.sleep(self.renew_s)
 

@@ -236,7 +236,9 @@ class NodeRegistry:
                             self._set_peers({k: v for k, v in self.peers.items() if k != node_id})
                         else:
                             await self._read_peer(node_id)
-            except Exception as exc:  # noqa: BLE001 - any failure: resubscribe later
+            # except*: leaving a subscription while cancelled can raise a group of
+            # Cancelled and coredis's own cleanup errors; the Cancelled go on.
+            except* Exception as exc:  # noqa: BLE001 - any failure: resubscribe later
                 log.debug("cluster: node events: %s", exc)
             await trio.sleep(self.heartbeat_s)
 

@@ -71,7 +71,12 @@ async def serve(
             gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
         async with (
             open_cluster(settings) as cluster,
-            open_pool(settings, gpus=gpus, ledger=cluster) as pool,
+            open_pool(
+                settings,
+                gpus=gpus,
+                ledger=cluster,
+                router=cluster.router if cluster is not None else None,
+            ) as pool,
         ):
             await _serve_pool(pool, settings, host, port, auth, task_status, cluster)
         monitors.cancel_scope.cancel()
