@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -41,9 +42,19 @@ class Route(Protocol):
 
 
 class Router(Protocol):
+    @property
+    def node_id(self) -> str:
+        """This node's name in the cluster."""
+        ...
+
     async def route(self, model: str, local: ModelActor | None) -> Route | None:
         """Where a request for ``model`` goes: a peer, or None to serve it here
         (``local`` is this node's actor for the model, if it has one)."""
+        ...
+
+    def peer_models(self) -> Sequence[Mapping[str, Any]]:
+        """Every model of every live peer as its record says: ``node``, ``name``,
+        ``state``, ``replicas``, ``in_flight``, ``queue_depth``, ``on_demand``."""
         ...
 
 

@@ -141,6 +141,17 @@ class ClusterRouter:
             return None
         return str(holder)
 
+    @property
+    def node_id(self) -> str:
+        return self.node.node_id
+
+    def peer_models(self) -> list[dict[str, Any]]:
+        return [
+            {"node": node_id, **m}
+            for node_id, record in sorted(self.node.registry.peers.items())
+            for m in record.get("models", ())
+        ]
+
     def _route(self, node_id: str, url: str, model: str) -> PeerRoute:
         key = (node_id, url, model)
         route = self._routes.get(key)

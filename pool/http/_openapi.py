@@ -46,14 +46,17 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      ResponseRequest, 200),
     ("get", "/v1/models", "inference", "List servable models",
      "OpenAI list format of the model ids that accept requests now: loaded models and"
-     " on-demand models.", None, 200),
+     " on-demand models. In a cluster (`engine.cluster`, docs/cluster.md) the peers'"
+     " models too, each entry with `nodes`: the nodes that have it loaded.", None, 200),
     ("get", "/v1/admin/models", "admin", "List configured models",
      "Every model of the merged config with its runtime state, queue and replica figures,"
      " VRAM (`vram_estimate_mib` and its `vram_estimate_source`: configured_vram_mb,"
      " observed_load_delta, artifact_metadata, model_artifact_size, name_heuristic or"
      " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
      " when none; `gpus`: the GPU of each replica), capabilities, load constraints and"
-     " recommendations, load override and definition.",
+     " recommendations, load override and definition. In a cluster, `cluster` lists every"
+     " peer's models (`node`, `name`, `state`, `replicas`, `in_flight`, `queue_depth`,"
+     " `on_demand`, `vram_mib`).",
      None, 200),
     ("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.", None, 200),
     ("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
@@ -74,7 +77,8 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " `error` says why.", None, 200),
     ("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
-     " over a recent window), capability flags and health.", None, 200),
+     " over a recent window), capability flags and health; in a cluster, `cluster` as in"
+     " /health.", None, 200),
     ("post", "/v1/models/load", "runner", "Start an asynchronous load",
      "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
      " `verifiedOpToken` where configured.", RunnerLoadRequest, 202),
@@ -129,7 +133,9 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
     ("get", "/", "ollama", "Ollama probe", "`Ollama is running` (text/plain); HEAD too.",
      None, 200),
     ("get", "/health", "operations", "Health",
-     "200 while serving; 503 with `reason` when every model failed or on shutdown.", None, 200),
+     "200 while serving; 503 with `reason` when every model failed or on shutdown. In a"
+     " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
+     " the node serves on by itself), `error`, `peers`.", None, 200),
     ("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.", None, 200),
 ]  # fmt: skip
 

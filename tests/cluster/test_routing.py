@@ -98,6 +98,13 @@ async def test_a_request_to_a_node_without_the_model_streams_from_the_node_with_
         assert loaded.status_code == 200, loaded.text
         await until(lambda: sees_loaded(a, "nB"), 5)
         async with httpx.AsyncClient(base_url=a.url, timeout=10) as client:
+            listed = (await client.get("/v1/models")).json()["data"]
+            assert [(m["id"], m["nodes"]) for m in listed] == [("a", ["nB"])]
+            cluster_rows = (await client.get("/v1/admin/models")).json()["cluster"]
+            assert sorted((r["node"], r["name"], r["state"]) for r in cluster_rows) == [
+                ("nB", "a", "loaded"),
+                ("nC", "a", "unloaded"),
+            ]
             text, errors = await stream_text(client)
             assert (text.strip(), errors) == (REPLY, [])
             plain = await client.post("/v1/responses", json={"model": "a", "input": "hi"})
