@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from benchmarks._http import CHAT_DELTA_MARK
+from benchmarks.cluster_relay import cluster_relay
 from benchmarks.harness import (
     Server,
     bare_server,
@@ -655,4 +656,5 @@ SCENARIOS = {
     "proxy-peers": proxy_peers,
     "vram-swap": vram_swap,
     "soak": soak,
+    "cluster-relay": cluster_relay,
 }
