@@ -102,8 +102,8 @@ def create_app(
     @app.before_request
     async def note_relayed() -> None:
         # A peer relayed this request (docs/cluster.md): serve it here, never onwards.
-        if request.headers.get(RELAY_HEADER):
-            RELAYED.set(True)
+        # Set for every request: a keep-alive connection's next one may not be relayed.
+        RELAYED.set(bool(request.headers.get(RELAY_HEADER)))
 
     @app.after_request
     async def add_request_id(response: Response) -> Response:
