@@ -71,9 +71,11 @@ class ClusterNode:
             node_ttl_s=cluster.node_ttl_s,
         )
         self.router = ClusterRouter(self)
+        self._changed = trio.Event()
 
     def attach(self, pool: Pool, url: str) -> None:
         """Register ``pool``, reachable at ``url`` (or ``engine.cluster.advertise_url``)."""
+        self.router.attach(pool)
         self.registry.attach(
             lambda: describe(pool), self.settings.engine.cluster.advertise_url or url
         )
@@ -113,6 +115,14 @@ class ClusterNode:
     def poke(self) -> None:
         self.leases.poke()
         self.registry.poke()
+        self._changed.set()
+
+    async def settle_load_locks(self) -> None:
+        """Let the load locks of this node's finished loads go (see ClusterRouter)."""
+        while True:
+            await self._changed.wait()
+            self._changed = trio.Event()
+            await self.router.settle_locks()
 
 
 @asynccontextmanager
@@ -138,6 +148,7 @@ async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.leases.run)
             await nursery.start(node.registry.run)
+            nursery.start_soon(node.settle_load_locks)
             try:
                 yield node
             finally:

@@ -26,7 +26,7 @@ from pool.backends.openai_remote import OpenAIRemoteModel, OpenAIRemoteRuntime
 from pool.cluster._redis import RedisUnavailable, call
 
 if TYPE_CHECKING:
-    from pool.actors import ModelActor
+    from pool.actors import ModelActor, Pool
     from pool.backends import GenerationRequest, GenerationStats, TokenSink
     from pool.cluster._node import ClusterNode
 
@@ -44,6 +44,14 @@ if holder then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return ARGV[1]
+"""
+
+# Shorten the load lock to ARGV[2] ms if ARGV[1] holds it (its load is over).
+SHORTEN_LOAD_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
 """
 
 
@@ -92,6 +100,34 @@ class ClusterRouter:
         self.relay_timeout_s = relay_timeout_s
         self._routes: dict[tuple[str, str, str], PeerRoute] = {}
         self._take = node.client.register_script(TAKE_LOAD_LOCK)
+        self._shorten = node.client.register_script(SHORTEN_LOAD_LOCK)
+        # Models whose load lock this node took, until their load is over.
+        self._locks: set[str] = set()
+        self._pool: Pool | None = None
+
+    def attach(self, pool: Pool) -> None:
+        self._pool = pool
+
+    async def settle_locks(self) -> None:
+        """Once a load this node does for the cluster is over (loaded or failed), its
+        lock lives two more heartbeats, so every peer has read the new record by then,
+        and then expires: the next load of the model may happen anywhere."""
+        if self._pool is None:
+            return
+        grace_ms = int(2 * self.node.settings.engine.cluster.heartbeat_s * 1000)
+        for model in list(self._locks):
+            actor = self._pool.models.get(model)
+            if actor is not None and actor.state not in ("loaded", "failed"):
+                continue
+            try:
+                await call(
+                    self._shorten(
+                        keys=[self.node.keys.load_lock(model)], args=[self.node_id, grace_ms]
+                    )
+                )
+            except RedisUnavailable:
+                return
+            self._locks.discard(model)
 
     async def route(self, model: str, local: ModelActor | None) -> PeerRoute | None:
         if local is not None and local.state in ("loaded", "loading"):
@@ -139,6 +175,8 @@ class ClusterRouter:
             )
         except RedisUnavailable:
             return None
+        if str(holder) == self.node.node_id:
+            self._locks.add(model)
         return str(holder)
 
     @property
