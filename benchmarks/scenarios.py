@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from benchmarks._http import CHAT_DELTA_MARK
+from benchmarks.cluster_relay import cluster_relay
 from benchmarks.harness import (
     Server,
     bare_server,
@@ -657,4 +658,5 @@ SCENARIOS = {
     "vram-swap": vram_swap,
     "soak": soak,
     "relay-capacity": relay_capacity,
+    "cluster-relay": cluster_relay,
 }

@@ -21,8 +21,10 @@ from pool.actors._events import (
 )
 from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
+from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
 from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
@@ -39,6 +41,8 @@ from pool.actors._tasks import LoadTask
 from pool.backends import ToolCallDelta
 
 __all__ = [
+    "RELAYED",
+    "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
     "Admission",
     "DecodingOverrides",
@@ -54,6 +58,7 @@ __all__ = [
     "GpuSource",
     "GpuView",
     "InferenceRequest",
+    "LedgerBinding",
     "LoadTask",
     "Loading",
     "ModelActor",
@@ -63,7 +68,10 @@ __all__ = [
     "PoolHealth",
     "QueueStats",
     "Queued",
+    "Route",
+    "Router",
     "RuntimeState",
+    "SharedLedger",
     "Timings",
     "ToolCallDelta",
     "Usage",

@@ -35,9 +35,11 @@ from pool.actors._events import (
 from pool.actors._footprints import FootprintStore, default_path
 from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
+from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import PoolMetrics
 from pool.actors._model import ModelActor
 from pool.actors._rate_limit import RateLimiter
+from pool.actors._relay import RELAYED, Route, Router, run_relay
 from pool.actors._request import EmbeddingRequest, InferenceRequest
 from pool.actors._snapshots import (
     FlushResult,
@@ -58,7 +60,13 @@ from pool.actors._vram import (
     gpu_room,
     place,
 )
-from pool.backends import EmbeddingJob, GenerationRequest, GpuPlacement
+from pool.backends import (
+    ALL_THINKING_MODES,
+    Capabilities,
+    EmbeddingJob,
+    GenerationRequest,
+    GpuPlacement,
+)
 from pool.config import (
     LoadRequest,
     ModelDefinition,
@@ -78,6 +86,12 @@ def _held(gpu: GpuReading) -> int:
 
 
 T = TypeVar("T")
+
+# What a request for a model this node does not have configured may ask of a peer;
+# the peer checks it against the model's own capabilities.
+RELAY_CAPABILITIES = Capabilities(
+    modalities=("text", "image"), multi_turn=True, thinking_modes=ALL_THINKING_MODES
+)
 
 # A load waiting for room re-reads the GPUs at least this often (besides every change).
 RECHECK_S = 5.0
@@ -115,8 +129,12 @@ class Pool:
         *,
         gpus: GpuSource | None = None,
         media: MediaLoader | None = None,
+        ledger: SharedLedger | None = None,
+        router: Router | None = None,
     ) -> None:
         self.settings = settings
+        # Sends requests for models that peers serve to them (pool.cluster).
+        self.router = router
         budgets = settings.engine.gpu_budget_mib
         if gpus is None and budgets:
             # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
@@ -150,6 +168,7 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
+        self._was_unloading = False
         # Loads that the VRAM gate let through, with the GPUs of each replica, until they
         # are `loading`; evictions and the decisions that lead to them, one at a time;
         # models asked to make way (new requests wait at their door), with who asked.
@@ -164,6 +183,10 @@ class Pool:
         self.rate_limiter = RateLimiter(settings.service.tenancy)
         self.load_tasks = LoadTasks(self, settings.service.max_load_tasks)
         self.pulls = PullManager(settings, self.models)
+        # Leases shared with other GPU users (pool.cluster); None: this pool alone.
+        self.ledger = ledger
+        if ledger is not None:
+            ledger.bind(LedgerBinding(self._notify_change, self._lease_holdings, self._budgets))
 
     def model(self, name: str) -> ModelActor:
         try:
@@ -246,6 +269,14 @@ class Pool:
         admitted_at = time.perf_counter()
         if self.shutting_down:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
+            route = await self.router.route(request.model, self.models.get(request.model))
+            if route is not None:
+                async with self._relayed(
+                    request, route, tenant, priority, request_id, admitted_at
+                ) as admission:
+                    yield admission
+                return
         actor = self.model(request.model)
         status = "cancelled"
         try:
@@ -312,6 +343,43 @@ class Pool:
             raise
         finally:
             self.metrics.requests.labels(actor.name, tenant, status).inc()
+
+    @asynccontextmanager
+    async def _relayed(
+        self,
+        request: InferenceRequest,
+        route: Route,
+        tenant: str,
+        priority: str,
+        request_id: str | None,
+        admitted_at: float,
+    ) -> AsyncIterator[Admission]:
+        """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
+        local = self.models.get(request.model)
+        request_id = request_id or new_request_id()
+        job = build_generation_request(
+            request,
+            request_id=request_id,
+            capabilities=local.capabilities if local is not None else RELAY_CAPABILITIES,
+            decoding_defaults=self.settings.engine.decoding,
+        )
+        self.rate_limiter.admit(tenant)
+        job = await inline_images(job, self.media)
+        ticket = Ticket(
+            job,
+            tenant=tenant,
+            priority=priority,  # type: ignore[arg-type]
+            buffer=self.settings.engine.stream_buffer_tokens,
+        )
+        if self._nursery is None:
+            raise PoolError("shutting_down", "the pool is not running")
+        idle_s = self.settings.engine.generation_idle_timeout_s
+        self._nursery.start_soon(run_relay, route, ticket, request.model, idle_s)
+        try:
+            await ticket.started.wait()
+            yield Admission(ticket, request_id, request.model, admitted_at, self._record_finished)
+        finally:
+            ticket.abandon()
 
     def _record_finished(self, admission: Admission, job: JobFinished, done: Finished) -> None:
         model = admission.model
@@ -443,6 +511,14 @@ class Pool:
 
     # -- on-demand loading and eviction ----------------------------------------------
     def _notify_change(self) -> None:
+        # Memory let go while a load is measured makes its delta low: an unload that
+        # starts or ends (it is "unloading" at one of the two changes) disturbs it.
+        unloading = any(a.state == "unloading" for a in self.models.values())
+        if unloading or self._was_unloading:
+            self.meter.disturb()
+        self._was_unloading = unloading
+        if self.ledger is not None:
+            self.ledger.poke()
         self._changed.set()
         self._changed = trio.Event()
 
@@ -574,6 +650,7 @@ class Pool:
             caps_mib=engine.gpu_budget_mib,
             loaded=loaded,
             pending=pending,
+            leased_by_others=self.ledger.others_mib() if self.ledger is not None else None,
         )
         return self._place(actor, definition, room, per_replica, replicas)
 
@@ -635,9 +712,11 @@ class Pool:
                     gpus = self._fit(actor, definition, per_replica, replicas)
                     if gpus is not None and (not limit or self._loaded_count(actor) < limit):
                         self._waiting_for_room.discard(actor)
-                        self._reserved[actor] = gpus
-                        self._release_yields(actor)
-                        return gpus
+                        if await self._claim_lease(actor, gpus, per_replica):
+                            self._reserved[actor] = gpus
+                            self._release_yields(actor)
+                            return gpus
+                        gpus = None  # another holder took the room: evict or wait as if full
                     if gpus is None and not self._could_ever_fit(
                         actor, definition, per_replica, replicas
                     ):
@@ -717,6 +796,54 @@ class Pool:
         self._reserved.pop(actor, None)
         self._waiting_for_room.discard(actor)
         self._release_yields(actor)
+        if self.ledger is not None:
+            self.ledger.poke()
+
+    # -- the shared lease ledger (pool.cluster, docs/cluster.md) ----------------------
+    def _budgets(self) -> dict[int, int]:
+        engine = self.settings.engine
+        view = self.gpus.view()
+        return gpu_ceilings(
+            view, reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
+        )
+
+    def _lease_holdings(self) -> dict[str, dict[int, int]]:
+        """MiB per GPU of every model that holds or is about to hold memory."""
+        held: dict[str, dict[int, int]] = {}
+        for actor in self.models.values():
+            per_replica = actor.vram_estimate().per_replica_mib or 0
+            if actor in self._reserved and actor.state in ("unloaded", "failed"):
+                held[actor.name] = charges(self._reserved[actor], per_replica)
+            elif actor.state == "loading":
+                held[actor.name] = charges(
+                    actor.placement, per_replica, replicas=actor.selected_replicas
+                )
+            elif actor.state in ("loaded", "unloading"):
+                if actor.observed_per_gpu is not None:
+                    held[actor.name] = dict(actor.observed_per_gpu)
+                else:
+                    held[actor.name] = charges(
+                        actor.placement, per_replica, replicas=len(actor.replicas)
+                    )
+        return held
+
+    async def _claim_lease(
+        self, actor: ModelActor, gpus: tuple[GpuPlacement, ...], per_replica: int
+    ) -> bool:
+        """Take the shared ledger's lease for a load the local gate let through."""
+        wanted = {i: mib for i, mib in charges(gpus, per_replica).items() if mib > 0}
+        if self.ledger is None or not wanted:
+            return True
+        reserve = self.settings.engine.gpu_reserve_mib
+        free = {
+            g.index: g.total_mib - g.used_mib - reserve
+            for g in self.gpus.view().gpus
+            if not g.virtual
+        }
+        refused = await self.ledger.claim(actor.name, wanted, free)
+        if refused is not None:
+            log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
+        return refused is None
 
     async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
         """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
@@ -903,6 +1030,8 @@ async def open_pool(
     startup_loads: bool = True,
     gpus: GpuSource | None = None,
     media: MediaLoader | None = None,
+    ledger: SharedLedger | None = None,
+    router: Router | None = None,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -915,8 +1044,10 @@ async def open_pool(
             by default virtual GPUs when ``engine.gpu_budget_mib`` is set, else none.
         media: the image loader (default: one for ``settings.service``; tests inject
             one with their own resolver).
+        ledger: a lease ledger shared with other GPU users (``pool.cluster``).
+        router: sends requests for models that peers serve to them (``pool.cluster``).
     """
-    pool = Pool(settings, gpus=gpus, media=media)
+    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger, router=router)
     await trio.to_thread.run_sync(pool.footprints.read)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery

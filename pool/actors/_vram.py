@@ -35,13 +35,19 @@ def gpu_room(
     caps_mib: Sequence[int] | None,
     loaded: Mapping[int, int],
     pending: Mapping[int, int],
+    leased_by_others: Mapping[int, int] | None = None,
 ) -> dict[int, int]:
-    """MiB free for a new load on each GPU (may be negative: over budget)."""
+    """MiB free for a new load on each GPU (may be negative: over budget).
+
+    ``leased_by_others``: MiB per GPU that other holders have leased in a shared ledger
+    (pool.cluster); they count as held by other processes, the larger of the lease and
+    the reading (a lease not yet allocated, or memory allocated and also leased).
+    """
     room: dict[int, int] = {}
     for gpu in view.gpus:
         charged = loaded.get(gpu.index, 0)
         ours = max(gpu.pool_used_mib or 0, charged)
-        others = max(0, gpu.used_mib - ours)
+        others = max(0, gpu.used_mib - ours, (leased_by_others or {}).get(gpu.index, 0))
         budget = gpu.total_mib - others - (0 if gpu.virtual else reserve_mib)
         if caps_mib and gpu.index < len(caps_mib):
             budget = min(budget, caps_mib[gpu.index])
@@ -265,6 +271,11 @@ class LoadMeter:
         if not clean:
             return None
         return {g.index: max(0, _held(g) - mark.held.get(g.index, 0)) for g in view.gpus}
+
+    def disturb(self) -> None:
+        """The pool let memory go (a model unloading) while loads may be measured: their
+        deltas would come out low (found as a 0 MiB footprint), so they are not measured."""
+        self._epoch += 1
 
     def abandon(self, mark: MeterMark | None) -> None:
         """A load that failed: it counts as an overlap for loads measured beside it."""

@@ -4,6 +4,7 @@ Each backend's model class, override fields and tables live in its module under
 pool/backends; what this package needs of them it looks up in the backend registry.
 """
 
+from pool.config._cluster import ClusterSettings
 from pool.config._files import (
     LOCAL_SETTINGS_ENV,
     SETTINGS_ENV,
@@ -45,6 +46,7 @@ __all__ = [
     "LOCAL_SETTINGS_ENV",
     "SETTINGS_ENV",
     "AuthSettings",
+    "ClusterSettings",
     "CommonModelFields",
     "DecodingDefaults",
     "EngineSettings",

@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from pool.config._cluster import ClusterSettings
+
 # The prompt formats of pool/backends/prompt_formats.py, one class each (typed by this list).
 PromptFormatName = Literal[
     "generic",
@@ -314,6 +316,10 @@ class EngineSettings(BaseModel):
         30.0,
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
+    )
+    cluster: ClusterSettings = Field(
+        default_factory=ClusterSettings,
+        description="Several pools as one through Redis (docs/cluster.md).",
     )
     # Settings files go through build_settings, which reports every bad model at once;
     # the validator serves settings built in code. Each entry dumps as its own class.

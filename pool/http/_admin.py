@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Quart, Response
 
+from pool.actors import Pool
 from pool.config import LoadRequest
 from pool.http._common import AppContext, json_response, read_body, require
 from pool.http._rows import gpu_memory_body, model_row
+
+
+def cluster_model_list(
+    pool: Pool, local: list[dict[str, Any]], created: int
+) -> list[dict[str, Any]]:
+    """``/v1/models`` in a cluster (docs/cluster.md): every model servable here or on a
+    peer, each with the nodes that have it loaded (``nodes``)."""
+    assert pool.router is not None
+    loaded: dict[str, list[str]] = {}
+    servable = [entry["id"] for entry in local]
+    for name, actor in pool.models.items():
+        if actor.state == "loaded":
+            loaded.setdefault(name, []).append(pool.router.node_id)
+    for m in pool.router.peer_models():
+        servable_there = m["state"] == "loaded" or m.get("on_demand")
+        if servable_there and m["name"] not in servable:
+            servable.append(m["name"])
+        if m["state"] == "loaded":
+            loaded.setdefault(m["name"], []).append(m["node"])
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llm-pool",
+            "nodes": loaded.get(name, []),
+        }
+        for name in servable
+    ]
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -21,13 +53,19 @@ def register(app: Quart, ctx: AppContext) -> None:
             {"id": name, "object": "model", "created": created, "owned_by": "llm-pool"}
             for name in pool.servable_models()
         ]
+        if pool.router is not None:
+            data = cluster_model_list(pool, data, created)
         return json_response({"object": "list", "data": data})
 
     @app.get("/v1/admin/models")
     async def admin_models() -> Response:
-        """Every configured model with its live runtime state."""
+        """Every configured model with its live runtime state (and, in a cluster, every
+        peer's models under ``cluster``)."""
         require(ctx, "admin")
-        return json_response({"models": [model_row(s) for s in pool.snapshots()]})
+        body: dict[str, Any] = {"models": [model_row(s) for s in pool.snapshots()]}
+        if pool.router is not None:
+            body["cluster"] = list(pool.router.peer_models())
+        return json_response(body)
 
     @app.get("/v1/admin/models/<name>")
     async def admin_model(name: str) -> Response:

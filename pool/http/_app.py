@@ -8,7 +8,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from pool.actors import Pool
+from pool.actors import RELAY_HEADER, RELAYED, Pool
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.http import _admin, _events, _ollama, _openai, _responses, _runner, _ui
@@ -101,6 +101,12 @@ def create_app(
         # never answered its next request (found by the soak). Every body is read first;
         # Quart caches it for the route, and MAX_CONTENT_LENGTH still gives 413.
         await request.get_data()
+
+    @app.before_request
+    async def note_relayed() -> None:
+        # A peer relayed this request (docs/cluster.md): serve it here, never onwards.
+        # Set for every request: a keep-alive connection's next one may not be relayed.
+        RELAYED.set(bool(request.headers.get(RELAY_HEADER)))
 
     @app.after_request
     async def add_request_id(response: Response) -> Response:

@@ -124,7 +124,8 @@ ROUTES: list[Route] = [
      " one (`response.cancelled`).", status=101),
     Route("get", "/v1/models", "inference", "List servable models",
      "OpenAI list format of the model ids that accept requests now: loaded models and"
-     " on-demand models.", reply=ModelList),
+     " on-demand models. In a cluster (`engine.cluster`, docs/cluster.md) the peers'"
+     " models too, each entry with `nodes`: the nodes that have it loaded.", reply=ModelList),
     Route("get", "/v1/admin/models", "admin", "List configured models",
      "Every model of the merged config with its runtime state, queue and replica figures,"
      " VRAM (`vram_estimate_mib` and its `vram_estimate_source`: configured_vram_mb,"
@@ -132,7 +133,9 @@ ROUTES: list[Route] = [
      " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
      " when none; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
      " each of them), capabilities, load constraints and"
-     " recommendations, load override and definition.", reply=ModelRows),
+     " recommendations, load override and definition. In a cluster, `cluster` lists every"
+     " peer's models (`node`, `name`, `state`, `replicas`, `in_flight`, `queue_depth`,"
+     " `on_demand`, `vram_mib`).", reply=ModelRows),
     Route("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.",
      reply=ModelRow),
     Route("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
@@ -175,7 +178,8 @@ ROUTES: list[Route] = [
     Route("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
      " over a recent window), capability flags (`embeddings`: some configured model serves"
-     " them) and health; 503 with the same body while unhealthy.", reply=RunnerDescriptor),
+     " them) and health; 503 with the same body while unhealthy. In a cluster, `cluster`"
+     " as in /health.", reply=RunnerDescriptor),
     Route("post", "/v1/models/load", "runner", "Start an asynchronous load",
      "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
      " `verifiedOpToken` where configured.", RunnerLoadRequest, 202, reply=LoadTaskState),
@@ -270,8 +274,9 @@ ROUTES: list[Route] = [
      "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
      " not in the store.", OllamaModelRequest, reply=Empty, errors="ollama"),
     Route("get", "/health", "operations", "Health",
-     "200 while serving; 503 with `reason` when every model failed or on shutdown.",
-     reply=Health),
+     "200 while serving; 503 with `reason` when every model failed or on shutdown. In a"
+     " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
+     " the node serves on by itself), `error`, `peers`.", reply=Health),
     Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",

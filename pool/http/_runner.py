@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from quart import Quart, Response
 
 from pool._version import __version__
-from pool.actors import LoadTask, ModelSnapshot, PoolHealth
+from pool.actors import LoadTask, ModelSnapshot, Pool, PoolHealth
 from pool.backends import context_field
 from pool.config import LoadRequest
 from pool.errors import PoolError
@@ -29,7 +30,7 @@ def authorize_lifecycle(ctx: AppContext, token: Any, operation: str, model: str 
     require(ctx, "admin")
 
 
-def health_body(health: PoolHealth) -> dict[str, Any]:
+def health_body(health: PoolHealth, cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "status": "healthy" if health.serving else "unhealthy",
         "uptime": round(health.uptime_s),
@@ -38,7 +39,15 @@ def health_body(health: PoolHealth) -> dict[str, Any]:
     }
     if health.reason is not None:
         body["reason"] = health.reason
+    if cluster is not None:
+        # A node that cannot reach Redis still serves its own models: it says so here.
+        body["cluster"] = dict(cluster)
     return body
+
+
+def cluster_status(pool: Pool) -> Mapping[str, Any] | None:
+    """The cluster membership (docs/cluster.md), or None for a pool on its own."""
+    return pool.ledger.status() if pool.ledger is not None else None
 
 
 def load_task_body(task: LoadTask) -> dict[str, Any]:
@@ -80,7 +89,7 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
     gpus = view.gpus
     queue = pool.queue_stats()
     health = pool.health()
-    return {
+    body: dict[str, Any] = {
         "runnerType": f"llm-pool-{__version__}",
         "runnerId": ctx.settings.service.runner_id or socket.gethostname(),
         "models": {
@@ -118,6 +127,10 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
         "health": "healthy" if health.serving else "unhealthy",
         "healthReason": health.reason,
     }
+    cluster = cluster_status(pool)
+    if cluster is not None:
+        body["cluster"] = dict(cluster)
+    return body
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -213,7 +226,8 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def health() -> Response:
         """200 while serving; 503 with the reason when every model failed or on shutdown."""
         health = pool.health()
-        return json_response(health_body(health), 200 if health.serving else 503)
+        body = health_body(health, cluster_status(pool))
+        return json_response(body, 200 if health.serving else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

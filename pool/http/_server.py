@@ -10,6 +10,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
+from pool.cluster import ClusterNode, open_cluster
 from pool.config import Settings
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
@@ -69,8 +70,16 @@ async def serve(
             monitor = await monitors.start(GpuMonitor().run)
             # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
             gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
-        async with open_pool(settings, gpus=gpus) as pool:
-            await _serve_pool(pool, settings, host, port, auth, task_status)
+        async with (
+            open_cluster(settings) as cluster,
+            open_pool(
+                settings,
+                gpus=gpus,
+                ledger=cluster,
+                router=cluster.router if cluster is not None else None,
+            ) as pool,
+        ):
+            await _serve_pool(pool, settings, host, port, auth, task_status, cluster)
         monitors.cancel_scope.cancel()
 
 
@@ -81,6 +90,7 @@ async def _serve_pool(
     port: int,
     auth: Authenticator,
     task_status: trio.TaskStatus[ServerInfo],
+    cluster: ClusterNode | None = None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         config = Config()
@@ -117,4 +127,6 @@ async def _serve_pool(
         hosts.listening_on(bound_port)
         info = info_box[0]
         info.url, info.port = url, bound_port
+        if cluster is not None:
+            cluster.attach(pool, url)
         task_status.started(info)

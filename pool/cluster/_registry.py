@@ -1,0 +1,261 @@
+"""The node registry: each pool's record in Redis, renewed while it lives, and the
+records of its peers.
+
+A node writes ``P:node:ID`` (JSON) with an expiry of ``node_ttl_s`` every
+``heartbeat_s``, so a node that dies drops out of every view within ``node_ttl_s``. At
+each change of its models it rewrites the record at once and publishes a ``node`` event
+on ``P:events``; peers read the record when they hear the event, so they see a change
+in about one round trip, not a heartbeat later. ``P:epoch:ID`` counts the node's boots
+(``INCR`` at its first contact), so peers can tell a restarted node from the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from pool.cluster._keys import Keys
+from pool.cluster._ledger import scan_keys
+from pool.cluster._redis import RedisUnavailable, call
+
+if TYPE_CHECKING:
+    import coredis
+
+    from pool.actors import Pool
+
+log = logging.getLogger("pool.cluster")
+
+# Changes closer together than this go out as one record write and one event.
+COALESCE_S = 0.02
+
+
+def describe(pool: Pool) -> dict[str, Any]:
+    """What peers need to know of ``pool``: its GPUs and its models' states and load."""
+    engine = pool.settings.engine
+    caps = engine.gpu_budget_mib or []
+    models = []
+    for snap in pool.snapshots():
+        models.append(
+            {
+                "name": snap.name,
+                "state": snap.state,
+                "replicas": snap.loaded_replicas,
+                "in_flight": snap.running,
+                "queue_depth": snap.queue_depth,
+                "on_demand": snap.definition.on_demand,
+                "vram_mib": snap.vram.mib,
+            }
+        )
+    gpus = [
+        {
+            "index": g.index,
+            "name": g.name,
+            "used_mib": g.used_mib,
+            "total_mib": g.total_mib,
+            # As the VRAM gate's ceiling (docs/vram.md): total less the reserve, capped.
+            "budget_mib": min(
+                g.total_mib - (0 if g.virtual else engine.gpu_reserve_mib),
+                caps[g.index] if g.index < len(caps) else g.total_mib,
+            ),
+            "virtual": g.virtual,
+        }
+        for g in pool.gpus.view().gpus
+    ]
+    return {"gpus": gpus, "models": models}
+
+
+class NodeRegistry:
+    """One node's registration and its view of the peers."""
+
+    def __init__(
+        self,
+        client: coredis.Redis[str],
+        keys: Keys,
+        *,
+        node_id: str,
+        gpu_host: str,
+        heartbeat_s: float,
+        node_ttl_s: float,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.node_id = node_id
+        self.gpu_host = gpu_host
+        self.heartbeat_s = heartbeat_s
+        self.node_ttl_s = node_ttl_s
+        self.epoch: int | None = None
+        self.url: str | None = None
+        self.started_at = time.time()
+        # Live peers by node id (this node not included), as their records say.
+        self.peers: dict[str, dict[str, Any]] = {}
+        self.online = False
+        self.error: str | None = "not registered yet"
+        self._describe: Callable[[], Mapping[str, Any]] | None = None
+        self._attached = trio.Event()
+        self._poked = trio.Event()
+        self._peers_changed = trio.Event()
+        self._last_event: str | None = None
+        self._running = trio.CancelScope()
+
+    def attach(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
+        """Start registering: ``describe()`` gives the record's pool part, ``url`` is
+        where peers reach this node."""
+        self._describe = describe
+        self.url = url
+        self._attached.set()
+        self._poked.set()
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    async def wait_peers_changed(self) -> None:
+        await self._peers_changed.wait()
+
+    def record(self) -> dict[str, Any]:
+        pool_part = dict(self._describe()) if self._describe is not None else {}
+        return {
+            "node": self.node_id,
+            "epoch": self.epoch,
+            "url": self.url,
+            "gpu_host": self.gpu_host,
+            "started_at": self.started_at,
+            **pool_part,
+        }
+
+    # -- background --------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        with self._running:
+            await self._attached.wait()
+            await self._beat()
+
+    async def _beat(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_events)
+            next_beat = trio.current_time()
+            while True:
+                with trio.move_on_at(next_beat):
+                    await self._poked.wait()
+                    await trio.sleep(COALESCE_S)
+                beat = trio.current_time() >= next_beat
+                self._poked = trio.Event()
+                await self._publish(announce=True)
+                if beat:
+                    await self._refresh_peers()
+                    next_beat = trio.current_time() + self.heartbeat_s
+
+    async def leave(self) -> None:
+        """Remove the record and say so (a graceful stop; a crash just lets it expire)."""
+        # No heartbeat may write the record again after it is deleted.
+        self._running.cancel()
+        if self.epoch is None:
+            return
+        try:
+            await call(self.client.delete([self.keys.node(self.node_id)]))
+            await self._send({"kind": "node", "op": "leave", "node": self.node_id})
+        except RedisUnavailable:
+            pass
+
+    # -- helpers -------------------------------------------------------------------------
+    async def _publish(self, *, announce: bool) -> None:
+        try:
+            if self.epoch is None:
+                self.epoch = int(await call(self.client.incr(self.keys.epoch(self.node_id))))
+            record = self.record()
+            ttl_ms = max(1, int(self.node_ttl_s * 1000))
+            await call(self.client.set(self.keys.node(self.node_id), json.dumps(record), px=ttl_ms))
+            # Peers re-read the record on an event; one is sent when something other
+            # than the GPU readings changed.
+            fingerprint = json.dumps(record.get("models")) + str(record.get("epoch"))
+            if announce and fingerprint != self._last_event:
+                await self._send(
+                    {"kind": "node", "op": "update", "node": self.node_id, "epoch": self.epoch}
+                )
+                self._last_event = fingerprint
+            self._set_online(True, None)
+        except RedisUnavailable as exc:
+            self._set_online(False, f"Redis unreachable: {exc}")
+            self._last_event = None  # announce again once back
+
+    async def _send(self, event: Mapping[str, Any]) -> None:
+        await call(self.client.publish(self.keys.events, json.dumps(event)))
+
+    async def _refresh_peers(self) -> None:
+        """Every live record (expired ones are gone from Redis by themselves)."""
+        try:
+            keys = await scan_keys(self.client, self.keys.node_prefix + "*")
+            values = await call(self.client.mget(keys)) if keys else []
+        except RedisUnavailable as exc:
+            self._set_online(False, f"Redis unreachable: {exc}")
+            return
+        peers = {}
+        for raw in values:
+            record = _parse(raw)
+            if record is not None and record.get("node") != self.node_id:
+                peers[str(record["node"])] = record
+        self._set_peers(peers)
+
+    async def _read_peer(self, node_id: str) -> None:
+        try:
+            raw = await call(self.client.get(self.keys.node(node_id)))
+        except RedisUnavailable:
+            return
+        peers = dict(self.peers)
+        record = _parse(raw)
+        if record is None:
+            peers.pop(node_id, None)
+        else:
+            peers[node_id] = record
+        self._set_peers(peers)
+
+    def _set_peers(self, peers: dict[str, dict[str, Any]]) -> None:
+        if peers != self.peers:
+            self.peers = peers
+            self._peers_changed.set()
+            self._peers_changed = trio.Event()
+
+    async def _follow_events(self) -> None:
+        while True:
+            try:
+                async with self.client.pubsub(channels=[self.keys.events]) as sub:
+                    async for message in sub:
+                        if message.get("type") != "message":
+                            continue
+                        event = _parse(message.get("data"))
+                        if event is None or event.get("kind") != "node":
+                            continue
+                        node_id = str(event.get("node"))
+                        if node_id == self.node_id:
+                            continue
+                        if event.get("op") == "leave":
+                            self._set_peers({k: v for k, v in self.peers.items() if k != node_id})
+                        else:
+                            await self._read_peer(node_id)
+            # except*: leaving a subscription while cancelled can raise a group of
+            # Cancelled and coredis's own cleanup errors; the Cancelled go on.
+            except* Exception as exc:  # noqa: BLE001 - any failure: resubscribe later
+                log.debug("cluster: node events: %s", exc)
+            await trio.sleep(self.heartbeat_s)
+
+    def _set_online(self, online: bool, error: str | None) -> None:
+        if online and not self.online:
+            log.info("cluster: node %s registered (epoch %s)", self.node_id, self.epoch)
+        elif not online and self.online:
+            log.warning("cluster: node %s cannot reach Redis: %s", self.node_id, error)
+        self.online = online
+        self.error = error
+
+
+def _parse(raw: object) -> dict[str, Any] | None:
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "node" in value else None

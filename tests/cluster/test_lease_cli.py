@@ -1,0 +1,108 @@
+"""``llm-pool lease``: a job takes a lease from the command line and the pool waits for it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import trio
+
+from pool.cli import run_command
+from pool.cluster import open_ledger
+
+from ..actors.helpers import ask
+from .conftest import RedisServer
+from .test_pool_leases import BUDGET, HOST, cluster_settings, clustered_pool, on_demand
+
+
+async def lease_cli(*argv: str) -> tuple[int, Any, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_command(["lease", *argv, "--json"], stdout=out, stderr=err)
+    text = out.getvalue().strip()
+    return code, json.loads(text) if text else None, err.getvalue()
+
+
+async def test_acquire_list_release(redis_server: RedisServer) -> None:
+    url = ["--redis-url", redis_server.url]
+    async with open_ledger(redis_server.url) as ledger:
+        await ledger.set_budgets(HOST, {0: BUDGET, 1: BUDGET})
+    code, lease, _ = await lease_cli(
+        "acquire", *url, "--host", HOST, "--gpu", "1:3000", "--gpu", "0:2000",
+        "--holder", "trainer", "--purpose", "fine-tune",
+    )  # fmt: skip
+    assert code == 0
+    assert lease["gpus"] == [{"index": 0, "mib": 2000}, {"index": 1, "mib": 3000}]
+    code, listed, _ = await lease_cli("list", *url)
+    assert code == 0
+    [row] = listed["leases"]
+    assert (row["id"], row["holder"], row["purpose"]) == (lease["id"], "trainer", "fine-tune")
+    assert 500_000 < row["expires_in_ms"] <= 600_000  # the default ttl of a lease that exits
+
+    code, _, err = await lease_cli("acquire", *url, "--host", HOST, "--gpu", "1:8000")
+    assert code == 1 and "budget" in err
+    code, _, err = await lease_cli("acquire", *url, "--gpu", "zero:1")
+    assert code == 2 and "INDEX:MIB" in err
+
+    code, _, _ = await lease_cli("release", *url, lease["id"])
+    assert code == 0
+    code, _, err = await lease_cli("release", *url, lease["id"])
+    assert code == 1 and "no lease" in err
+    code, listed, _ = await lease_cli("list", *url)
+    assert listed == {"leases": []}
+
+
+async def test_no_redis_is_exit_3() -> None:
+    code, _, err = await lease_cli("list", "--redis-url", "redis://127.0.0.1:1/0")
+    assert code == 3 and "no Redis" in err
+
+
+async def test_a_cli_lease_makes_the_pool_queue_until_it_is_released(
+    redis_server: RedisServer,
+) -> None:
+    settings = cluster_settings(redis_server.url, {"a": on_demand(4000)}, "n1")
+    url = ["--redis-url", redis_server.url]
+    async with clustered_pool(settings) as (pool, node):
+        await node.leases.sync()  # the pool stores its GPU budgets for acquirers like the CLI
+        code, lease, _ = await lease_cli("acquire", *url, "--host", HOST, "--gpu", "0:7000")
+        assert code == 0
+        answered = trio.Event()
+
+        async def ask_a() -> None:
+            await pool.respond(ask("a"))
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask_a)
+            await trio.sleep(0.8)
+            assert not answered.is_set() and pool.models["a"].scheduler.queue_depth == 1
+            assert (await lease_cli("release", *url, lease["id"]))[0] == 0
+            with trio.fail_after(10):
+                await answered.wait()
+
+
+async def test_a_held_lease_is_released_on_sigterm(redis_server: RedisServer) -> None:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pool", "lease", "acquire", "--redis-url", redis_server.url,
+         "--host", HOST, "--gpu", "0:1000", "--hold", "--ttl", "0.6", "--json"],
+        stdout=subprocess.PIPE,
+        env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    with trio.fail_after(20):
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await process.stdout.receive_some(4096)
+    lease = json.loads(line)
+    async with open_ledger(redis_server.url) as ledger:
+        await trio.sleep(1.5)  # past its ttl: renewed by the holder
+        assert [held.id for held in await ledger.list_leases()] == [lease["id"]]
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await process.wait() == 0
+        assert await ledger.list_leases() == []

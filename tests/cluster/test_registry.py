@@ -1,0 +1,162 @@
+"""The node registry: records with expiry, events on change, boots counted, deaths seen."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from pool import Pool, open_pool
+from pool.cluster import ClusterNode, open_cluster, open_ledger
+
+from ..actors.helpers import ask
+from .conftest import RedisServer
+from .test_pool_leases import HOST, cluster_settings, on_demand
+
+
+@asynccontextmanager
+async def registered(
+    redis_url: str, node: str, **cluster: Any
+) -> AsyncIterator[tuple[Pool, ClusterNode]]:
+    settings = cluster_settings(
+        redis_url, {"a": on_demand(2000), "b": on_demand(2000)}, node, cluster=cluster
+    )
+    async with open_cluster(settings) as member:
+        assert member is not None
+        async with open_pool(settings, ledger=member) as pool:
+            member.attach(pool, f"http://{node}.invalid:8011")
+            yield pool, member
+
+
+async def until(predicate: Any, within_s: float) -> None:
+    with trio.fail_after(within_s):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def test_nodes_see_each_other_and_each_change_at_once(redis_server: RedisServer) -> None:
+    # Heartbeats far apart: what the peers see within a second came by the events.
+    slow = {"heartbeat_s": 10.0, "node_ttl_s": 30.0}
+    async with (
+        registered(redis_server.url, "n1", **slow) as (pool1, node1),
+        registered(redis_server.url, "n2", **slow) as (_, node2),
+    ):
+        await until(lambda: "n1" in node2.registry.peers and "n2" in node1.registry.peers, 2)
+        record = node2.registry.peers["n1"]
+        assert record["url"] == "http://n1.invalid:8011"
+        assert record["gpu_host"] == HOST and record["epoch"] >= 1
+        assert record["gpus"][0]["budget_mib"] == 10_000
+        assert {m["name"]: m["state"] for m in record["models"]} == {
+            "a": "unloaded",
+            "b": "unloaded",
+        }
+        await pool1.respond(ask("a"))
+
+        def a_loaded_on_n1() -> bool:
+            models = node2.registry.peers["n1"]["models"]
+            return any(m["name"] == "a" and m["state"] == "loaded" for m in models)
+
+        await until(a_loaded_on_n1, 1.0)
+        assert node1.status()["redis"] == "ok" and node1.status()["peers"] == ["n2"]
+    # Leaving deletes the record at once (a crash lets it expire instead).
+    async with open_ledger(redis_server.url) as ledger:
+        assert await ledger.client.keys("llm-pool:node:*") == set()
+
+
+async def test_a_node_that_leaves_drops_out_of_its_peers_view(redis_server: RedisServer) -> None:
+    async with registered(redis_server.url, "n1", heartbeat_s=10.0, node_ttl_s=30.0) as (
+        _,
+        node1,
+    ):
+        async with registered(redis_server.url, "n2", heartbeat_s=10.0, node_ttl_s=30.0):
+            await until(lambda: "n2" in node1.registry.peers, 2)
+        await until(lambda: "n2" not in node1.registry.peers, 1)
+
+
+async def test_every_boot_has_a_new_epoch(redis_server: RedisServer) -> None:
+    epochs = []
+    for _ in range(2):
+        async with registered(redis_server.url, "n1") as (_, node):
+            await until(lambda node=node: node.registry.epoch is not None, 2)
+            epochs.append(node.registry.epoch)
+    assert epochs[1] == epochs[0] + 1
+
+
+def serve_settings(tmp_path: Path, redis_url: str, node: str) -> Path:
+    path = tmp_path / f"{node}.json"
+    settings = {
+        "service": {"port": 0},
+        "engine": {
+            "gpu_budget_mib": [10_000],
+            "cluster": {
+                "redis_url": redis_url,
+                "node_id": node,
+                "gpu_host": HOST,
+                "lease_ttl_s": 2.0,
+                "lease_renew_s": 0.5,
+                "heartbeat_s": 0.5,
+                "node_ttl_s": 2.0,
+            },
+            "models": {
+                "a": {"backend": "stub", "enabled": True, "stub_vram_mib": 3000},
+            },
+        },
+    }
+    path.write_text(json.dumps(settings))
+    return path
+
+
+async def start_serve(settings: Path) -> tuple[trio.Process, str]:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pool", "serve", "--settings", str(settings)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert process.stdout is not None
+    output = b""
+    with trio.fail_after(60):
+        while b"listening on" not in output:
+            chunk = await process.stdout.receive_some(4096)
+            assert chunk, "the pool exited before it listened"
+            output += chunk
+    url = output.split(b"listening on ", 1)[1].split()[0].decode()
+    return process, url
+
+
+async def test_a_killed_node_and_its_leases_expire(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    process, url = await start_serve(serve_settings(tmp_path, redis_server.url, "doomed"))
+    try:
+        async with (
+            registered(redis_server.url, "watcher", heartbeat_s=0.3, node_ttl_s=1.5) as (_, me),
+            open_ledger(redis_server.url) as ledger,
+        ):
+            await until(lambda: "doomed" in me.registry.peers, 5)
+            assert me.registry.peers["doomed"]["url"] == url
+            [lease] = [x for x in await ledger.list_leases(HOST) if x.purpose == "model a"]
+            assert lease.gpus == ((0, 3000),)
+            await until(lambda: me.others_mib() == {0: 3000}, 5)
+
+            process.send_signal(signal.SIGKILL)
+            killed_at = trio.current_time()
+            await until(lambda: "doomed" not in me.registry.peers, 2.0 + 0.3 + 1.0)
+            assert trio.current_time() - killed_at <= 3.3
+            with trio.fail_after(5):
+                while await ledger.list_leases(HOST):
+                    await trio.sleep(0.05)
+            await until(lambda: me.others_mib() == {}, 2)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
