@@ -26,6 +26,7 @@ from quart import Response
 from quart.wrappers.response import DataBody
 from quart_trio import QuartTrio
 
+from pool.actors import RELAY_HEADER, RELAYED
 from pool.errors import PoolError
 from pool.http._common import (
     HotRoute,
@@ -96,6 +97,9 @@ class LeanRoutes:
     ) -> None:
         request = LeanRequest(headers, b"", rid)
         token = lean_request.set(request)
+        # As Quart's before_request hook does (docs/cluster.md): a relayed request is
+        # served here, never onwards.
+        RELAYED.set(bool(headers.get(RELAY_HEADER.lower())))
         try:
             try:
                 self.hosts.check(headers.get("host", ""), headers.get("origin"))

@@ -97,18 +97,18 @@ async def test_a_request_waiting_for_room_on_the_gpu_says_vram_then_load(
 async def test_a_second_waiting_request_stands_second(autojump_clock: trio.abc.Clock) -> None:
     settings = stub_settings({"m": on_demand(stub_load_seconds=1)})
     async with open_pool(settings) as pool:
-        firsts: list[list[Waiting]] = []
+        # By arrival: both waits end with the same load, in either order.
+        firsts: dict[int, list[Waiting]] = {}
 
-        async def one() -> None:
+        async def one(arrival: int) -> None:
             async with pool.admit(ask("m"), report_waits=True) as admission:
-                waits = [w async for w in admission.waits()]
-                firsts.append(waits)
+                firsts[arrival] = [w async for w in admission.waits()]
                 await admission.collect()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(one)
+            nursery.start_soon(one, 0)
             await trio.sleep(0.1)
-            nursery.start_soon(one)
+            nursery.start_soon(one, 1)
     assert firsts[0][0] == Queued(1, "load")
     assert firsts[1][0] == Queued(2, "load")
 
