@@ -11,7 +11,12 @@ from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
-from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
+from pool.actors._request import (
+    CacheMode,
+    DecodingOverrides,
+    EmbeddingRequest,
+    InferenceRequest,
+)
 from pool.actors._snapshots import (
     FlushResult,
     GpuReading,
@@ -28,6 +33,7 @@ from pool.actors._tasks import LoadTask
 __all__ = [
     "STATE_DESCRIPTIONS",
     "Admission",
+    "CacheMode",
     "DecodingOverrides",
     "Delta",
     "Embedded",

@@ -52,7 +52,12 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
             else None
         ),
     )
-    return timings, Usage(prompt_tokens=stats.prompt_tokens, output_tokens=output_tokens)
+    usage = Usage(
+        prompt_tokens=stats.prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=stats.cached_tokens,
+    )
+    return timings, usage
 
 
 class Admission:

@@ -12,6 +12,7 @@ import dataclasses
 
 from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.backends import (
+    CacheScope,
     Capabilities,
     Decoding,
     EmbeddingJob,
@@ -111,6 +112,7 @@ def build_generation_request(
     request_id: str,
     capabilities: Capabilities,
     decoding_defaults: DecodingDefaults,
+    tenant: str = "default",
 ) -> GenerationRequest:
     """Check ``request`` against the model's capabilities and build the backend request.
 
@@ -153,6 +155,7 @@ def build_generation_request(
         thinking=request.thinking,
         source_lang_code=request.source_lang_code,
         target_lang_code=request.target_lang_code,
+        cache=CacheScope(tenant, request.cache_tag, request.cache_mode != "none"),
     )
 
 

@@ -18,7 +18,15 @@ import trio
 
 from pool.backends._chat_client import chat_messages, stream_chat
 from pool.backends._process import ManagedProcess
-from pool.backends._protocol import Decoding, GenerationRequest, GenerationStats, TokenSink
+from pool.backends._protocol import (
+    CacheFlushed,
+    CacheUsage,
+    Decoding,
+    GenerationRequest,
+    GenerationStats,
+    TokenSink,
+)
+from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._upstream import UpstreamError, open_transport
 from pool.errors import BackendError
 
@@ -58,8 +66,11 @@ class ManagedServerRuntime:
         extra_body: dict[str, Any] | None = None,
         repetition_field: str = "repeat_penalty",
         enable_thinking: bool | None = None,
+        cache: ServerCache | None = None,
     ) -> None:
         self.process = process
+        # The server's prefix-cache strategy: scopes requests and flushes (None: none).
+        self._cache = cache
         # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
         # ignores the other silently.
         self._repetition_field = repetition_field
@@ -101,11 +112,16 @@ class ManagedServerRuntime:
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed or not self.process.alive:
             raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        body = self.body(request)
+        lease = None
+        if self._cache is not None:
+            lease = self._cache.lease(request, conversation_text(body))
+            body.update(lease.fields)
         try:
             return await stream_chat(
                 self._upstream,
                 "/v1/chat/completions",
-                self.body(request),
+                body,
                 sink,
                 headers=self._headers,
                 what=self.process.label,
@@ -117,6 +133,38 @@ class ManagedServerRuntime:
                     f" last output: {self.process.tail()[-500:]}"
                 ) from exc
             raise
+        finally:
+            if lease is not None and self._cache is not None:
+                self._cache.release(lease)
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None = None, tag: str | None = None
+    ) -> CacheFlushed:
+        """Forget the scope's cached prefixes and have the server drop them."""
+        if self._cache is None or self._closed:
+            return CacheFlushed()
+        plan = self._cache.flush(scope, tenant, tag)
+        for path in plan.posts:
+            try:
+                async with self._upstream.request(
+                    "POST", path, body=b"{}", headers=self._headers, timeout_s=30.0
+                ) as response:
+                    answer = await response.read()
+                if response.status != 200:
+                    log.warning(
+                        "%s: POST %s answered HTTP %d: %s",
+                        self.process.label,
+                        path,
+                        response.status,
+                        answer[:300],
+                    )
+            except UpstreamError as exc:
+                # Scoped requests no longer reuse what was flushed whatever the server did.
+                log.warning("%s: POST %s failed: %s", self.process.label, path, exc)
+        return CacheFlushed(plan.entries)
+
+    def cache_usage(self) -> CacheUsage | None:
+        return None
 
     async def wait_failed(self) -> str:
         """Returns when the server exits on its own (the replica then fails the model)."""
@@ -224,6 +272,7 @@ async def launch(
     api_key: str | None = None,
     repetition_field: str = "repeat_penalty",
     enable_thinking: bool | None = None,
+    cache: ServerCache | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready."""
     process = ManagedProcess(label, command, env)
@@ -236,6 +285,7 @@ async def launch(
         api_key=api_key,
         repetition_field=repetition_field,
         enable_thinking=enable_thinking,
+        cache=cache,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

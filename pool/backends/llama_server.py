@@ -9,7 +9,10 @@ target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import trio
@@ -25,6 +28,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
 )
+from pool.backends._server_cache import SlotCache
 from pool.backends.llama_cpp import FlashAttn
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
@@ -139,7 +143,21 @@ def command_line(
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
     args.extend(d.llama_server_extra_args)
+    # Prefix caching under the pool's control (pool/backends/_server_cache.py): no RAM
+    # prompt cache shared by every slot (it would match across tenants), and a slot
+    # save path, without which llama-server refuses the slot erase of a flush.
+    if "--cache-ram" not in args and "-cram" not in args:
+        args.extend(["--cache-ram", "0"])
+    if "--slot-save-path" not in args:
+        args.extend(["--slot-save-path", slot_save_dir()])
     return args
+
+
+def slot_save_dir() -> str:
+    """A private directory for ``--slot-save-path`` (the pool never saves slots to it)."""
+    path = Path(tempfile.gettempdir()) / f"llm-pool-slots-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return str(path)
 
 
 class LlamaServerBackend(Backend[LlamaServerModel]):
@@ -196,6 +214,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
+            cache=SlotCache(slots(definition)),
         )
 
 

@@ -19,6 +19,7 @@ from pool.backends import vllm
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._server_cache import SaltCache
 from pool.errors import BackendError
 
 
@@ -129,7 +130,11 @@ class VllmServeBackend(Backend[VllmServeModel]):
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
             command_line(definition, binary, model, port, context.model_name),
-            child_environment(definition.vllm_serve_env, definition.vllm_serve_library_path),
+            # Dev mode serves /reset_prefix_cache, which a cache flush calls.
+            child_environment(
+                {"VLLM_SERVER_DEV_MODE": "1", **definition.vllm_serve_env},
+                definition.vllm_serve_library_path,
+            ),
             host=definition.vllm_serve_host,
             port=port,
             served_model=context.model_name,
@@ -139,6 +144,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             api_key=definition.vllm_serve_api_key,
             repetition_field="repetition_penalty",
             enable_thinking=definition.enable_thinking,
+            # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
+            # keeps each scope's cached blocks its own.
+            cache=SaltCache(),
         )
 
 

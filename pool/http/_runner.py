@@ -80,6 +80,8 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
     gpus = view.gpus
     queue = pool.queue_stats()
     health = pool.health()
+    cache = pool.cache_usage()
+    readings = [g.utilization for g in gpus if g.utilization is not None]
     return {
         "runnerType": f"llm-pool-{__version__}",
         "runnerId": ctx.settings.service.runner_id or socket.gethostname(),
@@ -97,6 +99,14 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
             "gpuMemoryTotalMB": sum(g.total_mib for g in gpus),
             "gpuMemoryUsedMB": sum(g.used_mib for g in gpus),
             "gpuMemoryFreeMB": sum(g.total_mib - g.used_mib for g in gpus),
+            # NVML's busy share over its last sample period, averaged over the GPUs.
+            "gpuUtilization": round(sum(readings) / len(readings), 3) if readings else None,
+            # The prompt caches the pool manages (llama_cpp's saved states); null where
+            # no loaded runtime can tell.
+            "kvCacheSizeMB": None if cache is None else round(cache.size_mib),
+            "kvCacheUtilization": (
+                round(cache.used_mib / cache.size_mib, 3) if cache and cache.size_mib else None
+            ),
             "error": None if gpus else view.error,
         },
         "queue": {
@@ -107,7 +117,7 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
         },
         "capabilities": {
             "streaming": True,
-            "prefixCaching": False,
+            "prefixCaching": pool.prefix_caching(),
             "multiTenant": True,
             "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
             "audioInput": False,
