@@ -108,8 +108,9 @@ class SlotCache(ServerCache):
 
         def preference(slot: _Slot) -> tuple[int, int, int]:
             shared = _shared_chars(slot.text, text) if key is not None and slot.owner == key else -1
-            # Then an empty slot, then the least recently used one.
-            return (shared, 1 if slot.owner is None and not slot.text else 0, -slot.used)
+            # Then a slot nobody may reuse (empty, flushed, or run with caching off),
+            # then the least recently used one.
+            return (shared, 1 if slot.owner is None else 0, -slot.used)
 
         slot = max(free, key=preference)
         reuse = key is not None and slot.owner == key
