@@ -155,7 +155,9 @@ class LlamaPromptCache:
             self._save_live(llama)
             self.store.take(saved)
             live = longest if _restore(llama, saved) else 0
-        elif self.live_key != key:
+        elif key is None or self.live_key != key:
+            # Caching off, or another scope's state: evaluate from nothing. (Without
+            # the reset, Llama.generate would reuse the live prefix on its own.)
             self._save_live(llama)
             llama.reset()
             live = 0

@@ -38,9 +38,12 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
      " `error` event. The same path accepts a WebSocket: send request bodies as JSON text"
      " frames (one at a time), receive the same events as frames; send"
      " `{\"type\": \"response.cancel\"}` to cancel the running one (`response.cancelled`)."
-     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode`, `X-Cache-Tag`;"
-     " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
-     " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
+     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode` (prefix/auto"
+     " reuse the scope's cached prefix, none reuses nothing), `X-Cache-Tag` (cached state is"
+     " shared only within one tenant and tag); responses carry `X-Request-Id`,"
+     " `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`, `X-Cache-Tokens-Reused` (prompt"
+     " tokens the runtime reused; on a stream, only `metrics.engine_cached_prompt_tokens`"
+     " knows). Images are inlined before queueing: `data:` URLs always,"
      " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
      " and from public addresses; a refusal is 400 `image_refused` with a `reason`.",
      ResponseRequest, 200),
@@ -83,10 +86,15 @@ ROUTES: list[tuple[str, str, str, str, str, type[BaseModel] | None, int]] = [
     ("post", "/v1/models/unload", "runner", "Unload (runner API)", "Graceful unload.",
      RunnerUnloadRequest, 200),
     ("post", "/v1/cache/flush", "runner", "Flush prompt caches",
-     "Scopes `all`, `model`, `tenant`, `tag`; backends without a prompt cache report 0.",
+     "Scopes `all`, `model` (`modelId`), `tenant` (`tenantId`, narrowed by `tag`) and `tag`"
+     " (`tag`, narrowed by `tenantId`); `modelId` narrows any scope. Answers the entries"
+     " removed (saved states, llama-server slots, vLLM salt scopes) and the memory freed;"
+     " backends without a prompt cache report 0.",
      CacheFlushRequest, 200),
     ("post", "/v1/chat/completions", "openai", "Chat Completions (OpenAI)",
-     "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`). Sampling"
+     "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`). Prefix"
+     " cache headers as `/v1/responses`; `usage.prompt_tokens_details.cached_tokens` counts"
+     " the prompt tokens the runtime reused. Sampling"
      " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
      " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes. An embedding model"
      " answers 400 `generation_unsupported`.", ChatCompletionRequest, 200),

@@ -9,7 +9,7 @@ from typing import Any
 from quart import Quart, Response
 
 from pool._version import __version__
-from pool.actors import LoadTask, ModelSnapshot, PoolHealth
+from pool.actors import LoadTask, ModelSnapshot, Pool, PoolHealth
 from pool.backends import context_field
 from pool.config import LoadRequest
 from pool.errors import PoolError
@@ -47,8 +47,11 @@ def load_task_body(task: LoadTask) -> dict[str, Any]:
         "status": task.status,
         "modelId": task.model,
         "createdAt": math.floor(task.created_at),
-        "progress": 1.0 if task.status == "completed" else 0.0,
+        "progress": task.progress,
     }
+    if task.status == "loading":
+        # "fetching": the model is being pulled into the store first.
+        body["phase"] = task.phase
     if task.evict:
         body["evictModel"] = task.evict
     if task.load_time_ms is not None:
@@ -72,6 +75,17 @@ def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
     }
 
 
+def _fetching(pool: Pool, model: str) -> bool:
+    task = pool.load_tasks.latest(model)
+    return task is not None and task.status == "loading" and task.phase == "fetching"
+
+
+def _load_progress(pool: Pool, model: str) -> float | None:
+    """The progress of the model's running load task (None: loaded another way)."""
+    task = pool.load_tasks.latest(model)
+    return task.progress if task is not None and task.status == "loading" else None
+
+
 def capabilities_body(ctx: AppContext) -> dict[str, Any]:
     """The runner descriptor of ``GET /v1/capabilities``."""
     pool = ctx.pool
@@ -88,9 +102,9 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
         "models": {
             "loaded": [_loaded_model(s) for s in snapshots if s.state == "loaded"],
             "loading": [
-                {"id": s.name, "progress": None, "eta": None}
+                {"id": s.name, "progress": _load_progress(pool, s.name), "eta": None}
                 for s in snapshots
-                if s.state == "loading"
+                if s.state == "loading" or _fetching(pool, s.name)
             ],
             "available": [s.name for s in snapshots if s.state in ("unloaded", "failed")],
         },

@@ -55,9 +55,7 @@ class CachingRuntime(StubRuntime):
 
     flushes: list[tuple[str, str | None, str | None]] = []
 
-    async def flush_cache(
-        self, *, scope: str, tenant: str | None, tag: str | None
-    ) -> CacheFlushed:
+    async def flush_cache(self, *, scope: str, tenant: str | None, tag: str | None) -> CacheFlushed:
         self.flushes.append((scope, tenant, tag))
         return CacheFlushed(3, 1.5)
 

@@ -6,8 +6,16 @@ llama_cpp and llama-server).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pool.backends import CacheScope, Decoding, GenerationRequest, TextPart, Turn
-from pool.backends._prefix_cache import SavedState, StateStore, common_prefix, scope_matches
+from pool.backends._prefix_cache import (
+    LlamaPromptCache,
+    SavedState,
+    StateStore,
+    common_prefix,
+    scope_matches,
+)
 from pool.backends._server_cache import SaltCache, SlotCache
 
 
@@ -135,3 +143,47 @@ def test_salts_are_per_scope_and_change_on_flush() -> None:
     assert plan.entries == 2 and plan.posts == []
     assert salt(_request("a")) != a and salt(_request("b")) == b
     assert cache.flush("all", None, None).posts == ["/reset_prefix_cache"]
+
+
+class _Context:
+    """What LlamaPromptCache reads of a ``Llama`` when it keeps no saved states."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.resets = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def _input_ids(self) -> Any:
+        tokens = self.tokens
+
+        class _Ids:
+            def tolist(self) -> list[int]:
+                return list(tokens)
+
+        return _Ids()
+
+    def reset(self) -> None:
+        self.tokens = []
+        self.resets += 1
+
+
+def test_the_live_context_is_reused_only_by_its_own_scope() -> None:
+    cache = LlamaPromptCache(0)
+    llama = _Context()
+    prompt = list(range(100))
+    assert cache.prepare(llama, ("a", None), prompt) == 0
+    llama.tokens = [*prompt, 7, 7]  # evaluated and generated
+    assert cache.prepare(llama, ("a", None), [*prompt, 5]) == 100
+    assert llama.resets == 1
+    assert cache.prepare(llama, ("b", None), [*prompt, 5]) == 0 and llama.resets == 2
+    llama.tokens = list(prompt)
+    # Caching off resets every time, even after another request with caching off.
+    assert cache.prepare(llama, None, prompt) == 0 and llama.resets == 3
+    llama.tokens = list(prompt)
+    assert cache.prepare(llama, None, prompt) == 0 and llama.resets == 4
+    llama.tokens = list(prompt)
+    assert cache.prepare(llama, ("b", None), prompt) == 0 and llama.resets == 5
