@@ -100,6 +100,13 @@ def command_line(
     return args
 
 
+def _with_cached_token_counts(args: list[str]) -> list[str]:
+    """``args`` asking vLLM to report ``prompt_tokens_details.cached_tokens``, which the
+    pool's ``X-Cache-Tokens-Reused`` comes from (vLLM leaves it out by default)."""
+    flag = "--enable-prompt-tokens-details"
+    return args if flag in args else [*args, flag]
+
+
 class VllmServeBackend(Backend[VllmServeModel]):
     config = VllmServeModel
     # The engine's overrides, whether vLLM runs in-process or as `vllm serve`.
@@ -129,7 +136,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
         port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
-            command_line(definition, binary, model, port, context.model_name),
+            _with_cached_token_counts(
+                command_line(definition, binary, model, port, context.model_name)
+            ),
             # Dev mode serves /reset_prefix_cache, which a cache flush calls.
             child_environment(
                 {"VLLM_SERVER_DEV_MODE": "1", **definition.vllm_serve_env},

@@ -139,6 +139,14 @@ async def test_real_vllm_serve_on_cpu(tmp_path: Path) -> None:
         assert row.state == "loaded", row.last_error
         reply = await pool.respond(InferenceRequest.prompt("vs", "What is the capital of France?"))
         assert "Paris" in reply.text
+        # Prefix caching: the same prompt again reuses its full blocks, under the same
+        # tenant only (a cache_salt per tenant and tag).
+        again = await pool.respond(InferenceRequest.prompt("vs", "What is the capital of France?"))
+        assert (again.usage.cached_tokens or 0) > 0
+        other = await pool.respond(
+            InferenceRequest.prompt("vs", "What is the capital of France?"), tenant="other"
+        )
+        assert other.usage.cached_tokens == 0
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         await pool.unload("vs")
         assert _gone(pid)
