@@ -152,8 +152,9 @@ class LlamaPromptCache:
             live = common_prefix(_live_tokens(llama), tokens)
         saved, longest = self.store.best(key, tokens) if key is not None else (None, 0)
         if saved is not None and longest > live:
-            self._save_live(llama)
+            # Taken out first: saving the live state may evict to make room.
             self.store.take(saved)
+            self._save_live(llama)
             live = longest if _restore(llama, saved) else 0
         elif key is None or self.live_key != key:
             # Caching off, or another scope's state: evaluate from nothing. (Without
