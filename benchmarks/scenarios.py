@@ -30,6 +30,7 @@ from benchmarks.harness import (
 )
 from benchmarks.llama_cpp_direct import GGUF, QUESTION
 from benchmarks.llama_cpp_direct import main as compare_llama_cpp
+from benchmarks.prefix_cache import prefix_cache as run_prefix_cache
 from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
@@ -648,6 +649,12 @@ async def vram_swap(quick: bool) -> dict[str, Any]:
     return {"rows": rows, "raw": raw, "cdf": {"latency by policy": cdf}}
 
 
+async def prefix_cache(quick: bool) -> dict[str, Any]:
+    """Multi-turn conversations with a long system prompt: TTFT with the prefix cache
+    on and off, through the pool and with llama-server's own ``cache_prompt``."""
+    return await run_prefix_cache(quick, _llama_server_binary())
+
+
 SCENARIOS = {
     "overhead-stub": overhead_stub,
     "replicas": replicas,
@@ -659,4 +666,5 @@ SCENARIOS = {
     "soak": soak,
     "relay-capacity": relay_capacity,
     "cluster-relay": cluster_relay,
+    "prefix-cache": prefix_cache,
 }

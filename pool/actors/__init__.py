@@ -25,7 +25,12 @@ from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
 from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
-from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
+from pool.actors._request import (
+    CacheMode,
+    DecodingOverrides,
+    EmbeddingRequest,
+    InferenceRequest,
+)
 from pool.actors._snapshots import (
     FlushResult,
     GpuReading,
@@ -45,6 +50,7 @@ __all__ = [
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
     "Admission",
+    "CacheMode",
     "DecodingOverrides",
     "Delta",
     "Embedded",

@@ -66,7 +66,12 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
         ),
         backend_queue_ms=stats.queue_ms,
     )
-    return timings, Usage(prompt_tokens=stats.prompt_tokens, output_tokens=output_tokens)
+    usage = Usage(
+        prompt_tokens=stats.prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=stats.cached_tokens,
+    )
+    return timings, usage
 
 
 class Admission:

@@ -22,10 +22,15 @@ class Delta:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts; ``None`` where the backend could not tell."""
+    """Token counts; ``None`` where the backend could not tell.
+
+    ``cached_tokens``: prompt tokens the runtime's prefix cache served (``None``: it
+    keeps no cache or could not tell).
+    """
 
     prompt_tokens: int | None
     output_tokens: int | None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import dataclasses
 
 from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.backends import (
+    CacheScope,
     Capabilities,
     Decoding,
     EmbeddingJob,
@@ -148,6 +149,7 @@ def build_generation_request(
     request_id: str,
     capabilities: Capabilities,
     decoding_defaults: DecodingDefaults,
+    tenant: str = "default",
 ) -> GenerationRequest:
     """Check ``request`` against the model's capabilities and build the backend request.
 
@@ -195,6 +197,7 @@ def build_generation_request(
         tool_choice=request.tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         output_format=request.output_format,
+        cache=CacheScope(tenant, request.cache_tag, request.cache_mode != "none"),
     )
 
 

@@ -114,6 +114,28 @@ def _runtime_figures() -> Iterator[Metric]:
     )
 
 
+class _CacheHitRate(Collector):
+    """Each model's prefix-cache hit rate, from the requests whose runtime could tell."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[int]] = {}  # model -> [lookups, hits]
+
+    def record(self, model: str, cached_tokens: int) -> None:
+        counts = self.seen.setdefault(model, [0, 0])
+        counts[0] += 1
+        counts[1] += cached_tokens > 0
+
+    def collect(self) -> Iterator[Metric]:
+        rate = GaugeMetricFamily(
+            "llm_pool_cache_hit_rate",
+            "Share of requests that reused a cached prompt prefix",
+            labels=["model"],
+        )
+        for model, (lookups, hits) in sorted(self.seen.items()):
+            rate.add_metric([model], hits / lookups if lookups else 0.0)
+        yield rate
+
+
 class PoolMetrics:
     """Every metric the pool exports, in one registry."""
 
@@ -157,6 +179,20 @@ class PoolMetrics:
         self.prompt_tokens = Counter(
             "llm_pool_prompt_tokens", "Prompt tokens processed", ["model"], registry=r
         )
+        self.cache_lookups = Counter(
+            "llm_pool_cache_lookups",
+            "Requests to a runtime with a prefix cache, by outcome (hit or miss)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.cache_reused_tokens = Counter(
+            "llm_pool_cache_reused_tokens",
+            "Prompt tokens served from a prefix cache",
+            ["model"],
+            registry=r,
+        )
+        self._hit_rate = _CacheHitRate()
+        r.register(self._hit_rate)
         self.loads = Counter(
             "llm_pool_model_loads", "Model loads by outcome", ["model", "outcome"], registry=r
         )
@@ -176,6 +212,14 @@ class PoolMetrics:
             registry=r,
         )
         r.register(_LiveState(models, gpus or list))
+
+    def record_cache(self, model: str, cached_tokens: int | None) -> None:
+        """Count one request's prefix-cache outcome (nothing when the runtime cannot tell)."""
+        if cached_tokens is None:
+            return
+        self.cache_lookups.labels(model, "hit" if cached_tokens > 0 else "miss").inc()
+        self.cache_reused_tokens.labels(model).inc(cached_tokens)
+        self._hit_rate.record(model, cached_tokens)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

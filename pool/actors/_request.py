@@ -8,8 +8,11 @@ client left out stay ``None`` here and take ``engine.decoding`` defaults at inta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pool.backends import OutputFormat, TextPart, ThinkingMode, ToolChoice, ToolSpec, Turn
+
+CacheMode = Literal["prefix", "none", "auto"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,10 @@ class InferenceRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     output_format: OutputFormat | None = None
+    # X-Cache-Mode ("none" turns prefix reuse off) and X-Cache-Tag (a finer scope
+    # within the tenant); the tenant itself comes with the admission.
+    cache_mode: CacheMode = "auto"
+    cache_tag: str | None = None
 
     @classmethod
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:

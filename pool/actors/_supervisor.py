@@ -62,6 +62,7 @@ from pool.actors._vram import (
 )
 from pool.backends import (
     ALL_THINKING_MODES,
+    CacheUsage,
     Capabilities,
     EmbeddingJob,
     GenerationRequest,
@@ -293,6 +294,7 @@ class Pool:
                     request_id=request_id,
                     capabilities=actor.capabilities,
                     decoding_defaults=self.settings.engine.decoding,
+                    tenant=tenant,
                 )
                 self.rate_limiter.admit(tenant)
                 job = await inline_images(job, self.media)
@@ -392,6 +394,7 @@ class Pool:
         prompt = done.usage.prompt_tokens or 0
         self.metrics.tokens.labels(model).inc(output)
         self.metrics.prompt_tokens.labels(model).inc(prompt)
+        self.metrics.record_cache(model, done.usage.cached_tokens)
         self.rate_limiter.charge_tokens(admission.ticket.tenant, output + prompt)
 
     async def stream(self, request: InferenceRequest, **kwargs: Any) -> AsyncIterator[Event]:
@@ -470,18 +473,44 @@ class Pool:
         tenant: str | None = None,
         tag: str | None = None,
     ) -> FlushResult:
-        """Flush prompt caches; backends without one report nothing removed."""
-        actors = [self.model(model)] if scope == "model" and model else list(self.models.values())
+        """Flush prompt caches by scope; backends without one report nothing removed.
+
+        ``model`` narrows any scope to that model's replicas; ``tenant`` and ``tag``
+        narrow the ``tenant`` and ``tag`` scopes (each needs its own value).
+        """
+        actors = [self.model(model)] if model else list(self.models.values())
         entries = 0
         freed_mib = 0.0
         for actor in actors:
             for replica in actor.replicas:
                 flush = getattr(replica.runtime, "flush_cache", None)
                 if flush is not None:
-                    removed, mib = await flush(scope=scope, tenant=tenant, tag=tag)
-                    entries += removed
-                    freed_mib += mib
+                    flushed = await flush(scope=scope, tenant=tenant, tag=tag)
+                    entries += flushed.entries
+                    freed_mib += flushed.memory_mib
         return FlushResult(entries, freed_mib)
+
+    def prefix_caching(self) -> bool:
+        """Whether any loaded replica keeps a prefix cache (one the pool can flush)."""
+        return any(
+            hasattr(replica.runtime, "flush_cache")
+            for actor in self.models.values()
+            for replica in actor.replicas
+        )
+
+    def cache_usage(self) -> CacheUsage | None:
+        """The prompt caches of every loaded replica together (None: no runtime has one)."""
+        size = used = 0.0
+        found = False
+        for actor in self.models.values():
+            for replica in actor.replicas:
+                usage_of = getattr(replica.runtime, "cache_usage", None)
+                usage = usage_of() if usage_of is not None else None
+                if usage is not None:
+                    found = True
+                    size += usage.size_mib
+                    used += usage.used_mib
+        return CacheUsage(size, used) if found else None
 
     def health(self) -> PoolHealth:
         """Whether the pool serves, and why not."""

@@ -16,13 +16,25 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from pool.config import LoadRequest, validate_load_request
+from pool.config import LoadRequest, resolve_model_path, validate_load_request
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
     from pool.actors._supervisor import Pool
 
 log = logging.getLogger("pool.tasks")
+# The share of a task's progress that a download takes, when the model must be fetched.
+FETCH_SHARE = 0.9
+
+
+def _present(model_path: str | None, base_dir: str | None) -> bool:
+    """Whether ``model_path`` names a file or folder that exists."""
+    if not model_path:
+        return False
+    try:
+        return resolve_model_path(model_path, base_dir).exists()
+    except FileNotFoundError:
+        return False
 
 
 @dataclass(slots=True)
@@ -39,6 +51,10 @@ class LoadTask:
     error: str | None = None
     error_code: str | None = None
     gpu_memory_used_mb: int | None = None
+    # 0..1: the download of a model not yet in the store takes the first FETCH_SHARE
+    # (by bytes), the load the rest (it reports no steps: 1.0 once loaded).
+    progress: float = 0.0
+    phase: Literal["fetching", "loading"] = "loading"
     done: trio.Event = field(default_factory=trio.Event)
 
 
@@ -62,6 +78,8 @@ class LoadTasks:
                 raise PoolError("invalid_request", "evictModel names the model being loaded")
         validate_load_request(body, actor.definition)
         task = LoadTask(f"load-{next(self._counter)}-{secrets.token_hex(4)}", model, evict)
+        if self._needs_fetch(model):
+            task.phase = "fetching"
         self._tasks[task.task_id] = task
         while len(self._tasks) > self._max_tasks:
             self._tasks.popitem(last=False)
@@ -70,10 +88,13 @@ class LoadTasks:
 
     async def _run(self, task: LoadTask, body: LoadRequest) -> None:
         try:
+            await self._fetch(task)
+            task.phase = "loading"
             if task.evict is not None:
                 await self._pool.unload(task.evict)
             snapshot = await self._pool.load(task.model, body)
             task.status = "completed"
+            task.progress = 1.0
             task.gpu_memory_used_mb = snapshot.vram.mib
         except PoolError as exc:
             task.status = "failed"
@@ -83,6 +104,46 @@ class LoadTasks:
         finally:
             task.load_time_ms = (trio.current_time() - task.started) * 1000.0
             task.done.set()
+
+    def _needs_fetch(self, model: str) -> bool:
+        """The model has a ``source`` to pull from and no file in place yet."""
+        definition = self._pool.model(model).definition
+        return bool(definition.source) and not _present(
+            definition.model_path, self._pool.settings.base_dir
+        )
+
+    async def _fetch(self, task: LoadTask) -> None:
+        """Pull the model into the store first when it has a ``source`` and no file yet.
+
+        Raises:
+            PoolError: ``load_failed`` when the pull ends in error or is cancelled.
+        """
+        if not self._needs_fetch(task.model):
+            return
+        definition = self._pool.model(task.model).definition
+        task.phase = "fetching"
+        handle = self._pool.pulls.pull(task.model)
+        async with handle.watch() as events:
+            async for event in events:
+                total = event.get("total")
+                if total:
+                    share = min(1.0, event.get("completed", 0) / total)
+                    task.progress = round(FETCH_SHARE * share, 4)
+        final = handle.status()
+        if final["status"] != "success":
+            raise PoolError(
+                "load_failed",
+                f"fetching {task.model!r} from {definition.source} failed:"
+                f" {final.get('error') or final['status']}",
+            )
+        task.progress = FETCH_SHARE
+
+    def latest(self, model: str) -> LoadTask | None:
+        """The most recent task of ``model`` still remembered, if any."""
+        for task in reversed(self._tasks.values()):
+            if task.model == model:
+                return task
+        return None
 
     def get(self, task_id: str) -> LoadTask:
         try:

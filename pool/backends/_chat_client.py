@@ -122,6 +122,20 @@ def _upstream_message(body: bytes) -> str:
     return str(error or data)[:500]
 
 
+def _cached_tokens(usage: dict[str, Any], timings: Any) -> int | None:
+    """Prompt tokens the upstream served from its prefix cache (None: it does not say).
+
+    OpenAI-style servers (vLLM, llama-server) put them in
+    ``usage.prompt_tokens_details.cached_tokens``; llama-server also in ``timings.cache_n``.
+    """
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        return int(details["cached_tokens"])
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        return int(timings["cache_n"])
+    return None
+
+
 class UpstreamConnectionFailed(BackendError):
     """The connection failed or broke off; a retry is safe while no text was delivered."""
 
@@ -150,7 +164,7 @@ async def stream_chat(
     first_ms: float | None = None
     pieces = 0
     finish = "stop"
-    prompt_tokens = completion_tokens = None
+    prompt_tokens = completion_tokens = cached_tokens = None
     done = False
     try:
         async with transport.request("POST", path, body=payload, headers=headers) as response:
@@ -187,6 +201,7 @@ async def stream_chat(
                     if usage:
                         prompt_tokens = usage.get("prompt_tokens")
                         completion_tokens = usage.get("completion_tokens")
+                        cached_tokens = _cached_tokens(usage, chunk.get("timings"))
     except UpstreamTimeout as exc:
         raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
     except UpstreamError as exc:
@@ -195,6 +210,7 @@ async def stream_chat(
         raise BackendError(f"{what} sent a malformed stream: {exc}") from exc
     return GenerationStats(
         prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
         output_tokens=completion_tokens if completion_tokens is not None else pieces,
         time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
         generate_total_ms=round((time.perf_counter() - started) * 1000.0, 3),

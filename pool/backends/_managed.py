@@ -21,6 +21,8 @@ from pool.backends._embedding import embed_upstream
 from pool.backends._forced_calls import ScanningSink, force_with_grammar
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
+    CacheFlushed,
+    CacheUsage,
     Decoding,
     EmbeddingJob,
     EmbeddingResult,
@@ -28,6 +30,7 @@ from pool.backends._protocol import (
     GenerationStats,
     TokenSink,
 )
+from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport
@@ -72,6 +75,7 @@ class ManagedServerRuntime:
         embedding_batch: int | None = None,
         embedding_truncate: dict[str, Any] | None = None,
         grammar_calls: ToolCallFamily | None = None,
+        cache: ServerCache | None = None,
     ) -> None:
         self.process = process
         # Set for an embedding model: the most texts per /v1/embeddings request, and
@@ -80,6 +84,8 @@ class ManagedServerRuntime:
         self._embedding_truncate = embedding_truncate
         # llama-server: forced tool calls by the pool's grammar (see _forced_calls).
         self._grammar_calls = grammar_calls
+        # The server's prefix-cache strategy: scopes requests and flushes (None: none).
+        self._cache = cache
         # llama-server reads `repeat_penalty`; vLLM reads `repetition_penalty` and
         # ignores the other silently.
         self._repetition_field = repetition_field
@@ -128,6 +134,10 @@ class ManagedServerRuntime:
             body, request, self._grammar_calls
         ):
             scanning = ScanningSink(sink, self._grammar_calls, parallel=True)
+        lease = None
+        if self._cache is not None:
+            lease = self._cache.lease(request, conversation_text(body))
+            body.update(lease.fields)
         try:
             stats = await stream_chat(
                 self._upstream,
@@ -147,6 +157,9 @@ class ManagedServerRuntime:
                     f" last output: {self.process.tail()[-500:]}"
                 ) from exc
             raise
+        finally:
+            if lease is not None and self._cache is not None:
+                self._cache.release(lease)
 
     async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
         """The job's texts through the server's ``/v1/embeddings``, in batches."""
@@ -170,6 +183,35 @@ class ManagedServerRuntime:
                     f" last output: {self.process.tail()[-500:]}"
                 ) from exc
             raise
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None = None, tag: str | None = None
+    ) -> CacheFlushed:
+        """Forget the scope's cached prefixes and have the server drop them."""
+        if self._cache is None or self._closed:
+            return CacheFlushed()
+        plan = self._cache.flush(scope, tenant, tag)
+        for path in plan.posts:
+            try:
+                async with self._upstream.request(
+                    "POST", path, body=b"{}", headers=self._headers, timeout_s=30.0
+                ) as response:
+                    answer = await response.read()
+                if response.status != 200:
+                    log.warning(
+                        "%s: POST %s answered HTTP %d: %s",
+                        self.process.label,
+                        path,
+                        response.status,
+                        answer[:300],
+                    )
+            except UpstreamError as exc:
+                # Scoped requests no longer reuse what was flushed whatever the server did.
+                log.warning("%s: POST %s failed: %s", self.process.label, path, exc)
+        return CacheFlushed(plan.entries)
+
+    def cache_usage(self) -> CacheUsage | None:
+        return None
 
     async def wait_failed(self) -> str:
         """Returns when the server exits on its own (the replica then fails the model)."""
@@ -285,6 +327,7 @@ async def launch(
     embedding_batch: int | None = None,
     embedding_truncate: dict[str, Any] | None = None,
     grammar_calls: ToolCallFamily | None = None,
+    cache: ServerCache | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -305,6 +348,7 @@ async def launch(
         embedding_batch=embedding_batch,
         embedding_truncate=embedding_truncate,
         grammar_calls=grammar_calls,
+        cache=cache,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

@@ -127,6 +127,41 @@ class EmbeddingResult:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheScope:
+    """Whose prompt state a request may reuse, and whether it may reuse any.
+
+    A runtime that keeps a prefix cache reuses state only between requests of the same
+    ``(tenant, tag)``: one tenant never gets (or times) another's cached prompt.
+    ``enabled`` is false for ``X-Cache-Mode: none``: nothing is reused for the request.
+    """
+
+    tenant: str = "default"
+    tag: str | None = None
+    enabled: bool = True
+
+    @property
+    def key(self) -> tuple[str, str | None] | None:
+        """The scope entries are filed under; None when caching is off for the request."""
+        return (self.tenant, self.tag) if self.enabled else None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFlushed:
+    """What one runtime's flush removed."""
+
+    entries: int = 0
+    memory_mib: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUsage:
+    """The size and use of a runtime's prompt cache, in MiB."""
+
+    size_mib: float
+    used_mib: float
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a runtime is asked to generate; built by the pool from an API request."""
 
@@ -144,6 +179,7 @@ class GenerationRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     output_format: OutputFormat | None = None
+    cache: CacheScope = CacheScope()
 
     @property
     def offers_tools(self) -> bool:
@@ -153,9 +189,14 @@ class GenerationRequest:
 
 @dataclass(slots=True)
 class GenerationStats:
-    """What a runtime could measure about one generation; ``None`` where unknown."""
+    """What a runtime could measure about one generation; ``None`` where unknown.
+
+    ``cached_tokens`` counts prompt tokens served from the runtime's prefix cache
+    (None: the runtime keeps none, or could not tell).
+    """
 
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     output_tokens: int | None = None
     tokenize_ms: float | None = None
     time_to_first_token_ms: float | None = None
@@ -219,6 +260,20 @@ class Runtime(Protocol):
     @property
     def vram_mib(self) -> int | None:
         """VRAM this replica holds, when the runtime can tell."""
+        ...
+
+
+class PrefixCachingRuntime(Runtime, Protocol):
+    """A runtime that keeps a prompt prefix cache the pool can flush and measure."""
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None = None, tag: str | None = None
+    ) -> CacheFlushed:
+        """Drop the entries of ``scope`` (all, model, tenant, tag); what was removed."""
+        ...
+
+    def cache_usage(self) -> CacheUsage | None:
+        """The cache's size and use now (None where the runtime cannot tell)."""
         ...
 
 

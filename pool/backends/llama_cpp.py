@@ -18,12 +18,15 @@ from functools import partial
 from typing import Any, Literal
 
 import trio
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._placement import GpuPlacement
+from pool.backends._prefix_cache import LlamaPromptCache
 from pool.backends._protocol import (
     Backend,
+    CacheFlushed,
+    CacheUsage,
     Capabilities,
     EmbeddingJob,
     EmbeddingResult,
@@ -88,6 +91,11 @@ class LlamaCppModel(CommonModelFields):
         None,
         description="How the model writes tool calls (hermes, qwen3, mistral, granite);"
         " default: picked from the model's name and architecture.",
+    )
+    prefix_cache_mib: NonNegativeInt = Field(
+        256,
+        description="RAM per replica for saved prompt states of other conversations and"
+        " tenants (LRU); 0 keeps only the live context's own prefix.",
     )
 
 
@@ -176,10 +184,24 @@ class LlamaCppRuntime:
         # this replica take turns on this limiter.
         self._limiter = limiter
         self._closed = False
+        # Prompt states by tenant and tag (touched on the worker thread only).
+        self._prompt_cache = LlamaPromptCache(definition.prefix_cache_mib)
 
     @property
     def vram_mib(self) -> int | None:
         return None
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None = None, tag: str | None = None
+    ) -> CacheFlushed:
+        if self._closed or self._definition.embedding:
+            return CacheFlushed()
+        return await trio.to_thread.run_sync(
+            self._prompt_cache.flush, self._llama, scope, tenant, tag, limiter=self._limiter
+        )
+
+    def cache_usage(self) -> CacheUsage | None:
+        return None if self._definition.embedding else self._prompt_cache.usage()
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -241,6 +263,7 @@ class LlamaCppRuntime:
 
         gen_started = time.perf_counter()
         try:
+            reused = self._prompt_cache.prepare(llama, request.cache.key, tokens)
             produced, first_at, finish = self._decode(
                 tokens,
                 request,
@@ -257,6 +280,7 @@ class LlamaCppRuntime:
         ended = time.perf_counter()
         return GenerationStats(
             prompt_tokens=len(tokens),
+            cached_tokens=reused,
             output_tokens=produced,
             tokenize_ms=round(tokenize_ms, 3),
             time_to_first_token_ms=None

@@ -9,7 +9,10 @@ target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import trio
@@ -27,6 +30,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
 )
+from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
 from pool.config import CommonModelFields, resolve_model_path
@@ -184,7 +188,21 @@ def command_line(
     if placement is not None and split and not own_split:
         add("--tensor-split", ",".join(f"{share:.4f}" for share in placement.split))
     args.extend(d.llama_server_extra_args)
+    # Prefix caching under the pool's control (pool/backends/_server_cache.py): no RAM
+    # prompt cache shared by every slot (it would match across tenants), and a slot
+    # save path, without which llama-server refuses the slot erase of a flush.
+    if "--cache-ram" not in args and "-cram" not in args:
+        args.extend(["--cache-ram", "0"])
+    if "--slot-save-path" not in args:
+        args.extend(["--slot-save-path", slot_save_dir()])
     return args
+
+
+def slot_save_dir() -> str:
+    """A private directory for ``--slot-save-path`` (the pool never saves slots to it)."""
+    path = Path(tempfile.gettempdir()) / f"llm-pool-slots-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return str(path)
 
 
 class LlamaServerBackend(Backend[LlamaServerModel]):
@@ -252,6 +270,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
             grammar_calls=definition.tool_call_format or tool_call_family(model_path.name),
+            cache=SlotCache(slots(definition)),
         )
 
 

@@ -25,6 +25,7 @@ from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_b
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
     CONTEXT_FIELD,
@@ -109,6 +110,13 @@ def command_line(
     return args
 
 
+def _with_cached_token_counts(args: list[str]) -> list[str]:
+    """``args`` asking vLLM to report ``prompt_tokens_details.cached_tokens``, which the
+    pool's ``X-Cache-Tokens-Reused`` comes from (vLLM leaves it out by default)."""
+    flag = "--enable-prompt-tokens-details"
+    return args if flag in args else [*args, flag]
+
+
 class VllmServeBackend(Backend[VllmServeModel]):
     config = VllmServeModel
     # Tensor parallelism shards every layer evenly: a split takes equal shares.
@@ -146,9 +154,12 @@ class VllmServeBackend(Backend[VllmServeModel]):
         port = definition.vllm_serve_port or free_port(definition.vllm_serve_host)
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
-            command_line(definition, binary, model, port, context.model_name, context.placement),
+            _with_cached_token_counts(
+                command_line(definition, binary, model, port, context.model_name, context.placement)
+            ),
+            # Dev mode serves /reset_prefix_cache, which a cache flush calls.
             child_environment(
-                definition.vllm_serve_env,
+                {"VLLM_SERVER_DEV_MODE": "1", **definition.vllm_serve_env},
                 definition.vllm_serve_library_path,
                 context.placement,
             ),
@@ -164,6 +175,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
             # -1: cut a text to the model's length (Ollama's truncate, the default).
             embedding_truncate={"truncate_prompt_tokens": -1},
+            # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
+            # keeps each scope's cached blocks its own.
+            cache=SaltCache(),
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from quart import Response, g, has_request_context, request, websocket
 from werkzeug.datastructures import Headers
 
-from pool.actors import InferenceRequest
+from pool.actors import CacheMode, InferenceRequest
 from pool.backends import Turn
 from pool.errors import PoolError
 
@@ -223,28 +224,48 @@ def require(ctx: AppContext, access: Access) -> None:
     ctx.auth.check_bearer(headers().get("authorization"), access)
 
 
-_CACHE_MODES = ("prefix", "none", "auto")
+_CACHE_MODES: dict[str, CacheMode] = {"prefix": "prefix", "none": "none", "auto": "auto"}
 
 
-def cache_headers_in() -> None:
-    """Validate ``X-Cache-Mode`` / ``X-Cache-Tag`` (no backend here keeps a prefix cache)."""
-    sent = headers()
-    mode = sent.get("x-cache-mode")
-    if mode is not None and mode.strip().lower() not in _CACHE_MODES:
-        raise PoolError("invalid_request", "X-Cache-Mode must be prefix, none or auto")
-    tag = sent.get("x-cache-tag")
+def cache_headers_in() -> tuple[CacheMode, str | None]:
+    """``X-Cache-Mode`` and ``X-Cache-Tag`` (400 when malformed).
+
+    ``prefix`` and ``auto`` (the default) both reuse a cached prefix where the runtime
+    keeps one; ``none`` reuses nothing. The tag scopes entries within the tenant.
+    """
+    raw = headers().get("x-cache-mode")
+    mode: CacheMode = "auto"
+    if raw is not None:
+        found = _CACHE_MODES.get(raw.strip().lower())
+        if found is None:
+            raise PoolError("invalid_request", "X-Cache-Mode must be prefix, none or auto")
+        mode = found
+    tag = headers().get("x-cache-tag")
     if tag is not None and (len(tag) > 64 or not tag.isprintable()):
         raise PoolError(
             "invalid_request", "X-Cache-Tag must be printable and at most 64 characters"
         )
+    return mode, tag or None
 
 
-def inference_headers(queue_wait_ms: float, gpu_ms: float | None) -> dict[str, str]:
+def with_cache(request: InferenceRequest, cache: tuple[CacheMode, str | None]) -> InferenceRequest:
+    """``request`` with the cache mode and tag read by :func:`cache_headers_in`."""
+    mode, tag = cache
+    if mode == request.cache_mode and tag == request.cache_tag:
+        return request
+    return dataclasses.replace(request, cache_mode=mode, cache_tag=tag)
+
+
+def inference_headers(
+    queue_wait_ms: float, gpu_ms: float | None, cached_tokens: int | None = None
+) -> dict[str, str]:
+    """The runner API's answer headers; the cache figures are what the runtime reused."""
+    reused = cached_tokens or 0
     return {
         "X-Queue-Wait-Ms": str(round(queue_wait_ms)),
         "X-GPU-Time-Ms": str(round(gpu_ms or 0)),
-        "X-Cache-Hit": "false",
-        "X-Cache-Tokens-Reused": "0",
+        "X-Cache-Hit": "true" if reused > 0 else "false",
+        "X-Cache-Tokens-Reused": str(reused),
     }
 
 

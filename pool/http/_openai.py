@@ -45,6 +45,7 @@ from pool.http._common import (
     require,
     retry_after,
     tenant_and_priority,
+    with_cache,
 )
 from pool.http._streaming import admitted_stream
 from pool.http._tools import chat_call, chat_output_format, chat_tools, tool_choice
@@ -235,14 +236,18 @@ def _call_delta(piece: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
-def _usage(finished: Finished) -> dict[str, int]:
+def _usage(finished: Finished) -> dict[str, Any]:
     prompt = finished.usage.prompt_tokens or 0
     completion = finished.usage.output_tokens or 0
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if finished.usage.cached_tokens is not None:
+        # OpenAI's own field for prompt tokens served from its prompt cache.
+        usage["prompt_tokens_details"] = {"cached_tokens": finished.usage.cached_tokens}
+    return usage
 
 
 # Every streamed token takes the path below: the chunk is encoded once per stream around
@@ -288,8 +293,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """OpenAI Chat Completions, plain or streamed (``stream_options.include_usage``)."""
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
+        cache = cache_headers_in()
         body = await read_body(ChatCompletionRequest)
-        request = inference_request(body)
+        request = with_cache(inference_request(body), cache)
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
@@ -311,7 +317,11 @@ def register(app: Quart, ctx: AppContext) -> None:
                     ],
                     "usage": _usage(finished),
                 },
-                headers={"X-Queue-Wait-Ms": str(round(admission.queue_wait_ms))},
+                headers=inference_headers(
+                    admission.queue_wait_ms,
+                    finished.timings.backend_ms,
+                    finished.usage.cached_tokens,
+                ),
             )
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -393,9 +403,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """OpenAI's legacy Completions: plain, or streamed as ``text_completion`` chunks."""
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
-        cache_headers_in()
+        cache = cache_headers_in()
         body = await read_body(CompletionRequest)
-        requests = completion_requests(body)
+        requests = [with_cache(r, cache) for r in completion_requests(body)]
         completion_id = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
 
@@ -405,6 +415,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         if not body.stream:
             choices = []
             prompt_tokens = completion_tokens = 0
+            cached_tokens: int | None = None
             queue_wait_ms = gpu_ms = 0.0
             for index, request in enumerate(requests):
                 async with pool.admit(request, tenant=tenant, priority=priority) as admission:
@@ -413,9 +424,11 @@ def register(app: Quart, ctx: AppContext) -> None:
                 usage = _usage(finished)
                 prompt_tokens += usage["prompt_tokens"]
                 completion_tokens += usage["completion_tokens"]
+                if finished.usage.cached_tokens is not None:
+                    cached_tokens = (cached_tokens or 0) + finished.usage.cached_tokens
                 queue_wait_ms += admission.queue_wait_ms
                 gpu_ms += finished.timings.backend_ms or 0.0
-            headers = inference_headers(queue_wait_ms, gpu_ms)
+            headers = inference_headers(queue_wait_ms, gpu_ms, cached_tokens)
             headers.update(pool.rate_limiter.headers(tenant))
             return json_response(
                 {
@@ -428,6 +441,11 @@ def register(app: Quart, ctx: AppContext) -> None:
                         "prompt_tokens": prompt_tokens,
                         "completion_tokens": completion_tokens,
                         "total_tokens": prompt_tokens + completion_tokens,
+                        **(
+                            {}
+                            if cached_tokens is None
+                            else {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
+                        ),
                     },
                 },
                 headers=headers,

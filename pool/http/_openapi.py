@@ -107,9 +107,12 @@ ROUTES: list[Route] = [
      " `response.loading` (`progress` 0..1, null where unknown); its timeout is then an"
      " `error` event. `queue_timeout` errors carry `waiting_for`. The same path accepts a"
      " WebSocket (see `GET /v1/responses`)."
-     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode`, `X-Cache-Tag`;"
-     " responses carry `X-Request-Id`, `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`,"
-     " `X-Cache-Tokens-Reused`. Images are inlined before queueing: `data:` URLs always,"
+     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode` (prefix/auto"
+     " reuse the scope's cached prefix, none reuses nothing), `X-Cache-Tag` (cached state is"
+     " shared only within one tenant and tag); responses carry `X-Request-Id`,"
+     " `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`, `X-Cache-Tokens-Reused` (prompt"
+     " tokens the runtime reused; on a stream, only `metrics.engine_cached_prompt_tokens`"
+     " knows). Images are inlined before queueing: `data:` URLs always,"
      " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
      " and from public addresses; a refusal is 400 `image_refused` with a `reason`."
      " Function tools (`tools`, `tool_choice`; `function_call`/`function_call_output` items in"
@@ -182,18 +185,25 @@ ROUTES: list[Route] = [
      " as in /health.", reply=RunnerDescriptor),
     Route("post", "/v1/models/load", "runner", "Start an asynchronous load",
      "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
-     " `verifiedOpToken` where configured.", RunnerLoadRequest, 202, reply=LoadTaskState),
+     " `verifiedOpToken` where configured. A model with a `source` that is not in the store"
+     " yet is pulled first (the task's `phase` is `fetching`, its progress follows the"
+     " bytes).", RunnerLoadRequest, 202, reply=LoadTaskState),
     Route("get", "/v1/models/load/{task_id}", "runner", "Load task status",
      "`loading`, `completed` or `failed`, with `loadTimeMs`.", reply=LoadTaskState),
     Route("post", "/v1/models/unload", "runner", "Unload (runner API)",
      "Graceful unload; says how much memory the model held.", RunnerUnloadRequest,
      reply=RunnerUnloaded),
     Route("post", "/v1/cache/flush", "runner", "Flush prompt caches",
-     "Scopes `all`, `model`, `tenant`, `tag`; backends without a prompt cache report 0.",
+     "Scopes `all`, `model` (`modelId`), `tenant` (`tenantId`, narrowed by `tag`) and `tag`"
+     " (`tag`, narrowed by `tenantId`); `modelId` narrows any scope. Answers the entries"
+     " removed (saved states, llama-server slots, vLLM salt scopes) and the memory freed;"
+     " backends without a prompt cache report 0.",
      CacheFlushRequest, reply=CacheFlushed),
     Route("post", "/v1/chat/completions", "openai", "Chat Completions (OpenAI)",
      "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`;"
-     " `chat.completion.chunk` events, then `data: [DONE]`). Sampling"
+     " `chat.completion.chunk` events, then `data: [DONE]`). Prefix cache headers as"
+     " `/v1/responses`; `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens"
+     " the runtime reused. Sampling"
      " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
      " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes (the idle time of an"
      " on-demand model; 0 unloads it after the request). An embedding model"

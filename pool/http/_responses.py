@@ -42,6 +42,7 @@ from pool.http._common import (
     schema_error_response,
     tenant_and_priority,
     validate,
+    with_cache,
 )
 from pool.http._streaming import admitted_stream
 from pool.http._tools import responses_output_format, responses_tools, tool_choice
@@ -163,6 +164,7 @@ def response_metrics(finished: Finished) -> ResponseMetrics:
         gpu_decode_after_first_token_ms=t.decode_after_first_token_ms,
         engine_prompt_tokens=usage.prompt_tokens,
         engine_output_tokens=usage.output_tokens,
+        engine_cached_prompt_tokens=usage.cached_tokens,
         engine_tokens_per_second=t.tokens_per_second,
     )
 
@@ -309,9 +311,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Run a request: one JSON envelope, or Server-Sent Events with ``stream: true``."""
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
-        cache_headers_in()
+        cache = cache_headers_in()
         body = await read_body(ResponseRequest)
-        request = inference_request(body)
+        request = with_cache(inference_request(body), cache)
         started = time.perf_counter()
         rid = request_id()
 
@@ -323,7 +325,9 @@ def register(app: Quart, ctx: AppContext) -> None:
                 finished = await admission.collect()
             reply = envelope(admission, finished)
             reply.metrics.pool_total_wall_ms = round(elapsed_ms(), 3)
-            headers = inference_headers(admission.queue_wait_ms, finished.timings.backend_ms)
+            headers = inference_headers(
+                admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
+            )
             headers.update(pool.rate_limiter.headers(tenant))
             log.info(
                 "request_id=%s model=%s tenant=%s status=200 ms=%.1f",

@@ -56,8 +56,11 @@ def load_task_body(task: LoadTask) -> dict[str, Any]:
         "status": task.status,
         "modelId": task.model,
         "createdAt": math.floor(task.created_at),
-        "progress": 1.0 if task.status == "completed" else 0.0,
+        "progress": task.progress,
     }
+    if task.status == "loading":
+        # "fetching": the model is being pulled into the store first.
+        body["phase"] = task.phase
     if task.evict:
         body["evictModel"] = task.evict
     if task.load_time_ms is not None:
@@ -81,6 +84,17 @@ def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
     }
 
 
+def _fetching(pool: Pool, model: str) -> bool:
+    task = pool.load_tasks.latest(model)
+    return task is not None and task.status == "loading" and task.phase == "fetching"
+
+
+def _load_progress(pool: Pool, model: str) -> float | None:
+    """The progress of the model's running load task (None: loaded another way)."""
+    task = pool.load_tasks.latest(model)
+    return task.progress if task is not None and task.status == "loading" else None
+
+
 def capabilities_body(ctx: AppContext) -> dict[str, Any]:
     """The runner descriptor of ``GET /v1/capabilities``."""
     pool = ctx.pool
@@ -89,15 +103,17 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
     gpus = view.gpus
     queue = pool.queue_stats()
     health = pool.health()
+    cache = pool.cache_usage()
+    readings = [g.utilization for g in gpus if g.utilization is not None]
     body: dict[str, Any] = {
         "runnerType": f"llm-pool-{__version__}",
         "runnerId": ctx.settings.service.runner_id or socket.gethostname(),
         "models": {
             "loaded": [_loaded_model(s) for s in snapshots if s.state == "loaded"],
             "loading": [
-                {"id": s.name, "progress": None, "eta": None}
+                {"id": s.name, "progress": _load_progress(pool, s.name), "eta": None}
                 for s in snapshots
-                if s.state == "loading"
+                if s.state == "loading" or _fetching(pool, s.name)
             ],
             "available": [s.name for s in snapshots if s.state in ("unloaded", "failed")],
         },
@@ -106,6 +122,14 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
             "gpuMemoryTotalMB": sum(g.total_mib for g in gpus),
             "gpuMemoryUsedMB": sum(g.used_mib for g in gpus),
             "gpuMemoryFreeMB": sum(g.total_mib - g.used_mib for g in gpus),
+            # NVML's busy share over its last sample period, averaged over the GPUs.
+            "gpuUtilization": round(sum(readings) / len(readings), 3) if readings else None,
+            # The prompt caches the pool manages (llama_cpp's saved states); null where
+            # no loaded runtime can tell.
+            "kvCacheSizeMB": None if cache is None else round(cache.size_mib),
+            "kvCacheUtilization": (
+                round(cache.used_mib / cache.size_mib, 3) if cache and cache.size_mib else None
+            ),
             "error": None if gpus else view.error,
         },
         "queue": {
@@ -116,7 +140,7 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
         },
         "capabilities": {
             "streaming": True,
-            "prefixCaching": False,
+            "prefixCaching": pool.prefix_caching(),
             "multiTenant": True,
             "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
             "audioInput": False,

@@ -154,6 +154,11 @@ class ResponseMetrics(BaseModel):
     gpu_generate_total_ms: float | None = None
     gpu_decode_after_first_token_ms: float | None = None
     engine_prompt_tokens: int | None = None
+    engine_cached_prompt_tokens: int | None = Field(
+        None,
+        description="Prompt tokens served from the runtime's prefix cache (null: it keeps"
+        " none or cannot tell); a streamed answer's headers precede it, so it is here.",
+    )
     engine_output_tokens: int | None = None
     engine_tokens_per_second: float | None = None
 

@@ -7,6 +7,7 @@ from typing import Any
 import trio
 
 from pool import InferenceRequest, Pool, PoolError, request_from_responses
+from pool.backends import CacheFlushed
 from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import Settings, build_settings
 
@@ -54,11 +55,9 @@ class CachingRuntime(StubRuntime):
 
     flushes: list[tuple[str, str | None, str | None]] = []
 
-    async def flush_cache(
-        self, *, scope: str, tenant: str | None, tag: str | None
-    ) -> tuple[int, float]:
+    async def flush_cache(self, *, scope: str, tenant: str | None, tag: str | None) -> CacheFlushed:
         self.flushes.append((scope, tenant, tag))
-        return 3, 1.5
+        return CacheFlushed(3, 1.5)
 
 
 _stub_load = StubBackend.load

