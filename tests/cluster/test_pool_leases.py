@@ -143,7 +143,11 @@ async def test_an_admin_load_that_a_lease_leaves_no_room_for_fails(
 
 async def test_pools_sharing_a_gpu_never_oversubscribe_it(redis_server: RedisServer) -> None:
     """Three pools, each free to fill the whole virtual GPU by itself, on one shared GPU:
-    at every change of any model, the three together hold no more than the budget."""
+    at every change of any model, the three together hold no more than the budget.
+
+    test_shared_gpu.py runs the same with three serve processes but can only sample the
+    ledger's leases; in one process the pools' own memory accounting (what they would
+    allocate) is read at every change, so a load that ran ahead of its lease shows."""
     models = {
         name: on_demand(3000, keep_alive=0.2, stub_load_seconds=0.05, stub_reply="ok")
         for name in ("m0", "m1", "m2")
