@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,19 @@ def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "state"
     monkeypatch.setenv("LLM_POOL_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> str:
+    """The cached llama-server (LLM_POOL_LLAMA_SERVER, which scripts/test exports), else
+    built on first use by scripts/build-llama-server (several minutes, once per machine)."""
+    if path := os.environ.get("LLM_POOL_LLAMA_SERVER"):
+        return path
+    result = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parents[1] / "scripts" / "build-llama-server")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +25,7 @@ from .streaming import assert_streams
 from .test_process import _gone, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
-ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def binary() -> str:
-    """The cached llama-server; builds it on first use (several minutes, once per machine)."""
-    if path := os.environ.get("LLM_POOL_LLAMA_SERVER"):
-        return path
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-llama-server")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip()
 
 
 def _settings(binary: str, **extra: Any) -> Any:
@@ -70,8 +53,8 @@ def _ask(model: str = "ls", **fields: Any) -> InferenceRequest:
     return request_from_responses({"model": model, "input": QUESTION, **fields})
 
 
-async def test_paris_streaming_and_unload(binary: str) -> None:
-    async with open_pool(_settings(binary)) as pool:
+async def test_paris_streaming_and_unload(llama_server_binary: str) -> None:
+    async with open_pool(_settings(llama_server_binary)) as pool:
         assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
         assert "Paris" in (await pool.respond(_ask())).text
         await assert_streams(
@@ -82,8 +65,8 @@ async def test_paris_streaming_and_unload(binary: str) -> None:
         assert _gone(pid)
 
 
-async def test_killing_the_server_mid_stream(binary: str) -> None:
-    async with open_pool(_settings(binary)) as pool:
+async def test_killing_the_server_mid_stream(llama_server_binary: str) -> None:
+    async with open_pool(_settings(llama_server_binary)) as pool:
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         deltas = 0
         events = []
@@ -102,8 +85,8 @@ async def test_killing_the_server_mid_stream(binary: str) -> None:
         assert "exited with status -9" in pool.snapshot("ls").last_error
 
 
-async def test_openai_remote_against_the_server(binary: str) -> None:
-    async with open_pool(_settings(binary)) as pool:
+async def test_openai_remote_against_the_server(llama_server_binary: str) -> None:
+    async with open_pool(_settings(llama_server_binary)) as pool:
         url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
         remote = build_settings(
             {
@@ -134,8 +117,10 @@ async def test_openai_remote_against_the_server(binary: str) -> None:
             assert info.value.code == "remote_not_allowed"
 
 
-def test_kill_9_of_the_pool_leaves_no_llama_server(binary: str, tmp_path: Path) -> None:
-    assert_killed_pool_leaves_no_server(_settings(binary), "ls", tmp_path)
+def test_kill_9_of_the_pool_leaves_no_llama_server(
+    llama_server_binary: str, tmp_path: Path
+) -> None:
+    assert_killed_pool_leaves_no_server(_settings(llama_server_binary), "ls", tmp_path)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -143,10 +128,10 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
 
 
-async def test_the_server_runs_on_the_gpus_it_was_placed_on(binary: str) -> None:
+async def test_the_server_runs_on_the_gpus_it_was_placed_on(llama_server_binary: str) -> None:
     """Two virtual GPUs: a replica of 1.5 GPUs is split; the real server's environment
     names both, and it still answers (CUDA_VISIBLE_DEVICES is moot on a CPU build)."""
-    config = _settings(binary, vram_mb=1500).model_dump()
+    config = _settings(llama_server_binary, vram_mb=1500).model_dump()
     config["engine"]["gpu_budget_mib"] = [1000, 1000]
     async with open_pool(build_settings(config)) as pool:
         assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error

@@ -17,8 +17,6 @@ from pool.backends import free_port
 from pool.backends.llama_server import LlamaServerModel, command_line
 from pool.config import build_settings
 
-from .test_llama_server import binary  # noqa: F401  (the module-scoped fixture)
-
 pytestmark = pytest.mark.real_model
 # SmolLM2-135M's hidden size: the width of its pooled vectors.
 SMOLLM2_DIMENSION = 576
@@ -76,9 +74,9 @@ def test_embedding_flags_on_the_command_line() -> None:
 
 async def test_sixteen_inputs_with_the_official_clients(
     nursery: trio.Nursery,
-    binary: str,  # noqa: F811
+    llama_server_binary: str,
 ) -> None:
-    info = await _serve(nursery, binary)
+    info = await _serve(nursery, llama_server_binary)
     assert info.pool.snapshot("emb").state == "loaded", info.pool.snapshot("emb").last_error
     client = openai.AsyncOpenAI(base_url=info.url + "/v1", api_key="unused", max_retries=0)
     # The client asks for base64 by default and decodes it.

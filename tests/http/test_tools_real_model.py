@@ -9,8 +9,6 @@ grammar, so even a 135M model produces valid calls.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -324,30 +322,15 @@ async def _responses_round_trip(http: httpx.AsyncClient) -> None:
     assert Capital.model_validate_json(structured.json()["output_text"]).city == "Paris"
 
 
-@pytest.fixture(scope="module")
-def llama_server() -> str:
-    """The cached llama-server; builds it on first use (several minutes, once per machine)."""
-    if path := os.environ.get("LLM_POOL_LLAMA_SERVER"):
-        return path
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-llama-server")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip()
-
-
 async def test_llama_server_tools_and_structured_output(
-    nursery: trio.Nursery, llama_server: str
+    nursery: trio.Nursery, llama_server_binary: str
 ) -> None:
     info = await start_server(
         nursery,
         {
             "ls": {
                 "backend": "llama_server",
-                "llama_server_binary": llama_server,
+                "llama_server_binary": llama_server_binary,
                 "model_path": GGUF,
                 "prompt_format": "qwen3_template",
                 "llama_server_chat_template_file": str(TEMPLATE),
