@@ -14,6 +14,7 @@ from pool.backends._upstream import (
     UpstreamError,
     UpstreamTimeout,
     sse_batches,
+    upstream_message,
 )
 from pool.errors import BackendError, PoolError
 
@@ -111,17 +112,6 @@ def _call_pieces(deltas: Any) -> list[ToolCallDelta]:
     return pieces
 
 
-def _upstream_message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:500]
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)[:500]
-    return str(error or data)[:500]
-
-
 def _cached_tokens(usage: dict[str, Any], timings: Any) -> int | None:
     """Prompt tokens the upstream served from its prefix cache (None: it does not say).
 
@@ -169,7 +159,7 @@ async def stream_chat(
     try:
         async with transport.request("POST", path, body=payload, headers=headers) as response:
             if response.status != 200:
-                message = _upstream_message(await response.read())
+                message = upstream_message(await response.read())
                 raise BackendError(f"{what} answered HTTP {response.status}: {message}")
             # Read on past [DONE] to the end of the body, so the connection can be reused.
             async for batch in sse_batches(response.chunks()):
@@ -181,7 +171,7 @@ async def stream_chat(
                         break
                     chunk = json.loads(data)
                     if "error" in chunk:
-                        raise BackendError(f"{what} failed mid-stream: {_upstream_message(data)}")
+                        raise BackendError(f"{what} failed mid-stream: {upstream_message(data)}")
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
                         text = delta.get("content")

@@ -16,7 +16,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pool.backends._protocol import EmbeddingJob, EmbeddingResult
-from pool.backends._upstream import Transport, UpstreamError, UpstreamTimeout
+from pool.backends._upstream import (
+    Transport,
+    UpstreamError,
+    UpstreamTimeout,
+    upstream_message,
+)
 from pool.errors import BackendError, PoolError
 
 # The pooling types llama.cpp and vLLM both know (as llama-server's --pooling spells them).
@@ -52,17 +57,6 @@ class PooledEmbeddingFields(EmbeddingFields):
         description="How the server pools token vectors into one; default: the model's own"
         " (a causal chat model such as SmolLM2 needs `mean`).",
     )
-
-
-def _message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:500]
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)[:500]
-    return str(error or data)[:500]
 
 
 def _vectors(reply: Any, count: int, what: str) -> list[tuple[float, ...]]:
@@ -119,10 +113,11 @@ async def embed_upstream(
         if 400 <= response.status < 500 and response.status not in (401, 403, 404, 429):
             # The input itself was refused: the client's to fix, not a broken backend.
             raise PoolError(
-                "invalid_request", f"model {job.model!r}: {what} refused the input: {_message(raw)}"
+                "invalid_request",
+                f"model {job.model!r}: {what} refused the input: {upstream_message(raw)}",
             )
         if response.status != 200:
-            raise BackendError(f"{what} answered HTTP {response.status}: {_message(raw)}")
+            raise BackendError(f"{what} answered HTTP {response.status}: {upstream_message(raw)}")
         try:
             reply = json.loads(raw)
         except ValueError as exc:

@@ -14,6 +14,7 @@ taken), :class:`UpstreamTimeout` and :class:`UpstreamBroken` (the exchange broke
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Protocol
@@ -504,3 +505,16 @@ __all__ = [
     "sse_batches",
     "sse_data",
 ]
+
+
+def upstream_message(body: bytes) -> str:
+    """The message of an upstream's error body (OpenAI's ``{"error": {"message"}}`` or
+    anything else), cut to 500 characters for logs and client errors."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:500]
+    return str(error or data)[:500]
