@@ -18,7 +18,9 @@ left behind:
   requests of one salt. ``X-Cache-Mode: none`` gets a salt of its own. vLLM cannot
   drop one salt's blocks, so a tenant or tag flush moves the scope to a new salt (the
   old blocks are never matched again and age out); ``all``/``model`` also call
-  ``/reset_prefix_cache`` (served when ``VLLM_SERVER_DEV_MODE=1``).
+  ``/reset_prefix_cache`` (served when ``VLLM_SERVER_DEV_MODE=1``). The in-process
+  ``vllm`` backend uses the same salts (:meth:`SaltCache.salt`, :meth:`SaltCache.rotate`)
+  in its engine prompts and resets the engine's prefix cache itself.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pool.backends._prefix_cache import ScopeKey, scope_matches
-from pool.backends._protocol import GenerationRequest
+from pool.backends._protocol import CacheScope, GenerationRequest
 
 # Conversations are compared on this many leading characters at most.
 _COMPARED_CHARS = 65_536
@@ -138,29 +140,42 @@ class SlotCache(ServerCache):
 
 
 class SaltCache(ServerCache):
-    """A ``cache_salt`` per scope for vLLM; see the module's description."""
+    """A ``cache_salt`` per scope for vLLM; see the module's description.
+
+    Used by ``vllm_serve`` (the salt goes in the request body) and by the in-process
+    ``vllm`` backend (it goes in the engine prompt) alike.
+    """
 
     def __init__(self) -> None:
         # Each scope seen, with its flush generation.
         self._generation: dict[ScopeKey, int] = {}
         self._secret = uuid.uuid4().hex
 
-    def lease(self, request: GenerationRequest, text: str) -> Lease:
-        key = request.cache.key
+    def salt(self, cache: CacheScope) -> str:
+        """The ``cache_salt`` of a request of scope ``cache`` (a fresh one when it is off)."""
+        key = cache.key
         if key is None:
-            return Lease({"cache_salt": uuid.uuid4().hex})
+            return uuid.uuid4().hex
         generation = self._generation.setdefault(key, 0)
         # Hashed with a per-process secret: tenant names never reach vLLM's logs, and a
         # client cannot forge another scope's salt.
         raw = f"{self._secret}\0{key[0]}\0{key[1] or ''}\0{generation}".encode()
-        return Lease({"cache_salt": hashlib.sha256(raw).hexdigest()})
+        return hashlib.sha256(raw).hexdigest()
 
-    def flush(self, scope: str, tenant: str | None, tag: str | None) -> FlushPlan:
-        plan = FlushPlan()
+    def rotate(self, scope: str, tenant: str | None, tag: str | None) -> int:
+        """Move every scope a flush of ``scope`` takes to a new salt; how many moved."""
+        moved = 0
         for key in list(self._generation):
             if scope_matches(key, scope, tenant, tag):
                 self._generation[key] += 1
-                plan.entries += 1
+                moved += 1
+        return moved
+
+    def lease(self, request: GenerationRequest, text: str) -> Lease:
+        return Lease({"cache_salt": self.salt(request.cache)})
+
+    def flush(self, scope: str, tenant: str | None, tag: str | None) -> FlushPlan:
+        plan = FlushPlan(self.rotate(scope, tenant, tag))
         if scope in ("all", "model"):
             plan.posts.append("/reset_prefix_cache")
         return plan

@@ -255,6 +255,37 @@ def _tokenizer_facts(engine: Any) -> TokenizerFacts:
     )
 
 
+def kv_cache_mib(vllm_config: Any) -> float | None:
+    """The size of the engine's KV cache: its blocks times what one block holds.
+
+    ``num_gpu_blocks`` is what the engine core allocated (on CPU too), reported back
+    when it started. None where the shape cannot be read (the cache size is then
+    left out of the capabilities rather than guessed).
+    """
+    try:
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+        cache, model = vllm_config.cache_config, vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        blocks = int(cache.num_gpu_blocks or 0)
+        if blocks <= 0:
+            return None
+        dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, model)
+        # Keys and values, per layer, per KV head, per position of a block.
+        per_block = (
+            2
+            * model.get_num_layers(parallel)
+            * model.get_num_kv_heads(parallel)
+            * model.get_head_size()
+            * int(cache.block_size)
+            * dtype.itemsize
+        )
+        return float(blocks * per_block) / _MIB
+    except Exception:  # a model shape this arithmetic does not fit
+        log.debug("the KV cache size could not be computed", exc_info=True)
+        return None
+
+
 def _finish_reason(reason: str | None) -> FinishReason:
     if reason == "length":
         return "length"
@@ -278,6 +309,10 @@ def job_stats(output: Any, deltas: int) -> GenerationStats:
         output_tokens=deltas,
         finish_reason=_finish_reason(completion.finish_reason),
     )
+    # Prompt tokens the engine's prefix cache served (automatic prefix caching).
+    cached = getattr(output, "num_cached_tokens", None)
+    if isinstance(cached, int):
+        stats.cached_tokens = cached
     if metrics is None:
         return stats
     if metrics.num_generation_tokens:
@@ -305,6 +340,8 @@ class EngineHost:
         self.name = name
         self.counts = SchedulerCounts()
         self.tokenizer: TokenizerFacts | None = None
+        # The engine's KV cache (its prefix cache lives in it), once it started.
+        self.kv_cache_mib: float | None = None
         self.processes: tuple[EngineProcess, ...] = ()
         self.failure: str | None = None
         self._thread: threading.Thread | None = None
@@ -450,6 +487,7 @@ class EngineHost:
                 disable_log_stats=True,
             )
             self.tokenizer = _tokenizer_facts(engine)
+            self.kv_cache_mib = kv_cache_mib(engine.vllm_config)
         except Exception as exc:  # noqa: BLE001 - start() raises it as a BackendError
             self._start_error = exc
             return

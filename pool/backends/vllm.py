@@ -11,7 +11,10 @@ type it does not know, a context longer than the model's) fails the load with 40
 
 A request is rendered by the pool's prompt format (or the model's own chat template,
 ``prompt_format: model_template``), tokenized by vLLM's renderer and streamed back in
-deltas. vLLM batches: a replica admits ``vllm_max_num_seqs`` requests at once (see
+deltas, with a ``cache_salt`` per tenant and tag so vLLM's automatic prefix caching
+(left on) reuses blocks only within a scope (the salts of ``vllm_serve``,
+:class:`~pool.backends._server_cache.SaltCache`). vLLM batches: a replica admits
+``vllm_max_num_seqs`` requests at once (see
 :func:`~pool.backends._vllm_fields.replica_concurrency`), the rest wait in the pool's
 queue where priorities and fairness apply.
 """
@@ -29,12 +32,15 @@ import trio
 from pool.backends._managed import SERVER_SAMPLING
 from pool.backends._protocol import (
     Backend,
+    CacheFlushed,
+    CacheUsage,
     Capabilities,
     GenerationRequest,
     GenerationStats,
     LoadContext,
     TokenSink,
 )
+from pool.backends._server_cache import SaltCache
 from pool.backends._vllm_engine import (
     CLOSE_TIMEOUT_S,
     EngineHost,
@@ -168,6 +174,9 @@ class VllmRuntime:
         # Rendering (a model's template can be slow) takes turns on this thread limiter.
         self._limiter = limiter
         self._closed = False
+        # Automatic prefix caching is on (vLLM's default); a salt per tenant and tag
+        # keeps each scope's cached blocks its own.
+        self._salts = SaltCache()
         self.rss_before_engine_mib = rss_before_engine_mib
         self.rss_loaded_mib = rss_mib()
         self.rss_after_close_mib: float | None = None
@@ -203,11 +212,7 @@ class VllmRuntime:
         if self._closed:
             raise BackendError("the vllm runtime is closed")
         rendered = await trio.to_thread.run_sync(self._render, request, limiter=self._limiter)
-        job = EngineJob(
-            request_id=f"{request.request_id}-{next(_request_numbers)}",
-            prompt={"prompt": rendered.text},
-            sampling=sampling_arguments(request, rendered),
-        )
+        job = self.engine_job(request, rendered)
         self._host.submit(job)
         try:
             await job.stream.deliver(sink)
@@ -218,6 +223,51 @@ class VllmRuntime:
                 self._host.cancel(job)
         assert job.stats is not None
         return job.stats
+
+    def engine_job(self, request: GenerationRequest, rendered: RenderedPrompt) -> EngineJob:
+        """What the engine is handed for ``request``: its prompt with the scope's salt."""
+        return EngineJob(
+            request_id=f"{request.request_id}-{next(_request_numbers)}",
+            # vLLM shares cached blocks only between prompts of one salt.
+            prompt={"prompt": rendered.text, "cache_salt": self._salts.salt(request.cache)},
+            sampling=sampling_arguments(request, rendered),
+        )
+
+    async def flush_cache(
+        self, *, scope: str, tenant: str | None = None, tag: str | None = None
+    ) -> CacheFlushed:
+        """Forget the scope's cached prefixes.
+
+        vLLM cannot drop one salt's blocks: a tenant or tag flush moves each matching
+        scope to a new salt (its old blocks are never matched again and age out of the
+        cache); ``all`` and ``model`` also empty the engine's prefix cache.
+        """
+        if self._closed:
+            return CacheFlushed()
+        entries = self._salts.rotate(scope, tenant, tag)
+        if scope not in ("all", "model"):
+            return CacheFlushed(entries)
+
+        async def reset(engine: Any) -> bool:
+            return bool(await engine.reset_prefix_cache())
+
+        try:
+            emptied = await self._host.run_on_engine(reset)
+        except Exception as exc:  # noqa: BLE001 - the salts moved all the same
+            log.warning("vllm %s: the prefix cache reset failed: %s", self._host.name, exc)
+            return CacheFlushed(entries)
+        if not emptied:
+            # vLLM refuses while requests hold blocks; the scopes' new salts still keep
+            # every later request from reusing what was there.
+            log.warning("vllm %s: the engine did not reset its prefix cache", self._host.name)
+        return CacheFlushed(entries)
+
+    def cache_usage(self) -> CacheUsage | None:
+        """The engine's KV cache (which holds the prefix cache) and its use now."""
+        size = self._host.kv_cache_mib
+        if size is None or self._closed:
+            return None
+        return CacheUsage(round(size, 3), round(size * self._host.counts.kv_cache_usage, 3))
 
     def _render(self, request: GenerationRequest) -> RenderedPrompt:
         return self._format.render(request, enable_thinking=self._definition.enable_thinking)

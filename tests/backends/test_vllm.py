@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -171,3 +172,79 @@ def test_engine_processes_do_not_import_the_pools_main_script() -> None:
         _starting_engine.active = False
     assert "init_main_from_name" not in engine and "init_main_from_path" not in engine
     assert engine["sys_path"] == plain["sys_path"]
+
+
+def _runtime() -> Any:
+    """A runtime around an engine host that never started (no vLLM needed): what it
+    hands the engine and how it flushes are the pool's own bookkeeping."""
+    from pool.backends._vllm_engine import EngineHost
+    from pool.backends.prompt_formats import get_prompt_format
+    from pool.backends.vllm import VllmRuntime
+
+    return VllmRuntime(
+        EngineHost("vllm-test"),
+        _model(vllm_model="/m", prompt_format="qwen3_template"),
+        get_prompt_format("qwen3_template"),
+        trio.CapacityLimiter(1),
+        0.0,
+    )
+
+
+def _scoped(tenant: str = "a", tag: str | None = None, enabled: bool = True) -> Any:
+    from pool.backends import CacheScope, Decoding, GenerationRequest, TextPart, Turn
+
+    turns = (Turn("user", (TextPart("hi"),)),)
+    return GenerationRequest("r", "v", turns, Decoding(), cache=CacheScope(tenant, tag, enabled))
+
+
+async def test_each_prompt_carries_its_scopes_salt_and_a_flush_moves_it() -> None:
+    from pool.backends import CacheFlushed
+
+    runtime = _runtime()
+
+    def salt(request: Any) -> str:
+        job = runtime.engine_job(request, runtime.render(request))
+        assert job.prompt["prompt"]
+        value: str = job.prompt["cache_salt"]
+        return value
+
+    alice, bob, tagged = salt(_scoped("alice")), salt(_scoped("bob")), salt(_scoped("alice", "t"))
+    assert len({alice, bob, tagged}) == 3 and salt(_scoped("alice")) == alice
+    # X-Cache-Mode none: a salt no other request has, so nothing is reused.
+    assert salt(_scoped("alice", enabled=False)) != salt(_scoped("alice", enabled=False))
+
+    # A tenant flush moves that tenant's scopes (with and without a tag), no other.
+    assert await runtime.flush_cache(scope="tenant", tenant="alice") == CacheFlushed(2)
+    assert salt(_scoped("alice")) != alice and salt(_scoped("alice", "t")) != tagged
+    assert salt(_scoped("bob")) == bob
+    assert await runtime.flush_cache(scope="tag", tag="t") == CacheFlushed(1)
+    # All: every scope moves; the engine's reset is tried (here there is no engine,
+    # which is logged, not raised: the new salts already keep the old blocks unused).
+    assert await runtime.flush_cache(scope="all") == CacheFlushed(3)
+    assert salt(_scoped("bob")) != bob
+
+
+def test_cache_usage_is_the_engines_kv_cache() -> None:
+    from pool.backends import CacheUsage
+
+    runtime = _runtime()
+    assert runtime.cache_usage() is None  # no engine, no size
+    runtime.host.kv_cache_mib = 512.0
+    runtime.host.counts.kv_cache_usage = 0.25
+    assert runtime.cache_usage() == CacheUsage(512.0, 128.0)
+
+
+def test_stats_carry_the_engines_cached_token_count() -> None:
+    from types import SimpleNamespace
+
+    from pool.backends._vllm_engine import job_stats
+
+    def output(cached: int | None) -> Any:
+        completion = SimpleNamespace(finish_reason="stop")
+        return SimpleNamespace(
+            outputs=[completion], metrics=None, prompt_token_ids=[1] * 40, num_cached_tokens=cached
+        )
+
+    assert job_stats(output(32), 3).cached_tokens == 32
+    assert job_stats(output(0), 3).cached_tokens == 0
+    assert job_stats(output(None), 3).cached_tokens is None

