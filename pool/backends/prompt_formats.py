@@ -21,7 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
-from pool.backends._protocol import ALL_THINKING_MODES, GenerationRequest, ThinkingMode, Turn
+from pool.backends._protocol import (
+    ALL_THINKING_MODES,
+    GenerationRequest,
+    TextPart,
+    ThinkingMode,
+    Turn,
+)
 from pool.backends._template_sandbox import SandboxedTemplate, TemplateLimitError
 from pool.config import PromptFormatName
 from pool.errors import PoolError
@@ -65,14 +71,20 @@ def _effective_thinking(request: GenerationRequest, enable_thinking: bool | None
     return enable_thinking
 
 
-def _checked_turns(request: GenerationRequest, format_name: str) -> tuple[Turn, ...]:
-    """The request's turns, refused where a text-only prompt cannot carry them."""
+def _checked_turns(
+    request: GenerationRequest, format_name: str, *, images: bool = False
+) -> tuple[Turn, ...]:
+    """The request's turns, refused where the prompt cannot carry them.
+
+    ``images``: the backend hands the request's images to the model beside the text
+    (the template only marks where each one goes), so image parts are allowed.
+    """
     if not request.turns or request.turns[-1].role not in ("user", "tool"):
         raise PoolError(
             "invalid_request", "the conversation must end with a user message or a tool result"
         )
     # Dropping an image silently would answer a question the client never asked.
-    if any(turn.has_images for turn in request.turns):
+    if not images and any(turn.has_images for turn in request.turns):
         raise PoolError(
             "modality_unsupported", f"prompt_format {format_name} renders text only, not images"
         )
@@ -425,13 +437,14 @@ class ModelTemplateFormat(PromptFormat):
 
     name = "model_template"
 
-    def __new__(cls, template: ModelTemplate) -> ModelTemplateFormat:
+    def __new__(cls, template: ModelTemplate, *, images: bool = False) -> ModelTemplateFormat:
         if cls is ModelTemplateFormat and "enable_thinking" in template.source:
             return super().__new__(_ThinkingModelTemplateFormat)
         return super().__new__(cls)
 
-    def __init__(self, template: ModelTemplate) -> None:
+    def __init__(self, template: ModelTemplate, *, images: bool = False) -> None:
         self._template = template
+        self._images = images
         try:
             self._compiled = SandboxedTemplate(template.source)
         except Exception as exc:  # any failure of untrusted input
@@ -446,7 +459,8 @@ class ModelTemplateFormat(PromptFormat):
         messages: list[dict[str, Any]] = []
         if request.instructions:
             messages.append({"role": "system", "content": request.instructions})
-        messages += [template_message(turn) for turn in _checked_turns(request, self.name)]
+        turns = _checked_turns(request, self.name, images=self._images)
+        messages += [template_message(turn, images=self._images) for turn in turns]
         variables: dict[str, Any] = {
             "messages": messages,
             "add_generation_prompt": True,
@@ -502,13 +516,22 @@ class ModelTemplateFormat(PromptFormat):
             ) from exc
 
 
-def template_message(turn: Turn) -> dict[str, Any]:
+def template_message(turn: Turn, *, images: bool = False) -> dict[str, Any]:
     """One turn as chat templates read it (transformers' message dicts).
 
     Tool calls carry their arguments as a mapping where they parse (templates write
-    them with ``tojson``); a tool result carries the id of its call.
+    them with ``tojson``); a tool result carries the id of its call. With ``images``, a
+    turn that has images keeps its parts in order as a content list
+    (``{"type": "image"}``, ``{"type": "text", "text": ...}``), as vision models'
+    templates read it to place each image's marker; the image data travels apart.
     """
-    message: dict[str, Any] = {"role": turn.role, "content": turn.text}
+    content: str | list[dict[str, str]] = turn.text
+    if images and turn.has_images:
+        content = [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in turn.parts
+        ]
+    message: dict[str, Any] = {"role": turn.role, "content": content}
     if turn.tool_calls:
         message["tool_calls"] = [
             {
@@ -545,12 +568,17 @@ _FORMATS: dict[str, type[PromptFormat]] = {
 PROMPT_FORMAT_NAMES: tuple[PromptFormatName, ...] = get_args(PromptFormatName)
 
 
-def get_prompt_format(name: str, *, model_template: ModelTemplate | None = None) -> PromptFormat:
+def get_prompt_format(
+    name: str, *, model_template: ModelTemplate | None = None, images: bool = False
+) -> PromptFormat:
     """The prompt format called ``name``.
 
     Args:
         name: one of :data:`PROMPT_FORMAT_NAMES`.
         model_template: the model file's chat template; required for ``model_template``.
+        images: the backend passes images to the model itself; ``model_template`` then
+            renders image parts as the template's markers (the other formats refuse
+            images either way).
 
     Returns:
         A format instance, ready to render.
@@ -564,7 +592,7 @@ def get_prompt_format(name: str, *, model_template: ModelTemplate | None = None)
             raise ValueError(
                 "prompt_format model_template needs the chat template of the model file"
             )
-        return ModelTemplateFormat(model_template)
+        return ModelTemplateFormat(model_template, images=images)
     format_class = _FORMATS.get(name)
     if format_class is None:
         raise ValueError(

@@ -17,11 +17,19 @@ deltas, with a ``cache_salt`` per tenant and tag so vLLM's automatic prefix cach
 ``vllm_max_num_seqs`` requests at once (see
 :func:`~pool.backends._vllm_fields.replica_concurrency`), the rest wait in the pool's
 queue where priorities and fairness apply.
+
+Images: a model whose ``modalities`` include ``image`` (and whose ``prompt_format`` is
+``model_template``) gets each request's images, already inline ``data:`` URLs from the
+pool's media loader, decoded to PIL images as the prompt's ``multi_modal_data``; the
+model's chat template marks where each one goes and vLLM's processor expands the marks
+into the image's tokens. ``vllm_limit_mm_per_prompt`` is vLLM's own check: a request
+with more images than it allows is refused with 400 ``invalid_request``.
 """
 
 from __future__ import annotations
 
 import gc
+import io
 import itertools
 import logging
 from functools import partial
@@ -37,6 +45,7 @@ from pool.backends._protocol import (
     Capabilities,
     GenerationRequest,
     GenerationStats,
+    ImagePart,
     LoadContext,
     TokenSink,
 )
@@ -70,6 +79,7 @@ from pool.backends.prompt_formats import (
 )
 from pool.config import resolve_model_path
 from pool.errors import BackendError, PoolError
+from pool.media import data_url_bytes
 
 __all__ = [
     "CONTEXT_FIELD",
@@ -131,9 +141,44 @@ def _prompt_format(definition: VllmModel, host: EngineHost) -> PromptFormat:
             facts.chat_template, facts.bos_token, facts.eos_token, facts.adds_bos
         )
     try:
-        return get_prompt_format(definition.prompt_format, model_template=template)
+        return get_prompt_format(
+            definition.prompt_format, model_template=template, images=_takes_images(definition)
+        )
     except (PoolError, ValueError) as exc:
         raise BackendError(str(exc)) from exc
+
+
+def _takes_images(definition: VllmModel) -> bool:
+    return "image" in definition.modalities
+
+
+def request_images(request: GenerationRequest) -> list[Any]:
+    """The request's images in prompt order, as the PIL images vLLM's processors take.
+
+    The media loader already inlined each one as a ``data:`` URL of a checked type.
+
+    Raises:
+        PoolError: ``image_refused`` for an image PIL cannot decode.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    images = []
+    for turn in request.turns:
+        for part in turn.parts:
+            if not isinstance(part, ImagePart):
+                continue
+            try:
+                image = Image.open(io.BytesIO(data_url_bytes(part.url)))
+                # Decode now (PIL is lazy), on this thread rather than vLLM's loop.
+                images.append(image.convert("RGB"))
+            except (UnidentifiedImageError, OSError, ValueError) as exc:
+                # Its first bytes looked like an image type, the rest is not one.
+                raise PoolError(
+                    "image_refused",
+                    f"image refused (unsupported_type): the image does not decode: {exc}",
+                    details={"reason": "unsupported_type"},
+                ) from exc
+    return images
 
 
 def sampling_arguments(request: GenerationRequest, rendered: RenderedPrompt) -> dict[str, Any]:
@@ -211,8 +256,10 @@ class VllmRuntime:
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
             raise BackendError("the vllm runtime is closed")
-        rendered = await trio.to_thread.run_sync(self._render, request, limiter=self._limiter)
-        job = self.engine_job(request, rendered)
+        rendered, images = await trio.to_thread.run_sync(
+            self._prepare, request, limiter=self._limiter
+        )
+        job = self.engine_job(request, rendered, images)
         self._host.submit(job)
         try:
             await job.stream.deliver(sink)
@@ -224,12 +271,21 @@ class VllmRuntime:
         assert job.stats is not None
         return job.stats
 
-    def engine_job(self, request: GenerationRequest, rendered: RenderedPrompt) -> EngineJob:
-        """What the engine is handed for ``request``: its prompt with the scope's salt."""
+    def engine_job(
+        self, request: GenerationRequest, rendered: RenderedPrompt, images: list[Any] | None = None
+    ) -> EngineJob:
+        """What the engine is handed for ``request``: its prompt with the scope's salt,
+        and its decoded ``images`` (see :func:`request_images`) as multimodal data."""
+        # vLLM shares cached blocks only between prompts of one salt.
+        prompt: dict[str, Any] = {
+            "prompt": rendered.text,
+            "cache_salt": self._salts.salt(request.cache),
+        }
+        if images:
+            prompt["multi_modal_data"] = {"image": images}
         return EngineJob(
             request_id=f"{request.request_id}-{next(_request_numbers)}",
-            # vLLM shares cached blocks only between prompts of one salt.
-            prompt={"prompt": rendered.text, "cache_salt": self._salts.salt(request.cache)},
+            prompt=prompt,
             sampling=sampling_arguments(request, rendered),
         )
 
@@ -272,6 +328,12 @@ class VllmRuntime:
     def _render(self, request: GenerationRequest) -> RenderedPrompt:
         return self._format.render(request, enable_thinking=self._definition.enable_thinking)
 
+    def _prepare(self, request: GenerationRequest) -> tuple[RenderedPrompt, list[Any]]:
+        """The rendered prompt (which refuses images the model does not take) and the
+        request's images decoded."""
+        rendered = self._render(request)
+        return rendered, request_images(request) if _takes_images(self._definition) else []
+
     async def wait_failed(self) -> str:
         """Returns when the engine died (the replica then fails the model)."""
         return await self._host.wait_failed()
@@ -305,7 +367,7 @@ class VllmBackend(Backend[VllmModel]):
     def capabilities(self, definition: VllmModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
         return Capabilities(
-            modalities=("text",),
+            modalities=("text", "image") if _takes_images(definition) else ("text",),
             multi_turn=multi_turn,
             thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,

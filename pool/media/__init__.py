@@ -7,7 +7,7 @@ before it is queued (issue #19; vLLM's CVE-2025-6242 is the fetching anchor). Se
 """
 
 from pool.media._addresses import GuardedNetwork, Resolver, public_address, system_resolver
-from pool.media._images import IMAGE_TYPES, sniff_image_type
+from pool.media._images import IMAGE_TYPES, data_url_bytes, sniff_image_type
 from pool.media._loader import MediaLoader
 from pool.media._refusal import REFUSAL_REASONS
 
@@ -17,6 +17,7 @@ __all__ = [
     "GuardedNetwork",
     "MediaLoader",
     "Resolver",
+    "data_url_bytes",
     "public_address",
     "sniff_image_type",
     "system_resolver",

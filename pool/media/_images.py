@@ -77,5 +77,16 @@ def decode_payload(payload: str) -> bytes:
         raise refused("invalid_data_url", "the data: URL is not valid base64") from None
 
 
+def data_url_bytes(url: str) -> bytes:
+    """The image bytes of an inline ``data:`` URL (what the loader makes of every image).
+
+    Raises:
+        PoolError: ``image_refused`` (``invalid_data_url`` or ``unsupported_type``).
+    """
+    if not url.startswith("data:"):
+        raise refused("invalid_data_url", "the image was not inlined as a data: URL")
+    return decode_payload(parse_data_url(url).payload)
+
+
 def data_url(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"

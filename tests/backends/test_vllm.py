@@ -248,3 +248,56 @@ def test_stats_carry_the_engines_cached_token_count() -> None:
     assert job_stats(output(32), 3).cached_tokens == 32
     assert job_stats(output(0), 3).cached_tokens == 0
     assert job_stats(output(None), 3).cached_tokens is None
+
+
+def test_a_vision_model_takes_images_through_its_template() -> None:
+    """``modalities: [text, image]`` says image; the template marks each image in
+    place and the decoded images ride along as vLLM's multimodal data."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from pool.backends import Decoding, GenerationRequest, ImagePart, TextPart, Turn
+    from pool.backends._vllm_engine import EngineHost
+    from pool.backends.prompt_formats import ModelTemplate, get_prompt_format
+    from pool.backends.vllm import BACKEND, VllmRuntime, request_images
+    from pool.errors import PoolError
+
+    assert BACKEND.capabilities(_model(vllm_model="m")).modalities == ("text",)
+    definition = _model(
+        vllm_model="/m", prompt_format="model_template", modalities=["text", "image"]
+    )
+    assert BACKEND.capabilities(definition).modalities == ("text", "image")
+    template = ModelTemplate(
+        "{% for m in messages %}{{ m.role }}:{% if m.content is string %}{{ m.content }}"
+        "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<image>"
+        "{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}\n{% endfor %}"
+    )
+    runtime = VllmRuntime(
+        EngineHost("vllm-test"),
+        definition,
+        get_prompt_format("model_template", model_template=template, images=True),
+        trio.CapacityLimiter(1),
+        0.0,
+    )
+    buffer = io.BytesIO()
+    Image.new("RGB", (5, 3), (0, 0, 255)).save(buffer, format="PNG")
+    png = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    turns = (Turn("user", (TextPart("a"), ImagePart(png), TextPart("b"), ImagePart(png))),)
+    request = GenerationRequest("r", "v", turns, Decoding())
+    images = request_images(request)
+    assert [image.size for image in images] == [(5, 3), (5, 3)]
+    job = runtime.engine_job(request, runtime.render(request), images)
+    assert job.prompt["prompt"] == "user:a<image>b<image>"
+    assert job.prompt["multi_modal_data"] == {"image": images}
+    # Text only: no multimodal data at all.
+    plain = GenerationRequest("r", "v", (Turn("user", (TextPart("a"),)),), Decoding())
+    assert "multi_modal_data" not in runtime.engine_job(plain, runtime.render(plain)).prompt
+
+    # A data: URL whose bytes start like a PNG but do not decode is the client's error.
+    broken = "data:image/png;base64," + base64.b64encode(buffer.getvalue()[:40]).decode()
+    bad = GenerationRequest("r", "v", (Turn("user", (ImagePart(broken),)),), Decoding())
+    with pytest.raises(PoolError) as refused:
+        request_images(bad)
+    assert refused.value.status == 400 and refused.value.code == "image_refused"

@@ -260,3 +260,71 @@ async def _check_prefix_cache(pool: Pool, runtime: VllmRuntime) -> None:
     # All: every scope moves, and the engine empties its prefix cache.
     flushed = await pool.flush_cache("all")
     assert flushed.entries_removed >= 2, flushed
+
+
+def _png(width: int, height: int) -> str:
+    """A solid-colour PNG as the ``data:`` URL a client would send."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _asking(model: str, text: str, images: list[str]) -> InferenceRequest:
+    from pool.backends import ImagePart, TextPart, Turn
+
+    parts = (*(ImagePart(url) for url in images), TextPart(text))
+    return InferenceRequest(model, (Turn("user", parts),), decoding=DecodingOverrides(max_tokens=2))
+
+
+async def test_images_reach_the_engine_as_multimodal_data(tmp_path: Any) -> None:
+    """A tiny random-weights Idefics3 (see tiny_vlm.py): an image adds its tokens to the
+    prompt; more images than ``vllm_limit_mm_per_prompt`` is a 400."""
+    from tests.backends.tiny_vlm import TOKENS_PER_IMAGE, build
+
+    checkpoint = build(_checkout(), str(tmp_path / "tiny-idefics3"))
+    settings = build_settings(
+        {
+            "engine": {
+                "models": {
+                    "img": {
+                        "backend": "vllm",
+                        "vllm_model": checkpoint,
+                        "prompt_format": "model_template",
+                        "modalities": ["text", "image"],
+                        "vllm_limit_mm_per_prompt": {"image": 2},
+                        "vllm_max_model_len": 512,
+                        "vllm_dtype": "float32",
+                        "vllm_max_num_seqs": 2,
+                        "vllm_enforce_eager": True,
+                        "enabled": False,
+                    }
+                },
+            }
+        }
+    )
+    async with open_pool(settings) as pool:
+        row = await pool.load("img")
+        assert row.state == "loaded", row.last_error
+        assert "image" in pool.model("img").capabilities.modalities
+        question = "What colour is this?"
+        text_only = await pool.respond(_asking("img", question, []))
+        one = await pool.respond(_asking("img", question, [_png(40, 30)]))
+        two = await pool.respond(_asking("img", question, [_png(40, 30), _png(64, 64)]))
+        counts = [r.usage.prompt_tokens for r in (text_only, one, two)]
+        print(f"\nvllm images: prompt tokens with 0, 1, 2 images {counts}")
+        assert all(c is not None for c in counts), counts
+        without, with_one, with_two = (c or 0 for c in counts)
+        # Each image is its TOKENS_PER_IMAGE tokens plus the template's wrapping tokens.
+        assert with_one - without >= TOKENS_PER_IMAGE, counts
+        assert with_two - with_one == with_one - without, counts
+
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(_asking("img", question, [_png(40, 30)] * 3))
+        assert 400 <= refused.value.status < 500, refused.value
+        print(f"vllm images: 3 images over a limit of 2: {refused.value.code} {refused.value}")
+        await pool.unload("img")
