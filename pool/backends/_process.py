@@ -39,6 +39,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _term_with_parent() -> None:  # the group guard's: it must live to act on the signal
+    # Held blocked across exec (the mask is inherited) until the guard's handler is in:
+    # a pool killed while the guard's interpreter still starts would otherwise kill the
+    # guard by SIGTERM's default action, and the server's group would outlive both.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -55,6 +59,7 @@ def reap(*_):
     finally:
         os._exit(0)
 signal.signal(signal.SIGTERM, reap)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a pending one runs reap now
 if os.getppid() != int(sys.argv[2]):
     reap()  # the pool died before the parent-death signal was armed
 sys.stdin.buffer.read()
