@@ -958,10 +958,7 @@ class Pool:
                 reason = self._wait_reason(actor)
                 actor.scheduler.remove(ticket)
                 raise self._queue_timeout(actor, reason)
-        if ticket.error is None:
-            await ticket.started.wait()
-        if ticket.error is not None:
-            raise ticket.error
+        await _started(ticket)
 
     async def _wait_steps(
         self,
@@ -1003,10 +1000,7 @@ class Pool:
                 reason = self._wait_reason(actor)
                 actor.scheduler.remove(ticket)
                 raise self._queue_timeout(actor, reason)
-        if ticket.error is None:
-            await ticket.started.wait()
-        if ticket.error is not None:
-            raise ticket.error
+        await _started(ticket)
 
     async def _wait_change(self, ready: trio.Event | None, until: float) -> None:
         """Until ``ready`` is set, any model changes, or ``until``."""
@@ -1093,3 +1087,11 @@ async def open_pool(
         finally:
             pool.shutting_down = True
             nursery.cancel_scope.cancel()
+
+
+async def _started(ticket: Ticket) -> None:
+    """Once a ticket is ready: wait until its replica starts it, or raise its error."""
+    if ticket.error is None:
+        await ticket.started.wait()
+    if ticket.error is not None:
+        raise ticket.error

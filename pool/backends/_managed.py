@@ -151,15 +151,21 @@ class ManagedServerRuntime:
                 await scanning.finish()
             return stats
         except BackendError as exc:
-            if not self.process.alive:
-                raise BackendError(
-                    f"{self.process.label} exited (status {self.process.returncode});"
-                    f" last output: {self.process.tail()[-500:]}"
-                ) from exc
+            if (exited := self._exited_error()) is not None:
+                raise exited from exc
             raise
         finally:
             if lease is not None and self._cache is not None:
                 self._cache.release(lease)
+
+    def _exited_error(self) -> BackendError | None:
+        """What a failed call really means when the server died under it."""
+        if self.process.alive:
+            return None
+        return BackendError(
+            f"{self.process.label} exited (status {self.process.returncode});"
+            f" last output: {self.process.tail()[-500:]}"
+        )
 
     async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
         """The job's texts through the server's ``/v1/embeddings``, in batches."""
@@ -177,11 +183,8 @@ class ManagedServerRuntime:
                 truncate_fields=self._embedding_truncate,
             )
         except BackendError as exc:
-            if not self.process.alive:
-                raise BackendError(
-                    f"{self.process.label} exited (status {self.process.returncode});"
-                    f" last output: {self.process.tail()[-500:]}"
-                ) from exc
+            if (exited := self._exited_error()) is not None:
+                raise exited from exc
             raise
 
     async def flush_cache(
