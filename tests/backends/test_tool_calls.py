@@ -134,7 +134,6 @@ TIME = ToolSpec("get_time", None, {"type": "object", "properties": {}})
 @pytest.mark.parametrize("family", ["hermes", "qwen3", "mistral", "granite"])
 @pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("function", "get_weather")])
 def test_forced_call_grammars_compile(family: Any, choice: ToolChoice) -> None:
-    pytest.importorskip("llama_cpp")
     gbnf = tool_call_grammar((WEATHER, TIME), choice, family, parallel=True)
     assert gbnf.startswith("root ::=") and '"\\"get_weather\\""' in gbnf
     assert ("get_time" in gbnf) == (choice.mode == "required")
@@ -179,7 +178,6 @@ def test_managed_servers_get_openai_fields() -> None:
 
 
 def test_llama_server_forced_calls_use_the_pool_grammar() -> None:
-    pytest.importorskip("llama_cpp")
     from pool.backends._chat_client import tool_fields
     from pool.backends._forced_calls import force_with_grammar
     from pool.backends.llama_server import LlamaServerModel, command_line

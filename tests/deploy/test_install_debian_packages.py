@@ -1,4 +1,4 @@
-"""scripts/install-chromium: Debian's chromium for the dashboard tests, only when missing."""
+"""scripts/install-debian-packages: the Debian packages the tests drive, only when missing."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _run(bin_dir: Path) -> tuple[str, list[str]]:
         assert found is not None
         (bin_dir / tool).symlink_to(found)
     ran = subprocess.run(
-        [BASH, str(ROOT / "scripts/install-chromium")],
+        [BASH, str(ROOT / "scripts/install-debian-packages"), "redis-server", "chromium"],
         env={**os.environ, "PATH": str(bin_dir)},
         capture_output=True,
         text=True,
@@ -32,17 +32,31 @@ def _run(bin_dir: Path) -> tuple[str, list[str]]:
     return ran.stdout, log.read_text().splitlines() if log.exists() else []
 
 
-def test_missing_chromium_is_installed_with_apt_get(tmp_path: Path) -> None:
+def _present(bin_dir: Path, command: str) -> None:
+    (bin_dir / command).write_text("#!/bin/sh\n")
+    (bin_dir / command).chmod(0o755)
+
+
+def test_missing_packages_are_installed_with_apt_get(tmp_path: Path) -> None:
     out, calls = _run(tmp_path)
     if os.geteuid() == 0:
-        assert calls == ["update -qq", "install -y -qq chromium"]
-        assert out == "installing chromium (apt-get)\n"
-    else:  # no root and (here) no sudo: it says so and leaves the tests to skip
+        assert calls == ["update -qq", "install -y -qq redis-server chromium"]
+        assert out == "installing redis-server chromium (apt-get)\n"
+    else:  # no root and (here) no sudo: it says so; the tests that need them decide
         assert calls == [] and "needs root" in out
 
 
-def test_present_chromium_costs_nothing(tmp_path: Path) -> None:
-    (tmp_path / "chromium").write_text("#!/bin/sh\n")
-    (tmp_path / "chromium").chmod(0o755)
+def test_only_the_missing_one_is_installed(tmp_path: Path) -> None:
+    _present(tmp_path, "chromium")
+    out, calls = _run(tmp_path)
+    if os.geteuid() == 0:
+        assert calls == ["update -qq", "install -y -qq redis-server"]
+    else:
+        assert calls == [] and out.startswith("redis-server missing")
+
+
+def test_present_packages_cost_nothing(tmp_path: Path) -> None:
+    _present(tmp_path, "chromium")
+    _present(tmp_path, "redis-server")
     out, calls = _run(tmp_path)
     assert (out, calls) == ("", [])
