@@ -185,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(
         f"# {name}\n\nCommand: `{command}`  \n"
         f"Machine: {machine['cpu']}, {machine['cores']} cores,"
-        f" load average at start {machine['loadavg_at_start']}; took {full['duration_s']:.0f} s\n\n"
+        f" load average at start {machine['loadavg_at_start']}; took {full['duration_s']:.0f} s"
+        + _versions(report.get("versions"))
+        + "\n\n"
         + _table(report["rows"])
         + "".join(f"\n## {key}\n\n{_table(rows)}" for key, rows in extra_tables.items())
         + "".join(f"\n![{f}]({f})\n" for f in files)
@@ -194,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     for key, rows in extra_tables.items():
         print(f"{key}:\n{_table(rows)}")
     return 0
+
+
+def _versions(versions: dict[str, str | None] | None) -> str:
+    """The results.md line naming the versions a run recorded (LiteLLM's for proxy-peers)."""
+    if not versions:
+        return ""
+    named = ", ".join(f"{name} {version or 'unknown'}" for name, version in versions.items())
+    return f"  \nVersions: {named}"
 
 
 def _replot(folder: Path) -> int:

@@ -37,6 +37,8 @@ class Server:
     name: str
     url: str
     process: subprocess.Popen[bytes]
+    # The version of the server's software where the run records it (LiteLLM's).
+    version: str | None = None
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -147,11 +149,26 @@ def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[
             stderr=subprocess.DEVNULL,
         )
         try:
-            server = Server("litellm", f"http://127.0.0.1:{port}", process)
+            version = installed_version(binary, "litellm")
+            server = Server("litellm", f"http://127.0.0.1:{port}", process, version)
             wait_healthy(server, "/health/liveliness", 120.0)
             yield server
         finally:
             stop_process(process)
+
+
+def installed_version(command: str, distribution: str) -> str | None:
+    """The version of ``distribution`` in the virtual environment that holds ``command``
+    (``VENV/bin/litellm``), read from its metadata; None when there is none."""
+    venv = Path(command).resolve().parent.parent
+    pattern = f"lib/python*/site-packages/{distribution}-*.dist-info/METADATA"
+    for metadata in sorted(venv.glob(pattern)):
+        for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.removeprefix("Version:").strip()
+            if not line:
+                break  # the headers end at the first blank line
+    return None
 
 
 def wait_healthy(server: Server, path: str, timeout_s: float) -> None:

@@ -447,6 +447,7 @@ async def proxy_peers(quick: bool) -> dict[str, Any]:
             litellm_server("stub", f"{upstream.url}/v1", key) as litellm,
         ):
             servers = {"direct": upstream, "pool": pool, "litellm": litellm}
+            litellm_version = litellm.version
             headers = {"Authorization": f"Bearer {key}"}
 
             def body_for(stream: bool) -> Callable[[int], tuple[dict[str, Any], dict[str, str]]]:
@@ -511,7 +512,12 @@ async def proxy_peers(quick: bool) -> dict[str, Any]:
             )
             row[f"{name}_errors"] = sum(r["errors"] for r in by_side[name])
         rows.append(row)
-    return {"rows": rows, "raw": results, "cdf": _cdf_series(results)}
+    return {
+        "rows": rows,
+        "raw": results,
+        "cdf": _cdf_series(results),
+        "versions": {"litellm": litellm_version},
+    }
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -1,9 +1,10 @@
 """The ``exllamav3`` backend: EXL3 models in-process through ExLlamaV3; CUDA only.
 
 Written against exllamav3 1.6.5 (``exllamav3.Generator``/``Job``; read from the PyPI
-wheel). Each replica owns one ``Generator`` (model, paged cache, tokenizer) and one
-driver thread, the only thread that calls into it after the load. The driver loops:
-it takes new requests and cancellations from a thread-safe inbox (``enqueue`` and
+wheel), and pinned to it: a load with any other installed release fails before the import
+(:data:`EXLLAMAV3_VERSION`). Each replica owns one ``Generator`` (model, paged cache,
+tokenizer) and one driver thread, the only thread that calls into it after the load. The
+driver loops: it takes new requests and cancellations from a thread-safe inbox (``enqueue`` and
 ``cancel`` between two ``iterate()`` calls), calls ``iterate()``, and puts each job's
 text into that request's :class:`~pool.backends._threaded.PieceStream`, then wakes
 Trio once for every stream the step touched. It never waits for the event loop or
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.metadata
 import json
 import logging
 import re
@@ -67,6 +69,12 @@ from pool.config import CommonModelFields, invalid_load_request
 from pool.errors import BackendError, PoolError
 
 log = logging.getLogger("pool.backends.exllamav3")
+
+# The exllamav3 release the backend is written against, and the only one it loads with:
+# the calls and result fields it uses are checked against this release's source by
+# tests/backends/test_exllamav3.py (scripts/fetch-exllamav3-source fetches that source and
+# reads the version from this line).
+EXLLAMAV3_VERSION = "1.6.5"
 
 
 class ExLlamaV3Model(CommonModelFields):
@@ -320,12 +328,35 @@ class _Library:
     ComboSampler: Any
 
 
+def _check_version() -> None:
+    """The installed exllamav3 is the pinned release; read from its metadata, not imported.
+
+    Raises:
+        BackendError: not installed, or another release (both versions named).
+    """
+    try:
+        installed = importlib.metadata.version("exllamav3")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise BackendError(
+            f"exllamav3 is not installed (pip install exllamav3=={EXLLAMAV3_VERSION};"
+            " it needs a CUDA build of torch)"
+        ) from exc
+    if installed != EXLLAMAV3_VERSION:
+        raise BackendError(
+            f"exllamav3 {installed} is installed, and this backend is written against"
+            f" exllamav3 {EXLLAMAV3_VERSION} (its calls and result fields differ between"
+            f" releases): install exllamav3=={EXLLAMAV3_VERSION}"
+        )
+
+
 def _import_library() -> _Library:
     """Import exllamav3 (on a worker thread: the first import compiles its extension).
 
     Raises:
-        BackendError: not installed, or its import failed (no CUDA toolkit to compile with).
+        BackendError: not installed, another release than :data:`EXLLAMAV3_VERSION`, or its
+            import failed (no CUDA toolkit to compile with).
     """
+    _check_version()  # before the import, which may compile for minutes
     try:
         import exllamav3
     except ImportError as exc:

@@ -45,8 +45,10 @@ The shapes follow exllamav3 1.6.5, read from the PyPI wheel
 - ``ComboSampler(rep_p, ..., temperature, min_p, top_k, top_p, ...)``
   (``generator/sampler/presets.py``).
 
-``tests/backends/test_exllamav3.py::test_the_real_package_has_the_names_and_arguments_used``
-checks these names and keywords against the real source where it is installed.
+``tests/backends/test_exllamav3.py::test_the_backends_uses_of_exllamav3_are_in_its_source``
+checks the backend's names, keywords and result fields against the real 1.6.5 source
+(fetched by ``scripts/fetch-exllamav3-source``). The fake reports :data:`VERSION` through
+package metadata (:func:`install_metadata`), which the backend's version check reads.
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ import threading
 import time
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+# The release the fake follows; the backend's pin (EXLLAMAV3_VERSION) must be the same.
+VERSION = "1.6.5"
 PAGE_SIZE = 256
 EOS_ID = 2
 SPECIAL = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": EOS_ID}
@@ -413,6 +418,17 @@ def module() -> types.ModuleType:
     }.items():
         setattr(fake, name, value)
     return fake
+
+
+def install_metadata(folder: Path, version: str) -> Path:
+    """An ``exllamav3`` distribution's metadata in ``folder``, as pip leaves it: with
+    ``folder`` on ``sys.path``, ``importlib.metadata.version("exllamav3")`` is ``version``."""
+    dist = folder / f"exllamav3-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: exllamav3\nVersion: {version}\n", encoding="utf-8"
+    )
+    return folder
 
 
 def reset() -> World:

@@ -2,18 +2,22 @@
 
 No machine that runs this suite has a GPU, and importing exllamav3 compiles its CUDA
 extension, so ``sys.modules["exllamav3"]`` holds the fake of ``fake_exllamav3`` (its
-docstring says which lines of exllamav3 1.6.5 its shapes come from) and the backend's
+docstring says which lines of exllamav3 1.6.5 its shapes come from; the fixture installs
+its metadata, so the backend's version check sees the pinned release) and the backend's
 ``torch.cuda`` view is a fake device. The pool, the replica, the backend's driver thread
 and its hand-over to Trio are the real ones. ``scripts/gpu-check exllamav3`` runs the
-real library on an NVIDIA machine.
+real library on an NVIDIA machine. What the backend uses of exllamav3 is checked against
+the pinned release's source (``exllamav3_contract``; scripts/test fetches that source).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import dataclasses
+import importlib.metadata
 import importlib.util
+import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -30,13 +34,19 @@ from pool.backends import exllamav3 as backend
 from pool.backends.exllamav3 import ExLlamaV3Model, cache_bits, load_plan
 from pool.config import build_settings
 from pool.errors import BackendError
+from tests.backends import exllamav3_contract as contract
 from tests.backends import fake_exllamav3 as fake
 
 
 @pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake.World]:
+def world(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[fake.World]:
     world = fake.reset()
     monkeypatch.setitem(sys.modules, "exllamav3", fake.module())
+    # The fake's release, as the backend's version check reads it (importlib.metadata).
+    dist = fake.install_metadata(tmp_path_factory.mktemp("exllamav3-dist"), fake.VERSION)
+    monkeypatch.syspath_prepend(str(dist))
     monkeypatch.setattr(backend, "_open_cuda", fake.FakeCuda)
     yield world
     leftover = [t.name for t in threading.enumerate() if t.name.startswith("exllamav3-")]
@@ -469,11 +479,80 @@ async def test_a_generator_failure_fails_its_requests_and_the_model(
         assert "illegal memory access" in (pool.snapshot("exl").last_error or "")
 
 
-# -- the real package ---------------------------------------------------------------------
+# -- the pinned release ---------------------------------------------------------------------
 
 
-def _real_source() -> Path | None:
-    """exllamav3's installed source, found without importing it (its import compiles)."""
+def _another_release(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: str) -> None:
+    """Metadata of another exllamav3 release, found before the fixture's."""
+    monkeypatch.syspath_prepend(str(fake.install_metadata(tmp_path / "dist", version)))
+
+
+def test_the_fake_follows_the_pinned_release() -> None:
+    # Moving the pin means reading the new release and updating the fake (its docstring).
+    assert fake.VERSION == backend.EXLLAMAV3_VERSION
+
+
+def test_the_fetch_script_reads_the_pin_from_the_backend() -> None:
+    # scripts/fetch-exllamav3-source takes the version from this exact line (sed).
+    source = Path(backend.__file__).read_text(encoding="utf-8")
+    pins = re.findall(r'^EXLLAMAV3_VERSION = "([^"]*)"$', source, re.MULTILINE)
+    assert pins == [backend.EXLLAMAV3_VERSION]
+    script = Path(__file__).parents[2] / "scripts/fetch-exllamav3-source"
+    assert "^EXLLAMAV3_VERSION = " in script.read_text(encoding="utf-8")
+
+
+async def test_another_exllamav3_release_fails_the_load_naming_both_versions(
+    world: fake.World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _another_release(monkeypatch, tmp_path, "1.6.4")
+    async with open_pool(_settings(tmp_path)) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.load("exl")
+        assert info.value.code == "load_failed"
+        reason = info.value.details["last_error"]
+        assert "exllamav3 1.6.4 is installed" in reason, reason
+        assert f"exllamav3=={backend.EXLLAMAV3_VERSION}" in reason, reason
+        assert pool.snapshot("exl").state == "failed"
+    assert not world.calls  # refused before anything of exllamav3 was called
+
+
+async def test_the_pinned_release_loads(
+    world: fake.World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same check with the pinned version in front: it passes.
+    _another_release(monkeypatch, tmp_path, backend.EXLLAMAV3_VERSION)
+    async with open_pool(_settings(tmp_path)) as pool:
+        await pool.load("exl")
+        assert (await pool.respond(_ask())).text == "The capital of France is Paris."
+
+
+async def test_without_exllamav3_installed_the_load_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    try:
+        importlib.metadata.version("exllamav3")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        pytest.skip("exllamav3 is installed here")
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "exllamav3", fake.module())  # importable, not installed
+    monkeypatch.setattr(backend, "_open_cuda", fake.FakeCuda)
+    async with open_pool(_settings(tmp_path)) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.load("exl")
+        reason = info.value.details["last_error"]
+        assert "exllamav3 is not installed" in reason, reason
+        assert f"exllamav3=={backend.EXLLAMAV3_VERSION}" in reason, reason
+
+
+# -- the real package's source --------------------------------------------------------------
+
+SOURCE_ENV = "LLM_POOL_EXLLAMAV3_SOURCE"
+
+
+def _installed_source() -> Path | None:
+    """An installed exllamav3's source, found without importing it (its import compiles)."""
     if "exllamav3" in sys.modules:
         return None
     try:
@@ -485,113 +564,73 @@ def _real_source() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _parameters(tree: ast.Module, cls: str, method: str) -> set[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == method:
-                    args = item.args
-                    return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
-    raise AssertionError(f"{cls}.{method} not found")
+@pytest.fixture
+def exllamav3_source() -> Path:
+    """exllamav3's package source: ``$LLM_POOL_EXLLAMAV3_SOURCE`` (scripts/test exports
+    what scripts/fetch-exllamav3-source prints), else an installed exllamav3. In CI its
+    absence fails the test; elsewhere it skips."""
+    configured = os.environ.get(SOURCE_ENV)
+    if configured:
+        root = Path(configured)
+        if not (root / "__init__.py").is_file() and (root / "exllamav3/__init__.py").is_file():
+            root = root / "exllamav3"
+        if not (root / "__init__.py").is_file():
+            pytest.fail(f"{SOURCE_ENV}={configured} holds no exllamav3 package source")
+        return root
+    installed = _installed_source()
+    if installed is not None:
+        return installed
+    message = (
+        f"exllamav3's source is not here: {SOURCE_ENV} is unset and exllamav3 is not"
+        f" installed. scripts/test sets {SOURCE_ENV} to what"
+        f" `bash scripts/fetch-exllamav3-source` prints (the pinned exllamav3"
+        f" {backend.EXLLAMAV3_VERSION} wheel, unpacked, never imported)"
+    )
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
 
 
-def test_the_real_package_has_the_names_and_arguments_used() -> None:
-    """Where exllamav3 is installed: the classes, keywords and result keys the backend
-    (and the fake) use are the real ones. Read with ``ast``, as ``inspect.signature``
-    would need the import, which compiles the CUDA extension."""
-    root = _real_source()
-    if root is None:
-        pytest.skip("exllamav3 is not installed here")
+def test_the_backends_uses_of_exllamav3_are_in_its_source(exllamav3_source: Path) -> None:
+    """Every call, keyword, attribute and result field the backend uses of exllamav3 is in
+    the pinned release's source (read with ``ast``: ``inspect`` would need the import,
+    which compiles the CUDA extension). ``tests/backends/exllamav3_contract.py`` says how."""
+    problems = contract.problems(exllamav3_source)
+    assert not problems, f"exllamav3 at {exllamav3_source}:\n" + "\n".join(problems)
 
-    def tree(path: str) -> ast.Module:
-        return ast.parse((root / path).read_text(encoding="utf-8"))
 
-    exported = {
-        alias.asname or alias.name
-        for node in ast.walk(tree("__init__.py"))
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-    sampler_names = {
-        alias.name
-        for node in ast.walk(tree("generator/sampler/__init__.py"))
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-    for name in (f.name for f in dataclasses.fields(backend._Library)):
-        assert name in exported or name in sampler_names, name
-    expected = {
-        ("generator/generator.py", "Generator", "__init__"): {
-            "model",
-            "cache",
-            "tokenizer",
-            "max_batch_size",
-            "max_chunk_size",
-            "max_q_size",
-        },
-        ("generator/generator.py", "Generator", "enqueue"): {"job"},
-        ("generator/generator.py", "Generator", "cancel"): {"job"},
-        ("generator/generator.py", "Generator", "iterate"): set(),
-        ("generator/generator.py", "Generator", "close"): set(),
-        ("generator/generator.py", "Generator", "num_remaining_jobs"): set(),
-        ("generator/job.py", "Job", "__init__"): {
-            "input_ids",
-            "max_new_tokens",
-            "sampler",
-            "stop_conditions",
-            "max_rq_tokens",
-        },
-        ("cache/cache.py", "Cache", "__init__"): {
-            "model",
-            "max_num_tokens",
-            "layer_type",
-            "max_batch_size",
-        },
-        ("cache/quant.py", "CacheLayer_quant", "__init__"): {"k_bits", "v_bits"},
-        ("model/model.py", "Model", "from_config"): {"config"},
-        ("model/model.py", "Model", "load_gen"): {
-            "device",
-            "use_per_device",
-            "tensor_p",
-            "tp_backend",
-            "max_chunk_size",
-            "max_batch_size",
-        },
-        ("model/model.py", "Model", "load"): set(),
-        ("model/model.py", "Model", "unload"): set(),
-        ("model/config.py", "Config", "from_directory"): {"directory"},
-        ("tokenizer/tokenizer.py", "Tokenizer", "from_config"): {"config"},
-        ("tokenizer/tokenizer.py", "Tokenizer", "encode"): {
-            "text",
-            "add_bos",
-            "encode_special_tokens",
-        },
-        ("tokenizer/tokenizer.py", "Tokenizer", "single_id"): {"token"},
-        ("generator/sampler/presets.py", "ComboSampler", "__init__"): {
-            "rep_p",
-            "temperature",
-            "top_k",
-            "top_p",
-        },
-    }
-    for (path, cls, method), params in expected.items():
-        missing = params - _parameters(tree(path), cls, method)
-        assert not missing, f"{cls}.{method} lacks {missing}"
-    # The result keys the driver reads, and the values it tells apart.
-    job_source = (root / "generator/job.py").read_text(encoding="utf-8")
-    for key in (
-        '"stage": "streaming"',
-        '"eos_reason"',
-        '"new_tokens"',
-        '"prompt_tokens"',
-        '"time_enqueued"',
-        '"time_prefill"',
-        '"time_generate"',
-        '"text"',
-        'eos_reason = "max_new_tokens"',
-    ):
-        assert key in job_source, key
-    generator_source = (root / "generator/generator.py").read_text(encoding="utf-8")
-    assert '"stage": "error"' in generator_source and '"error": error' in generator_source
-    config_source = (root / "model/config.py").read_text(encoding="utf-8")
-    assert "self.eos_token_id_list" in config_source
+def test_the_source_checked_is_the_pinned_release(exllamav3_source: Path) -> None:
+    assert contract.source_version(exllamav3_source) == backend.EXLLAMAV3_VERSION
+
+
+def test_the_check_reads_the_uses_out_of_the_backend() -> None:
+    """What the check derives from the backend's source: among them the ones an older
+    release lacks (``Generator.close`` before 1.6.0, ``"error"`` results before 1.4.7)."""
+    uses = contract.backend_uses()
+    assert not uses.unresolved
+    calls = {(call.cls, call.method): call.keywords for call in uses.calls}
+    assert ("Generator", "close") in calls and ("Generator", "iterate") in calls
+    assert {"use_per_device", "tensor_p", "tp_backend", "device"} <= calls[("Model", "load")]
+    assert {"layer_type", "k_bits", "v_bits"} <= calls[("Cache", "__init__")]
+    assert {"input_ids", "stop_conditions", "max_rq_tokens"} <= calls[("Job", "__init__")]
+    assert {"error", "job"} <= uses.fields["error"]
+    assert {"text", "eos", "eos_reason", "time_prefill", "new_tokens"} <= uses.fields["streaming"]
+    assert ("eos_reason", "max_new_tokens") in uses.values
+    assert ("Config", "eos_token_id_list") in uses.attributes
+
+
+def test_the_check_finds_what_an_older_release_lacks(
+    exllamav3_source: Path, tmp_path: Path
+) -> None:
+    """The pinned source with ``Generator.close`` and the ``"error"`` results taken out,
+    as in releases before 1.6.0 and 1.4.7: the check names both."""
+    copy = tmp_path / "exllamav3"
+    shutil.copytree(exllamav3_source, copy, ignore=shutil.ignore_patterns("*_ext", "*.so"))
+    generator = copy / "generator/generator.py"
+    source = generator.read_text(encoding="utf-8")
+    source = source.replace("def close(self", "def close_renamed(self")
+    source = source.replace('"stage": "error"', '"stage": "failed"')
+    generator.write_text(source, encoding="utf-8")
+    problems = contract.problems(copy)
+    assert any(p.startswith("Generator.close ") and "no such method" in p for p in problems)
+    assert """results: no "stage": 'error' result""" in "\n".join(problems), problems

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import trio
 
+from benchmarks.__main__ import _versions
 from benchmarks._http import CHAT_DELTA_MARK, Connection
-from benchmarks.harness import zero_upstream
+from benchmarks.harness import installed_version, zero_upstream
 
 
 def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
@@ -50,3 +51,24 @@ def test_zero_upstream_streams_what_it_is_asked_for() -> None:
 
     with zero_upstream() as upstream:
         trio.run(ask, upstream.url)
+
+
+def test_installed_version_reads_the_environments_metadata(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/litellm").write_text("#!/bin/sh\n")
+    assert installed_version(str(venv / "bin/litellm"), "litellm") is None
+    dist = venv / "lib/python3.11/site-packages/litellm-1.106.2.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: litellm\nVersion: 1.106.2\n\n"
+        "Version: 9 (in the description)\n"
+    )
+    assert installed_version(str(venv / "bin/litellm"), "litellm") == "1.106.2"
+    assert installed_version(str(venv / "bin/litellm"), "fastapi") is None
+
+
+def test_results_md_names_the_recorded_versions() -> None:
+    assert _versions(None) == "" and _versions({}) == ""
+    assert _versions({"litellm": "1.106.2"}) == "  \nVersions: litellm 1.106.2"
+    assert _versions({"litellm": None}) == "  \nVersions: litellm unknown"
