@@ -131,7 +131,9 @@ async def test_load_from_the_form_see_it_live_then_unload(nursery: trio.Nursery)
             "stub_vram_mib": 1000,
         },
     }
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096, 4096]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096, 4096], "virtual_gpus": True}
+    )
 
     def scenario(page: Page) -> None:
         row = model(page, "cold")
@@ -164,7 +166,9 @@ async def test_a_split_replica_shows_on_both_gpus(nursery: trio.Nursery) -> None
     # 12 GB on two 8 GB GPUs beside a 4 GB model: split 4000 + 8000 (docs/vram.md).
     stub = {"backend": "stub", "on_demand": True}
     models = {"small": {**stub, "stub_vram_mib": 4000}, "big": {**stub, "stub_vram_mib": 12_000}}
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [8000, 8000]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000, 8000], "virtual_gpus": True}
+    )
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
         await client.post("/v1/admin/models/small/load", json={})
         row = (await client.post("/v1/admin/models/big/load", json={})).json()
@@ -187,7 +191,9 @@ async def test_the_form_refuses_invalid_combinations(nursery: trio.Nursery) -> N
         # Two replicas do not fit the one 4 GiB GPU: only the pool knows, and says so.
         "big": {"backend": "stub", "replica_max": 2, "vram_mb": 3000, "stub_vram_mib": 3000},
     }
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
 
     def scenario(page: Page) -> None:
         loads: list[str] = []
@@ -441,7 +447,7 @@ async def test_screenshot(nursery: trio.Nursery, tmp_path: Path) -> None:
     info = await start_server(
         nursery,
         models,
-        engine={"gpu_budget_mib": [24576, 24576]},
+        engine={"gpu_budget_mib": [24576, 24576], "virtual_gpus": True},
         model_store=str(tmp_path / "models"),
         hf_endpoint=None,
     )
