@@ -27,6 +27,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from pool import ServerInfo
 from pool.actors import VirtualGpus
+from tests.actors import fake_pynvml
 from tests.http.conftest import start_server
 from tests.pulls.test_pulls import FileServer
 
@@ -118,6 +119,22 @@ async def test_the_page_and_its_files(nursery: trio.Nursery) -> None:
         # A page of another origin is refused before it sees anything.
         foreign = await client.get("/ui/", headers={"Host": "evil.example"})
         assert foreign.status_code == 403
+
+
+@browser_test
+async def test_a_machine_without_nvidia_says_models_run_on_the_cpu(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    fake_pynvml.install(monkeypatch, fake_pynvml.FakeMachine(init_error=missing))
+    info = await start_server(nursery)
+
+    def scenario(page: Page) -> None:
+        expect(page.locator("#gpus")).to_have_text(
+            "no NVIDIA GPU found: models run on the CPU (NVML: NVML Shared Library Not Found)"
+        )
+
+    await in_browser(info, scenario)
 
 
 @browser_test
