@@ -32,6 +32,7 @@ MIB = 1024 * 1024
 # What the GPU view says on a machine without a usable NVIDIA GPU (no driver, the
 # driver not loaded, no device): plainly, with NVML's own words after it.
 NO_NVIDIA_GPU = "no NVIDIA GPU found: models run on the CPU"
+NOT_READ_YET = "not read yet"
 
 
 class NoGpuInformation(Exception):
@@ -116,7 +117,7 @@ def read_gpus() -> list[GpuReading]:
     try:
         import pynvml
     except ImportError as exc:
-        raise NoGpuInformation("no GPU information: nvidia-ml-py is not installed") from exc
+        raise NoGpuInformation("no GPU information (nvidia-ml-py is not installed)") from exc
 
     ours = process_tree(os.getpid())
     with _nvml_errors(pynvml):
@@ -193,7 +194,7 @@ class GpuMonitor:
     def __init__(self, interval_s: float = 2.0) -> None:
         self.interval_s = interval_s
         self.gpus: tuple[GpuReading, ...] = ()
-        self.error: str | None = "not read yet"
+        self.error: str | None = NOT_READ_YET
         self._limiter = trio.CapacityLimiter(1)
 
     def view(self) -> GpuView:
@@ -204,7 +205,11 @@ class GpuMonitor:
         try:
             gpus = tuple(await trio.to_thread.run_sync(read_gpus, limiter=self._limiter))
         except NoGpuInformation as exc:
-            self._show((), str(exc), logging.WARNING if self.gpus else logging.INFO)
+            # A machine without NVIDIA is normal; NVML failing where it had GPUs or
+            # refusing to answer (permissions, a lost GPU) is worth a warning.
+            first = self.error == NOT_READ_YET
+            cpu_box = first and str(exc).startswith(NO_NVIDIA_GPU)
+            self._show((), str(exc), logging.INFO if cpu_box else logging.WARNING)
         except Exception as exc:
             # Not NVML's own error: an nvidia-ml-py whose API changed, or a bug here.
             # An operator must see it as a failure, never as a machine without GPUs.
@@ -224,7 +229,7 @@ class GpuMonitor:
         if error != self.error:
             if error is not None:
                 log.log(level, "gpu monitor: %s", error)
-            elif self.error != "not read yet":
+            elif self.error != NOT_READ_YET:
                 log.info("gpu monitor: reading %d GPU(s) again", len(gpus))
         self.gpus, self.error = gpus, error
 

@@ -160,12 +160,15 @@ async def test_a_machine_without_an_nvidia_gpu_is_said_plainly(
 
 
 async def test_other_nvml_errors_say_there_is_no_gpu_information(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # A container that was not given the GPU devices.
     fake.install(monkeypatch, FakeMachine(init_error=fake.NVML_ERROR_NO_PERMISSION))
     monitor = GpuMonitor()
     await monitor.refresh()
-    assert monitor.view().error == "no GPU information (NVML: Insufficient Permissions)"
+    said = "no GPU information (NVML: Insufficient Permissions)"
+    assert monitor.view().gpus == () and monitor.view().error == said
+    assert [r.levelno for r in caplog.records if said in r.getMessage()] == [logging.WARNING]
 
 
 def _count_as_text() -> str:
@@ -253,10 +256,10 @@ def test_the_fake_follows_the_real_module(monkeypatch: pytest.MonkeyPatch) -> No
     made = real.nvmlStructToFriendlyObject(real.c_nvmlProcessInfo_v3_t(pid=7))
     fake.install(monkeypatch, FakeMachine([FakeDevice("x", 10, processes=[FakeProcess(7, 1)])]))
     fake.nvmlInit()
-    (ours,) = fake.nvmlDeviceGetComputeRunningProcesses(fake.nvmlDeviceGetHandleByIndex(0))
+    (listed,) = fake.nvmlDeviceGetComputeRunningProcesses(fake.nvmlDeviceGetHandleByIndex(0))
     fake.nvmlShutdown()
-    assert set(vars(ours)) == set(vars(made))
-    assert type(made).__name__ == type(ours).__name__ == "nvmlFriendlyObject"
+    assert set(vars(listed)) == set(vars(made))
+    assert type(made).__name__ == type(listed).__name__ == "nvmlFriendlyObject"
 
 
 def _nvml_library_loads() -> bool:
