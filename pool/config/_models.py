@@ -306,6 +306,12 @@ class EngineSettings(BaseModel):
         description="MiB per GPU that models may use (caps each GPU's budget); with no NVIDIA"
         " GPU present it declares that many virtual GPUs (docs/vram.md).",
     )
+    virtual_gpus: bool = Field(
+        False,
+        description="Run on the virtual GPUs of `gpu_budget_mib` even where NVML sees NVIDIA"
+        " GPUs: the VRAM policy plans with the budgets alone and runtimes are not pinned to"
+        " GPUs (tests that must not depend on the machine, rehearsing a configuration).",
+    )
     gpu_reserve_mib: Annotated[int, Field(ge=0)] = Field(
         512, description="MiB kept free on each real GPU for the CUDA context and driver."
     )
@@ -326,6 +332,12 @@ class EngineSettings(BaseModel):
     models: dict[
         str, Annotated[SerializeAsAny[ModelDefinition], BeforeValidator(_model_definition)]
     ] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _virtual_gpus_have_budgets(self) -> EngineSettings:
+        if self.virtual_gpus and not self.gpu_budget_mib:
+            raise ValueError("virtual_gpus needs gpu_budget_mib: one budget per virtual GPU")
+        return self
 
     @field_validator("backend")
     @classmethod

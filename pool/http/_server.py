@@ -54,7 +54,9 @@ async def serve(
 
     Args:
         gpus: where GPU memory readings come from; by default a :class:`GpuMonitor`
-            polling NVML, started here (a test passes a fixed view instead).
+            polling NVML, started here (a test passes a fixed view instead), or the
+            virtual GPUs of ``engine.gpu_budget_mib`` where NVML finds no GPU or
+            ``engine.virtual_gpus`` asks for them.
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
@@ -66,7 +68,7 @@ async def serve(
             host,
         )
     async with trio.open_nursery() as monitors:
-        if gpus is None:
+        if gpus is None and not settings.engine.virtual_gpus:
             monitor = await monitors.start(GpuMonitor().run)
             # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
             gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None

@@ -33,7 +33,9 @@ async def test_a_node_keeps_serving_without_redis_and_rejoins(
         "b": {"backend": "stub", "on_demand": True, "stub_vram_mib": 2000, "stub_reply": "ok"},
     }
     server = await start_server(
-        nursery, models, engine={"gpu_budget_mib": [10_000], "cluster": cluster}
+        nursery,
+        models,
+        engine={"gpu_budget_mib": [10_000], "virtual_gpus": True, "cluster": cluster},
     )
     async with (
         httpx.AsyncClient(base_url=server.url, timeout=10) as client,

@@ -96,6 +96,7 @@ def serve_settings(tmp_path: Path, redis_url: str, node: str) -> Path:
         "service": {"port": 0},
         "engine": {
             "gpu_budget_mib": [10_000],
+            "virtual_gpus": True,
             "cluster": {
                 "redis_url": redis_url,
                 "node_id": node,

@@ -50,7 +50,11 @@ async def start_node(nursery: trio.Nursery, redis_url: str, node: str, **fields:
     return await start_server(
         nursery,
         {"a": model(**fields)},
-        engine={"gpu_budget_mib": [10_000], "cluster": cluster(redis_url, node)},
+        engine={
+            "gpu_budget_mib": [10_000],
+            "virtual_gpus": True,
+            "cluster": cluster(redis_url, node),
+        },
     )
 
 
@@ -154,6 +158,7 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
                 "service": {"port": 0},
                 "engine": {
                     "gpu_budget_mib": [10_000],
+                    "virtual_gpus": True,
                     "cluster": cluster(redis_server.url, "nB"),
                     "models": {"a": model(enabled=True, stub_tokens_per_second=10)},
                 },

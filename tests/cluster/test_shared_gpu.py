@@ -53,6 +53,7 @@ def node_settings(tmp_path: Path, redis_url: str, node: str) -> Path:
         "service": {"host": "127.0.0.1", "port": 0},
         "engine": {
             "gpu_budget_mib": [BUDGET],
+            "virtual_gpus": True,
             "min_resident_s": 0,
             "warm_wait_s": 0,
             # A load may wait for peers' models to go idle and unload: rounds on a busy

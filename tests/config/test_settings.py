@@ -104,6 +104,14 @@ def test_replicas_above_replica_max_is_a_config_error() -> None:
     assert "replica_max" in info.value.problems[0]
 
 
+def test_virtual_gpus_need_budgets() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_settings({"engine": {"virtual_gpus": True}})
+    assert "virtual_gpus needs gpu_budget_mib" in str(info.value)
+    settings = build_settings({"engine": {"virtual_gpus": True, "gpu_budget_mib": [1000]}})
+    assert settings.engine.virtual_gpus
+
+
 def test_every_backend_has_its_fields() -> None:
     loaded = build_settings(
         {

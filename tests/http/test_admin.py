@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool.backends.stub import StubBackend
 from pool.http._auth import sign_op_token
+from tests.actors import fake_pynvml
 from tests.actors.helpers import CachingBackend, CachingRuntime
 
 from .conftest import TWO_GPUS, FakeGpus, start_server
@@ -120,6 +121,36 @@ async def test_no_gpu_readings_say_why(nursery: trio.Nursery) -> None:
         text = (await client.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["llm_pool_gpu_memory_used_bytes"].samples == []
+
+
+async def test_a_machine_without_nvidia_says_models_run_on_the_cpu(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve's NVML monitor on a machine with no NVIDIA driver (NVML's library missing)."""
+    missing = fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    fake_pynvml.install(monkeypatch, fake_pynvml.FakeMachine(init_error=missing))
+    said = "no NVIDIA GPU found: models run on the CPU (NVML: NVML Shared Library Not Found)"
+    info = await start_server(nursery)
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        body = (await client.get("/v1/admin/gpu-memory")).json()
+        assert body["gpus"] == [] and body["error"] == said
+        resources = (await client.get("/v1/capabilities")).json()["resources"]
+        assert resources["gpuIds"] == [] and resources["error"] == said
+
+
+async def test_serve_prefers_nvml_unless_virtual_gpus_are_asked_for(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine with NVIDIA GPUs, budgets cap NVML's GPUs; ``virtual_gpus`` replaces them."""
+    fake_pynvml.install(monkeypatch, fake_pynvml.two_gpus())
+    nvml = await start_server(nursery, engine={"gpu_budget_mib": [4096]})
+    virtual = await start_server(nursery, engine={"gpu_budget_mib": [4096], "virtual_gpus": True})
+    async with httpx.AsyncClient() as client:
+        body = (await client.get(f"{nvml.url}/v1/admin/gpu-memory")).json()
+        assert [g["name"] for g in body["gpus"]] == ["NVIDIA H100 80GB HBM3", "NVIDIA L4"]
+        body = (await client.get(f"{virtual.url}/v1/admin/gpu-memory")).json()
+        assert [(g["name"], g["total_mib"]) for g in body["gpus"]] == [("virtual GPU 0", 4096)]
+        assert body["error"] is None
 
 
 async def test_serve_reads_the_gpus_of_this_machine(client: httpx.AsyncClient) -> None:
@@ -326,7 +357,9 @@ async def test_rows_show_the_gpus_of_each_replica(nursery: trio.Nursery) -> None
         "small": {**stub, "stub_vram_mib": 4000},
         "big": {**stub, "stub_vram_mib": 12_000},
     }
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [8000, 8000]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000, 8000], "virtual_gpus": True}
+    )
     async with httpx.AsyncClient(base_url=info.url) as client:
         await client.post("/v1/admin/models/small/load", json={})
         row = (await client.post("/v1/admin/models/big/load", json={})).json()
@@ -342,7 +375,9 @@ async def test_admin_load_is_placed_within_the_gpu_budgets(nursery: trio.Nursery
     # The admin route loads through the pool's VRAM gate: a load that cannot fit is
     # refused at once (what the dashboard shows under its load form).
     models = {"big": {"backend": "stub", "replica_max": 2, "vram_mb": 3000, "stub_vram_mib": 3000}}
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
         refused = await client.post("/v1/admin/models/big/load", json={"replicas": 2})
         assert refused.status_code == 500

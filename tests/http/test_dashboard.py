@@ -27,6 +27,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from pool import ServerInfo
 from pool.actors import VirtualGpus
+from tests.actors import fake_pynvml
 from tests.components import missing
 from tests.http.conftest import start_server
 from tests.pulls.test_pulls import FileServer
@@ -41,6 +42,7 @@ def chromium() -> str:
     if CHROMIUM is None:
         missing("chromium", "Debian's package: scripts/test installs it when run as root")
     return CHROMIUM
+
 
 SMOLLM2 = {
     "backend": "llama_cpp",
@@ -126,6 +128,22 @@ async def test_the_page_and_its_files(nursery: trio.Nursery) -> None:
 
 
 @browser_test
+async def test_a_machine_without_nvidia_says_models_run_on_the_cpu(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    fake_pynvml.install(monkeypatch, fake_pynvml.FakeMachine(init_error=missing))
+    info = await start_server(nursery)
+
+    def scenario(page: Page) -> None:
+        expect(page.locator("#gpus")).to_have_text(
+            "no NVIDIA GPU found: models run on the CPU (NVML: NVML Shared Library Not Found)"
+        )
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_load_from_the_form_see_it_live_then_unload(nursery: trio.Nursery) -> None:
     models = {
         "cold": {
@@ -136,7 +154,9 @@ async def test_load_from_the_form_see_it_live_then_unload(nursery: trio.Nursery)
             "stub_vram_mib": 1000,
         },
     }
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096, 4096]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096, 4096], "virtual_gpus": True}
+    )
 
     def scenario(page: Page) -> None:
         row = model(page, "cold")
@@ -169,7 +189,9 @@ async def test_a_split_replica_shows_on_both_gpus(nursery: trio.Nursery) -> None
     # 12 GB on two 8 GB GPUs beside a 4 GB model: split 4000 + 8000 (docs/vram.md).
     stub = {"backend": "stub", "on_demand": True}
     models = {"small": {**stub, "stub_vram_mib": 4000}, "big": {**stub, "stub_vram_mib": 12_000}}
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [8000, 8000]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000, 8000], "virtual_gpus": True}
+    )
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
         await client.post("/v1/admin/models/small/load", json={})
         row = (await client.post("/v1/admin/models/big/load", json={})).json()
@@ -192,7 +214,9 @@ async def test_the_form_refuses_invalid_combinations(nursery: trio.Nursery) -> N
         # Two replicas do not fit the one 4 GiB GPU: only the pool knows, and says so.
         "big": {"backend": "stub", "replica_max": 2, "vram_mb": 3000, "stub_vram_mib": 3000},
     }
-    info = await start_server(nursery, models, engine={"gpu_budget_mib": [4096]})
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
 
     def scenario(page: Page) -> None:
         loads: list[str] = []
@@ -446,7 +470,7 @@ async def test_screenshot(nursery: trio.Nursery, tmp_path: Path) -> None:
     info = await start_server(
         nursery,
         models,
-        engine={"gpu_budget_mib": [24576, 24576]},
+        engine={"gpu_budget_mib": [24576, 24576], "virtual_gpus": True},
         model_store=str(tmp_path / "models"),
         hf_endpoint=None,
     )

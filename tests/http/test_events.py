@@ -51,7 +51,9 @@ def states(event: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_the_state_comes_at_once_then_each_change(nursery: trio.Nursery) -> None:
-    info = await start_server(nursery, MODELS, engine={"gpu_budget_mib": [4096]})
+    info = await start_server(
+        nursery, MODELS, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
     async with (
         state_stream(info) as events,
         httpx.AsyncClient(base_url=info.url) as client,

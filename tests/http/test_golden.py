@@ -26,7 +26,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
 from pool import ServerInfo
 from pool._version import __version__
-from pool.actors import GpuReading
+from pool.actors import GpuReading, GpuSource
 
 from .conftest import FakeGpus, start_server
 
@@ -240,8 +240,16 @@ def test_normalization_rules() -> None:
 # -- helpers ---------------------------------------------------------------------------
 
 
-async def _server(nursery: trio.Nursery, **service: Any) -> ServerInfo:
-    return await start_server(nursery, MODELS, runner_id="golden-runner", **service)
+# The golden files were recorded by a pool with no GPU: on a GPU box the stub models
+# would be placed and measured (``/api/ps`` sizes, footprints). Only the GPU cases read
+# the machine's NVML (``gpus=None``), with what differs between machines normalized.
+NO_GPU = FakeGpus(error="no GPU information: the golden files have none")
+
+
+async def _server(
+    nursery: trio.Nursery, gpus: GpuSource | None = NO_GPU, **service: Any
+) -> ServerInfo:
+    return await start_server(nursery, MODELS, runner_id="golden-runner", gpus=gpus, **service)
 
 
 # What NVML reports on a GPU box: the cases that show GPU readings also run with this
@@ -665,7 +673,9 @@ async def test_runner_cache_flush(nursery: trio.Nursery) -> None:
 
 
 async def test_health_every_model_failed(nursery: trio.Nursery) -> None:
-    info = await start_server(nursery, {"broken": MODELS["broken"] | {"enabled": True}})
+    info = await start_server(
+        nursery, {"broken": MODELS["broken"] | {"enabled": True}}, gpus=NO_GPU
+    )
     transcript = Transcript("health_unhealthy")
     async with _client(info) as client:
         transcript.exchange(await client.get("/health"))

@@ -11,7 +11,7 @@ import httpx
 import ollama
 import trio
 
-from tests.http.conftest import TWO_GPUS, start_server
+from tests.http.conftest import TWO_GPUS, FakeGpus, start_server
 
 
 async def test_root_probe_answers_like_ollama(client: httpx.AsyncClient) -> None:
@@ -101,7 +101,7 @@ async def test_openai_routes_take_keep_alive_as_ollama_does(nursery: trio.Nurser
 
 async def test_ps_reports_the_footprint_and_what_is_on_gpus(nursery: trio.Nursery) -> None:
     models = {"cpu": {"backend": "stub", "enabled": True, "vram_mb": 300}}
-    info = await start_server(nursery, models)
+    info = await start_server(nursery, models, gpus=FakeGpus(error="no GPU here"))
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as http:
         (row,) = (await http.get("/api/ps")).json()["models"]
         # No GPU placed it (this pool has none): the footprint, none of it in VRAM.

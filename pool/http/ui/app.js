@@ -218,7 +218,8 @@ function gpuNames(row) {
 function renderGpus(next) {
   const box = $("gpus");
   if (!next.gpus.length) {
-    box.replaceChildren(el("p", { class: "muted", text: `no GPU: ${next.gpu_error || "none found"}` }));
+    // The error says why in an operator's words ("no NVIDIA GPU found: models run on the CPU ...").
+    box.replaceChildren(el("p", { class: "muted", text: next.gpu_error || "no GPU found" }));
     return;
   }
   box.replaceChildren(
