@@ -694,10 +694,9 @@ class ModelActor:
         if declared is not None:
             return VramEstimate(declared * count, count, "artifact_metadata")
         if self.artifact is not None:
-            return VramEstimate(
-                size_estimate_mib(self.artifact) * count, count, "model_artifact_size"
-            )
-        guess = name_estimate_mib(definition.model_path, self.name)
+            size = size_estimate_mib(self.artifact, profile.gpu_layers)
+            return VramEstimate(size * count, count, "model_artifact_size")
+        guess = name_estimate_mib(definition.model_path, self.name, gpu_layers=profile.gpu_layers)
         if guess is not None:
             return VramEstimate(guess * count, count, "name_heuristic")
         return VramEstimate(None, count, "unavailable")

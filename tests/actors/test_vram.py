@@ -20,6 +20,7 @@ from pool.actors import GpuView, VirtualGpus
 from pool.actors._estimate import (
     Artifact,
     gguf_closed_form_mib,
+    gpu_layer_shares,
     read_artifact,
     read_gguf_header,
 )
@@ -576,3 +577,73 @@ def test_unreadable_artifact_is_no_artifact(tmp_path: Path) -> None:
     assert read_artifact(str(tmp_path / "missing.gguf"), None) is None
     assert read_artifact(None, None) is None
     assert isinstance(read_artifact(str(tmp_path), None), Artifact)
+
+
+# -- what a llama.cpp model puts on the GPU -------------------------------------------------
+
+
+def smollm2(**fields: Any) -> dict[str, Any]:
+    return {"backend": "llama_cpp", "model_path": SMOLLM2, "gguf_n_ctx": 1024, **fields}
+
+
+async def test_a_cpu_only_gguf_is_charged_nothing_on_the_gpu() -> None:
+    """SmolLM2 with ``gguf_n_gpu_layers: 0`` under a 64 MiB budget: its estimate is
+    0 MiB on the GPU, so the gate loads it (on the CPU); with every layer on the GPU
+    (the default) the same load is refused; a part of its layers is charged their share."""
+    settings = build_settings(
+        {
+            "engine": {
+                "gpu_budget_mib": [64],
+                "models": {
+                    "cpu": smollm2(gguf_n_gpu_layers=0),
+                    "gpu": smollm2(),
+                    "half": smollm2(gguf_n_gpu_layers=15),
+                },
+            }
+        }
+    )
+    async with open_pool(settings, startup_loads=False) as pool:
+        artifact = pool.model("cpu").artifact
+        assert artifact is not None and artifact.gguf is not None
+        header = artifact.gguf
+        estimates = {name: pool.snapshot(name).vram for name in ("cpu", "gpu", "half")}
+        assert (estimates["cpu"].mib, estimates["cpu"].source) == (0, "artifact_metadata")
+        whole = estimates["gpu"].mib
+        assert whole is not None and whole > 64
+
+        # 15 of the 30 blocks: 15/31 of the weights, half the KV cache, the compute buffer.
+        weights = header.weights_bytes
+        kv = 30 * 1024 * 3 * 128 * 2
+        compute = 512 * (49152 + 4 * 576) * 4 + 512 * 1024 * 9 * 4
+        expected = math.ceil((weights * 15 / 31 + kv / 2 + compute) / 2**20)
+        assert estimates["half"].mib == expected and 0 < expected < whole
+
+        with pytest.raises(PoolError) as info:
+            await pool.load("gpu")
+        assert info.value.code == "load_failed"
+        row = await pool.load("cpu")
+        assert row.state == "loaded" and row.gpus == ((0,),)
+        assert [list(p.mib) for p in row.placement] == [[0]]
+        reply = await pool.respond(ask("cpu", "Say hi", decoding={"max_tokens": 2}))
+        assert reply.text is not None
+
+
+def test_gpu_layer_shares() -> None:
+    every = gpu_layer_shares(-1, 30)
+    assert (every.weights, every.kv_cache, every.compute) == (1.0, 1.0, True)
+    assert gpu_layer_shares(None, 30) == every and gpu_layer_shares("all", 30) == every
+    assert gpu_layer_shares("auto", 30) == every and gpu_layer_shares(31, 30) == every
+    assert gpu_layer_shares(99, None) == every and gpu_layer_shares("99", 30) == every
+    none = gpu_layer_shares(0, 30)
+    assert (none.weights, none.kv_cache, none.compute) == (0.0, 0.0, False)
+    assert gpu_layer_shares("0", None) == none
+    part = gpu_layer_shares(10, 30)
+    assert (part.weights, part.kv_cache, part.compute) == (10 / 31, 10 / 30, True)
+
+
+async def test_size_and_name_steps_follow_the_gpu_layers(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-7b-q4_k_m.gguf"
+    broken.write_bytes(b"GGUF" + b"\xff" * (10 * 2**20))  # no readable header
+    cpu = {"backend": "llama_cpp", "gguf_n_gpu_layers": 0}
+    assert await estimate_of({**cpu, "model_path": str(broken)}) == (0, "model_artifact_size")
+    assert await estimate_of(cpu, name="mistral-7b-instruct-q4_k_m") == (0, "name_heuristic")
