@@ -43,11 +43,9 @@ from pool.backends import (
 )
 from pool.config import (
     EngineSettings,
-    LoadRequest,
     ModelDefinition,
     Settings,
     apply_override,
-    validate_load_request,
 )
 from pool.errors import PoolError
 
@@ -204,20 +202,27 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load(
-        self, body: LoadRequest | None = None, *, gpus: tuple[GpuPlacement, ...] = ()
+    async def load_placed(
+        self,
+        replicas: int,
+        patch: dict[str, Any],
+        *,
+        explicit: bool,
+        gpus: tuple[GpuPlacement, ...],
     ) -> ModelSnapshot:
-        """Load the model (or return its row if it is loaded or loading).
+        """Carry out a load the pool's VRAM gate let through (or return the row of a
+        model that is loaded or loading).
 
-        ``gpus``: the GPUs of each replica, as the pool's VRAM gate placed them.
+        Only the gate calls this (``Pool.load`` and the pool's on-demand loads): it has
+        validated the body (``replicas``, the override ``patch``; ``explicit``: the body
+        asked for either) and placed every replica (``gpus``), and it holds the
+        reservation until this returns. Nothing else may load a model, or the budget
+        would not hold.
 
         Raises:
-            PoolError: ``invalid_load_request`` for a body that does not suit the
-                backend or the state, ``model_unloading``, or ``load_failed``.
+            PoolError: ``invalid_load_request`` for overrides while loaded or loading,
+                ``model_unloading``, or ``load_failed``.
         """
-        body = body or LoadRequest()
-        replicas, patch = validate_load_request(body, self.definition)
-        explicit = bool(body.model_fields_set)
         return await self._call(_Command("load", replicas, patch, explicit, gpus=gpus))
 
     async def unload(self) -> ModelSnapshot:
@@ -332,15 +337,27 @@ class ModelActor:
         if self._on_change is not None:
             self._on_change()
 
+    def resident_row(self, explicit: bool) -> ModelSnapshot | None:
+        """A load of a model that is loaded or loading: its row (a load of a loading
+        model answers once that load is over); None when a load would have to start.
+
+        Raises:
+            PoolError: ``invalid_load_request`` for a body with replicas or overrides.
+        """
+        if self.state not in ("loaded", "loading"):
+            return None
+        if explicit:
+            raise PoolError(
+                "invalid_load_request",
+                f"model {self.name!r} is {self.state}; unload it before loading with"
+                " replicas or overrides",
+            )
+        return self.snapshot()
+
     async def _do_load(self, command: _Command) -> ModelSnapshot:
-        if self.state in ("loaded", "loading"):
-            if command.explicit:
-                raise PoolError(
-                    "invalid_load_request",
-                    f"model {self.name!r} is {self.state}; unload it before loading with"
-                    " replicas or overrides",
-                )
-            return self.snapshot()
+        resident = self.resident_row(command.explicit)
+        if resident is not None:
+            return resident
         assert self._nursery is not None
         effective = apply_override(self.definition, command.patch)
         self.load_override = dict(command.patch)

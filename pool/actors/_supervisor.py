@@ -208,14 +208,22 @@ class Pool:
         if isinstance(body, dict):
             body = LoadRequest.model_validate(body)
         actor = self.model(name)
-        if actor.state not in ("unloaded", "failed"):
-            return await actor.load(body)  # the row, or the state's error
         body = body or LoadRequest()
         replicas, patch = validate_load_request(body, actor.definition)
+        explicit = bool(body.model_fields_set)
+        while True:
+            if actor.state == "unloading":
+                raise PoolError("model_unloading", f"model {name!r} is unloading; retry after")
+            resident = actor.resident_row(explicit)
+            if resident is None:
+                break
+            if actor.state == "loaded":
+                return resident
+            await actor.wait_state_change()  # loading: answer once that load is over
         try:
             gpus = await self._make_room(actor, replicas, patch, wait=False)
             assert gpus is not None
-            return await actor.load(body, gpus=gpus)
+            return await actor.load_placed(replicas, patch, explicit=explicit, gpus=gpus)
         finally:
             self._release(actor)
 
@@ -561,11 +569,12 @@ class Pool:
 
     async def _on_demand_load(self, actor: ModelActor) -> None:
         try:
-            body = self._hinted_load_request(actor)
-            replicas, patch = validate_load_request(body or LoadRequest(), actor.definition)
+            body = self._hinted_load_request(actor) or LoadRequest()
+            replicas, patch = validate_load_request(body, actor.definition)
             gpus = await self._make_room(actor, replicas, patch, wait=True)
             if gpus is not None:
-                await actor.load(body, gpus=gpus)
+                explicit = bool(body.model_fields_set)
+                await actor.load_placed(replicas, patch, explicit=explicit, gpus=gpus)
         except PoolError as exc:
             log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
             if exc.code == "load_failed" and actor.state != "failed":
