@@ -241,7 +241,7 @@ class Pool:
         await self._changed.wait()
 
     def servable_models(self) -> list[str]:
-        return [n for n, a in self.models.items() if a.state == "loaded" or a.definition.on_demand]
+        return [n for n, a in self.models.items() if a.state == "loaded" or a.loads_on_request]
 
     # -- inference ---------------------------------------------------------------
     @asynccontextmanager
@@ -320,7 +320,7 @@ class Pool:
             steps: AsyncGenerator[Waiting | Ticket, None] | None = None
             door_closed = self._door_closed(actor)
             if report_waits and (
-                door_closed or (actor.definition.on_demand and actor.state != "loaded")
+                door_closed or (actor.loads_on_request and actor.state != "loaded")
             ):
                 # It waits for VRAM or a load: the caller gets the admission now and
                 # reads the wait from it. Queued here unless a door holds it, so a full
@@ -909,7 +909,7 @@ class Pool:
         before = {g.index: _held(g) for g in view.gpus}
         self.evictions += 1
         try:
-            await victim.unload()
+            await victim.unload("evicted")
         except PoolError as exc:
             log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
             return

@@ -579,6 +579,116 @@ def test_unreadable_artifact_is_no_artifact(tmp_path: Path) -> None:
     assert isinstance(read_artifact(str(tmp_path), None), Artifact)
 
 
+# -- evicted is not unloaded --------------------------------------------------------------
+
+
+def resident_and_burst(**resident: Any) -> dict[str, dict[str, Any]]:
+    """``resident``: enabled, not on demand, 300 MiB a replica (two replicas at most);
+    ``burst``: on demand, 600 MiB. On a 1000 MiB GPU two replicas of ``resident`` and
+    ``burst`` do not fit together."""
+    return {
+        "resident": {
+            "enabled": True,
+            "stub_vram_mib": 300,
+            "replica_max": 2,
+            "stub_load_seconds": 1,
+            **resident,
+        },
+        "burst": model(600, stub_load_seconds=1),
+    }
+
+
+async def test_an_evicted_model_comes_back_on_its_next_request(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An enabled model the pool evicted for an on-demand one is ``evicted``, not
+    unloaded: its next request waits in its queue while it loads again through the
+    gate (evicting the idle on-demand model in turn), with the load it had (two
+    replicas), and the budget holds throughout."""
+    settings = stub_settings(
+        resident_and_burst(), gpu_budget_mib=[1000], min_resident_s=0, queue_timeout_s=60
+    )
+    seen: list[int] = []
+    async with open_pool(settings) as pool:
+        watch_budget(pool, 1000, seen)
+        assert pool.snapshot("resident").state == "loaded"  # a startup load
+        await pool.unload("resident")
+        assert pool.snapshot("resident").unload_reason == "requested"
+        row = await pool.load("resident", {"replicas": 2})
+        assert (row.loaded_replicas, row.unload_reason) == (2, None)
+
+        assert (await pool.respond(ask("burst", "make room"))).text == "make room"
+        evicted = pool.snapshot("resident")
+        assert (evicted.state, evicted.unload_reason) == ("unloaded", "evicted")
+        assert "resident" in pool.servable_models()
+
+        reply = await pool.respond(ask("resident", "back again"))
+        assert reply.text == "back again"
+        back = pool.snapshot("resident")
+        assert (back.state, back.loaded_replicas, back.unload_reason) == ("loaded", 2, None)
+        assert back.load_override == {}  # replicas only: no override
+        assert pool.model("resident").load_count == 3  # startup, admin, comeback
+        assert pool.snapshot("burst").unload_reason == "evicted"
+    assert max(seen) <= 1000
+
+
+async def test_an_unload_that_was_asked_for_stays_unloaded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An operator's unload still means unloaded: 409 ``model_not_loaded``, whether the
+    model was loaded then or had been evicted before."""
+    settings = stub_settings(
+        resident_and_burst(stub_vram_mib=600), gpu_budget_mib=[1000], min_resident_s=0
+    )
+    async with open_pool(settings) as pool:
+        await pool.unload("resident")
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("resident"))
+        assert (info.value.code, info.value.status) == ("model_not_loaded", 409)
+
+        await pool.load("resident")
+        await pool.respond(ask("burst"))
+        assert pool.snapshot("resident").unload_reason == "evicted"
+        await pool.unload("resident")  # already unloaded: it now stays so
+        assert pool.snapshot("resident").unload_reason == "requested"
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("resident"))
+        assert info.value.code == "model_not_loaded"
+        assert pool.model("resident").load_count == 2
+
+
+async def test_an_evicted_model_waits_no_longer_than_its_queue_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """While the model that took its room stays busy, a request for the evicted model
+    waits for VRAM, and at its ``queue_timeout_s`` gets ``queue_timeout``; nothing
+    loads it once nobody waits."""
+    settings = stub_settings(
+        {
+            **resident_and_burst(stub_vram_mib=600, queue_timeout_s=5),
+            "burst": model(600, stub_reply="b " * 30, stub_tokens_per_second=1),
+        },
+        gpu_budget_mib=[1000],
+        min_resident_s=0,
+        warm_wait_s=600,
+    )
+    async with open_pool(settings) as pool:
+        streaming = Outcome()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_request, pool, ask("burst"), streaming)
+            await wait_until(lambda: pool.snapshot("burst").running == 1, within_s=60)
+            assert pool.snapshot("resident").unload_reason == "evicted"
+            asked = trio.current_time()
+            with pytest.raises(PoolError) as info:
+                await pool.respond(ask("resident"))
+            assert info.value.code == "queue_timeout"
+            assert info.value.details["waiting_for"] == "vram"
+            assert trio.current_time() - asked == pytest.approx(5, abs=0.5)
+        assert streaming.error is None
+        assert pool.snapshot("resident").state == "unloaded"
+        assert pool.model("resident").load_count == 1
+
+
 # -- what a llama.cpp model puts on the GPU -------------------------------------------------
 
 

@@ -204,7 +204,7 @@ async def test_preloads_go_through_the_vram_gate(nursery: trio.Nursery) -> None:
             assert len(loaded) <= 2 and name in loaded, memory
         rows = {m["name"]: m for m in (await http.get("/v1/admin/models")).json()["models"]}
     assert [n for n, r in rows.items() if r["is_loaded"]] == ["b", "c"]
-    assert rows["a"]["runtime_state"] == "unloaded"
+    assert rows["a"]["runtime_state"] == "unloaded" and rows["a"]["unload_reason"] == "evicted"
     assert seen and max(seen) <= 1000, seen
 
 
