@@ -579,6 +579,45 @@ def test_unreadable_artifact_is_no_artifact(tmp_path: Path) -> None:
     assert isinstance(read_artifact(str(tmp_path), None), Artifact)
 
 
+async def test_loads_from_two_entry_points_race_for_the_last_room(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An admin load (``Pool.load``, as the Ollama preload and the runner's tasks use)
+    and an on-demand request start together for the one model's worth of room. Trio
+    may run either first: the admin load takes the room (the request waits, then evicts
+    it once idle) or is refused at once with ``load_failed`` (the on-demand load holds
+    the room). Either way the request is served and at no state change is more held or
+    claimed than the budget."""
+    settings = stub_settings(
+        {"a": model(600, stub_load_seconds=2), "b": model(600, stub_load_seconds=2)},
+        gpu_budget_mib=[1000],
+        min_resident_s=0,
+        queue_timeout_s=60,
+    )
+    seen: list[int] = []
+    async with open_pool(settings) as pool:
+        watch_budget(pool, 1000, seen)
+        asked = Outcome()
+        refused: list[PoolError] = []
+
+        async def admin_load() -> None:
+            try:
+                await pool.load("a")
+            except PoolError as exc:
+                refused.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(admin_load)
+            nursery.start_soon(run_request, pool, ask("b", "bee"), asked)
+        assert asked.text == "bee" and asked.error is None
+        assert pool.snapshot("b").state == "loaded"
+        if refused:
+            assert refused[0].code == "load_failed" and pool.model("a").load_count == 0
+        else:
+            assert pool.snapshot("a").unload_reason == "evicted"
+    assert seen and max(seen) == 600
+
+
 # -- evicted is not unloaded --------------------------------------------------------------
 
 
