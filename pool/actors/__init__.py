@@ -39,6 +39,7 @@ from pool.actors._snapshots import (
     PoolHealth,
     QueueStats,
     RuntimeState,
+    UnloadReason,
     VramEstimate,
 )
 from pool.actors._supervisor import Pool, open_pool
@@ -80,6 +81,7 @@ __all__ = [
     "SharedLedger",
     "Timings",
     "ToolCallDelta",
+    "UnloadReason",
     "Usage",
     "VirtualGpus",
     "VramEstimate",

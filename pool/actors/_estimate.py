@@ -10,6 +10,10 @@ In order, the first that answers wins (docs/vram.md):
 4. the artifact's size x 1.1 (GGUF) or x 1.3 (safetensors and other folders);
 5. the parameter count and quantization in the model's name.
 
+Steps 3 to 5 count only what the load puts on the GPU: a llama.cpp model with some of
+its layers on the CPU (``gguf_n_gpu_layers``, ``llama_server_n_gpu_layers``) is charged
+their share (:func:`gpu_layer_shares`), and one with none there nothing.
+
 Reading an artifact is blocking file I/O: :func:`read_artifact` runs in a worker
 thread, once per model path; everything after it is arithmetic on what it read.
 """
@@ -217,11 +221,58 @@ def kv_cache_bytes(
     return layers * context * per_token
 
 
+@dataclass(frozen=True, slots=True)
+class GpuShares:
+    """What part of a llama.cpp model its GPU layer count puts on the GPU."""
+
+    weights: float  # of the weights: the repeating layers, and the output layer
+    kv_cache: float  # of the KV cache: one per repeating layer, beside its layer
+    compute: bool  # the compute buffer: there as soon as one layer is
+
+
+_ON_GPU = GpuShares(1.0, 1.0, True)
+
+
+def gpu_layer_shares(gpu_layers: int | str | None, blocks: int | None) -> GpuShares:
+    """The GPU's share of a model of ``blocks`` repeating layers with ``gpu_layers``
+    offloaded (llama.cpp's ``n_gpu_layers`` / ``-ngl``).
+
+    llama.cpp offloads the last ``n`` repeating layers, with their KV cache, and the
+    output layer once ``n`` exceeds the blocks; the token embeddings stay on the CPU.
+    The weights count as ``blocks + 1`` equal parts (the output layer one of them).
+    Every layer: a negative count, ``all``, or unset or ``auto`` (the backend's
+    default, or a fit only the backend knows: counted in full). ``0``: nothing on the
+    GPU. With ``blocks`` unknown a positive count is counted in full.
+    """
+    if isinstance(gpu_layers, str):
+        text = gpu_layers.strip().lower()
+        gpu_layers = int(text) if text.lstrip("-").isdigit() else None
+    if gpu_layers is None or gpu_layers < 0:
+        return _ON_GPU
+    if gpu_layers == 0:
+        return GpuShares(0.0, 0.0, False)
+    if not blocks or gpu_layers > blocks:
+        return _ON_GPU
+    return GpuShares(gpu_layers / (blocks + 1), gpu_layers / blocks, True)
+
+
+def gguf_blocks(header: GgufHeader | None) -> int | None:
+    """The repeating layers of a GGUF model, from its header; None if it does not say."""
+    if header is None:
+        return None
+    arch = header.metadata.get("general.architecture")
+    try:
+        return int(header.metadata[f"{arch}.block_count"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def gguf_closed_form_mib(header: GgufHeader, profile: MemoryProfile) -> int | None:
-    """Weights + KV cache + compute buffer of one llama.cpp context, in MiB.
+    """Weights + KV cache + compute buffer of one llama.cpp context on the GPU, in MiB.
 
     The compute buffer holds one micro-batch's logits and attention scores (f32);
-    None when the header lacks the dimensions.
+    only the layers ``profile.gpu_layers`` puts on the GPU count
+    (:func:`gpu_layer_shares`). None when the header lacks the dimensions.
     """
     md = header.metadata
     arch = md.get("general.architecture")
@@ -246,7 +297,13 @@ def gguf_closed_form_mib(header: GgufHeader, profile: MemoryProfile) -> int | No
     )
     ubatch = min(profile.batch or _UBATCH, _UBATCH)
     compute = ubatch * (vocab + 4 * embd) * 4 + ubatch * context * heads * 4
-    return math.ceil((header.weights_bytes + kv + compute) / MIB)
+    share = gpu_layer_shares(profile.gpu_layers, layers)
+    on_gpu = (
+        header.weights_bytes * share.weights
+        + kv * share.kv_cache
+        + (compute if share.compute else 0)
+    )
+    return math.ceil(on_gpu / MIB)
 
 
 def hf_closed_form_mib(
@@ -291,10 +348,14 @@ def closed_form_mib(artifact: Artifact, profile: MemoryProfile) -> int | None:
     return None
 
 
-def size_estimate_mib(artifact: Artifact) -> int:
-    """The artifact's size with the spec's margin: x 1.1 for GGUF, x 1.3 otherwise."""
+def size_estimate_mib(artifact: Artifact, gpu_layers: int | str | None = None) -> int:
+    """The artifact's size with the spec's margin: x 1.1 for GGUF, x 1.3 otherwise;
+    of a llama.cpp model, the weights' share that ``gpu_layers`` puts on the GPU."""
     factor = GGUF_SIZE_FACTOR if artifact.kind == "gguf" else SAFETENSORS_SIZE_FACTOR
-    return max(1, math.ceil(artifact.size_bytes * factor / MIB))
+    share = gpu_layer_shares(gpu_layers, gguf_blocks(artifact.gguf)).weights
+    if share == 0:
+        return 0
+    return max(1, math.ceil(artifact.size_bytes * factor * share / MIB))
 
 
 _PARAMS = re.compile(r"(\d+(?:\.\d+)?)([bm])(?![a-z])", re.IGNORECASE)
@@ -308,9 +369,10 @@ _BITS = (
 )
 
 
-def name_estimate_mib(*names: str | None) -> int | None:
+def name_estimate_mib(*names: str | None, gpu_layers: int | str | None = None) -> int | None:
     """A guess from a name such as ``mistral-24b-instruct-q4_k_m``: parameters x bits of
-    the quantization named (16 when none) x 1.2 for the cache and buffers."""
+    the quantization named (16 when none) x 1.2 for the cache and buffers; nothing for
+    a model ``gpu_layers`` keeps off the GPU (``0``)."""
     for name in names:
         if not name:
             continue
@@ -320,5 +382,7 @@ def name_estimate_mib(*names: str | None) -> int | None:
             continue
         params = float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6)
         bits = next((b for pattern, b in _BITS if pattern.search(stem)), 16.0)
+        if gpu_layer_shares(gpu_layers, None).weights == 0:
+            return 0
         return max(1, math.ceil(params * bits / 8 * 1.2 / MIB))
     return None

@@ -28,7 +28,7 @@ from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import PoolMetrics
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
-from pool.actors._snapshots import ModelSnapshot, RuntimeState, VramEstimate
+from pool.actors._snapshots import ModelSnapshot, RuntimeState, UnloadReason, VramEstimate
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
 from pool.actors._vram import CudaContexts, LoadMeter
@@ -43,18 +43,19 @@ from pool.backends import (
 )
 from pool.config import (
     EngineSettings,
-    LoadRequest,
     ModelDefinition,
     Settings,
     apply_override,
-    validate_load_request,
 )
 from pool.errors import PoolError
 
 log = logging.getLogger("pool.model")
 
 STATE_DESCRIPTIONS: dict[str, str] = {
-    "unloaded": "Known from config, no runtime; requests are rejected; may be loaded.",
+    "unloaded": (
+        "Known from config, no runtime; requests are rejected (an on_demand model, or one"
+        " the pool evicted, loads on its next request instead); may be loaded."
+    ),
     "loading": "A load is under way; requests are rejected; a second load returns this row.",
     "loaded": "Replicas are up and serving requests.",
     "unloading": (
@@ -72,6 +73,7 @@ class _Command:
     patch: dict[str, Any] = field(default_factory=dict)
     explicit: bool = False  # the body asked for replicas or overrides
     reason: str = ""
+    unload_reason: UnloadReason = "requested"
     replica: Replica | None = None
     model_path: str | None = None
     # The GPUs of each replica, chosen by the pool's VRAM gate.
@@ -116,6 +118,10 @@ class ModelActor:
         self.backend: Backend = get_backend(definition.backend)
         self.state: RuntimeState = "unloaded"
         self.last_error: str | None = None
+        # Why the model was last unloaded, until it loads again (docs/vram.md): a model
+        # the pool evicted comes back on its next request, with the load it had.
+        self.unload_reason: UnloadReason | None = None
+        self._comeback: dict[str, Any] | None = None
         self.load_override: dict[str, Any] = {}
         self.active_definition: ModelDefinition = definition
         self.selected_replicas = definition.replicas
@@ -204,25 +210,44 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load(
-        self, body: LoadRequest | None = None, *, gpus: tuple[GpuPlacement, ...] = ()
+    async def load_placed(
+        self,
+        replicas: int,
+        patch: dict[str, Any],
+        *,
+        explicit: bool,
+        gpus: tuple[GpuPlacement, ...],
     ) -> ModelSnapshot:
-        """Load the model (or return its row if it is loaded or loading).
+        """Carry out a load the pool's VRAM gate let through (or return the row of a
+        model that is loaded or loading).
 
-        ``gpus``: the GPUs of each replica, as the pool's VRAM gate placed them.
+        Only the gate calls this (``Pool.load`` and the pool's on-demand loads): it has
+        validated the body (``replicas``, the override ``patch``; ``explicit``: the body
+        asked for either) and placed every replica (``gpus``), and it holds the
+        reservation until this returns. Nothing else may load a model, or the budget
+        would not hold.
 
         Raises:
-            PoolError: ``invalid_load_request`` for a body that does not suit the
-                backend or the state, ``model_unloading``, or ``load_failed``.
+            PoolError: ``invalid_load_request`` for overrides while loaded or loading,
+                ``model_unloading``, or ``load_failed``.
         """
-        body = body or LoadRequest()
-        replicas, patch = validate_load_request(body, self.definition)
-        explicit = bool(body.model_fields_set)
         return await self._call(_Command("load", replicas, patch, explicit, gpus=gpus))
 
-    async def unload(self) -> ModelSnapshot:
-        """Unload gracefully; returns the snapshot once the model is ``unloaded``."""
-        return await self._call(_Command("unload"))
+    async def unload(self, reason: UnloadReason = "requested") -> ModelSnapshot:
+        """Unload gracefully; returns the snapshot once the model is ``unloaded``.
+
+        ``reason``: ``evicted`` only from the pool's VRAM gate (the model then loads
+        again on its next request); an asked-for unload of an evicted model makes it
+        stay unloaded.
+        """
+        return await self._call(_Command("unload", unload_reason=reason))
+
+    @property
+    def loads_on_request(self) -> bool:
+        """Whether a request for this model, not loaded, loads it (and waits for it in
+        the queue) instead of being refused: an ``on_demand`` model, or one the pool
+        evicted until it is loaded again."""
+        return self.definition.on_demand or self.unload_reason == "evicted"
 
     async def set_model_path(self, path: str | None) -> None:
         """Point the model at ``path`` (a pull placed its files there, or removed them).
@@ -260,7 +285,7 @@ class ModelActor:
         An ``on_demand`` model that is not loaded starts loading and the request waits
         in the queue (bounded by ``queue_timeout_s``) instead of failing.
         """
-        on_demand_wait = self.definition.on_demand and self.state in (
+        on_demand_wait = self.loads_on_request and self.state in (
             "unloaded",
             "loading",
             "failed",
@@ -278,8 +303,9 @@ class ModelActor:
             # Ollama semantics: the latest request's keep_alive sets the idle timer.
             self.keep_alive_s = keep_alive_s
             self._set_expiry(None)
-            if on_demand_wait and self._loader is not None:
-                self._loader.request(self, load_hint)
+        if on_demand_wait and self._loader is not None:
+            # An evicted model comes back with the load it had, whatever the request hints.
+            self._loader.request(self, load_hint if self.definition.on_demand else self._comeback)
         return ticket
 
     def reject_waiting(self, error: PoolError) -> None:
@@ -307,7 +333,7 @@ class ModelActor:
             if command.kind == "load":
                 result: ModelSnapshot | PoolError = await self._do_load(command)
             elif command.kind == "unload":
-                result = await self._do_unload()
+                result = await self._do_unload(command.unload_reason)
             elif command.kind == "set_model_path":
                 result = await self._do_set_model_path(command)
             else:
@@ -332,15 +358,27 @@ class ModelActor:
         if self._on_change is not None:
             self._on_change()
 
+    def resident_row(self, explicit: bool) -> ModelSnapshot | None:
+        """A load of a model that is loaded or loading: its row (a load of a loading
+        model answers once that load is over); None when a load would have to start.
+
+        Raises:
+            PoolError: ``invalid_load_request`` for a body with replicas or overrides.
+        """
+        if self.state not in ("loaded", "loading"):
+            return None
+        if explicit:
+            raise PoolError(
+                "invalid_load_request",
+                f"model {self.name!r} is {self.state}; unload it before loading with"
+                " replicas or overrides",
+            )
+        return self.snapshot()
+
     async def _do_load(self, command: _Command) -> ModelSnapshot:
-        if self.state in ("loaded", "loading"):
-            if command.explicit:
-                raise PoolError(
-                    "invalid_load_request",
-                    f"model {self.name!r} is {self.state}; unload it before loading with"
-                    " replicas or overrides",
-                )
-            return self.snapshot()
+        resident = self.resident_row(command.explicit)
+        if resident is not None:
+            return resident
         assert self._nursery is not None
         effective = apply_override(self.definition, command.patch)
         self.load_override = dict(command.patch)
@@ -389,6 +427,7 @@ class ModelActor:
             await self._stop_replicas(replicas)
             self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
             log.warning("model=%s load failed: %s", self.name, self.last_error)
+            self.unload_reason, self._comeback = None, None
             self._set_state("failed")
             if self.metrics is not None:
                 self.metrics.loads.labels(self.name, "failed").inc()
@@ -409,6 +448,7 @@ class ModelActor:
             self._record_footprint(await self._meter.finish(mark))
         self.resident_since = trio.current_time()
         self.last_error = None
+        self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()
         self.loaded_at_wall = time.time()
         self.last_used_at = self.loaded_at
@@ -446,8 +486,10 @@ class ModelActor:
             return None
         return sum(self._progress.values()) / max(1, self.selected_replicas)
 
-    async def _do_unload(self) -> ModelSnapshot:
+    async def _do_unload(self, reason: UnloadReason) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):
+            if self.state == "unloaded" and reason == "requested":
+                self._forget_unload(reason)  # an evicted model asked to stay unloaded
             return self.snapshot()
         self._set_state("unloading")
         unload_started = time.perf_counter()
@@ -461,6 +503,12 @@ class ModelActor:
         self.scheduler.set_replicas(())
         await self._stop_replicas(replicas)
         await self._learn_context(len(replicas))
+        self._forget_unload(reason)
+        if reason == "evicted":
+            body = {**self.load_override}
+            if self.selected_replicas != self.definition.replicas:
+                body["replicas"] = self.selected_replicas
+            self._comeback = body or None
         self.load_override = {}
         self.active_definition = self.definition
         self.selected_replicas = self.definition.replicas
@@ -474,6 +522,12 @@ class ModelActor:
             )
         self._set_state("unloaded")
         return self.snapshot()
+
+    def _forget_unload(self, reason: UnloadReason | None) -> None:
+        self.unload_reason = reason
+        self._comeback = None
+        if self._on_change is not None:
+            self._on_change()
 
     async def _drain(self) -> None:
         """Let running requests finish, for at most ``engine.unload_drain_s``.
@@ -649,7 +703,7 @@ class ModelActor:
                 log.info("model=%s keep_alive expired; unloading", self.name)
                 self.expires_at = None
                 try:
-                    await self.unload()
+                    await self.unload("keep_alive")
                 except PoolError as exc:  # e.g. shutting down under us
                     log.warning("model=%s keep-alive unload failed: %s", self.name, exc.message)
 
@@ -694,10 +748,9 @@ class ModelActor:
         if declared is not None:
             return VramEstimate(declared * count, count, "artifact_metadata")
         if self.artifact is not None:
-            return VramEstimate(
-                size_estimate_mib(self.artifact) * count, count, "model_artifact_size"
-            )
-        guess = name_estimate_mib(definition.model_path, self.name)
+            size = size_estimate_mib(self.artifact, profile.gpu_layers)
+            return VramEstimate(size * count, count, "model_artifact_size")
+        guess = name_estimate_mib(definition.model_path, self.name, gpu_layers=profile.gpu_layers)
         if guess is not None:
             return VramEstimate(guess * count, count, "name_heuristic")
         return VramEstimate(None, count, "unavailable")
@@ -730,4 +783,5 @@ class ModelActor:
             expires_in_s=self.expires_in_s,
             observed_load_delta_mib=self.observed_load_delta_mib,
             placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
+            unload_reason=self.unload_reason,
         )

@@ -15,6 +15,10 @@ from pool.backends import Capabilities, GpuPlacement
 from pool.config import ModelDefinition
 
 RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+# Why an unloaded model is unloaded (docs/vram.md, "Eviction"): the pool made room for
+# another model (its next request loads it again), an unload was asked for (admin,
+# runner or Ollama API: it stays unloaded), or it sat idle past its keep_alive.
+UnloadReason = Literal["evicted", "requested", "keep_alive"]
 # The estimate chain, best first (pool/actors/_estimate.py, docs/vram.md).
 VramSource = Literal[
     "configured_vram_mb",
@@ -69,6 +73,8 @@ class ModelSnapshot:
     observed_load_delta_mib: int | None = None
     # The GPUs of each replica, while placed (loading, loaded, unloading).
     placement: tuple[GpuPlacement, ...] = ()
+    # Why the model was last unloaded, until it loads again; None if it never was.
+    unload_reason: UnloadReason | None = None
 
     @property
     def gpus(self) -> tuple[tuple[int, ...], ...]:

@@ -208,14 +208,22 @@ class Pool:
         if isinstance(body, dict):
             body = LoadRequest.model_validate(body)
         actor = self.model(name)
-        if actor.state not in ("unloaded", "failed"):
-            return await actor.load(body)  # the row, or the state's error
         body = body or LoadRequest()
         replicas, patch = validate_load_request(body, actor.definition)
+        explicit = bool(body.model_fields_set)
+        while True:
+            if actor.state == "unloading":
+                raise PoolError("model_unloading", f"model {name!r} is unloading; retry after")
+            resident = actor.resident_row(explicit)
+            if resident is None:
+                break
+            if actor.state == "loaded":
+                return resident
+            await actor.wait_state_change()  # loading: answer once that load is over
         try:
             gpus = await self._make_room(actor, replicas, patch, wait=False)
             assert gpus is not None
-            return await actor.load(body, gpus=gpus)
+            return await actor.load_placed(replicas, patch, explicit=explicit, gpus=gpus)
         finally:
             self._release(actor)
 
@@ -233,7 +241,7 @@ class Pool:
         await self._changed.wait()
 
     def servable_models(self) -> list[str]:
-        return [n for n, a in self.models.items() if a.state == "loaded" or a.definition.on_demand]
+        return [n for n, a in self.models.items() if a.state == "loaded" or a.loads_on_request]
 
     # -- inference ---------------------------------------------------------------
     @asynccontextmanager
@@ -312,7 +320,7 @@ class Pool:
             steps: AsyncGenerator[Waiting | Ticket, None] | None = None
             door_closed = self._door_closed(actor)
             if report_waits and (
-                door_closed or (actor.definition.on_demand and actor.state != "loaded")
+                door_closed or (actor.loads_on_request and actor.state != "loaded")
             ):
                 # It waits for VRAM or a load: the caller gets the admission now and
                 # reads the wait from it. Queued here unless a door holds it, so a full
@@ -561,11 +569,12 @@ class Pool:
 
     async def _on_demand_load(self, actor: ModelActor) -> None:
         try:
-            body = self._hinted_load_request(actor)
-            replicas, patch = validate_load_request(body or LoadRequest(), actor.definition)
+            body = self._hinted_load_request(actor) or LoadRequest()
+            replicas, patch = validate_load_request(body, actor.definition)
             gpus = await self._make_room(actor, replicas, patch, wait=True)
             if gpus is not None:
-                await actor.load(body, gpus=gpus)
+                explicit = bool(body.model_fields_set)
+                await actor.load_placed(replicas, patch, explicit=explicit, gpus=gpus)
         except PoolError as exc:
             log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
             if exc.code == "load_failed" and actor.state != "failed":
@@ -900,7 +909,7 @@ class Pool:
         before = {g.index: _held(g) for g in view.gpus}
         self.evictions += 1
         try:
-            await victim.unload()
+            await victim.unload("evicted")
         except PoolError as exc:
             log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
             return

@@ -369,12 +369,16 @@ class _Routes:
     async def _load_or_unload(
         self, actor: ModelActor, keep_alive: float | str | None, **fields: Any
     ) -> Response:
-        """Ollama's empty request: load the model, or unload it with keep_alive 0."""
+        """Ollama's empty request: load the model, or unload it with keep_alive 0.
+
+        The load is the pool's own (``Pool.load``): placed by the VRAM gate, evicting
+        what the rules allow, else refused with ``load_failed``; never past the budget.
+        """
         if keep_alive is not None and parse_keep_alive(keep_alive) == 0:
-            await self.pool.detached(actor.unload)
+            await self.pool.detached(self.pool.unload, actor.name)
             reason = "unload"
         else:
-            await self.pool.detached(actor.load)
+            await self.pool.detached(self.pool.load, actor.name)
             reason = "load"
         return json_response(
             {

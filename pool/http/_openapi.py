@@ -126,8 +126,9 @@ ROUTES: list[Route] = [
      " `stream: true` as frames; send `{\"type\": \"response.cancel\"}` to cancel the running"
      " one (`response.cancelled`).", status=101),
     Route("get", "/v1/models", "inference", "List servable models",
-     "OpenAI list format of the model ids that accept requests now: loaded models and"
-     " on-demand models. In a cluster (`engine.cluster`, docs/cluster.md) the peers'"
+     "OpenAI list format of the model ids that accept requests now: loaded models,"
+     " on-demand models and models the pool evicted (a request loads them again). In a"
+     " cluster (`engine.cluster`, docs/cluster.md) the peers'"
      " models too, each entry with `nodes`: the nodes that have it loaded.", reply=ModelList),
     Route("get", "/v1/admin/models", "admin", "List configured models",
      "Every model of the merged config with its runtime state, queue and replica figures,"
@@ -135,7 +136,9 @@ ROUTES: list[Route] = [
      " observed_load_delta, artifact_metadata, model_artifact_size, name_heuristic or"
      " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
      " when none; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
-     " each of them), capabilities, load constraints and"
+     " each of them), `unload_reason` (why it is unloaded: `evicted` by the pool, so its"
+     " next request loads it again; `requested`; `keep_alive`), capabilities, load"
+     " constraints and"
      " recommendations, load override and definition. In a cluster, `cluster` lists every"
      " peer's models (`node`, `name`, `state`, `replicas`, `in_flight`, `queue_depth`,"
      " `on_demand`, `vram_mib`).", reply=ModelRows),
@@ -153,7 +156,8 @@ ROUTES: list[Route] = [
     Route("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
      "Graceful: new requests are refused at once, queued ones get `model_unloading`, running"
      " ones finish (within `engine.unload_drain_s`; past it they end with `model_unloading`),"
-     " then the runtime is released. 200 if already unloaded.", reply=ModelRow),
+     " then the runtime is released. 200 if already unloaded. The model stays unloaded"
+     " (`unload_reason` `requested`), even one the pool had evicted.", reply=ModelRow),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"

@@ -40,6 +40,8 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         "configured_target_inflight": definition.target_inflight,
         "effective_target_inflight": snapshot.effective_target_inflight,
         "last_error": snapshot.last_error,
+        # Why it is unloaded: evicted (its next request loads it), requested, keep_alive.
+        "unload_reason": snapshot.unload_reason,
         "vram_estimate_mib": snapshot.vram.mib,
         "vram_estimate_replica_count": snapshot.vram.replica_count,
         "vram_estimate_source": snapshot.vram.source,

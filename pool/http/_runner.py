@@ -214,7 +214,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         actor = pool.model(body.modelId)
         before = actor.snapshot()
         was_loaded = before.state == "loaded"
-        await pool.detached(actor.unload)
+        await pool.detached(pool.unload, body.modelId)
         return json_response(
             {
                 "modelId": body.modelId,

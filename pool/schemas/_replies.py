@@ -261,6 +261,12 @@ class ModelRow(_Reply):
     configured_target_inflight: int
     effective_target_inflight: int
     last_error: str | None
+    unload_reason: Literal["evicted", "requested", "keep_alive"] | None = Field(
+        description="Why the model was last unloaded, until it loads again: `evicted` (the"
+        " pool made room for another model; its next request loads it again), `requested`"
+        " (an unload was asked for; it stays unloaded), `keep_alive` (idle past its"
+        " keep_alive); null if it never was."
+    )
     vram_estimate_mib: int | None
     vram_estimate_replica_count: int
     vram_estimate_source: str

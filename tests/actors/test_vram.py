@@ -20,6 +20,7 @@ from pool.actors import GpuView, VirtualGpus
 from pool.actors._estimate import (
     Artifact,
     gguf_closed_form_mib,
+    gpu_layer_shares,
     read_artifact,
     read_gguf_header,
 )
@@ -576,3 +577,222 @@ def test_unreadable_artifact_is_no_artifact(tmp_path: Path) -> None:
     assert read_artifact(str(tmp_path / "missing.gguf"), None) is None
     assert read_artifact(None, None) is None
     assert isinstance(read_artifact(str(tmp_path), None), Artifact)
+
+
+async def test_loads_from_two_entry_points_race_for_the_last_room(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An admin load (``Pool.load``, as the Ollama preload and the runner's tasks use)
+    and an on-demand request start together for the one model's worth of room. Trio
+    may run either first: the admin load takes the room (the request waits, then evicts
+    it once idle) or is refused at once with ``load_failed`` (the on-demand load holds
+    the room). Either way the request is served and at no state change is more held or
+    claimed than the budget."""
+    settings = stub_settings(
+        {"a": model(600, stub_load_seconds=2), "b": model(600, stub_load_seconds=2)},
+        gpu_budget_mib=[1000],
+        min_resident_s=0,
+        queue_timeout_s=60,
+    )
+    seen: list[int] = []
+    async with open_pool(settings) as pool:
+        watch_budget(pool, 1000, seen)
+        asked = Outcome()
+        refused: list[PoolError] = []
+
+        async def admin_load() -> None:
+            try:
+                await pool.load("a")
+            except PoolError as exc:
+                refused.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(admin_load)
+            nursery.start_soon(run_request, pool, ask("b", "bee"), asked)
+        assert asked.text == "bee" and asked.error is None
+        assert pool.snapshot("b").state == "loaded"
+        if refused:
+            assert refused[0].code == "load_failed" and pool.model("a").load_count == 0
+        else:
+            assert pool.snapshot("a").unload_reason == "evicted"
+    assert seen and max(seen) == 600
+
+
+# -- evicted is not unloaded --------------------------------------------------------------
+
+
+def resident_and_burst(**resident: Any) -> dict[str, dict[str, Any]]:
+    """``resident``: enabled, not on demand, 300 MiB a replica (two replicas at most);
+    ``burst``: on demand, 600 MiB. On a 1000 MiB GPU two replicas of ``resident`` and
+    ``burst`` do not fit together."""
+    return {
+        "resident": {
+            "enabled": True,
+            "stub_vram_mib": 300,
+            "replica_max": 2,
+            "stub_load_seconds": 1,
+            **resident,
+        },
+        "burst": model(600, stub_load_seconds=1),
+    }
+
+
+async def test_an_evicted_model_comes_back_on_its_next_request(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An enabled model the pool evicted for an on-demand one is ``evicted``, not
+    unloaded: its next request waits in its queue while it loads again through the
+    gate (evicting the idle on-demand model in turn), with the load it had (two
+    replicas), and the budget holds throughout."""
+    settings = stub_settings(
+        resident_and_burst(), gpu_budget_mib=[1000], min_resident_s=0, queue_timeout_s=60
+    )
+    seen: list[int] = []
+    async with open_pool(settings) as pool:
+        watch_budget(pool, 1000, seen)
+        assert pool.snapshot("resident").state == "loaded"  # a startup load
+        await pool.unload("resident")
+        assert pool.snapshot("resident").unload_reason == "requested"
+        row = await pool.load("resident", {"replicas": 2})
+        assert (row.loaded_replicas, row.unload_reason) == (2, None)
+
+        assert (await pool.respond(ask("burst", "make room"))).text == "make room"
+        evicted = pool.snapshot("resident")
+        assert (evicted.state, evicted.unload_reason) == ("unloaded", "evicted")
+        assert "resident" in pool.servable_models()
+
+        reply = await pool.respond(ask("resident", "back again"))
+        assert reply.text == "back again"
+        back = pool.snapshot("resident")
+        assert (back.state, back.loaded_replicas, back.unload_reason) == ("loaded", 2, None)
+        assert back.load_override == {}  # replicas only: no override
+        assert pool.model("resident").load_count == 3  # startup, admin, comeback
+        assert pool.snapshot("burst").unload_reason == "evicted"
+    assert max(seen) <= 1000
+
+
+async def test_an_unload_that_was_asked_for_stays_unloaded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An operator's unload still means unloaded: 409 ``model_not_loaded``, whether the
+    model was loaded then or had been evicted before."""
+    settings = stub_settings(
+        resident_and_burst(stub_vram_mib=600), gpu_budget_mib=[1000], min_resident_s=0
+    )
+    async with open_pool(settings) as pool:
+        await pool.unload("resident")
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("resident"))
+        assert (info.value.code, info.value.status) == ("model_not_loaded", 409)
+
+        await pool.load("resident")
+        await pool.respond(ask("burst"))
+        assert pool.snapshot("resident").unload_reason == "evicted"
+        await pool.unload("resident")  # already unloaded: it now stays so
+        assert pool.snapshot("resident").unload_reason == "requested"
+        with pytest.raises(PoolError) as info:
+            await pool.respond(ask("resident"))
+        assert info.value.code == "model_not_loaded"
+        assert pool.model("resident").load_count == 2
+
+
+async def test_an_evicted_model_waits_no_longer_than_its_queue_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """While the model that took its room stays busy, a request for the evicted model
+    waits for VRAM, and at its ``queue_timeout_s`` gets ``queue_timeout``; nothing
+    loads it once nobody waits."""
+    settings = stub_settings(
+        {
+            **resident_and_burst(stub_vram_mib=600, queue_timeout_s=5),
+            "burst": model(600, stub_reply="b " * 30, stub_tokens_per_second=1),
+        },
+        gpu_budget_mib=[1000],
+        min_resident_s=0,
+        warm_wait_s=600,
+    )
+    async with open_pool(settings) as pool:
+        streaming = Outcome()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_request, pool, ask("burst"), streaming)
+            await wait_until(lambda: pool.snapshot("burst").running == 1, within_s=60)
+            assert pool.snapshot("resident").unload_reason == "evicted"
+            asked = trio.current_time()
+            with pytest.raises(PoolError) as info:
+                await pool.respond(ask("resident"))
+            assert info.value.code == "queue_timeout"
+            assert info.value.details["waiting_for"] == "vram"
+            assert trio.current_time() - asked == pytest.approx(5, abs=0.5)
+        assert streaming.error is None
+        assert pool.snapshot("resident").state == "unloaded"
+        assert pool.model("resident").load_count == 1
+
+
+# -- what a llama.cpp model puts on the GPU -------------------------------------------------
+
+
+def smollm2(**fields: Any) -> dict[str, Any]:
+    return {"backend": "llama_cpp", "model_path": SMOLLM2, "gguf_n_ctx": 1024, **fields}
+
+
+async def test_a_cpu_only_gguf_is_charged_nothing_on_the_gpu() -> None:
+    """SmolLM2 with ``gguf_n_gpu_layers: 0`` under a 64 MiB budget: its estimate is
+    0 MiB on the GPU, so the gate loads it (on the CPU); with every layer on the GPU
+    (the default) the same load is refused; a part of its layers is charged their share."""
+    settings = build_settings(
+        {
+            "engine": {
+                "gpu_budget_mib": [64],
+                "models": {
+                    "cpu": smollm2(gguf_n_gpu_layers=0),
+                    "gpu": smollm2(),
+                    "half": smollm2(gguf_n_gpu_layers=15),
+                },
+            }
+        }
+    )
+    async with open_pool(settings, startup_loads=False) as pool:
+        artifact = pool.model("cpu").artifact
+        assert artifact is not None and artifact.gguf is not None
+        header = artifact.gguf
+        estimates = {name: pool.snapshot(name).vram for name in ("cpu", "gpu", "half")}
+        assert (estimates["cpu"].mib, estimates["cpu"].source) == (0, "artifact_metadata")
+        whole = estimates["gpu"].mib
+        assert whole is not None and whole > 64
+
+        # 15 of the 30 blocks: 15/31 of the weights, half the KV cache, the compute buffer.
+        weights = header.weights_bytes
+        kv = 30 * 1024 * 3 * 128 * 2
+        compute = 512 * (49152 + 4 * 576) * 4 + 512 * 1024 * 9 * 4
+        expected = math.ceil((weights * 15 / 31 + kv / 2 + compute) / 2**20)
+        assert estimates["half"].mib == expected and 0 < expected < whole
+
+        with pytest.raises(PoolError) as info:
+            await pool.load("gpu")
+        assert info.value.code == "load_failed"
+        row = await pool.load("cpu")
+        assert row.state == "loaded" and row.gpus == ((0,),)
+        assert [list(p.mib) for p in row.placement] == [[0]]
+        reply = await pool.respond(ask("cpu", "Say hi", decoding={"max_tokens": 2}))
+        assert reply.text is not None
+
+
+def test_gpu_layer_shares() -> None:
+    every = gpu_layer_shares(-1, 30)
+    assert (every.weights, every.kv_cache, every.compute) == (1.0, 1.0, True)
+    assert gpu_layer_shares(None, 30) == every and gpu_layer_shares("all", 30) == every
+    assert gpu_layer_shares("auto", 30) == every and gpu_layer_shares(31, 30) == every
+    assert gpu_layer_shares(99, None) == every and gpu_layer_shares("99", 30) == every
+    none = gpu_layer_shares(0, 30)
+    assert (none.weights, none.kv_cache, none.compute) == (0.0, 0.0, False)
+    assert gpu_layer_shares("0", None) == none
+    part = gpu_layer_shares(10, 30)
+    assert (part.weights, part.kv_cache, part.compute) == (10 / 31, 10 / 30, True)
+
+
+async def test_size_and_name_steps_follow_the_gpu_layers(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-7b-q4_k_m.gguf"
+    broken.write_bytes(b"GGUF" + b"\xff" * (10 * 2**20))  # no readable header
+    cpu = {"backend": "llama_cpp", "gguf_n_gpu_layers": 0}
+    assert await estimate_of({**cpu, "model_path": str(broken)}) == (0, "model_artifact_size")
+    assert await estimate_of(cpu, name="mistral-7b-instruct-q4_k_m") == (0, "name_heuristic")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import ollama
 import pytest
 import trio
 
-from pool import ServerInfo
+from pool import Pool, ServerInfo
 
 from .conftest import start_server
 
@@ -150,3 +151,89 @@ async def test_pull_status_cancel_and_delete_over_http(
         gone = await http.request("DELETE", "/api/delete", json={"model": "m"})
         assert gone.status_code == 404
     files.httpd.shutdown()
+
+
+def _watch_budget(pool: Pool, budget: int, seen: list[int]) -> None:
+    """At every state change of every model: what the virtual GPU holds and what the
+    loaded models and the loads under way are charged, each within ``budget``."""
+
+    def check() -> None:
+        held = max((g.used_mib for g in pool.gpus.view().gpus), default=0)
+        # Loaded, loading, and let through by the gate but not loading yet.
+        loaded, pending = pool._charges(exclude=None)  # type: ignore[arg-type]
+        seen.append(max(held, loaded.get(0, 0) + pending.get(0, 0)))
+
+    for actor in pool.models.values():
+        inner = actor._on_change
+
+        def hooked(inner: Callable[[], None] | None = inner) -> None:
+            check()
+            if inner is not None:
+                inner()
+
+        actor._on_change = hooked
+
+
+PRELOADED = {
+    name: {
+        "backend": "stub",
+        "on_demand": True,
+        "keep_alive": -1,
+        "stub_vram_mib": 400,
+        "stub_load_seconds": 0.3,
+    }
+    for name in ("a", "b", "c")
+}
+
+
+async def test_preloads_go_through_the_vram_gate(nursery: trio.Nursery) -> None:
+    """``POST /api/generate {"model": m}`` (an Ollama client's preload) of three 400 MiB
+    models on a 1000 MiB GPU: each load is the gate's, so the third evicts the least
+    recently used one instead of holding 1200 MiB."""
+    info = await start_server(nursery, PRELOADED, engine={"gpu_budget_mib": [1000]})
+    seen: list[int] = []
+    _watch_budget(info.pool, 1000, seen)
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        for name in ("a", "b", "c"):
+            reply = await http.post("/api/generate", json={"model": name})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["done_reason"] == "load"
+            memory = (await http.get("/v1/admin/gpu-memory")).json()
+            assert memory["gpus"][0]["used_mib"] <= 1000, memory
+            loaded = [m["name"] for m in memory["models"] if m["is_loaded"]]
+            assert len(loaded) <= 2 and name in loaded, memory
+        rows = {m["name"]: m for m in (await http.get("/v1/admin/models")).json()["models"]}
+    assert [n for n, r in rows.items() if r["is_loaded"]] == ["b", "c"]
+    assert rows["a"]["runtime_state"] == "unloaded" and rows["a"]["unload_reason"] == "evicted"
+    assert seen and max(seen) <= 1000, seen
+
+
+async def test_concurrent_preloads_never_pass_the_budget(nursery: trio.Nursery) -> None:
+    """The three preloads at once: two fit, the third finds no room and no idle model
+    to evict (the others are loading) and is refused with ``load_failed``; at no state
+    change do the models hold or claim more than the GPU's 1000 MiB."""
+    slow = {name: {**model, "stub_load_seconds": 2} for name, model in PRELOADED.items()}
+    info = await start_server(nursery, slow, engine={"gpu_budget_mib": [1000]})
+    seen: list[int] = []
+    _watch_budget(info.pool, 1000, seen)
+    replies: dict[str, httpx.Response] = {}
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+
+        async def preload(name: str) -> None:
+            replies[name] = await http.post("/api/generate", json={"model": name})
+
+        async with trio.open_nursery() as preloads:
+            for name in ("a", "b", "c"):
+                preloads.start_soon(preload, name)
+        memory = (await http.get("/v1/admin/gpu-memory")).json()
+    # Loads of 2 s that start together overlap: the third one is refused. (Were one
+    # request late enough to find a model loaded and idle, it would evict it instead.)
+    texts = {n: r.text for n, r in replies.items()}
+    assert all(r.status_code in (200, 500) for r in replies.values()), texts
+    for reply in replies.values():
+        if reply.status_code == 500:
+            assert "no GPU has room" in reply.json()["error"], texts
+    assert sum(r.status_code == 200 for r in replies.values()) >= 2, texts
+    assert memory["gpus"][0]["used_mib"] == 800
+    assert sum(m["is_loaded"] for m in memory["models"]) == 2
+    assert seen and max(seen) <= 1000, seen

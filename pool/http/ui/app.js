@@ -329,7 +329,8 @@ function updateModel(entry, row) {
   p.backend.textContent = notes.join(" · ");
   p.state.textContent = row.runtime_state;
   p.state.dataset.state = row.runtime_state;
-  p.error.textContent = row.last_error || "";
+  const evicted = row.runtime_state === "unloaded" && row.unload_reason === "evicted";
+  p.error.textContent = row.last_error || (evicted ? "evicted: its next request loads it again" : "");
   p.replicas.textContent = `${row.loaded_replicas}/${row.replicas}`;
   p.replicas.title = `loaded / current count, at most ${row.replica_max}`;
   p.inflight.textContent = String(row.runtime_inflight);
