@@ -244,9 +244,21 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
     try:
         trio.run(_serve, args)
-    except ConfigError as exc:
-        print(f"llm-pool: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        # Settings found unusable while starting (the cluster refused this pool's node
+        # id, say) arrive through the server's nurseries, wrapped in groups.
+        problem = _lone(exc)
+        if not isinstance(problem, ConfigError):
+            raise
+        print(f"llm-pool: {problem}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _lone(exc: BaseException) -> BaseException:
+    """The one exception inside nested groups of one (``exc`` itself otherwise)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
