@@ -169,6 +169,7 @@ class NodeRegistry:
         self._stale_boot: str | None = None
         # Why this node refused to join (another live node holds its id), once it did.
         self.refused: NodeIdInUse | None = None
+        self._written = False
 
     def attach(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
         """Start registering: ``describe()`` gives the record's pool part, ``url`` is
@@ -188,7 +189,7 @@ class NodeRegistry:
         self._describe = describe
         self.url = url
         try:
-            await self._publish(announce=True)
+            await self._write_checked()
         except NodeIdInUse as exc:
             self._refuse(exc)
             raise
@@ -269,7 +270,7 @@ class NodeRegistry:
                         await trio.sleep(COALESCE_S)
                     beat = trio.current_time() >= next_beat
                     self._poked = trio.Event()
-                    await self._publish(announce=True)
+                    await self._write_checked()
                     if beat:
                         await self._refresh_peers()
                         next_beat = trio.current_time() + self.heartbeat_s
@@ -293,6 +294,22 @@ class NodeRegistry:
             pass
 
     # -- helpers -------------------------------------------------------------------------
+    async def _write_checked(self) -> None:
+        """:meth:`_publish`; a first write refused is checked as a start checks the id.
+
+        Raises:
+            NodeIdInUse: the record under this id belongs to another live boot.
+        """
+        try:
+            await self._publish(announce=True)
+        except NodeIdInUse:
+            if self._written:
+                raise
+            # Never written yet (Redis was out of reach at the start, or another node
+            # wrote since the check): the record in the way may be a dead node's.
+            await self.check_id()
+            await self._publish(announce=True)
+
     async def _publish(self, *, announce: bool) -> None:
         """Write the record (and announce a change).
 
@@ -314,6 +331,7 @@ class NodeRegistry:
             if in_the_way is not None:
                 raise NodeIdInUse(self.node_id, _parse(in_the_way) or {})
             self._stale_boot = None
+            self._written = True
             # Peers re-read the record on an event; one is sent when something other
             # than the GPU readings changed.
             fingerprint = json.dumps(record.get("models")) + str(record.get("epoch"))

@@ -18,9 +18,10 @@ import httpx
 import pytest
 import trio
 
-from pool.cluster import NodeIdInUse, open_ledger
+from pool.cluster import ClusterNode, NodeIdInUse, open_ledger
 
 from .conftest import RedisServer, free_port
+from .test_pool_leases import cluster_settings
 from .test_registry import registered, until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,3 +219,23 @@ async def test_a_node_whose_id_was_taken_meanwhile_stops_registering(
     async with open_ledger(redis_server.url) as ledger:
         record = json.loads(await ledger.client.get("llm-pool:node:n1") or "{}")
         assert record["boot"] == "other0"
+
+
+async def test_a_first_write_refused_looks_at_the_record_as_a_start_does(
+    redis_server: RedisServer,
+) -> None:
+    # Redis was out of reach when the node started, so nothing was checked then; when
+    # it answers, the record in the way is a dead node's, and the node takes it over.
+    dead = {"node": "n1", "epoch": 1, "boot": "dead00", "beat": 3, "heartbeat_s": 0.2,
+            "url": "http://gone.invalid:8011", "models": [], "gpus": []}  # fmt: skip
+    settings = cluster_settings(redis_server.url, {"a": {}}, "n1", cluster=FAST)
+    async with open_ledger(redis_server.url) as ledger:
+        await ledger.client.set("llm-pool:node:n1", json.dumps(dead), px=600_000)
+        node = ClusterNode(settings, ledger)  # no check_id: as after a start without Redis
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.registry.run)
+            node.registry.attach(lambda: {"models": [], "gpus": []}, "http://n1.invalid:8011")
+            await until(lambda: node.registry.online, 10)
+            record = json.loads(await ledger.client.get("llm-pool:node:n1") or "{}")
+            assert record["boot"] == node.boot and node.registry.refused is None
+            nursery.cancel_scope.cancel()
