@@ -22,6 +22,7 @@ from typing import Any, Literal
 import trio
 from pydantic import Field, NonNegativeInt, PositiveInt
 
+from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache
@@ -621,8 +622,6 @@ def _default_pooling(path: Path) -> int:
     A chat GGUF (SmolLM2) declares no pooling type (or ``none``); llama.cpp would then
     hand back one vector per token, where an embedding request wants one per text.
     """
-    from pool.actors._estimate import read_gguf_header  # the one GGUF header reader
-
     try:
         metadata = read_gguf_header(path).metadata
     except (OSError, ValueError, struct.error):
