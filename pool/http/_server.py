@@ -48,13 +48,19 @@ async def serve(
 ) -> None:
     """Run the service until :meth:`ServerInfo.shutdown` (or cancellation).
 
-    Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). After a
-    shutdown, Hypercorn stops accepting and lets open responses run for up to
-    ``service.shutdown_grace_s``; then every model is unloaded.
+    Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). The
+    port is bound before the pool opens, so the cluster names the node after the port
+    served. After a shutdown, Hypercorn stops accepting and lets open responses run for
+    up to ``service.shutdown_grace_s``; then every model is unloaded.
 
     Args:
+        host, port: where to listen (default: ``service.host``, ``service.port``).
         gpus: where GPU memory readings come from; by default a :class:`GpuMonitor`
             polling NVML, started here (a test passes a fixed view instead).
+
+    Raises:
+        OSError: the address cannot be bound (a port in use), before anything starts.
+        NodeIdInUse: another live node of the cluster has this pool's node id.
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
