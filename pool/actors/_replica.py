@@ -267,10 +267,23 @@ class Replica:
                 return JobFailed(exc)
             except trio.Cancelled:
                 raise
-            except Exception as exc:
+            except Exception:
                 # A backend bug fails this request only, not the replica's other jobs.
-                log.exception("replica %s/%d: job failed", self.context.model_name, self.index)
-                return JobFailed(PoolError("backend_error", f"{type(exc).__name__}: {exc}"))
+                # The client gets a clean error: the exception (a TypeError, say) and its
+                # traceback are the operator's, in the log under the request id.
+                log.exception(
+                    "request_id=%s model=%s replica %d: job failed",
+                    request.request_id,
+                    self.context.model_name,
+                    self.index,
+                )
+                return JobFailed(
+                    PoolError(
+                        "internal_error",
+                        f"model {self.context.model_name!r}: the backend failed unexpectedly;"
+                        f" the server log has the details (request {request.request_id})",
+                    )
+                )
             ended = time.perf_counter()
             first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
             return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)

@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
@@ -67,6 +68,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationStats",
+    "GgufHeader",
     "GpuPlacement",
     "ImagePart",
     "LoadContext",
@@ -91,6 +93,7 @@ __all__ = [
     "get_backend",
     "load_override_models",
     "new_call_id",
+    "read_gguf_header",
     "register_backend",
     "unregister_backend",
 ]

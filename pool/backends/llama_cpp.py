@@ -12,14 +12,17 @@ from __future__ import annotations
 import codecs
 import ctypes
 import gc
+import struct
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
 from pydantic import Field, NonNegativeInt, PositiveInt
 
+from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache
@@ -56,6 +59,7 @@ FlashAttn = Literal["on", "off", "auto"]
 Pooling = Literal["mean", "cls", "last", "none", "rank"]
 # llama.h's ``enum llama_pooling_type``.
 _POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+_POOLING_UNSPECIFIED = -1  # the model's own
 # What llama.generate can honour beyond the base fields (logit_bias by a logits processor).
 LLAMA_CPP_SAMPLING = frozenset(
     {"min_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias"}
@@ -79,8 +83,8 @@ class LlamaCppModel(CommonModelFields):
     )
     pooling: Pooling | None = Field(
         None,
-        description="How an embedding model pools token vectors; default: the GGUF's own"
-        " (a causal chat model usually needs `mean`).",
+        description="How an embedding model pools token vectors; default: the GGUF's own,"
+        " `mean` where the GGUF declares none (a causal chat model).",
     )
     gguf_chat_template: str | None = Field(
         None,
@@ -369,6 +373,12 @@ class LlamaCppRuntime:
                 ) from exc
             except RuntimeError as exc:
                 raise BackendError(f"llama.cpp embedding failed: {exc}") from exc
+            if any(v and not isinstance(v[0], int | float) for v in vectors):
+                # pooling "none": llama.cpp hands back a vector per token.
+                raise BackendError(
+                    f"model {job.model!r} embeds each token, not each text (pooling none):"
+                    " set its pooling to mean, cls or last"
+                )
             return EmbeddingResult(tuple(tuple(float(x) for x in v) for v in vectors), count)
 
         return await trio.to_thread.run_sync(embed_blocking, limiter=self._limiter)
@@ -566,6 +576,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 kwargs[field.removeprefix("gguf_")] = _GGML_TYPES[value]
 
         def load_blocking() -> Any:
+            if definition.embedding and "pooling_type" not in kwargs:
+                kwargs["pooling_type"] = _default_pooling(path)
             try:
                 llama: Any = llama_cpp.Llama(**kwargs)
             except (ValueError, RuntimeError, OSError) as exc:
@@ -601,3 +613,20 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
 
 
 BACKEND = LlamaCppBackend()
+
+
+def _default_pooling(path: Path) -> int:
+    """The pooling of an embedding model whose ``pooling`` is unset: the GGUF's own,
+    else ``mean``.
+
+    A chat GGUF (SmolLM2) declares no pooling type (or ``none``); llama.cpp would then
+    hand back one vector per token, where an embedding request wants one per text.
+    """
+    try:
+        metadata = read_gguf_header(path).metadata
+    except (OSError, ValueError, struct.error):
+        return _POOLING_TYPES["mean"]  # unreadable here: llama.cpp says why, if it can't load it
+    declared = [v for k, v in metadata.items() if k.endswith(".pooling_type")]
+    if declared and isinstance(declared[0], int) and declared[0] != _POOLING_TYPES["none"]:
+        return _POOLING_UNSPECIFIED
+    return _POOLING_TYPES["mean"]

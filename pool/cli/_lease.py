@@ -25,10 +25,27 @@ from pool.cli._client import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
+# ``llm-pool lease --help``: plain text, argparse prints it as it is.
+DESCRIPTION = """\
+Take, hold, list and release GPU leases in the shared ledger.
+
+These commands talk to Redis (--redis-url, default $LLM_POOL_REDIS_URL), not to a pool:
+a training job takes a lease before it allocates, and every pool of the cluster counts
+it (docs/cluster.md):
+
+    llm-pool lease acquire --gpu 0:20000 --purpose training --hold   (Ctrl-C releases)
+    id=$(llm-pool lease acquire --gpu 0:20000 --ttl 3600) ... llm-pool lease release $id
+"""
+
 
 def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``lease`` and its subcommands to the ``llm-pool`` parser."""
-    lease = commands.add_parser("lease", help="GPU leases shared with the pools (Redis)")
+    lease = commands.add_parser(
+        "lease",
+        help="GPU leases shared with the pools (Redis)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = lease.add_subparsers(dest="lease_command", required=True, metavar="ACTION")
     shared = argparse.ArgumentParser(add_help=False, parents=[common])
     shared.add_argument(

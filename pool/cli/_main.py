@@ -1,9 +1,7 @@
-"""``llm-pool`` (and ``python -m pool``): serve the pool, run a tool, or steer a running pool.
+"""``llm-pool`` (and ``python -m pool``): the parser and the dispatch of every command.
 
-``serve`` and ``convert`` run here; every other command talks to a running pool over HTTP
-(``--url``, default ``$LLM_POOL_URL`` or http://127.0.0.1:8011; the token comes from
-``$LLM_POOL_ADMIN_TOKEN`` or ``$LLM_POOL_API_TOKEN``). Exit codes: 0 done, 1 the pool
-refused (its error code is printed), 2 usage, 3 no pool at the URL, 130 interrupted.
+What the commands are for, as the user reads it in ``llm-pool --help``, is
+:data:`DESCRIPTION`: plain text, since argparse prints it as it is.
 """
 
 from __future__ import annotations
@@ -35,10 +33,23 @@ from pool.errors import ConfigError
 
 SERVER_COMMANDS = frozenset({"serve", "convert"})
 
+DESCRIPTION = """\
+Serve the pool, run a tool, or steer a running pool.
+
+serve and convert run here; every other command talks to a running pool over HTTP
+(--url, default $LLM_POOL_URL or http://127.0.0.1:8011; the token comes from
+$LLM_POOL_ADMIN_TOKEN or $LLM_POOL_API_TOKEN).
+
+Exit codes: 0 done, 1 the pool refused (its error code is printed), 2 usage,
+3 no pool at the URL, 130 interrupted.
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="llm-pool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="llm-pool",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP service")
@@ -59,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         help="text lines, or one JSON object per line (default: $LOG_FORMAT, else text)",
     )
     convert = commands.add_parser("convert", help="build a model for another backend")
-    convert.add_argument("args", nargs=argparse.REMAINDER, help="see `llm-pool convert --help`")
+    convert.add_argument("args", nargs=argparse.REMAINDER, help="see: llm-pool convert --help")
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -212,18 +223,20 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The ``llm-pool`` entry point; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "convert":
+    if argv[:1] == ["convert"]:
+        # pool.convert's own parser reads the rest, --help included (argparse's
+        # REMAINDER would refuse a leading option).
         try:
             convert = importlib.import_module("pool.convert")
         except ImportError as exc:
             print(f"llm-pool convert is not available: {exc}", file=sys.stderr)
             return 2
-        result: int = convert.main(args.args)
+        result: int = convert.main(argv[1:])
         return result
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command != "serve":
         try:
             return trio.run(run_command, argv)
@@ -231,9 +244,21 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
     try:
         trio.run(_serve, args)
-    except ConfigError as exc:
-        print(f"llm-pool: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        # Settings found unusable while starting (the cluster refused this pool's node
+        # id, say) arrive through the server's nurseries, wrapped in groups.
+        problem = _lone(exc)
+        if not isinstance(problem, ConfigError):
+            raise
+        print(f"llm-pool: {problem}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _lone(exc: BaseException) -> BaseException:
+    """The one exception inside nested groups of one (``exc`` itself otherwise)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

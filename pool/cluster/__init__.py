@@ -17,6 +17,7 @@ from pool.cluster._ledger import (
 from pool.cluster._node import ClusterNode, node_name, open_cluster
 from pool.cluster._pool_leases import PoolLeases
 from pool.cluster._redis import RedisUnavailable, missing_client_reason, open_redis
+from pool.cluster._registry import NodeIdInUse
 from pool.cluster._routing import ClusterRouter, PeerRoute
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Lease",
     "LeaseLedger",
     "LeaseRefused",
+    "NodeIdInUse",
     "PeerRoute",
     "PoolLeases",
     "RedisUnavailable",

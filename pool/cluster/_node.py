@@ -31,14 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("pool.cluster")
 
 
-def node_name(settings: Settings) -> str:
-    """``engine.cluster.node_id``, else ``service.runner_id``, else host name and port
-    (the process id where the port is picked at bind time)."""
+def node_name(settings: Settings, port: int | None = None) -> str:
+    """``engine.cluster.node_id``, else ``service.runner_id`` (or the host name) and the
+    port served: ``port`` where given (``serve`` passes the port it bound, so a
+    ``--port`` on the command line and a port picked at bind time count), else
+    ``service.port``. With no port known, the process id stands in for it."""
     cluster = settings.engine.cluster
     if cluster.node_id:
         return cluster.node_id
     base = settings.service.runner_id or socket.gethostname()
-    port = settings.service.port
+    port = settings.service.port if port is None else port
     return f"{base}:{port}" if port else f"{base}-{os.getpid()}"
 
 
@@ -50,15 +52,17 @@ class ClusterNode:
     the node's record.
     """
 
-    def __init__(self, settings: Settings, ledger: LeaseLedger) -> None:
+    def __init__(self, settings: Settings, ledger: LeaseLedger, *, port: int | None = None) -> None:
         cluster = settings.engine.cluster
         self.settings = settings
         self.keys = ledger.keys
         self.client = ledger.client
-        self.node_id = node_name(settings)
+        self.node_id = node_name(settings, port)
         self.gpu_host = cluster.gpu_host or socket.gethostname()
-        # Unique per boot: a restarted node never takes its old leases for its own.
-        self.holder = f"{self.node_id}#{secrets.token_hex(3)}"
+        # Unique per boot: a restarted node never takes its old leases for its own, and
+        # its record tells it from another live node under the same id.
+        self.boot = secrets.token_hex(3)
+        self.holder = f"{self.node_id}#{self.boot}"
         self.leases = PoolLeases(
             ledger, holder=self.holder, host=self.gpu_host, renew_s=cluster.lease_renew_s
         )
@@ -66,6 +70,7 @@ class ClusterNode:
             ledger.client,
             ledger.keys,
             node_id=self.node_id,
+            boot=self.boot,
             gpu_host=self.gpu_host,
             heartbeat_s=cluster.heartbeat_s,
             node_ttl_s=cluster.node_ttl_s,
@@ -74,9 +79,21 @@ class ClusterNode:
         self._changed = trio.Event()
 
     def attach(self, pool: Pool, url: str) -> None:
-        """Register ``pool``, reachable at ``url`` (or ``engine.cluster.advertise_url``)."""
+        """Register ``pool``, reachable at ``url`` (or ``engine.cluster.advertise_url``),
+        in the background."""
         self.router.attach(pool)
         self.registry.attach(
+            lambda: describe(pool), self.settings.engine.cluster.advertise_url or url
+        )
+
+    async def join(self, pool: Pool, url: str) -> None:
+        """Register ``pool`` as :meth:`attach` does, writing its record before returning.
+
+        Raises:
+            NodeIdInUse: another live node is registered under this node's id.
+        """
+        self.router.attach(pool)
+        await self.registry.join(
             lambda: describe(pool), self.settings.engine.cluster.advertise_url or url
         )
 
@@ -91,11 +108,13 @@ class ClusterNode:
 
     def status(self) -> dict[str, Any]:
         """The node's cluster state, for /health and the capabilities."""
+        # A node refused its id is out of the cluster while Redis answers it well.
+        reachable = self.online or (self.registry.refused is not None and self.leases.online)
         return {
             "node_id": self.node_id,
             "epoch": self.registry.epoch,
             "gpu_host": self.gpu_host,
-            "redis": "ok" if self.online else "unreachable",
+            "redis": "ok" if reachable else "unreachable",
             "error": None if self.online else self.error,
             "peers": sorted(self.registry.peers),
         }
@@ -126,14 +145,21 @@ class ClusterNode:
 
 
 @asynccontextmanager
-async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
+async def open_cluster(
+    settings: Settings, *, port: int | None = None
+) -> AsyncIterator[ClusterNode | None]:
     """The node for ``settings`` (None when ``engine.cluster.redis_url`` is unset).
 
     Redis need not be up: the node reports itself offline and joins when it answers.
     Leaving the block releases the pool's leases (they would expire anyway).
 
+    Args:
+        port: the port the pool serves on, for the default node id (see
+            :func:`node_name`).
+
     Raises:
         ConfigError: the cluster is configured but its client is not installed.
+        NodeIdInUse: another live node is registered under this node's id.
     """
     cluster = settings.engine.cluster
     if not cluster.redis_url:
@@ -144,7 +170,9 @@ async def open_cluster(settings: Settings) -> AsyncIterator[ClusterNode | None]:
         raise ConfigError([f"engine.cluster.redis_url is set but {reason}"])
     async with open_redis(cluster.redis_url, timeout_s=cluster.redis_timeout_s) as client:
         ledger = LeaseLedger(client, Keys(cluster.key_prefix), cluster.lease_ttl_s)
-        node = ClusterNode(settings, ledger)
+        node = ClusterNode(settings, ledger, port=port)
+        # Before the pool opens: a node refused its id loads nothing and leases nothing.
+        await node.registry.check_id()
         async with trio.open_nursery() as nursery:
             await nursery.start(node.leases.run)
             await nursery.start(node.registry.run)

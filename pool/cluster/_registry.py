@@ -7,6 +7,13 @@ each change of its models it rewrites the record at once and publishes a ``node`
 on ``P:events``; peers read the record when they hear the event, so they see a change
 in about one round trip, not a heartbeat later. ``P:epoch:ID`` counts the node's boots
 (``INCR`` at its first contact), so peers can tell a restarted node from the old one.
+
+One id, one live node: every write of the record goes through a script that refuses
+it while the record belongs to another boot (``boot``, new at every start). Before it
+first writes, a node that finds another boot's record waits for that record to be
+renewed (``beat`` grows with each write): renewed, the id belongs to a live node and
+this one refuses to join (:class:`NodeIdInUse`); gone, or not renewed within two of its
+heartbeats, it is the record of a dead node and this one takes it over.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import trio
 from pool.cluster._keys import Keys
 from pool.cluster._ledger import scan_keys
 from pool.cluster._redis import RedisUnavailable, call
+from pool.errors import ConfigError
 
 if TYPE_CHECKING:
     import coredis
@@ -32,6 +40,56 @@ log = logging.getLogger("pool.cluster")
 
 # Changes closer together than this go out as one record write and one event.
 COALESCE_S = 0.02
+
+# A record that names no boot (written by hand, or by an older pool).
+_NO_BOOT = "-"
+
+# Write a node's record unless it belongs to another boot (a live node under the same
+# id), or to the stale boot this node decided to take over.
+# KEYS[1] the record; ARGV[1] this boot; ARGV[2] the record (JSON); ARGV[3] ttl ms;
+# ARGV[4] the boot of a dead node's record this node may replace ('' none).
+# Returns nil when written, else the record in the way.
+WRITE_RECORD = """
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local ok, record = pcall(cjson.decode, raw)
+  local boot = '-'
+  if ok and type(record) == 'table' and type(record['boot']) == 'string' then
+    boot = record['boot']
+  end
+  if boot ~= ARGV[1] and (ARGV[4] == '' or boot ~= ARGV[4]) then return raw end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return false
+"""
+
+# Delete a node's record if it is still this boot's. KEYS[1] the record; ARGV[1] the boot.
+DELETE_RECORD = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local ok, record = pcall(cjson.decode, raw)
+if ok and type(record) == 'table' and record['boot'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class NodeIdInUse(ConfigError):
+    """Another live node is registered under this node's id."""
+
+    def __init__(self, node_id: str, record: Mapping[str, Any]) -> None:
+        self.node_id = node_id
+        self.other = dict(record)
+        super().__init__(
+            [
+                f"engine.cluster: node id {node_id!r} is already used by another live node"
+                f" (at {record.get('url') or 'an unknown address'}, epoch"
+                f" {record.get('epoch')}, boot {record.get('boot') or _NO_BOOT}); this pool"
+                " does not join the cluster under it. Give each pool its own id:"
+                " engine.cluster.node_id, service.runner_id, or a port of its own."
+            ]
+        )
 
 
 def describe(pool: Pool) -> dict[str, Any]:
@@ -78,6 +136,7 @@ class NodeRegistry:
         keys: Keys,
         *,
         node_id: str,
+        boot: str,
         gpu_host: str,
         heartbeat_s: float,
         node_ttl_s: float,
@@ -85,6 +144,7 @@ class NodeRegistry:
         self.client = client
         self.keys = keys
         self.node_id = node_id
+        self.boot = boot
         self.gpu_host = gpu_host
         self.heartbeat_s = heartbeat_s
         self.node_ttl_s = node_ttl_s
@@ -101,6 +161,15 @@ class NodeRegistry:
         self._peers_changed = trio.Event()
         self._last_event: str | None = None
         self._running = trio.CancelScope()
+        self._write = client.register_script(WRITE_RECORD)
+        self._delete = client.register_script(DELETE_RECORD)
+        # Writes of this boot's record so far: peers waiting on the id see it renewed.
+        self._beats = 0
+        # The boot of a dead node's record under this id that the first write replaces.
+        self._stale_boot: str | None = None
+        # Why this node refused to join (another live node holds its id), once it did.
+        self.refused: NodeIdInUse | None = None
+        self._written = False
 
     def attach(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
         """Start registering: ``describe()`` gives the record's pool part, ``url`` is
@@ -109,6 +178,59 @@ class NodeRegistry:
         self.url = url
         self._attached.set()
         self._poked.set()
+
+    async def join(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
+        """Write the record now, then keep it (as :meth:`attach`).
+
+        Raises:
+            NodeIdInUse: another live node holds this node's id (Redis unreachable: the
+                record is written, and the id checked, once it answers).
+        """
+        self._describe = describe
+        self.url = url
+        try:
+            await self._write_checked()
+        except NodeIdInUse as exc:
+            self._refuse(exc)
+            raise
+        self.attach(describe, url)
+
+    async def check_id(self) -> None:
+        """Make sure no other live node holds this node's id, before this one joins.
+
+        Another boot's record is watched for up to two of its heartbeats: renewed, the
+        id is a live node's; gone or not renewed, a dead node's, which the first write
+        replaces. Redis unreachable: nothing to check now (the first write checks).
+
+        Raises:
+            NodeIdInUse: another live node holds the id.
+        """
+        key = self.keys.node(self.node_id)
+        try:
+            first = _parse(await call(self.client.get(key)))
+            if first is None or first.get("boot") == self.boot:
+                return
+            their_heartbeat = _positive(first.get("heartbeat_s"), self.heartbeat_s)
+            deadline = trio.current_time() + 2 * their_heartbeat
+            poll_s = min(max(their_heartbeat / 20, 0.01), 0.25)
+            while trio.current_time() < deadline:
+                await trio.sleep(poll_s)
+                now = _parse(await call(self.client.get(key)))
+                if now is None:
+                    return  # left or expired: the id is free
+                if (now.get("boot"), now.get("beat")) != (first.get("boot"), first.get("beat")):
+                    raise NodeIdInUse(self.node_id, now)
+        except RedisUnavailable:
+            return
+        self._stale_boot = str(first.get("boot") or _NO_BOOT)
+        log.warning(
+            "cluster: node %s: the record of boot %s (at %s) was not renewed for %.1f s;"
+            " its node is gone, this one takes the id over",
+            self.node_id,
+            self._stale_boot,
+            first.get("url"),
+            2 * their_heartbeat,
+        )
 
     def poke(self) -> None:
         self._poked.set()
@@ -121,6 +243,9 @@ class NodeRegistry:
         return {
             "node": self.node_id,
             "epoch": self.epoch,
+            "boot": self.boot,
+            "beat": self._beats,
+            "heartbeat_s": self.heartbeat_s,
             "url": self.url,
             "gpu_host": self.gpu_host,
             "started_at": self.started_at,
@@ -138,37 +263,75 @@ class NodeRegistry:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_events)
             next_beat = trio.current_time()
-            while True:
-                with trio.move_on_at(next_beat):
-                    await self._poked.wait()
-                    await trio.sleep(COALESCE_S)
-                beat = trio.current_time() >= next_beat
-                self._poked = trio.Event()
-                await self._publish(announce=True)
-                if beat:
-                    await self._refresh_peers()
-                    next_beat = trio.current_time() + self.heartbeat_s
+            try:
+                while True:
+                    with trio.move_on_at(next_beat):
+                        await self._poked.wait()
+                        await trio.sleep(COALESCE_S)
+                    beat = trio.current_time() >= next_beat
+                    self._poked = trio.Event()
+                    await self._write_checked()
+                    if beat:
+                        await self._refresh_peers()
+                        next_beat = trio.current_time() + self.heartbeat_s
+            except NodeIdInUse as exc:
+                # Taken over while Redis was out of reach (or this node was too slow to
+                # renew): two nodes never share an id, so this one stops registering.
+                self._refuse(exc)
+                nursery.cancel_scope.cancel()
 
     async def leave(self) -> None:
         """Remove the record and say so (a graceful stop; a crash just lets it expire)."""
         # No heartbeat may write the record again after it is deleted.
         self._running.cancel()
-        if self.epoch is None:
+        if self.epoch is None or self.refused is not None:
             return
         try:
-            await call(self.client.delete([self.keys.node(self.node_id)]))
-            await self._send({"kind": "node", "op": "leave", "node": self.node_id})
+            # Only this boot's record: another node may have taken the id over.
+            if await call(self._delete(keys=[self.keys.node(self.node_id)], args=[self.boot])):
+                await self._send({"kind": "node", "op": "leave", "node": self.node_id})
         except RedisUnavailable:
             pass
 
     # -- helpers -------------------------------------------------------------------------
+    async def _write_checked(self) -> None:
+        """:meth:`_publish`; a first write refused is checked as a start checks the id.
+
+        Raises:
+            NodeIdInUse: the record under this id belongs to another live boot.
+        """
+        try:
+            await self._publish(announce=True)
+        except NodeIdInUse:
+            if self._written:
+                raise
+            # Never written yet (Redis was out of reach at the start, or another node
+            # wrote since the check): the record in the way may be a dead node's.
+            await self.check_id()
+            await self._publish(announce=True)
+
     async def _publish(self, *, announce: bool) -> None:
+        """Write the record (and announce a change).
+
+        Raises:
+            NodeIdInUse: the record under this id belongs to another live boot.
+        """
         try:
             if self.epoch is None:
                 self.epoch = int(await call(self.client.incr(self.keys.epoch(self.node_id))))
+            self._beats += 1
             record = self.record()
             ttl_ms = max(1, int(self.node_ttl_s * 1000))
-            await call(self.client.set(self.keys.node(self.node_id), json.dumps(record), px=ttl_ms))
+            in_the_way: Any = await call(
+                self._write(
+                    keys=[self.keys.node(self.node_id)],
+                    args=[self.boot, json.dumps(record), ttl_ms, self._stale_boot or ""],
+                )
+            )
+            if in_the_way is not None:
+                raise NodeIdInUse(self.node_id, _parse(in_the_way) or {})
+            self._stale_boot = None
+            self._written = True
             # Peers re-read the record on an event; one is sent when something other
             # than the GPU readings changed.
             fingerprint = json.dumps(record.get("models")) + str(record.get("epoch"))
@@ -242,6 +405,14 @@ class NodeRegistry:
                 log.debug("cluster: node events: %s", exc)
             await trio.sleep(self.heartbeat_s)
 
+    def _refuse(self, exc: NodeIdInUse) -> None:
+        """Leave the cluster's view for good: another live node has this node's id."""
+        log.error("cluster: %s", exc.problems[0])
+        self.refused = exc
+        self.online = False
+        self.error = exc.problems[0]
+        self._set_peers({})
+
     def _set_online(self, online: bool, error: str | None) -> None:
         if online and not self.online:
             log.info("cluster: node %s registered (epoch %s)", self.node_id, self.epoch)
@@ -249,6 +420,10 @@ class NodeRegistry:
             log.warning("cluster: node %s cannot reach Redis: %s", self.node_id, error)
         self.online = online
         self.error = error
+
+
+def _positive(value: object, default: float) -> float:
+    return float(value) if isinstance(value, int | float) and value > 0 else default
 
 
 def _parse(raw: object) -> dict[str, Any] | None:

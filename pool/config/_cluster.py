@@ -26,8 +26,8 @@ class ClusterSettings(BaseModel):
     )
     node_id: str | None = Field(
         None,
-        description="This pool's name in the cluster (default: service.runner_id, else"
-        " host name and port).",
+        description="This pool's name in the cluster, unique among live nodes (default:"
+        " service.runner_id, else the host name, and the port the pool listens on).",
     )
     gpu_host: str | None = Field(
         None,

@@ -48,15 +48,21 @@ async def serve(
 ) -> None:
     """Run the service until :meth:`ServerInfo.shutdown` (or cancellation).
 
-    Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). After a
-    shutdown, Hypercorn stops accepting and lets open responses run for up to
-    ``service.shutdown_grace_s``; then every model is unloaded.
+    Reports a :class:`ServerInfo` once it listens (``port=0`` picks a free port). The
+    port is bound before the pool opens, so the cluster names the node after the port
+    served. After a shutdown, Hypercorn stops accepting and lets open responses run for
+    up to ``service.shutdown_grace_s``; then every model is unloaded.
 
     Args:
+        host, port: where to listen (default: ``service.host``, ``service.port``).
         gpus: where GPU memory readings come from; by default a :class:`GpuMonitor`
             polling NVML, started here (a test passes a fixed view instead), or the
             virtual GPUs of ``engine.gpu_budget_mib`` where NVML finds no GPU or
             ``engine.virtual_gpus`` asks for them.
+
+    Raises:
+        OSError: the address cannot be bound (a port in use), before anything starts.
+        NodeIdInUse: another live node of the cluster has this pool's node id.
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
@@ -67,27 +73,48 @@ async def serve(
             " address can run and unload models. Set service.auth or LLM_POOL_API_TOKENS. !!!",
             host,
         )
-    async with trio.open_nursery() as monitors:
-        if gpus is None and not settings.engine.virtual_gpus:
-            monitor = await monitors.start(GpuMonitor().run)
-            # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
-            gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
-        async with (
-            open_cluster(settings) as cluster,
-            open_pool(
-                settings,
-                gpus=gpus,
-                ledger=cluster,
-                router=cluster.router if cluster is not None else None,
-            ) as pool,
-        ):
-            await _serve_pool(pool, settings, host, port, auth, task_status, cluster)
-        monitors.cancel_scope.cancel()
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.graceful_timeout = settings.service.shutdown_grace_s
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = 75
+    config.websocket_max_message_size = settings.service.max_body_bytes
+    # Bound before anything else: a port in use fails at once, and the port served
+    # (port 0: the one picked here) is known to what is named after it, the pool's node
+    # id in the cluster first. The socket listens (connections are refused until then)
+    # once Hypercorn, handed it by its file descriptor, serves.
+    listening = config.create_sockets().insecure_sockets
+    try:
+        for sock in listening:
+            sock.set_inheritable(False)  # no backend started meanwhile holds the port
+        port = int(listening[0].getsockname()[1])
+        async with trio.open_nursery() as monitors:
+            if gpus is None and not settings.engine.virtual_gpus:
+                monitor = await monitors.start(GpuMonitor().run)
+                # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
+                gpus = monitor if monitor.gpus or not settings.engine.gpu_budget_mib else None
+            async with (
+                open_cluster(settings, port=port) as cluster,
+                open_pool(
+                    settings,
+                    gpus=gpus,
+                    ledger=cluster,
+                    router=cluster.router if cluster is not None else None,
+                ) as pool,
+            ):
+                config.bind = [f"fd://{sock.detach()}" for sock in listening]
+                await _serve_pool(pool, settings, config, host, port, auth, task_status, cluster)
+            monitors.cancel_scope.cancel()
+    finally:
+        for sock in listening:
+            sock.close()  # a no-op for those handed to Hypercorn
 
 
 async def _serve_pool(
     pool: Pool,
     settings: Settings,
+    config: Config,
     host: str,
     port: int,
     auth: Authenticator,
@@ -95,13 +122,6 @@ async def _serve_pool(
     cluster: ClusterNode | None = None,
 ) -> None:
     async with trio.open_nursery() as nursery:
-        config = Config()
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-        config.graceful_timeout = settings.service.shutdown_grace_s
-        config.accesslog = None
-        config.errorlog = logging.getLogger("hypercorn.error")
-        config.keep_alive_timeout = 75
-        config.websocket_max_message_size = settings.service.max_body_bytes
         info_box: list[ServerInfo] = []
         hosts = HostAllowList(settings.service.allowed_hosts, bound_host=host, port=port)
 
@@ -130,5 +150,5 @@ async def _serve_pool(
         info = info_box[0]
         info.url, info.port = url, bound_port
         if cluster is not None:
-            cluster.attach(pool, url)
+            await cluster.join(pool, url)
         task_status.started(info)

@@ -17,14 +17,8 @@ import trio
 
 from pool import Pool, PoolError, open_pool
 from pool.actors import GpuView, VirtualGpus
-from pool.actors._estimate import (
-    Artifact,
-    gguf_closed_form_mib,
-    gpu_layer_shares,
-    read_artifact,
-    read_gguf_header,
-)
-from pool.backends import MemoryProfile
+from pool.actors._estimate import Artifact, gguf_closed_form_mib, gpu_layer_shares, read_artifact
+from pool.backends import MemoryProfile, read_gguf_header
 from pool.config import build_settings, resolve_model_path
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until

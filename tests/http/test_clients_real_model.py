@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import ollama
 import openai
 import pytest
@@ -92,3 +93,35 @@ async def test_embeddings_with_both_clients(nursery: trio.Nursery) -> None:
             model="smol-embed", messages=[{"role": "user", "content": "hi"}]
         )
     assert refused.value.code == "generation_unsupported"
+
+
+async def test_a_chat_gguf_embeds_with_mean_pooling_unless_told(nursery: trio.Nursery) -> None:
+    # Issue #25: SmolLM2 declares no pooling type; with no `pooling` set, llama.cpp gave
+    # a vector per token and /v1/embeddings answered 502 "TypeError: float() ...".
+    unset = {k: v for k, v in SMOL_EMBED["smol-embed"].items() if k != "pooling"}
+    info = await start_server(
+        nursery,
+        {
+            **SMOL_EMBED,
+            "smol-default": unset,
+            "smol-tokens": {**unset, "pooling": "none"},
+        },
+    )
+    texts = ["The cat sat on the mat.", "Stocks fell sharply today."]
+    async with httpx.AsyncClient(base_url=info.url, timeout=120) as http:
+        default = await http.post("/v1/embeddings", json={"model": "smol-default", "input": texts})
+        assert default.status_code == 200, default.text
+        mean = await http.post("/v1/embeddings", json={"model": "smol-embed", "input": texts})
+        got = [d["embedding"] for d in default.json()["data"]]
+        assert {len(v) for v in got} == {SMOL_WIDTH}
+        assert got == [pytest.approx(d["embedding"], abs=1e-4) for d in mean.json()["data"]]
+        ollama_style = await http.post("/api/embed", json={"model": "smol-default", "input": texts})
+        assert ollama_style.status_code == 200, ollama_style.text
+
+        # Pooling "none" asked for explicitly: a clean refusal that says what to set.
+        tokens = await http.post("/v1/embeddings", json={"model": "smol-tokens", "input": texts})
+        assert tokens.status_code == 502, tokens.text
+        error = tokens.json()["error"]
+        assert error["code"] == "backend_error"
+        assert "pooling" in error["message"] and "mean" in error["message"]
+        assert "TypeError" not in tokens.text and "Traceback" not in tokens.text

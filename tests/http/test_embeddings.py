@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from pool import ServerInfo
-from pool.backends.stub import stub_embedding
+from pool.backends.stub import StubRuntime, stub_embedding
 from tests.http.conftest import start_server
 
 MODELS = {
@@ -120,3 +120,38 @@ async def test_capabilities_and_openapi_name_the_new_routes(client: httpx.AsyncC
     for path in ("/api/tags", "/api/ps", "/"):
         assert "content" in paths[path]["get"]["responses"]["200"]
     assert "/api/copy" in paths and "/v1/chat/completions" in paths
+
+
+async def test_an_unexpected_backend_exception_is_a_clean_error(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A bug in a backend (issue #25: a TypeError out of llama_cpp's embed) fails that
+    # request with a clean error; the exception is the server log's, never the client's.
+    async def broken_embed(self: StubRuntime, job: object) -> None:
+        float([1.0])  # type: ignore[arg-type]
+
+    async def broken_generate(self: StubRuntime, request: object, sink: object) -> None:
+        float([1.0])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StubRuntime, "embed", broken_embed)
+    monkeypatch.setattr(StubRuntime, "generate", broken_generate)
+    answers = [
+        await client.post("/v1/embeddings", json={"model": "embed", "input": "x"}),
+        await client.post("/v1/responses", json={"model": "chat", "input": "x"}),
+    ]
+    for answer in answers:
+        assert answer.status_code == 500, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "internal_error"
+        assert "the backend failed unexpectedly" in error["message"]
+        assert "TypeError" not in answer.text and "float()" not in answer.text
+    streamed = await client.post(
+        "/v1/responses", json={"model": "chat", "input": "x", "stream": True}
+    )
+    assert '"internal_error"' in streamed.text and "TypeError" not in streamed.text
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is TypeError]
+    assert len(logged) == 3
+    # The failure was that request's alone: the models still serve.
+    monkeypatch.undo()
+    again = await client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+    assert again.status_code == 200, again.text
