@@ -71,12 +71,12 @@ def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
     try:
         assert runner.stdout is not None
         server = int(runner.stdout.readline())
-        deadline = time.monotonic() + 10
-        while len(live_in_group(server)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The server started its grandchild before it answered /health, so the load
+        # that printed the pid saw both: the group is whole when the pool dies.
+        assert len(live_in_group(server)) == 2, live_in_group(server)
         runner.kill()
-        runner.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 30
         while live_in_group(server) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not live_in_group(server)
