@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import pytest
 import trio
+from llama_cpp._ggml import libggml
 
 from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
@@ -282,13 +285,21 @@ def test_capabilities_follow_the_prompt_format(
 
 
 def test_every_allowed_cache_type_maps_to_a_ggml_type() -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
     for field in ("gguf_type_k", "gguf_type_v"):
         allowed = load_constraints("llama_cpp")[field]["allowed_values"]
         assert sorted(_GGML_TYPES) == sorted(allowed)
-    for name, value in _GGML_TYPES.items():
-        exported = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None)
-        assert exported in (None, value), name
+    # The ggml library llama-cpp-python loads names each number as the table does.
+    type_name = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)(("ggml_type_name", libggml))
+    assert {name: type_name(value).decode() for name, value in _GGML_TYPES.items()} == {
+        name: name for name in _GGML_TYPES
+    }
+    # The binding's constants agree, where it has them: every one but bf16 (the reason
+    # the table is spelled out).
+    exported = {n: getattr(llama_cpp, f"GGML_TYPE_{n.upper()}", None) for n in _GGML_TYPES}
+    assert {n for n, v in exported.items() if v is None} <= {"bf16"}
+    assert {n: v for n, v in exported.items() if v is not None} == {
+        n: v for n, v in _GGML_TYPES.items() if exported[n] is not None
+    }
 
 
 def _state_size_after_a_prompt(llama: Any) -> int:
