@@ -16,7 +16,7 @@ from pool.cli import run_command
 from pool.cluster import open_ledger
 
 from ..actors.helpers import ask
-from .conftest import RedisServer
+from .conftest import RedisServer, wait_renewals
 from .test_pool_leases import BUDGET, HOST, cluster_settings, clustered_pool, on_demand
 
 
@@ -89,20 +89,22 @@ async def test_a_held_lease_is_released_on_sigterm(redis_server: RedisServer) ->
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "pool", "lease", "acquire", "--redis-url", redis_server.url,
-         "--host", HOST, "--gpu", "0:1000", "--hold", "--ttl", "0.6", "--json"],
+         "--host", HOST, "--gpu", "0:1000", "--hold", "--ttl", "3", "--json"],
         stdout=subprocess.PIPE,
         env=env,
     )  # fmt: skip
     assert process.stdout is not None
-    with trio.fail_after(20):
+    with trio.fail_after(60):
         line = b""
         while not line.endswith(b"\n"):
             line += await process.stdout.receive_some(4096)
     lease = json.loads(line)
     async with open_ledger(redis_server.url) as ledger:
-        await trio.sleep(1.5)  # past its ttl: renewed by the holder
+        # Past its ttl, renewed by the holder (every third of it: four renewals outlive
+        # it). Renewing runs once the holder waits for signals: SIGTERM is caught then.
+        await wait_renewals(ledger, lease["id"], 4)
         assert [held.id for held in await ledger.list_leases()] == [lease["id"]]
         process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
+        with trio.fail_after(30):
             assert await process.wait() == 0
         assert await ledger.list_leases() == []
