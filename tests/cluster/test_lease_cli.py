@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from pool.actors import Queued
 from pool.cli import run_command
 from pool.cluster import open_ledger
 
@@ -70,19 +71,18 @@ async def test_a_cli_lease_makes_the_pool_queue_until_it_is_released(
         await node.leases.sync()  # the pool stores its GPU budgets for acquirers like the CLI
         code, lease, _ = await lease_cli("acquire", *url, "--host", HOST, "--gpu", "0:7000")
         assert code == 0
-        answered = trio.Event()
-
-        async def ask_a() -> None:
-            await pool.respond(ask("a"))
-            answered.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask_a)
-            await trio.sleep(0.8)
-            assert not answered.is_set() and pool.models["a"].scheduler.queue_depth == 1
-            assert (await lease_cli("release", *url, lease["id"]))[0] == 0
-            with trio.fail_after(10):
-                await answered.wait()
+        async with pool.admit(ask("a"), report_waits=True) as admission:
+            waits = []
+            async for wait in admission.waits():
+                waits.append(wait)
+                if len(waits) == 1:
+                    # Reported as it queued: it waits for the room the CLI's lease holds.
+                    assert wait == Queued(1, "vram")
+                    assert pool.models["a"].scheduler.queue_depth == 1
+                    assert (await lease_cli("release", *url, lease["id"]))[0] == 0
+            with trio.fail_after(30):
+                await admission.collect()
+        assert waits  # it did wait (the checks above ran)
 
 
 async def test_a_held_lease_is_released_on_sigterm(redis_server: RedisServer) -> None:
