@@ -93,7 +93,8 @@ async def test_the_served_pool_applies_them(tmp_path: Path, nursery: trio.Nurser
     # Through the real entry point's loader: a one-slot stub with MAX_QUEUE_DEPTH=0
     # refuses a second concurrent request with queue_full; a tenant over its rate is 429.
     path = tmp_path / "settings.json"
-    # Busy for 100 s once started, so the slot is still taken when the second one comes.
+    # Busy for a minute once started (256 tokens, the default limit, at 4 a second), so
+    # the slot is still taken when the second request comes.
     slow = {"backend": "stub", "enabled": True, "stub_reply": words(400),
             "stub_tokens_per_second": 4}  # fmt: skip
     fast = {"backend": "stub", "enabled": True}
