@@ -44,9 +44,10 @@ WAITING_MODELS = {
 }
 
 
-# A stream far longer than any test waits for it: 2000 words at 20 a second (100 s). A
-# test that leaves it early and then sees the running count fall within STOP_WITHIN_S
-# knows the generation was stopped, not finished.
+# A stream far longer than any test waits for it: 2000 words at 20 a second (100 s; the
+# server's max_tokens default is raised to let it run). A test that leaves it early and
+# then sees the running count fall within STOP_WITHIN_S knows the generation was
+# stopped, not finished.
 ENDLESS = {
     "backend": "stub",
     "enabled": True,
@@ -106,8 +107,11 @@ async def server(nursery: trio.Nursery) -> ServerInfo:
 
 @pytest.fixture
 async def endless(nursery: trio.Nursery) -> ServerInfo:
-    """A server with one model, ``endless`` (:data:`ENDLESS`)."""
-    return await start_server(nursery, {"endless": ENDLESS})
+    """A server with one model, ``endless`` (:data:`ENDLESS`), that a request without a
+    ``max_tokens`` of its own lets run to its end."""
+    return await start_server(
+        nursery, {"endless": ENDLESS}, engine={"decoding": {"max_tokens": 4000}}
+    )
 
 
 async def running(client: httpx.AsyncClient, model: str) -> int:

@@ -211,7 +211,9 @@ async def test_closing_an_sse_stream_stops_generation(endless: ServerInfo) -> No
         async with client.stream(
             "POST", "/v1/responses", json={"model": "endless", "input": "x", "stream": True}
         ) as reply:
-            async for line in reply.aiter_lines():
+            # Held, so that leaving the loop does not let the collector close the stream.
+            lines = reply.aiter_lines()
+            async for line in lines:
                 if line.startswith("event: response.output_text.delta"):
                     break
             assert await running(client, "endless") == 1

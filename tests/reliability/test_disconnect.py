@@ -33,12 +33,17 @@ SLOW = {
 }
 
 
+# A request names no max_tokens: this default lets the stub's 2000 words run (a relay
+# forwards its own default upstream).
+ENGINE = {"decoding": {"max_tokens": 4000}}
+
+
 async def _pools(nursery: trio.Nursery, relayed: bool) -> tuple[ServerInfo, list[ServerInfo]]:
     """The pool the client talks to, and every pool whose model must stop."""
     if not relayed:
-        front = await start_server(nursery, {"m": SLOW})
+        front = await start_server(nursery, {"m": SLOW}, engine=ENGINE)
         return front, [front]
-    upstream = await start_server(nursery, {"m": SLOW})
+    upstream = await start_server(nursery, {"m": SLOW}, engine=ENGINE)
     remote = {
         "backend": "openai_remote",
         "enabled": True,
@@ -46,7 +51,7 @@ async def _pools(nursery: trio.Nursery, relayed: bool) -> tuple[ServerInfo, list
         "remote_base_url": upstream.url + "/v1",
         "remote_model": "m",
     }
-    front = await start_server(nursery, {"m": remote})
+    front = await start_server(nursery, {"m": remote}, engine=ENGINE)
     return front, [front, upstream]
 
 
