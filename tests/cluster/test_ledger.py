@@ -110,12 +110,15 @@ async def test_a_waiting_acquire_gets_the_room_when_it_is_released(
         budgets = {0: 1000}
         first = await ledger.acquire(holder="a", host=HOST, gpus={0: 800}, budgets=budgets)
 
-        async def release_soon() -> None:
-            await trio.sleep(0.3)
+        async def release_once_it_waits() -> None:
+            # Refused, the waiter listens for lease events: Redis counts it a subscriber.
+            with trio.fail_after(30):
+                while not sum((await ledger.client.pubsub_numsub(ledger.keys.events)).values()):
+                    await trio.sleep(0.01)
             await ledger.release(first)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(release_soon)
+            nursery.start_soon(release_once_it_waits)
             lease = await ledger.acquire_waiting(
                 10.0, holder="b", host=HOST, gpus={0: 800}, budgets=budgets
             )
