@@ -22,7 +22,7 @@ from pool import (
 from pool.config import build_settings
 
 from .streaming import assert_streams
-from .test_process import _gone, assert_killed_pool_leaves_no_server
+from .test_process import _gone, assert_group_running, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
@@ -61,6 +61,7 @@ async def test_paris_streaming_and_unload(llama_server_binary: str) -> None:
             pool, _ask(input="Write a story about a fox.", decoding={"max_tokens": 64})
         )
         pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        assert_group_running(pid)
         await pool.unload("ls")
         assert _gone(pid)
 

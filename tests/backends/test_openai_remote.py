@@ -113,7 +113,8 @@ async def test_a_hanging_upstream_times_out(nursery: trio.Nursery) -> None:
         with pytest.raises(PoolError) as info:
             await pool.respond(_ask())
         assert info.value.code == "backend_timeout" and info.value.status == 504
-        assert trio.current_time() - started < 3
+        # The 1 s limit, not a hang: ten times its length is room enough on a busy machine.
+        assert 1 <= trio.current_time() - started < 10
     nursery.cancel_scope.cancel()
 
 

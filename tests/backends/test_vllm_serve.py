@@ -15,7 +15,7 @@ from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_l
 from pool.config import apply_override, build_settings
 from pool.convert import cached_model
 
-from .test_process import _gone
+from .test_process import _gone, assert_group_running
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,6 +178,7 @@ async def test_real_vllm_serve_on_cpu() -> None:
             reply = await pool.respond(long, tenant=tenant)
             assert reply.usage.cached_tokens is not None
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        assert_group_running(pid)
         await pool.unload("vs")
         assert _gone(pid)
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
-from pool.cluster import missing_client_reason
+from pool.cluster import LeaseLedger, missing_client_reason
 from tests.components import missing
 
 
@@ -83,3 +84,19 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+async def wait_renewals(ledger: LeaseLedger, lease_id: str, count: int) -> None:
+    """Until the holder of ``lease_id`` has renewed it ``count`` times; it must be there
+    at every look. A renewal publishes nothing: it shows as the lease's time left going
+    back up, so that is what is polled (under a generous deadline, as a hang guard)."""
+    seen = 0
+    last: int | None = None
+    with trio.fail_after(60):
+        while seen < count:
+            lease = await ledger.get(lease_id)
+            assert lease is not None and lease.expires_in_ms is not None, "it expired"
+            if last is not None and lease.expires_in_ms > last:
+                seen += 1
+            last = lease.expires_in_ms
+            await trio.sleep(0.02)

@@ -12,11 +12,12 @@ from typing import Any
 
 import trio
 
+from pool.actors import Queued
 from pool.cli import run_command
 from pool.cluster import open_ledger
 
 from ..actors.helpers import ask
-from .conftest import RedisServer
+from .conftest import RedisServer, wait_renewals
 from .test_pool_leases import BUDGET, HOST, cluster_settings, clustered_pool, on_demand
 
 
@@ -70,39 +71,40 @@ async def test_a_cli_lease_makes_the_pool_queue_until_it_is_released(
         await node.leases.sync()  # the pool stores its GPU budgets for acquirers like the CLI
         code, lease, _ = await lease_cli("acquire", *url, "--host", HOST, "--gpu", "0:7000")
         assert code == 0
-        answered = trio.Event()
-
-        async def ask_a() -> None:
-            await pool.respond(ask("a"))
-            answered.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask_a)
-            await trio.sleep(0.8)
-            assert not answered.is_set() and pool.models["a"].scheduler.queue_depth == 1
-            assert (await lease_cli("release", *url, lease["id"]))[0] == 0
-            with trio.fail_after(10):
-                await answered.wait()
+        async with pool.admit(ask("a"), report_waits=True) as admission:
+            waits = []
+            async for wait in admission.waits():
+                waits.append(wait)
+                if len(waits) == 1:
+                    # Reported as it queued: it waits for the room the CLI's lease holds.
+                    assert wait == Queued(1, "vram")
+                    assert pool.models["a"].scheduler.queue_depth == 1
+                    assert (await lease_cli("release", *url, lease["id"]))[0] == 0
+            with trio.fail_after(30):
+                await admission.collect()
+        assert waits  # it did wait (the checks above ran)
 
 
 async def test_a_held_lease_is_released_on_sigterm(redis_server: RedisServer) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "pool", "lease", "acquire", "--redis-url", redis_server.url,
-         "--host", HOST, "--gpu", "0:1000", "--hold", "--ttl", "0.6", "--json"],
+         "--host", HOST, "--gpu", "0:1000", "--hold", "--ttl", "3", "--json"],
         stdout=subprocess.PIPE,
         env=env,
     )  # fmt: skip
     assert process.stdout is not None
-    with trio.fail_after(20):
+    with trio.fail_after(60):
         line = b""
         while not line.endswith(b"\n"):
             line += await process.stdout.receive_some(4096)
     lease = json.loads(line)
     async with open_ledger(redis_server.url) as ledger:
-        await trio.sleep(1.5)  # past its ttl: renewed by the holder
+        # Past its ttl, renewed by the holder (every third of it: four renewals outlive
+        # it). Renewing runs once the holder waits for signals: SIGTERM is caught then.
+        await wait_renewals(ledger, lease["id"], 4)
         assert [held.id for held in await ledger.list_leases()] == [lease["id"]]
         process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
+        with trio.fail_after(30):
             assert await process.wait() == 0
         assert await ledger.list_leases() == []

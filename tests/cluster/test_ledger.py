@@ -9,7 +9,7 @@ import trio
 
 from pool.cluster import LeaseLedger, LeaseRefused, hold_lease, open_ledger
 
-from .conftest import RedisServer
+from .conftest import RedisServer, wait_renewals
 
 HOST = "box1"
 
@@ -76,9 +76,13 @@ async def test_an_unrenewed_lease_expires_and_a_held_one_does_not(
 ) -> None:
     async with open_ledger(redis_server.url, ttl_s=0.3) as ledger:
         budgets = {0: 10_000}
-        await ledger.acquire(holder="gone", host=HOST, gpus={0: 9000}, budgets=budgets)
-        async with hold_lease(ledger, holder="held", host=HOST, gpus={1: 9000}, ttl_s=0.3) as held:
-            await trio.sleep(1.0)
+        gone = await ledger.acquire(holder="gone", host=HOST, gpus={0: 9000}, budgets=budgets)
+        # A held lease renews every third of its ttl: four renewals outlive it. Its ttl
+        # leaves the renewals ten times the room a loaded machine's stalls take.
+        async with hold_lease(ledger, holder="held", host=HOST, gpus={1: 9000}, ttl_s=1.5) as held:
+            await wait_renewals(ledger, held.id, 4)
+            # Meanwhile (2 s at least, over six times its 0.3 s) the unrenewed one expired.
+            assert await ledger.get(gone.id) is None
             assert [lease.id for lease in await ledger.list_leases()] == [held.id]
         assert await ledger.list_leases() == []
         # The expired lease's room is free again.
@@ -106,12 +110,15 @@ async def test_a_waiting_acquire_gets_the_room_when_it_is_released(
         budgets = {0: 1000}
         first = await ledger.acquire(holder="a", host=HOST, gpus={0: 800}, budgets=budgets)
 
-        async def release_soon() -> None:
-            await trio.sleep(0.3)
+        async def release_once_it_waits() -> None:
+            # Refused, the waiter listens for lease events: Redis counts it a subscriber.
+            with trio.fail_after(30):
+                while not sum((await ledger.client.pubsub_numsub(ledger.keys.events)).values()):
+                    await trio.sleep(0.01)
             await ledger.release(first)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(release_soon)
+            nursery.start_soon(release_once_it_waits)
             lease = await ledger.acquire_waiting(
                 10.0, holder="b", host=HOST, gpus={0: 800}, budgets=budgets
             )

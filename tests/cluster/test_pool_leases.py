@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from pool import Pool, PoolError, open_pool
+from pool.actors import Queued
 from pool.cluster import ClusterNode, LeaseLedger, open_cluster, open_ledger
 from pool.config import Settings
 
@@ -75,19 +76,19 @@ async def test_an_external_lease_makes_an_on_demand_load_wait_until_released(
         trainer = await ledger.acquire(
             holder="trainer", host=HOST, gpus={0: 8000}, budgets={0: BUDGET}, purpose="train"
         )
-        reply: list[str] = []
-
-        async def ask_a() -> None:
-            reply.append((await pool.respond(ask("a"))).text)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask_a)
-            await trio.sleep(1.0)
-            assert pool.models["a"].state == "unloaded"
-            assert pool.models["a"].scheduler.queue_depth == 1
-            assert node.leases.others_mib() == {0: 8000}
-            await ledger.release(trainer)
-        assert reply == ["hello world"]
+        async with pool.admit(ask("a"), report_waits=True) as admission:
+            waits = []
+            async for wait in admission.waits():
+                waits.append(wait)
+                if len(waits) == 1:
+                    # Reported as it queued: it waits for room that the trainer holds.
+                    assert wait == Queued(1, "vram")
+                    assert pool.models["a"].state == "unloaded"
+                    assert pool.models["a"].scheduler.queue_depth == 1
+                    assert node.leases.others_mib() == {0: 8000}
+                    await ledger.release(trainer)
+            assert (await admission.collect()).text == "hello world"
+        assert waits  # it did wait (the checks above ran)
         assert await pool_leases(ledger, node) == {"model a": ((0, 4000),)}
         # The trainer cannot take its room back while the model holds it...
         await wait_until(lambda: node.leases.others_mib() == {}, 5)

@@ -36,6 +36,12 @@ async def registered(
             yield pool, member
 
 
+# A change reaches the peers by an event at once; ten times what that takes on a loaded
+# machine, and far inside a heartbeat, so that what is seen in time came by the event.
+EVENT_WITHIN_S = 20.0
+HEARTBEAT_S = 300.0
+
+
 async def until(predicate: Any, within_s: float) -> None:
     with trio.fail_after(within_s):
         while not predicate():
@@ -43,13 +49,16 @@ async def until(predicate: Any, within_s: float) -> None:
 
 
 async def test_nodes_see_each_other_and_each_change_at_once(redis_server: RedisServer) -> None:
-    # Heartbeats far apart: what the peers see within a second came by the events.
-    slow = {"heartbeat_s": 10.0, "node_ttl_s": 30.0}
+    # Heartbeats far apart: what the peers see within EVENT_WITHIN_S came by the events.
+    slow = {"heartbeat_s": HEARTBEAT_S, "node_ttl_s": 3 * HEARTBEAT_S}
     async with (
         registered(redis_server.url, "n1", **slow) as (pool1, node1),
         registered(redis_server.url, "n2", **slow) as (_, node2),
     ):
-        await until(lambda: "n1" in node2.registry.peers and "n2" in node1.registry.peers, 2)
+        await until(
+            lambda: "n1" in node2.registry.peers and "n2" in node1.registry.peers,
+            EVENT_WITHIN_S,
+        )
         record = node2.registry.peers["n1"]
         assert record["url"] == "http://n1.invalid:8011"
         assert record["gpu_host"] == HOST and record["epoch"] >= 1
@@ -64,7 +73,7 @@ async def test_nodes_see_each_other_and_each_change_at_once(redis_server: RedisS
             models = node2.registry.peers["n1"]["models"]
             return any(m["name"] == "a" and m["state"] == "loaded" for m in models)
 
-        await until(a_loaded_on_n1, 1.0)
+        await until(a_loaded_on_n1, EVENT_WITHIN_S)
         assert node1.status()["redis"] == "ok" and node1.status()["peers"] == ["n2"]
     # Leaving deletes the record at once (a crash lets it expire instead).
     async with open_ledger(redis_server.url) as ledger:
@@ -72,20 +81,18 @@ async def test_nodes_see_each_other_and_each_change_at_once(redis_server: RedisS
 
 
 async def test_a_node_that_leaves_drops_out_of_its_peers_view(redis_server: RedisServer) -> None:
-    async with registered(redis_server.url, "n1", heartbeat_s=10.0, node_ttl_s=30.0) as (
-        _,
-        node1,
-    ):
-        async with registered(redis_server.url, "n2", heartbeat_s=10.0, node_ttl_s=30.0):
-            await until(lambda: "n2" in node1.registry.peers, 2)
-        await until(lambda: "n2" not in node1.registry.peers, 1)
+    slow = {"heartbeat_s": HEARTBEAT_S, "node_ttl_s": 3 * HEARTBEAT_S}
+    async with registered(redis_server.url, "n1", **slow) as (_, node1):
+        async with registered(redis_server.url, "n2", **slow):
+            await until(lambda: "n2" in node1.registry.peers, EVENT_WITHIN_S)
+        await until(lambda: "n2" not in node1.registry.peers, EVENT_WITHIN_S)
 
 
 async def test_every_boot_has_a_new_epoch(redis_server: RedisServer) -> None:
     epochs = []
     for _ in range(2):
         async with registered(redis_server.url, "n1") as (_, node):
-            await until(lambda node=node: node.registry.epoch is not None, 2)
+            await until(lambda node=node: node.registry.epoch is not None, EVENT_WITHIN_S)
             epochs.append(node.registry.epoch)
     assert epochs[1] == epochs[0] + 1
 
@@ -143,20 +150,20 @@ async def test_a_killed_node_and_its_leases_expire(
             registered(redis_server.url, "watcher", heartbeat_s=0.3, node_ttl_s=1.5) as (_, me),
             open_ledger(redis_server.url) as ledger,
         ):
-            await until(lambda: "doomed" in me.registry.peers, 5)
+            await until(lambda: "doomed" in me.registry.peers, EVENT_WITHIN_S)
             assert me.registry.peers["doomed"]["url"] == url
             [lease] = [x for x in await ledger.list_leases(HOST) if x.purpose == "model a"]
             assert lease.gpus == ((0, 3000),)
-            await until(lambda: me.others_mib() == {0: 3000}, 5)
+            await until(lambda: me.others_mib() == {0: 3000}, EVENT_WITHIN_S)
 
             process.send_signal(signal.SIGKILL)
-            killed_at = trio.current_time()
-            await until(lambda: "doomed" not in me.registry.peers, 2.0 + 0.3 + 1.0)
-            assert trio.current_time() - killed_at <= 3.3
-            with trio.fail_after(5):
+            # Its record expires (node_ttl_s 2) and the watcher's next look (every 0.3 s)
+            # sees it: 2.3 s, given ten times the room. Nothing else removes it.
+            await until(lambda: "doomed" not in me.registry.peers, 10 * (2.0 + 0.3))
+            with trio.fail_after(10 * 2.0):  # its lease's ttl, ten times
                 while await ledger.list_leases(HOST):
                     await trio.sleep(0.05)
-            await until(lambda: me.others_mib() == {}, 2)
+            await until(lambda: me.others_mib() == {}, EVENT_WITHIN_S)
     finally:
         if process.returncode is None:
             process.kill()

@@ -141,9 +141,10 @@ async def test_a_model_loaded_nowhere_is_loaded_by_one_node_for_all(
     assert texts == [REPLY] * 9
     states = [s.pool.models["a"].state for s in nodes]
     assert states.count("loaded") == 1 and states.count("unloaded") == 2, states
-    # The load is over: its lock goes two heartbeats later, not after load_lock_ttl_s.
+    # The load is over: its lock goes two heartbeats (0.6 s) later, not after
+    # load_lock_ttl_s (120 s): 12 s is twenty times the one and a tenth of the other.
     async with open_ledger(redis_server.url) as ledger:
-        with trio.fail_after(3):
+        with trio.fail_after(12):
             while await ledger.client.exists(["llm-pool:loadlock:a"]):
                 await trio.sleep(0.05)
 

@@ -44,6 +44,20 @@ WAITING_MODELS = {
 }
 
 
+# A stream far longer than any test waits for it: 2000 words at 20 a second (100 s; the
+# server's max_tokens default is raised to let it run). A test that leaves it early and
+# then sees the running count fall within STOP_WITHIN_S knows the generation was
+# stopped, not finished.
+ENDLESS = {
+    "backend": "stub",
+    "enabled": True,
+    "stub_reply": " ".join(f"w{i}" for i in range(2000)),
+    "stub_tokens_per_second": 20,
+}
+# Ten times what a stop takes on a loaded machine, and far short of the 100 s stream.
+STOP_WITHIN_S = 20.0
+
+
 class FakeGpus:
     """A GPU source with fixed readings, in place of the NVML monitor ``serve`` starts."""
 
@@ -89,6 +103,28 @@ async def start_server(
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> ServerInfo:
     return await start_server(nursery)
+
+
+@pytest.fixture
+async def endless(nursery: trio.Nursery) -> ServerInfo:
+    """A server with one model, ``endless`` (:data:`ENDLESS`), that a request without a
+    ``max_tokens`` of its own lets run to its end."""
+    return await start_server(
+        nursery, {"endless": ENDLESS}, engine={"decoding": {"max_tokens": 4000}}
+    )
+
+
+async def running(client: httpx.AsyncClient, model: str) -> int:
+    """The model's running count (``runtime_inflight``) as the admin row reports it."""
+    row = (await client.get(f"/v1/admin/models/{model}")).json()
+    return int(row["runtime_inflight"])
+
+
+async def wait_stopped(client: httpx.AsyncClient, model: str) -> None:
+    """Until ``model`` runs nothing (a published count, polled), within STOP_WITHIN_S."""
+    with trio.fail_after(STOP_WITHIN_S):
+        while await running(client, model):
+            await trio.sleep(0.02)
 
 
 @pytest.fixture

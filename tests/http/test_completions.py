@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 import httpx
 import openai
 import pytest
+import trio
 
 from pool import ServerInfo
+from pool.backends import register_backend, unregister_backend
+
+from . import recording_backend
+from .conftest import start_server
 
 
 def _client(server: ServerInfo) -> openai.AsyncOpenAI:
@@ -62,19 +70,37 @@ async def test_headers_and_refusals(client: httpx.AsyncClient) -> None:
     assert r.status_code == 404
 
 
+@pytest.fixture
+async def recorder(nursery: trio.Nursery) -> AsyncIterator[ServerInfo]:
+    """A server whose one model, ``rec``, keeps every request its runtime is given."""
+    register_backend("recorder", recording_backend.__name__)
+    try:
+        yield await start_server(nursery, {"rec": {"backend": "recorder", "enabled": True}})
+    finally:
+        unregister_backend("recorder")
+
+
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
-async def test_keep_alive_and_sampling_fields_accepted(
-    client: httpx.AsyncClient, route: str
+async def test_keep_alive_and_sampling_fields_reach_the_backend(
+    recorder: ServerInfo, route: str
 ) -> None:
-    body = {"model": "echo", "keep_alive": "5m", "seed": 3, "min_p": 0.1,
+    body = {"model": "rec", "keep_alive": "5m", "seed": 3, "min_p": 0.1,
             "presence_penalty": 0.5, "logit_bias": {"42": -100}}  # fmt: skip
     body |= (
         {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "hi"}
     )
-    r = await client.post(route, json=body)
-    assert r.status_code == 200, r.text
-    r = await client.post(route, json=body | {"logit_bias": {"x": 1}})
-    assert r.status_code == 400
+    runtime: Any = recorder.pool.model("rec").replicas[0].runtime
+    async with httpx.AsyncClient(base_url=recorder.url, timeout=30) as client:
+        r = await client.post(route, json=body)
+        assert r.status_code == 200, r.text
+        [seen] = runtime.requests
+        decoding = seen.decoding
+        assert (decoding.seed, decoding.min_p, decoding.presence_penalty) == (3, 0.1, 0.5)
+        assert decoding.logit_bias == ((42, -100.0),)
+        assert decoding.frequency_penalty is None  # not asked: left to the backend
+        r = await client.post(route, json=body | {"logit_bias": {"x": 1}})
+        assert r.status_code == 400
+        assert len(runtime.requests) == 1  # refused before it reached the backend
 
 
 async def test_sampling_a_backend_cannot_honour_is_a_400(client: httpx.AsyncClient) -> None:

@@ -12,12 +12,7 @@ from pool import ServerInfo
 from pool.http._common import dumps
 from pool.http._responses import sse
 
-from .conftest import WAITING_MODELS, sse_events, start_server
-
-
-async def _inflight(client: httpx.AsyncClient, model: str) -> int:
-    row = (await client.get(f"/v1/admin/models/{model}")).json()
-    return int(row["runtime_inflight"])
+from .conftest import WAITING_MODELS, running, sse_events, start_server, wait_stopped
 
 
 async def test_json_response_envelope_and_headers(client: httpx.AsyncClient) -> None:
@@ -116,7 +111,7 @@ async def test_unload_ends_a_stream_past_the_drain_deadline(
             body = {"model": "m", "input": "x", "stream": True, "decoding": {"max_tokens": 4}}
             readers.start_soon(read, body, fast)
             with trio.fail_after(5):
-                while await _inflight(client, "m") < 2:
+                while await running(client, "m") < 2:
                     await trio.sleep(0.01)
             started = trio.current_time()
             unloaded = await client.post("/v1/admin/models/m/unload")
@@ -211,20 +206,21 @@ async def test_queue_full_over_http(client: httpx.AsyncClient) -> None:
     assert all(int(r) >= 1 for r in retry_after)
 
 
-async def test_closing_an_sse_stream_stops_generation(client: httpx.AsyncClient) -> None:
-    async with client.stream(
-        "POST", "/v1/responses", json={"model": "slow", "input": "x", "stream": True}
-    ) as reply:
-        async for line in reply.aiter_lines():
-            if line.startswith("event: response.output_text.delta"):
-                break
-        assert await _inflight(client, "slow") == 1
-    with trio.fail_after(1):
-        while await _inflight(client, "slow"):
-            await trio.sleep(0.02)
+async def test_closing_an_sse_stream_stops_generation(endless: ServerInfo) -> None:
+    async with httpx.AsyncClient(base_url=endless.url, timeout=30) as client:
+        async with client.stream(
+            "POST", "/v1/responses", json={"model": "endless", "input": "x", "stream": True}
+        ) as reply:
+            # Held, so that leaving the loop does not let the collector close the stream.
+            lines = reply.aiter_lines()
+            async for line in lines:
+                if line.startswith("event: response.output_text.delta"):
+                    break
+            assert await running(client, "endless") == 1
+        await wait_stopped(client, "endless")
 
 
-async def test_unload_waits_for_open_stream(client: httpx.AsyncClient) -> None:
+async def test_unload_waits_for_open_stream(server: ServerInfo, client: httpx.AsyncClient) -> None:
     text: list[str] = []
     unloaded: list[dict[str, object]] = []
 
@@ -239,15 +235,14 @@ async def test_unload_waits_for_open_stream(client: httpx.AsyncClient) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream)
-        with trio.fail_after(2):
-            while await _inflight(client, "slow") == 0:
+        with trio.fail_after(30):
+            while await running(client, "slow") == 0:
                 await trio.sleep(0.01)
         nursery.start_soon(unload)
-        with trio.fail_after(2):
-            while (await client.get("/v1/admin/models/slow")).json()[
-                "runtime_state"
-            ] != "unloading":
-                await trio.sleep(0.01)
+        actor = server.pool.model("slow")
+        with trio.fail_after(30):
+            while actor.state != "unloading":
+                await actor.wait_state_change()
         refused = await client.post("/v1/responses", json={"model": "slow", "input": "x"})
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_unloading"
     events = sse_events(text[0].decode() if isinstance(text[0], bytes) else text[0])

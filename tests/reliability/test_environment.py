@@ -19,6 +19,8 @@ from pool.config import load_settings
 from pool.errors import ConfigError
 from pool.http import Authenticator, nonce_file_path, sign_op_token
 
+from .conftest import wait_for, words
+
 SPEC_ENV = {
     "MAX_QUEUE_DEPTH": "16",
     "QUEUE_TIMEOUT_MS": "30000",
@@ -91,21 +93,26 @@ async def test_the_served_pool_applies_them(tmp_path: Path, nursery: trio.Nurser
     # Through the real entry point's loader: a one-slot stub with MAX_QUEUE_DEPTH=0
     # refuses a second concurrent request with queue_full; a tenant over its rate is 429.
     path = tmp_path / "settings.json"
-    slow = {"backend": "stub", "enabled": True, "stub_reply": "a b c", "stub_tokens_per_second": 4}
-    path.write_text(json.dumps({"engine": {"models": {"m": slow}}}))
+    # Busy for a minute once started (256 tokens, the default limit, at 4 a second), so
+    # the slot is still taken when the second request comes.
+    slow = {"backend": "stub", "enabled": True, "stub_reply": words(400),
+            "stub_tokens_per_second": 4}  # fmt: skip
+    fast = {"backend": "stub", "enabled": True}
+    path.write_text(json.dumps({"engine": {"models": {"m": slow, "n": fast}}}))
     environ = {"MAX_QUEUE_DEPTH": "0", "TENANT_RATE_LIMIT_tight": "1req/h"}
     settings = load_settings(path, environ=environ)
     info = await nursery.start(lambda task_status: serve(settings, port=0, task_status=task_status))
-    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
         async with trio.open_nursery() as requests:
             requests.start_soon(
                 functools.partial(client.post, "/v1/responses", json={"model": "m", "input": "x"})
             )
-            await trio.sleep(0.3)
+            await wait_for(lambda: info.pool.snapshot("m").running == 1, 30.0)
             full = await client.post("/v1/responses", json={"model": "m", "input": "x"})
+            requests.cancel_scope.cancel()  # the first one has served its purpose
         assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
         tight = {"X-Tenant-ID": "tight"}
-        body = {"model": "m", "input": "x", "decoding": {"max_tokens": 1}}
+        body = {"model": "n", "input": "x", "decoding": {"max_tokens": 1}}
         assert (await client.post("/v1/responses", json=body, headers=tight)).status_code == 200
         limited = await client.post("/v1/responses", json=body, headers=tight)
         assert limited.status_code == 429 and "Retry-After" in limited.headers

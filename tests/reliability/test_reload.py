@@ -17,7 +17,9 @@ async def test_drain_then_swap_loses_nothing(nursery: trio.Nursery) -> None:
         "enabled": True,
         "replica_max": 2,
         "stub_reply": words(40),
-        "stub_tokens_per_second": 40,  # a one-second stream
+        # A five-second stream: the unload and the refused request fall inside it with
+        # ten times the room they need on a loaded machine.
+        "stub_tokens_per_second": 8,
     }
     info = await start_server(nursery, {"m": model})
     first_delta = trio.Event()
@@ -36,8 +38,8 @@ async def test_drain_then_swap_loses_nothing(nursery: trio.Nursery) -> None:
                         finals.append(event)
         marks["stream_done"] = trio.current_time()
 
-    async with httpx.AsyncClient(base_url=info.url, timeout=15) as client:
-        with trio.fail_after(15):
+    async with httpx.AsyncClient(base_url=info.url, timeout=60) as client:
+        with trio.fail_after(60):
             async with trio.open_nursery() as inner:
                 inner.start_soon(stream, client)
                 await first_delta.wait()
@@ -51,7 +53,9 @@ async def test_drain_then_swap_loses_nothing(nursery: trio.Nursery) -> None:
 
                 inner.start_soon(unload)
                 await unloading.wait()
-                await trio.sleep(0.1)
+                actor = info.pool.model("m")
+                while actor.state != "unloading":  # the unload call reached the model
+                    await actor.wait_state_change()
                 # While it drains, a new request is refused with a reason (not queued to die).
                 refused = await client.post("/v1/responses", json={"model": "m", "input": "y"})
                 assert refused.status_code == 409

@@ -71,12 +71,12 @@ def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
     try:
         assert runner.stdout is not None
         server = int(runner.stdout.readline())
-        deadline = time.monotonic() + 10
-        while len(live_in_group(server)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The server started its grandchild before it answered /health, so the load
+        # that printed the pid saw both: the group is whole when the pool dies.
+        assert len(live_in_group(server)) == 2, live_in_group(server)
         runner.kill()
-        runner.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 30
         while live_in_group(server) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not live_in_group(server)
@@ -88,7 +88,8 @@ def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
                 os.killpg(server, signal.SIGKILL)
 
 
-GRACE_S = 5.0
+# Ten times the 1.5 s stream: it completes inside the grace on a loaded machine too.
+GRACE_S = 15.0
 
 
 async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
         "backend": "stub",
         "enabled": True,
         "stub_reply": words(30),
-        "stub_tokens_per_second": 20,  # 1.5 s of words: well inside the grace
+        "stub_tokens_per_second": 20,  # 1.5 s of words: a tenth of the grace
     }
     settings.write_text(
         json.dumps({"service": {"shutdown_grace_s": GRACE_S}, "engine": {"models": {"m": slow}}})
@@ -125,9 +126,12 @@ async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
                         process.send_signal(signal.SIGTERM)
                         signalled_at = trio.current_time()
             completed_at = trio.current_time()
-            # Draining: no new connection is accepted meanwhile.
+        # Draining: a new connection is not served (refused, or reset as the process
+        # exits). A fresh client: a request on the stream's kept-alive connection would
+        # hang until the grace ran out (the connection is neither answered nor closed).
+        async with httpx.AsyncClient(base_url=url, timeout=30) as fresh:
             with pytest.raises(httpx.TransportError):
-                await client.get("/health")
+                await fresh.get("/health")
         with trio.fail_after(GRACE_S + 5):
             code = await process.wait()
         exited_at = trio.current_time()
@@ -136,8 +140,8 @@ async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
         assert done["response"]["output_text"] == words(30)
         assert completed_at - signalled_at < GRACE_S
         assert code == 0
-        # Exit follows the drain promptly (unloading a stub model is instant).
-        assert exited_at - signalled_at < GRACE_S + 2
+        # Exit follows the drain (unloading a stub model is instant), not the grace.
+        assert exited_at - signalled_at < GRACE_S
     finally:
         if process.returncode is None:
             process.kill()
