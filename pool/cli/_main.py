@@ -178,11 +178,15 @@ async def run_command(
     client = PoolClient(args.url, default_token(), args.timeout)
     try:
         return await _dispatch(args, client, io)
-    except CliError as exc:
-        if io.json and exc.body is not None:
-            io.emit(exc.body)
-        io.err.print(f"llm-pool {args.command}: {exc.message}", markup=False)
-        return exc.exit_code
+    except (CliError, BaseExceptionGroup) as raised:
+        # In a terminal, Ctrl-C's watcher (on_interrupt) is a nursery: the error comes wrapped.
+        error = _lone(raised)
+        if not isinstance(error, CliError):
+            raise
+        if io.json and error.body is not None:
+            io.emit(error.body)
+        io.err.print(f"llm-pool {args.command}: {error.message}", markup=False)
+        return error.exit_code
     finally:
         with trio.CancelScope(shield=True):
             await client.aclose()

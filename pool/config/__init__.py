@@ -6,6 +6,7 @@ pool/backends; what this package needs of them it looks up in the backend regist
 
 from pool.config._cluster import ClusterSettings
 from pool.config._files import (
+    ENV_OP_TOKEN_KEY_PATH,
     LOCAL_SETTINGS_ENV,
     SETTINGS_ENV,
     build_settings,
@@ -43,6 +44,7 @@ from pool.config._models import (
 )
 
 __all__ = [
+    "ENV_OP_TOKEN_KEY_PATH",
     "LOCAL_SETTINGS_ENV",
     "SETTINGS_ENV",
     "AuthSettings",

@@ -223,11 +223,15 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
         depth = attempt(_number, ENV_MAX_QUEUE_DEPTH, value)
         if depth is not None and not depth.is_integer():
             problems.append(f"${ENV_MAX_QUEUE_DEPTH}: {value!r} is not a whole number")
+        elif depth is not None and depth < 0:
+            problems.append(f"${ENV_MAX_QUEUE_DEPTH}: {value!r} is below 0")
         elif depth is not None:
             engine["max_queue"] = int(depth)
     if value := env.get(ENV_QUEUE_TIMEOUT_MS, "").strip():
         millis = attempt(_number, ENV_QUEUE_TIMEOUT_MS, value)
-        if millis is not None:
+        if millis is not None and millis <= 0:
+            problems.append(f"${ENV_QUEUE_TIMEOUT_MS}: {value!r} must be above 0")
+        elif millis is not None:
             engine["queue_timeout_s"] = millis / 1000.0
     tenancy: dict[str, Any] = {}
     if value := env.get(ENV_DEFAULT_RATE_LIMIT, "").strip():

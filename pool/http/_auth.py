@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pool.config import AuthSettings, state_dir
-from pool.errors import PoolError
+from pool.config import ENV_OP_TOKEN_KEY_PATH, AuthSettings, state_dir
+from pool.errors import ConfigError, PoolError
 
 Access = Literal["inference", "admin"]
 
@@ -144,6 +144,19 @@ class _Keys:
     op_key: bytes | None
 
 
+def _read_op_key(path: str | None, named_by: str) -> bytes | None:
+    """The operation-token key, or a settings error naming where the path came from."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).expanduser().read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError([f"{named_by}: cannot read {path}: {exc.strerror}"]) from exc
+    if not key:
+        raise ConfigError([f"{named_by}: the op token key file {path} is empty"])
+    return key
+
+
 class Authenticator:
     """Checks bearer tokens per access level and verifies operation tokens."""
 
@@ -154,9 +167,16 @@ class Authenticator:
         inference += [t.strip() for t in env.get(ENV_API_TOKENS, "").split(",") if t.strip()]
         admin = settings.admin_token or env.get(ENV_ADMIN_TOKEN) or None
         key_path = settings.op_token_key_path or env.get(ENV_OP_KEY_PATH) or None
-        op_key = Path(key_path).expanduser().read_bytes().strip() if key_path else None
-        if op_key is not None and not op_key:
-            raise ValueError(f"op token key file {key_path} is empty")
+        # The runner spec's variable is merged into the settings: name what the user set.
+        named_by = next(
+            (
+                f"${name}"
+                for name in (ENV_OP_TOKEN_KEY_PATH, ENV_OP_KEY_PATH)
+                if key_path is not None and env.get(name, "").strip() == key_path
+            ),
+            "service.auth.op_token_key_path",
+        )
+        op_key = _read_op_key(key_path, named_by)
         self._keys = _Keys(
             inference=[t.encode() for t in inference],
             admin=[admin.encode()] if admin else [],

@@ -32,3 +32,12 @@ def test_dockerfile_passes_hadolint(name: str) -> None:
         timeout=60,
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
+def test_the_healthcheck_needs_no_token(name: str) -> None:
+    # /health answers without a token (503 while not serving); /v1/models would be 401 as
+    # soon as tokens are set, as they must be before the port is exposed.
+    text = (DOCKER / name).read_text()
+    check = text[text.index("HEALTHCHECK") :].split("\nCMD", 1)[0]
+    assert "127.0.0.1:8011/health'" in check and "/v1/" not in check

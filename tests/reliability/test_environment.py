@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ from pool.errors import ConfigError
 from pool.http import Authenticator, nonce_file_path, sign_op_token
 
 from .conftest import wait_for, words
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPEC_ENV = {
     "MAX_QUEUE_DEPTH": "16",
@@ -77,8 +82,9 @@ def test_the_environment_wins_over_the_files(tmp_path: Path) -> None:
     [
         ("MAX_QUEUE_DEPTH", "lots", "$MAX_QUEUE_DEPTH: 'lots' is not a number"),
         ("MAX_QUEUE_DEPTH", "1.5", "$MAX_QUEUE_DEPTH: '1.5' is not a whole number"),
-        ("MAX_QUEUE_DEPTH", "-1", "<environment>: engine.max_queue:"),
-        ("QUEUE_TIMEOUT_MS", "0", "<environment>: engine.queue_timeout_s:"),
+        ("MAX_QUEUE_DEPTH", "-1", "$MAX_QUEUE_DEPTH: '-1' is below 0"),
+        ("QUEUE_TIMEOUT_MS", "0", "$QUEUE_TIMEOUT_MS: '0' must be above 0"),
+        ("QUEUE_TIMEOUT_MS", "-5", "$QUEUE_TIMEOUT_MS: '-5' must be above 0"),
         ("DEFAULT_RATE_LIMIT", "100", "$DEFAULT_RATE_LIMIT: '100' is not a rate"),
         ("TENANT_RATE_LIMIT_a", "0req/min", "$TENANT_RATE_LIMIT_a: the rate must be above zero"),
     ],
@@ -87,6 +93,30 @@ def test_bad_values_name_the_variable(tmp_path: Path, name: str, value: str, mes
     with pytest.raises(ConfigError) as info:
         load_settings(_settings_file(tmp_path), environ={name: value})
     assert any(p.startswith(message) for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read"), ("", "is empty")],
+)
+def test_an_unusable_op_token_key_stops_the_start_naming_the_variable(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    # As a user starts it: a subprocess, exit 2 and one line, never a traceback.
+    key = tmp_path / "key"
+    if content is not None:
+        key.write_text(content)
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": {"models": {"n": {"backend": "stub"}}}}))
+    ran = subprocess.run(
+        [sys.executable, "-m", "pool", "serve", "--settings", str(path), "--port", "0"],
+        env={**os.environ, "VERIFIED_OP_TOKEN_KEY_PATH": str(key),
+             "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 2, ran.stderr
+    assert "VERIFIED_OP_TOKEN_KEY_PATH" in ran.stderr and message in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr
 
 
 async def test_the_served_pool_applies_them(tmp_path: Path, nursery: trio.Nursery) -> None:
