@@ -12,6 +12,14 @@ look at :data:`lean_request` first.
 
 A client that disconnects cancels the view (as Quart-Trio does), which leaves the
 ``admit`` block and stops the generation.
+
+The message that ends a response (Quart's included) is sent shielded from the app's
+cancellation: within that very ``send`` Hypercorn's trio server hands the app
+``http.disconnect`` and then does the connection's bookkeeping (recycles a kept-alive
+connection and arms its idle timer, or closes it when shutting down). The app's
+disconnect watcher (ours, Quart-Trio's) cancels the task at that moment, so the
+bookkeeping was cut short: the idle connection never timed out, was not closed at a
+shutdown, and a request sent on it after SIGTERM hung until the grace ran out.
 """
 
 from __future__ import annotations
@@ -61,8 +69,30 @@ class LeanRoutes:
         self.routes = routes
         self.hosts = hosts
         self.max_body_bytes = max_body_bytes
+        self.active = 0  # HTTP requests being answered, Quart's included
+        self._settled = trio.Event()
+
+    async def drained(self) -> None:
+        """Return once no HTTP request is being answered (``serve``'s drain)."""
+        while self.active:
+            self._settled = trio.Event()
+            await self._settled.wait()
 
     async def __call__(
+        self, asgi_scope: Scope, asgi_receive: ASGIReceiveCallable, asgi_send: ASGISendCallable
+    ) -> None:
+        scope = cast(dict[str, Any], asgi_scope)
+        if scope["type"] != "http":
+            await self._route(asgi_scope, asgi_receive, asgi_send)
+            return
+        self.active += 1
+        try:
+            await self._route(asgi_scope, asgi_receive, _whole_ending(asgi_send))
+        finally:
+            self.active -= 1
+            self._settled.set()
+
+    async def _route(
         self, asgi_scope: Scope, asgi_receive: ASGIReceiveCallable, asgi_send: ASGISendCallable
     ) -> None:
         scope = cast(dict[str, Any], asgi_scope)
@@ -188,6 +218,20 @@ class LeanRoutes:
         ]
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _whole_ending(send: ASGISendCallable) -> ASGISendCallable:
+    """``send``, with the message that ends the response shielded (the module's doc)."""
+
+    async def ending_shielded(message: Any) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            # Bounded: Hypercorn shields its own socket write; the rest is local.
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return ending_shielded
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -125,20 +125,34 @@ async def _serve_pool(
         info_box: list[ServerInfo] = []
         hosts = HostAllowList(settings.service.allowed_hosts, bound_host=host, port=port)
 
+        app = lean_app(
+            create_app(pool, settings, auth, hosts), hosts, settings.service.max_body_bytes
+        )
+
         async def shutdown_trigger() -> None:
             await info_box[0].stopping.wait()
+            nursery.start_soon(stop_when_drained)
+
+        async def stop_when_drained() -> None:
+            # Hypercorn waits for every connection's task, and a kept-alive one can
+            # outlive its last response (a request sent on it as it closes leaves the
+            # task waiting for the grace). Once no response is open, nothing is owed:
+            # stop at once rather than at the end of the grace.
+            await trio.lowlevel.checkpoint()  # requests just read start first
+            await app.drained()
+            http_scope.cancel()
+
+        http_scope = trio.CancelScope()
 
         async def run_http(
             *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
         ) -> None:
-            app = create_app(pool, settings, auth, hosts)
-            await hypercorn_serve(
-                lean_app(app, hosts, settings.service.max_body_bytes),
-                config,
-                shutdown_trigger=shutdown_trigger,
-                task_status=task_status,
-            )
-            # Hypercorn returns once open connections finished (or the grace ran out).
+            with http_scope:
+                await hypercorn_serve(
+                    app, config, shutdown_trigger=shutdown_trigger, task_status=task_status
+                )
+            # Hypercorn returns once open connections finished (or the grace ran out),
+            # or the drain stopped it.
             nursery.cancel_scope.cancel()
 
         stopping = trio.Event()

@@ -146,3 +146,94 @@ async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+KEEPALIVE_GRACE_S = 30.0
+
+
+async def _read_reply(stream: trio.SocketStream) -> bytes:
+    """One whole reply with a Content-Length, or what came before the server closed."""
+    data = b""
+    while True:
+        try:
+            part = await stream.receive_some()
+        except trio.BrokenResourceError:  # reset: closed with our request unread
+            return data
+        if not part:
+            return data
+        data += part
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = [
+            int(line.split(b":", 1)[1])
+            for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        ]
+        if length and len(body) >= length[0]:
+            return data
+
+
+async def test_sigterm_closes_kept_alive_connections(tmp_path: Path) -> None:
+    """A kept-alive connection reused after SIGTERM is closed at once, not left to hang
+    for the grace (the reply-ending ``send`` was cancelled by the app's disconnect
+    watcher, cutting Hypercorn's bookkeeping short), and the process exits once the
+    open stream is done, not when the grace ends."""
+    settings = tmp_path / "settings.json"
+    slow = {
+        "backend": "stub",
+        "enabled": True,
+        "stub_reply": words(30),
+        "stub_tokens_per_second": 20,
+    }
+    settings.write_text(
+        json.dumps(
+            {"service": {"shutdown_grace_s": KEEPALIVE_GRACE_S}, "engine": {"models": {"m": slow}}}
+        )
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pool", "serve", "--settings", str(settings), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        buffer = b""
+        with trio.fail_after(60):
+            while b"listening on " not in buffer or not buffer.endswith(b"\n"):
+                buffer += await process.stdout.receive_some()
+        url = buffer.decode().split("listening on ")[1].split()[0]
+        host, port = url.split("//")[1].rsplit(":", 1)
+        health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+        kept = await trio.open_tcp_stream(host, int(port))
+        await kept.send_all(health)
+        with trio.fail_after(30):
+            assert (await _read_reply(kept)).startswith(b"HTTP/1.1 200")
+        signalled_at = 0.0
+        lines: list[str] = []
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": "m", "input": "x", "stream": True}
+            async with client.stream("POST", "/v1/responses", json=body) as response:
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line == "event: response.output_text.delta" and not signalled_at:
+                        process.send_signal(signal.SIGTERM)
+                        signalled_at = trio.current_time()
+                        # The idle connection, reused while the stream still runs.
+                        # Sent before the server closed it, or refused after.
+                        with contextlib.suppress(trio.BrokenResourceError):
+                            await kept.send_all(health)
+                        with trio.fail_after(KEEPALIVE_GRACE_S / 3):
+                            reply = await _read_reply(kept)
+                        assert reply == b"" or reply.startswith(b"HTTP/1.1 503"), reply
+            # The stream's own connection, reused: closed, and no new one is served.
+            with trio.fail_after(KEEPALIVE_GRACE_S / 3), pytest.raises(httpx.TransportError):
+                await client.get("/health")
+        with trio.fail_after(KEEPALIVE_GRACE_S + 5):
+            code = await process.wait()
+        exited_at = trio.current_time()
+        assert "event: response.completed" in lines
+        assert code == 0
+        assert exited_at - signalled_at < KEEPALIVE_GRACE_S / 3
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
