@@ -166,6 +166,13 @@ def test_examples_run_as_written(file: str, pool_port: int) -> None:
         assert done.returncode == 0, where
         if done.stdout.lstrip()[:1] in ("{", "["):
             try:
-                assert _json_values(done.stdout), where
+                values = _json_values(done.stdout)
+                assert values, where
+                errors = [
+                    v for v in values if isinstance(v, dict) and isinstance(v.get("error"), dict)
+                ]
+                # TASK_ID is a placeholder the reader replaces: its lookup answers not found.
+                allowed = 1 if "TASK_ID" in ex.code else 0
+                assert len(errors) <= allowed, f"error answers {errors}\n{where}"
             except json.JSONDecodeError as e:
                 pytest.fail(f"not JSON: {e}\n{where}")
