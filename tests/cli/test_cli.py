@@ -170,24 +170,6 @@ async def test_pull_failure_exits_1(nursery: trio.Nursery, tmp_path: Path) -> No
     assert ran.code == 1 and "pull of gone failed" in ran.err
 
 
-async def test_a_failing_command_in_a_terminal_prints_its_error(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
-    """Run as a user's shell runs it (the main thread, so Ctrl-C's watcher is on): the
-    error is one line and exit 1, never an exception group's traceback."""
-    info = await start_server(nursery, model_store=str(tmp_path / "store"))
-    result = await trio.run_process(
-        [sys.executable, "-m", "pool", "pull", "my-model", "--url", info.url],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-        env=_python_env(),
-    )
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.decode().startswith("llm-pool pull: "), result.stderr
-    assert b"Traceback" not in result.stderr and b"ExceptionGroup" not in result.stderr
-
-
 async def test_chat_turns_and_commands(server: ServerInfo) -> None:
     ran = await cli(
         server, "chat", "echo", stdin=("hello there", "", "/thinking off", "second turn", "/bye")
