@@ -111,7 +111,7 @@ async def _serve_pool(
         ) -> None:
             app = create_app(pool, settings, auth, hosts)
             await hypercorn_serve(
-                lean_app(app, hosts, settings.service.max_body_bytes),
+                lean_app(app, hosts, settings.service),
                 config,
                 shutdown_trigger=shutdown_trigger,
                 task_status=task_status,
