@@ -255,3 +255,23 @@ async def test_num_ctx_sets_the_context_a_real_model_loads_with(nursery: trio.Nu
             json={"model": "smol", "prompt": "What is the capital of France?", "stream": False},
         )
         assert answer.status_code == 200 and "Paris" in answer.json()["response"]
+
+
+async def test_an_empty_request_loads_through_the_vram_gate(nursery: trio.Nursery) -> None:
+    """Ollama's preload is a load like any other: on one virtual GPU of 1000 MiB beside
+    a pinned 700 MiB model, a second 700 MiB model is refused, not loaded past the budget."""
+    models = {
+        "big": {"backend": "stub", "enabled": True, "pinned": True, "stub_vram_mib": 700},
+        "other": {"backend": "stub", "vram_mb": 700, "stub_vram_mib": 700},
+    }
+    server = await start_server(nursery, models, engine={"gpu_budget_mib": [1000]})
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        refused = await http.post("/api/chat", json={"model": "other", "messages": []})
+        assert refused.status_code == 500, refused.text
+        assert "other" in refused.json()["error"]
+        assert server.pool.snapshot("other").state != "loaded"
+        assert server.pool.snapshot("big").state == "loaded"
+        await server.pool.unload("big")
+        loaded = await http.post("/api/chat", json={"model": "other", "messages": []})
+        assert loaded.status_code == 200 and loaded.json()["done_reason"] == "load"
+        assert server.pool.snapshot("other").state == "loaded"
