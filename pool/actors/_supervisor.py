@@ -118,6 +118,19 @@ class _OnDemandLoads:
         return actor in self._pool._on_demand
 
 
+def _hinted(actor: ModelActor, hint: dict[str, Any] | None) -> LoadRequest | None:
+    """``hint`` as the load request of ``actor``; None (logged) if it does not suit it."""
+    if not hint:
+        return None
+    try:
+        body = LoadRequest.model_validate(hint)
+        validate_load_request(body, actor.definition)
+    except (ValueError, PoolError) as exc:
+        log.info("model=%s ignoring load hint %s: %s", actor.name, hint, exc)
+        return None
+    return body
+
+
 class Pool:
     """The embedded API: lifecycle commands, snapshots and inference.
 
@@ -229,6 +242,16 @@ class Pool:
 
     async def unload(self, name: str) -> ModelSnapshot:
         return await self.model(name).unload()
+
+    async def preload(self, name: str, hint: dict[str, Any] | None = None) -> ModelSnapshot:
+        """Load ``name`` as a request to it would (Ollama's empty request): through the
+        VRAM gate as :meth:`load`, with ``hint`` (load overrides, e.g. the context
+        length a client asked for) applied if this call starts the load and the backend
+        accepts it; an unsuitable hint is ignored, as on an on-demand load.
+        """
+        actor = self.model(name)
+        body = _hinted(actor, hint) if actor.state in ("unloaded", "failed") else None
+        return await self.load(name, body)
 
     def snapshot(self, name: str) -> ModelSnapshot:
         return self.model(name).snapshot()
@@ -589,16 +612,7 @@ class Pool:
 
     def _hinted_load_request(self, actor: ModelActor) -> LoadRequest | None:
         """The load overrides a triggering request hinted at, if they suit the backend."""
-        hint = self._on_demand.get(actor)
-        if not hint:
-            return None
-        try:
-            body = LoadRequest.model_validate(hint)
-            validate_load_request(body, actor.definition)
-        except (ValueError, PoolError) as exc:
-            log.info("model=%s ignoring load hint %s: %s", actor.name, hint, exc)
-            return None
-        return body
+        return _hinted(actor, self._on_demand.get(actor))
 
     def _loaded_count(self, exclude: ModelActor) -> int:
         # Reserved: loads that made room but have not reached `loading` yet.

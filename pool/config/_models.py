@@ -105,6 +105,9 @@ class ServiceSettings(_Strict):
     max_body_bytes: PositiveInt = Field(
         16 * 1024 * 1024, description="Largest accepted request body; larger gets 413."
     )
+    body_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        60.0, description="Time a client has to send a request's whole body; slower gets 408."
+    )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     hf_endpoint: str | None = Field(
         None, description="Hugging Face endpoint for pulls (default: $HF_ENDPOINT or the hub)."

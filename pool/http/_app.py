@@ -74,7 +74,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.service.max_body_bytes
     # Generations may run for minutes; the pool's own timeouts bound them.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = 60
+    app.config["BODY_TIMEOUT"] = settings.service.body_timeout_s
     app.config["JSON_SORT_KEYS"] = False
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)

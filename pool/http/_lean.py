@@ -6,7 +6,8 @@ hooks and a per-chunk send loop (py-spy: about a fifth of the pool's CPU per JSO
 request, docs/performance.md). This layer calls the very same view functions (so the
 routes keep one implementation), with what Quart's hooks did done here in the same
 order: the ``Host``/``Origin`` check, the whole body read (413 past
-``service.max_body_bytes``), the view, its blueprint's error shapes, ``X-Request-Id``.
+``service.max_body_bytes``, 408 past ``service.body_timeout_s``), the view, its
+blueprint's error shapes, ``X-Request-Id``.
 The views read the request through the accessors of ``pool/http/_common.py``, which
 look at :data:`lean_request` first.
 
@@ -35,6 +36,7 @@ from quart.wrappers.response import DataBody
 from quart_trio import QuartTrio
 
 from pool.actors import RELAY_HEADER, RELAYED
+from pool.config import ServiceSettings
 from pool.errors import PoolError
 from pool.http._common import (
     HotRoute,
@@ -52,7 +54,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
-_BODY_TIMEOUT_S = 60  # as Quart's BODY_TIMEOUT (pool/http/_app.py)
 
 
 class LeanRoutes:
@@ -64,11 +65,14 @@ class LeanRoutes:
         routes: dict[str, HotRoute],
         hosts: HostAllowList,
         max_body_bytes: int,
+        body_timeout_s: float,
     ) -> None:
         self.app = app
         self.routes = routes
         self.hosts = hosts
         self.max_body_bytes = max_body_bytes
+        # As Quart's BODY_TIMEOUT for the other routes (pool/http/_app.py).
+        self.body_timeout_s = body_timeout_s
         self.active = 0  # HTTP requests being answered, Quart's included
         self._settled = trio.Event()
 
@@ -181,7 +185,7 @@ class LeanRoutes:
             return int(declared)
         parts: list[bytes] = []
         size = 0
-        with trio.fail_after(_BODY_TIMEOUT_S):
+        with trio.fail_after(self.body_timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -240,7 +244,7 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     scope.cancel()
 
 
-def lean_app(app: QuartTrio, hosts: HostAllowList, max_body_bytes: int) -> LeanRoutes:
+def lean_app(app: QuartTrio, hosts: HostAllowList, service: ServiceSettings) -> LeanRoutes:
     """``app`` behind the lean layer for the hot routes its route modules registered."""
     routes: dict[str, HotRoute] = app.extensions["pool.hot_routes"]
-    return LeanRoutes(app, routes, hosts, max_body_bytes)
+    return LeanRoutes(app, routes, hosts, service.max_body_bytes, service.body_timeout_s)

@@ -351,7 +351,7 @@ class _Routes:
         actor = self.pool.model(body.model)
         if not body.messages:
             return await self._load_or_unload(
-                actor, body.keep_alive, message={"role": "assistant", "content": ""}
+                actor, body.keep_alive, body.options, message={"role": "assistant", "content": ""}
             )
         request = chat_inference_request(body)
         return await self._run(request, actor, body.options, body.stream, _chat_piece)
@@ -362,23 +362,28 @@ class _Routes:
         body = await read_body(OllamaGenerateRequest)
         actor = self.pool.model(body.model)
         if not body.prompt and not body.images:
-            return await self._load_or_unload(actor, body.keep_alive, response="")
+            return await self._load_or_unload(actor, body.keep_alive, body.options, response="")
         request = generate_inference_request(body)
         return await self._run(request, actor, body.options, body.stream, _generate_piece)
 
     async def _load_or_unload(
-        self, actor: ModelActor, keep_alive: float | str | None, **fields: Any
+        self,
+        actor: ModelActor,
+        keep_alive: float | str | None,
+        options: OllamaOptions,
+        **fields: Any,
     ) -> Response:
-        """Ollama's empty request: load the model, or unload it with keep_alive 0.
+        """Ollama's empty request: load the model (with ``num_ctx`` as a load hint), or
+        unload it with keep_alive 0.
 
-        The load is the pool's own (``Pool.load``): placed by the VRAM gate, evicting
-        what the rules allow, else refused with ``load_failed``; never past the budget.
+        The load is the pool's own (``Pool.preload``, then ``Pool.load``): placed by the
+        VRAM gate, evicting what the rules allow, else refused with ``load_failed``.
         """
         if keep_alive is not None and parse_keep_alive(keep_alive) == 0:
             await self.pool.detached(self.pool.unload, actor.name)
             reason = "unload"
         else:
-            await self.pool.detached(self.pool.load, actor.name)
+            await self.pool.detached(self.pool.preload, actor.name, _load_hint(actor, options))
             reason = "load"
         return json_response(
             {

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
+import h11
 import httpx
+import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
+
+from pool import ServerInfo
+from pool.config import build_settings
+from pool.errors import ConfigError
 
 from .conftest import start_server
 
@@ -54,3 +65,157 @@ async def test_a_chunked_request_body_is_read_whole(nursery: trio.Nursery) -> No
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         reply = await client.post("/v1/responses", content=body())
         assert reply.status_code == 200 and reply.json()["output_text"] == "in two parts"
+
+
+class RawHttp:
+    """One HTTP/1.1 connection spoken by hand (h11), to send what httpx will not: a body
+    cut short, a body that stalls, or chunks past the limit with no Content-Length."""
+
+    def __init__(self, stream: trio.SocketStream, port: int) -> None:
+        self.stream = stream
+        self.port = port
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def start(self, path: str, *headers: tuple[str, str]) -> None:
+        head = [("host", f"127.0.0.1:{self.port}"), ("content-type", "application/json")]
+        await self.send(h11.Request(method="POST", target=path, headers=[*head, *headers]))
+
+    async def send(self, event: h11.Event) -> None:
+        data = self.conn.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        """The server's answer (h11 takes one that comes before the request ended)."""
+        status, headers, body = 0, {}, b""
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some())
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return status, headers, body
+
+
+@asynccontextmanager
+async def raw_http(server: ServerInfo) -> AsyncIterator[RawHttp]:
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    async with stream:
+        yield RawHttp(stream, server.port)
+
+
+def _error_code(body: bytes) -> str:
+    code: str = json.loads(body)["error"]["code"]
+    return code
+
+
+async def _still_answers(server: ServerInfo) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        reply = await client.post("/v1/responses", json={"model": "echo", "input": "still here"})
+        assert reply.status_code == 200 and reply.json()["output_text"] == "still here"
+
+
+async def test_a_chunked_body_past_the_limit_is_413(nursery: trio.Nursery) -> None:
+    """No Content-Length to refuse it by: the limit holds while the chunks arrive."""
+    server = await start_server(nursery, max_body_bytes=200)
+    async with raw_http(server) as http:
+        await http.start(
+            "/v1/responses", ("transfer-encoding", "chunked"), ("x-request-id", "big-1")
+        )
+        await http.send(h11.Data(data=b'{"model": "echo", "input": "' + b"x" * 130))
+        await http.send(h11.Data(data=b"y" * 150))  # 300 bytes in all, and more to come
+        with trio.fail_after(10):
+            status, headers, body = await http.response()
+    assert status == 413, body
+    assert _error_code(body) == "request_too_large"
+    assert b"200 bytes" in body and headers["x-request-id"] == "big-1"
+    # The same body within a larger limit is read whole, so the 413 came from the size.
+    await _still_answers(server)
+
+
+async def test_a_body_slower_than_body_timeout_s_is_408(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, body_timeout_s=0.5)
+    for path in ("/v1/chat/completions", "/v1/responses", "/api/chat"):  # lean, lean, Quart
+        async with raw_http(server) as http:
+            await http.start(path, ("content-length", "100"), ("x-request-id", "slow-1"))
+            await http.send(h11.Data(data=b'{"model": "echo", '))  # and then nothing
+            # The answer comes from the server's timeout; this limit only stops a hang.
+            with trio.fail_after(30):
+                status, headers, body = await http.response()
+        assert status == 408, (path, body)
+        assert headers["x-request-id"] == "slow-1"
+        if path.startswith("/v1/"):
+            assert _error_code(body) == "invalid_request"
+    await _still_answers(server)
+
+
+def test_body_timeout_s_is_positive_and_defaults_to_a_minute() -> None:
+    assert build_settings({}).service.body_timeout_s == 60
+    with pytest.raises(ConfigError) as info:
+        build_settings({"service": {"body_timeout_s": 0}})
+    assert "service.body_timeout_s" in info.value.problems[0]
+
+
+async def test_a_view_that_raises_is_a_500_with_the_request_id(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error in a view is logged with its traceback and request id; the
+    client gets the pool's ``internal_error`` (no traceback) and the same id."""
+    server = await start_server(nursery)
+
+    def broken_admit(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the pool")
+
+    monkeypatch.setattr(server.pool, "admit", broken_admit)
+    caplog.set_level(logging.ERROR, logger="pool.http")
+    bodies = {"/v1/responses": {"model": "echo", "input": "x"}, "/v1/chat/completions": CHAT}
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        for path, body in bodies.items():
+            rid = f"crash-{path.rsplit('/', 1)[1]}"
+            reply = await client.post(path, json=body, headers={"x-request-id": rid})
+            assert reply.status_code == 500, reply.text
+            assert reply.headers["x-request-id"] == rid
+            assert reply.json() == {
+                "error": {"code": "internal_error", "message": "internal error; see the server log"}
+            }
+            assert "a bug in the pool" not in reply.text
+            (record,) = [r for r in caplog.records if f"request_id={rid} " in r.getMessage()]
+            assert f"POST {path}" in record.getMessage()
+            assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+    monkeypatch.undo()
+    await _still_answers(server)
+
+
+def _task_count() -> int:
+    def tasks_under(task: trio.lowlevel.Task) -> int:
+        return 1 + sum(tasks_under(t) for n in task.child_nurseries for t in n.child_tasks)
+
+    return tasks_under(trio.lowlevel.current_root_task())
+
+
+async def test_a_client_leaving_during_the_body_read(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request ends quietly: nothing logged as an error, its tasks gone, the model
+    untouched and the server answering."""
+    server = await start_server(nursery)
+    await _still_answers(server)
+    caplog.set_level(logging.WARNING)
+    await wait_all_tasks_blocked()
+    idle = _task_count()
+    async with raw_http(server) as http:
+        await http.start("/v1/responses", ("content-length", "1000"))
+        await http.send(h11.Data(data=b'{"model": "echo", "input": "'))
+        await wait_all_tasks_blocked()
+        # The server is serving it (its connection's tasks wait for the rest of the body).
+        assert _task_count() > idle
+    await wait_all_tasks_blocked()
+    assert _task_count() == idle
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    echo = server.pool.model("echo")
+    assert echo.scheduler.queue_depth == 0 and server.pool.snapshot("echo").state == "loaded"
+    await _still_answers(server)

