@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import ollama
 import pytest
 import trio
 
-from pool import Pool, ServerInfo
+from pool import ServerInfo
 from pool.backends import register_backend, unregister_backend
 
+from ..actors.test_vram import watch_budget
 from ..backends import toy_backend
 from .conftest import WAITING_MODELS, start_server
 
@@ -156,27 +157,6 @@ async def test_pull_status_cancel_and_delete_over_http(
     files.httpd.shutdown()
 
 
-def _watch_budget(pool: Pool, budget: int, seen: list[int]) -> None:
-    """At every state change of every model: what the virtual GPU holds and what the
-    loaded models and the loads under way are charged, each within ``budget``."""
-
-    def check() -> None:
-        held = max((g.used_mib for g in pool.gpus.view().gpus), default=0)
-        # Loaded, loading, and let through by the gate but not loading yet.
-        loaded, pending = pool._charges(exclude=None)  # type: ignore[arg-type]
-        seen.append(max(held, loaded.get(0, 0) + pending.get(0, 0)))
-
-    for actor in pool.models.values():
-        inner = actor._on_change
-
-        def hooked(inner: Callable[[], None] | None = inner) -> None:
-            check()
-            if inner is not None:
-                inner()
-
-        actor._on_change = hooked
-
-
 PRELOADED = {
     name: {
         "backend": "stub",
@@ -195,7 +175,7 @@ async def test_preloads_go_through_the_vram_gate(nursery: trio.Nursery) -> None:
     recently used one instead of holding 1200 MiB."""
     info = await start_server(nursery, PRELOADED, engine={"gpu_budget_mib": [1000]})
     seen: list[int] = []
-    _watch_budget(info.pool, 1000, seen)
+    watch_budget(info.pool, 1000, seen)
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
         for name in ("a", "b", "c"):
             reply = await http.post("/api/generate", json={"model": name})
@@ -218,7 +198,7 @@ async def test_concurrent_preloads_never_pass_the_budget(nursery: trio.Nursery) 
     slow = {name: {**model, "stub_load_seconds": 2} for name, model in PRELOADED.items()}
     info = await start_server(nursery, slow, engine={"gpu_budget_mib": [1000]})
     seen: list[int] = []
-    _watch_budget(info.pool, 1000, seen)
+    watch_budget(info.pool, 1000, seen)
     replies: dict[str, httpx.Response] = {}
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
 

@@ -92,6 +92,25 @@ def test_a_killed_pool_leaves_no_grandchild(tmp_path: Path) -> None:
 GRACE_S = 15.0
 
 
+async def _start_serving(settings: Path) -> trio.Process:
+    """``llm-pool serve`` as a user starts it: its own process, signalled for real."""
+    return await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pool", "serve", "--settings", str(settings), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _listening_url(process: trio.Process) -> str:
+    """The URL the served pool prints once it accepts connections."""
+    assert process.stdout is not None
+    buffer = b""
+    with trio.fail_after(60):
+        while b"listening on " not in buffer or not buffer.endswith(b"\n"):
+            buffer += await process.stdout.receive_some()
+    return buffer.decode().split("listening on ")[1].split()[0]
+
+
 async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
     settings = tmp_path / "settings.json"
     slow = {
@@ -103,18 +122,9 @@ async def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
     settings.write_text(
         json.dumps({"service": {"shutdown_grace_s": GRACE_S}, "engine": {"models": {"m": slow}}})
     )
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "pool", "serve", "--settings", str(settings), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    process = await _start_serving(settings)
     try:
-        assert process.stdout is not None
-        buffer = b""
-        with trio.fail_after(60):
-            while b"listening on " not in buffer or not buffer.endswith(b"\n"):
-                buffer += await process.stdout.receive_some()
-        url = buffer.decode().split("listening on ")[1].split()[0]
+        url = await _listening_url(process)
         signalled_at = 0.0
         lines: list[str] = []
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -189,18 +199,9 @@ async def test_sigterm_closes_kept_alive_connections(tmp_path: Path) -> None:
             {"service": {"shutdown_grace_s": KEEPALIVE_GRACE_S}, "engine": {"models": {"m": slow}}}
         )
     )
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "pool", "serve", "--settings", str(settings), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    process = await _start_serving(settings)
     try:
-        assert process.stdout is not None
-        buffer = b""
-        with trio.fail_after(60):
-            while b"listening on " not in buffer or not buffer.endswith(b"\n"):
-                buffer += await process.stdout.receive_some()
-        url = buffer.decode().split("listening on ")[1].split()[0]
+        url = await _listening_url(process)
         host, port = url.split("//")[1].rsplit(":", 1)
         health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
         kept = await trio.open_tcp_stream(host, int(port))
