@@ -100,10 +100,11 @@ def check_tools(request: InferenceRequest, capabilities: Capabilities) -> None:
 
 
 def _check_remote(name: str, allow_remote: bool, capabilities: Capabilities) -> None:
-    if capabilities.remote and not allow_remote:
+    if capabilities.remote and not (allow_remote or capabilities.remote_allowed):
         raise PoolError(
             "remote_not_allowed",
-            f"model {name!r} calls a remote API; set allow_remote: true to use it",
+            f"model {name!r} calls a remote API; set allow_remote: true in the request, or"
+            " consent for every request with allow_remote: true on the model in the settings",
         )
 
 

@@ -212,13 +212,15 @@ class Capabilities:
     """What a model accepts; checked before a request is queued.
 
     ``remote`` marks a model whose requests leave this machine: they need the client's
-    ``allow_remote: true``. It is a gate, not a row field: admin rows leave it out.
+    ``allow_remote: true`` unless ``remote_allowed`` says the operator consented for the
+    model in its settings. Both are gates, not row fields: admin rows leave them out.
     """
 
     modalities: tuple[str, ...] = ("text",)
     multi_turn: bool = False
     thinking_modes: tuple[ThinkingMode, ...] = ("default",)
     remote: bool = False
+    remote_allowed: bool = False
     # An embedding model (``embedding: true``) serves embeddings instead of generation;
     # its runtime implements :class:`EmbeddingRuntime`.
     embeddings: bool = False

@@ -55,6 +55,11 @@ class OpenAIRemoteModel(CommonModelFields, EmbeddingFields):
     remote_max_retries: Annotated[int, Field(ge=0, le=10)] = 0
     remote_thinking: Literal["enabled", "disabled"] | None = None
     embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
+    allow_remote: bool = Field(
+        False,
+        description="The operator's consent: every surface serves this model without the"
+        " client's per-request allow_remote (requests still leave this machine).",
+    )
 
 
 class _CountingSink:
@@ -158,6 +163,7 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             # OpenAI's Chat Completions has no min_p.
             sampling=SERVER_SAMPLING - {"min_p"},
             remote=True,
+            remote_allowed=definition.allow_remote,
             embeddings=definition.embedding,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
             # Passed through in OpenAI's own fields; the upstream decides.

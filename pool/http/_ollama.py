@@ -155,6 +155,7 @@ def chat_inference_request(body: OllamaChatRequest) -> InferenceRequest:
         thinking=_thinking(body.think),
         decoding=_decoding(body.options),
         keep_alive=body.keep_alive,
+        allow_remote=body.allow_remote,
     )
 
 
@@ -167,6 +168,7 @@ def generate_inference_request(body: OllamaGenerateRequest) -> InferenceRequest:
         decoding=_decoding(body.options),
         keep_alive=body.keep_alive,
         output_format=ollama_output_format(body.format),
+        allow_remote=body.allow_remote,
     )
 
 
@@ -480,6 +482,7 @@ class _Routes:
             dimensions=body.dimensions,
             truncate=body.truncate,
             keep_alive=body.keep_alive,
+            allow_remote=body.allow_remote,
         )
         done = await self._embed(request)
         return json_response(
@@ -491,7 +494,9 @@ class _Routes:
         """Ollama's older endpoint: one ``prompt``, one ``embedding``."""
         require(self.ctx, "inference")
         body = await read_body(OllamaEmbeddingsRequest)
-        request = EmbeddingRequest(body.model, (body.prompt,), keep_alive=body.keep_alive)
+        request = EmbeddingRequest(
+            body.model, (body.prompt,), keep_alive=body.keep_alive, allow_remote=body.allow_remote
+        )
         done = await self._embed(request)
         return json_response({"embedding": list(done.vectors[0])})
 

@@ -24,6 +24,12 @@ Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Stop = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 
 
+ALLOW_REMOTE_DESCRIPTION = (
+    "Pool extension: consent to send this request to a remote API; not needed for a model"
+    " the operator consented for (`allow_remote: true` on the model)."
+)
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -98,7 +104,7 @@ class ChatCompletionRequest(OpenAISampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] | None = Field(None, description="Only 1 is supported.")
-    allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = Field(
         None,
         description="Functions the model may call; a model that cannot call tools answers"
@@ -137,7 +143,7 @@ class CompletionRequest(OpenAISampling):
     )
     n: Annotated[int, Field(ge=1, le=1)] | None = Field(None, description="Only 1 is supported.")
     suffix: None = Field(None, description="Not supported.")
-    allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
 
 
 class EmbeddingsRequest(_Lenient):
@@ -148,7 +154,7 @@ class EmbeddingsRequest(_Lenient):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
     user: str | None = None
-    allow_remote: bool = Field(False, description="Pool extension: required for remote models.")
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     keep_alive: float | str | None = None
 
 
@@ -160,6 +166,7 @@ class OllamaEmbedRequest(_Lenient):
     truncate: bool = True
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
     keep_alive: float | str | None = None
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
 
 
 class OllamaEmbeddingsRequest(_Lenient):
@@ -168,6 +175,7 @@ class OllamaEmbeddingsRequest(_Lenient):
     model: ModelName
     prompt: Text
     keep_alive: float | str | None = None
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
 
 
 class OllamaCopyRequest(_Lenient):
@@ -216,6 +224,7 @@ class OllamaChatRequest(_Lenient):
     keep_alive: float | str | None = None
     format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
     think: bool | None = None
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = Field(
         None, description="Functions the model may call (OpenAI's tool objects)."
     )
@@ -235,6 +244,7 @@ class OllamaGenerateRequest(_Lenient):
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     keep_alive: float | str | None = None
     think: bool | None = None
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
 
 

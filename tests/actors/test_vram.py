@@ -487,6 +487,7 @@ def test_chain_gguf_closed_form_on_smollm2() -> None:
     assert md["general.architecture"] == "llama" and md["llama.block_count"] == 30
     # The same header as the gguf package reads it.
     import gguf
+
     reader = gguf.GGUFReader(str(path))
     assert header.data_offset == reader.data_offset
     for key in ("llama.embedding_length", "llama.attention.head_count_kv", "llama.vocab_size"):

@@ -177,3 +177,38 @@ async def test_embeddings_pass_through_in_batches(nursery: trio.Nursery) -> None
         with pytest.raises(PoolError) as info:
             await pool.embed(EmbeddingRequest("remote", ("x",), allow_remote=True))
         assert info.value.code == "invalid_request" and "generation model" in info.value.message
+
+
+async def test_consent_per_request_or_per_model_on_every_surface(nursery: trio.Nursery) -> None:
+    """``allow_remote: true`` in a model's settings stands for every request's consent;
+    without it each surface, the Ollama routes included, takes the per-request flag."""
+    import httpx
+
+    upstream = await _upstream(nursery)
+    common = {
+        "backend": "openai_remote",
+        "remote_base_url": upstream.url + "/v1",
+        "remote_model": "up",
+        "enabled": True,
+    }
+    settings = build_settings(
+        {"engine": {"models": {"asks": common, "consented": common | {"allow_remote": True}}}}
+    )
+    info: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, port=0, task_status=task_status)
+    )
+    bodies = {
+        "/api/chat": {"messages": [{"role": "user", "content": "hi"}], "stream": False},
+        "/api/generate": {"prompt": "hi", "stream": False},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"input": "hi"},
+    }
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        for path, body in bodies.items():
+            refused = await client.post(path, json={"model": "asks", **body})
+            assert refused.status_code == 400, (path, refused.text)
+            assert "calls a remote API" in refused.text, path
+            for model, flag in (("asks", {"allow_remote": True}), ("consented", {})):
+                served = await client.post(path, json={"model": model, **body, **flag})
+                assert served.status_code == 200, (path, model, served.text)
+                assert "alpha beta gamma delta" in served.text, (path, model)

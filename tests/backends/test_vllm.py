@@ -91,9 +91,7 @@ def test_sampling_reaches_vllm_names() -> None:
     assert arguments["logit_bias"] == {7: -5.0} and "presence_penalty" not in arguments
 
 
-async def test_without_vllm_a_load_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_without_vllm_a_load_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:

@@ -276,6 +276,8 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
         with pytest.raises(PoolError) as info:
             await runtime.embed(EmbeddingJob("r", "vemb", texts[:1], dimensions=8))  # type: ignore[union-attr]
         assert info.value.code == "invalid_request" and "Matryoshka" in info.value.message
+
+
 def test_tool_parser_follows_the_model_family_unless_configured() -> None:
     qwen = command_line(_model(vllm_model="Qwen/Qwen3-8B"), "vllm", "Qwen/Qwen3-8B", 1, "q")
     assert "--enable-auto-tool-choice" in qwen and _flag(qwen, "--tool-call-parser") == "qwen3_json"
