@@ -117,6 +117,14 @@ async def _answer(ws: Any, session: _Session, text: str) -> None:
 async def chat(
     client: PoolClient, io: Io, model: str, system: str | None, max_tokens: int | None
 ) -> int:
+    # Say so before a prompt opens: a typo would otherwise surface only at the first answer.
+    served = await client.call("GET", "/v1/models")
+    if model not in {m["id"] for m in served.get("data", ())}:
+        raise CliError(
+            f"model {model!r} is not served by the pool at {client.url}"
+            " (llm-pool ps lists the models; one not loaded needs llm-pool load)",
+            EXIT_REFUSED,
+        )
     session = _Session(model, io, system, max_tokens)
     headers = [(b"authorization", f"Bearer {client.token}".encode())] if client.token else []
     try:

@@ -177,10 +177,31 @@ async def test_chat_turns_and_commands(server: ServerInfo) -> None:
     assert ran.code == 0, ran.err
     assert ran.out.splitlines() == ["hello there", "second turn"]
     assert "thinking: disabled" in ran.err
-    # An error answer is shown and the session goes on.
-    cold = await cli(server, "chat", "cold", stdin=("hi", "/thinking maybe"))
-    assert cold.code == 0
-    assert "error model_not_loaded" in cold.err and "commands: /thinking" in cold.err
+    # A model not served is refused before the prompt opens.
+    cold = await cli(server, "chat", "cold", stdin=("hi",))
+    assert cold.code == 1 and "model 'cold' is not served" in cold.err
+    assert ">>>" not in cold.err
+    # An error answer (the model unloaded mid-session) is shown and the session goes on.
+    assert (await cli(server, "load", "cold")).code == 0
+    said = lines("hi", "again", "/thinking maybe")
+
+    async def unload_after_the_first_answer() -> str | None:
+        line = await said()
+        if line == "again\n":
+            assert (await cli(server, "unload", "cold")).code == 0
+        return line
+
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_command(
+        ["chat", "cold", "--url", server.url],
+        stdout=out,
+        stderr=err,
+        read_line=unload_after_the_first_answer,
+    )
+    assert code == 0, err.getvalue()
+    assert out.getvalue().splitlines() == ["hi"]
+    assert "error model_not_loaded" in err.getvalue()
+    assert "commands: /thinking" in err.getvalue()
 
 
 def _prompt_tokens(ran: Ran) -> list[int]:

@@ -80,6 +80,14 @@ async def test_chat(server: ServerInfo) -> None:
     assert b"hello there" in r.stdout
 
 
+async def test_chat_with_a_model_not_served_exits_1_before_the_prompt(server: ServerInfo) -> None:
+    for name in ("nope", "cold"):  # unknown; configured but not loaded
+        r = await shell(server, "chat", name, stdin=b"hello\n")
+        assert r.returncode == 1, (name, r.stderr)
+        assert f"model {name!r} is not served".encode() in r.stderr, r.stderr
+        assert b">>>" not in r.stderr
+
+
 async def test_events(server: ServerInfo, nursery: trio.Nursery) -> None:
     done = trio.Event()
     result: list[subprocess.CompletedProcess[bytes]] = []
