@@ -53,7 +53,8 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             row["name"],
             str(row.get("resolved_backend", "")),
             str(row.get("runtime_state", "")),
-            f"{row.get('replicas', 0)}/{row.get('replica_max', row.get('replicas', 0))}",
+            # As the dashboard shows it: replicas serving / replicas configured now.
+            f"{row.get('loaded_replicas', 0)}/{row.get('replicas', 0)}",
             str(row.get("inflight_requests", 0)),
             str(row.get("queue_depth", 0)),
             _memory(row),

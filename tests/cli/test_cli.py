@@ -81,6 +81,8 @@ async def test_ps_prints_a_table_of_every_model(server: ServerInfo) -> None:
     assert set(STUB_MODELS) <= set(by_name)
     assert by_name["echo"][1:4] == ["stub", "loaded", "1/1"]
     assert by_name["cold"][2] == "unloaded"
+    # REPLICAS reads as on the dashboard: serving / configured now (not / replica_max).
+    assert by_name["cold"][3] == "0/1"
     # `models` is the same command; --json gives the server's rows unchanged.
     as_json = await cli(server, "models", "--json")
     assert as_json.code == 0
