@@ -1,7 +1,10 @@
 """``llm-pool lease``: take, hold, list and release GPU leases in the shared ledger.
 
-These commands talk to Redis (``--redis-url``, default ``$LLM_POOL_REDIS_URL``), not to
-a pool: a training job takes a lease before it allocates, and every pool of the
+These commands talk to Redis, not to a pool. ``--redis-url``, ``--prefix`` and
+``--host`` default to ``$LLM_POOL_REDIS_URL``, ``$LLM_POOL_KEY_PREFIX`` and
+``$LLM_POOL_GPU_HOST``, else to ``engine.cluster`` in the pool's settings files (the
+ones ``llm-pool serve`` reads), so a job on the pool's machine finds the same ledger
+with no option. A training job takes a lease before it allocates, and every pool of the
 cluster counts it (docs/cluster.md)::
 
     llm-pool lease acquire --gpu 0:20000 --purpose training --hold -- (Ctrl-C releases)
@@ -24,14 +27,17 @@ from rich.table import Table
 from pool.cli._client import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, CliError, Io
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PREFIX = "llm-pool"
 
 # ``llm-pool lease --help``: plain text, argparse prints it as it is.
 DESCRIPTION = """\
 Take, hold, list and release GPU leases in the shared ledger.
 
-These commands talk to Redis (--redis-url, default $LLM_POOL_REDIS_URL), not to a pool:
-a training job takes a lease before it allocates, and every pool of the cluster counts
-it (docs/cluster.md):
+These commands talk to Redis, not to a pool: a training job takes a lease before it
+allocates, and every pool of the cluster counts it (docs/cluster.md). --redis-url,
+--prefix and --host default to $LLM_POOL_REDIS_URL, $LLM_POOL_KEY_PREFIX and
+$LLM_POOL_GPU_HOST, else to engine.cluster in the pool's settings files
+($LLM_POOL_SETTINGS_PATH, else config/settings.json, with its local.json):
 
     llm-pool lease acquire --gpu 0:20000 --purpose training --hold   (Ctrl-C releases)
     id=$(llm-pool lease acquire --gpu 0:20000 --ttl 3600) ... llm-pool lease release $id
@@ -50,11 +56,13 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     shared = argparse.ArgumentParser(add_help=False, parents=[common])
     shared.add_argument(
         "--redis-url",
-        default=os.environ.get("LLM_POOL_REDIS_URL") or DEFAULT_REDIS_URL,
-        help="the cluster's Redis (default: $LLM_POOL_REDIS_URL or %(default)s)",
+        help="the cluster's Redis (default: $LLM_POOL_REDIS_URL, engine.cluster.redis_url,"
+        f" or {DEFAULT_REDIS_URL})",
     )
     shared.add_argument(
-        "--prefix", default="llm-pool", help="engine.cluster.key_prefix (default: %(default)s)"
+        "--prefix",
+        help="the pools' engine.cluster.key_prefix (default: $LLM_POOL_KEY_PREFIX, the"
+        f" settings, or {DEFAULT_PREFIX})",
     )
     acquire = actions.add_parser("acquire", parents=[shared], help="take a lease")
     acquire.add_argument(
@@ -67,9 +75,8 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     acquire.add_argument(
         "--host",
-        default=os.environ.get("LLM_POOL_GPU_HOST") or socket.gethostname(),
         help="the machine of the GPUs, as the pools' engine.cluster.gpu_host"
-        " (default: $LLM_POOL_GPU_HOST or %(default)s)",
+        f" (default: $LLM_POOL_GPU_HOST, the settings, or {socket.gethostname()})",
     )
     acquire.add_argument(
         "--holder", default=f"{getpass.getuser()}@{socket.gethostname()}", help="who holds it"
@@ -128,6 +135,38 @@ def leases_table(leases: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _settings_cluster() -> dict[str, Any]:
+    """``engine.cluster`` as the pool's settings files give it, unvalidated ({} if none:
+    a job's machine need not hold the pool's settings)."""
+    from pool.config import default_local_path, default_settings_path, merge, read_json
+    from pool.errors import ConfigError
+
+    path = default_settings_path()
+    data: dict[str, Any] = {}
+    for file in (path, default_local_path(path)):
+        if file.is_file():
+            try:
+                data = merge(data, read_json(file))
+            except ConfigError:
+                return {}
+    cluster = data.get("engine", {}).get("cluster")
+    return cluster if isinstance(cluster, dict) else {}
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """Option, else environment variable, else the settings, else the built-in default."""
+    cluster = _settings_cluster()
+
+    def pick(option: str | None, env: str, key: str, fallback: str) -> str:
+        value = option or os.environ.get(env) or cluster.get(key)
+        return value if isinstance(value, str) and value else fallback
+
+    args.redis_url = pick(args.redis_url, "LLM_POOL_REDIS_URL", "redis_url", DEFAULT_REDIS_URL)
+    args.prefix = pick(args.prefix, "LLM_POOL_KEY_PREFIX", "key_prefix", DEFAULT_PREFIX)
+    if args.lease_command == "acquire":
+        args.host = pick(args.host, "LLM_POOL_GPU_HOST", "gpu_host", socket.gethostname())
+
+
 async def run(args: argparse.Namespace, io: Io) -> int:
     """Run one ``lease`` action; returns the exit code."""
     from pool.cluster import LeaseRefused, RedisUnavailable, missing_client_reason, open_ledger
@@ -135,6 +174,7 @@ async def run(args: argparse.Namespace, io: Io) -> int:
     reason = missing_client_reason()
     if reason is not None:
         raise CliError(reason, EXIT_USAGE)
+    _fill_defaults(args)
     try:
         async with open_ledger(args.redis_url, prefix=args.prefix, timeout_s=args.timeout) as led:
             if args.lease_command == "list":

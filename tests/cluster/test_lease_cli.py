@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from pool.actors import Queued
@@ -108,3 +110,34 @@ async def test_a_held_lease_is_released_on_sigterm(redis_server: RedisServer) ->
         with trio.fail_after(30):
             assert await process.wait() == 0
         assert await ledger.list_leases() == []
+
+
+async def test_defaults_come_from_the_environment_then_the_settings(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no option a job finds the ledger the pool uses: its settings' engine.cluster,
+    overridden by $LLM_POOL_REDIS_URL / $LLM_POOL_KEY_PREFIX / $LLM_POOL_GPU_HOST."""
+    settings = tmp_path / "settings.json"
+    cluster = {"redis_url": redis_server.url, "key_prefix": "team-a", "gpu_host": HOST}
+    settings.write_text(json.dumps({"engine": {"cluster": cluster}}))
+    monkeypatch.setenv("LLM_POOL_SETTINGS_PATH", str(settings))
+    for name in ("LLM_POOL_REDIS_URL", "LLM_POOL_KEY_PREFIX", "LLM_POOL_GPU_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    async with open_ledger(redis_server.url, prefix="team-a") as ledger:
+        await ledger.set_budgets(HOST, {0: BUDGET})
+    code, lease, err = await lease_cli("acquire", "--gpu", "0:1000")
+    assert code == 0, err
+    assert lease["host"] == HOST
+    async with open_ledger(redis_server.url, prefix="team-a") as ledger:
+        assert [held.id for held in await ledger.list_leases()] == [lease["id"]]
+    code, listed, _ = await lease_cli("list")
+    assert [row["id"] for row in listed["leases"]] == [lease["id"]]
+    # The environment wins over the settings; an option over both.
+    monkeypatch.setenv("LLM_POOL_KEY_PREFIX", "team-b")
+    code, listed, _ = await lease_cli("list")
+    assert code == 0 and listed == {"leases": []}
+    code, listed, _ = await lease_cli("list", "--prefix", "team-a")
+    assert [row["id"] for row in listed["leases"]] == [lease["id"]]
+    monkeypatch.setenv("LLM_POOL_REDIS_URL", "redis://127.0.0.1:1/0")
+    code, _, err = await lease_cli("list", "--prefix", "team-a")
+    assert code == 3 and "redis://127.0.0.1:1/0" in err
