@@ -296,7 +296,16 @@ class ModelActor:
         if keep_alive is not None and not self.definition.keep_alive_pinned:
             keep_alive_s = parse_keep_alive(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
-        self.scheduler.enqueue(ticket)
+        log.debug(
+            "request_id=%s model=%s queued tenant=%s priority=%s state=%s ahead=%d",
+            request.request_id,
+            self.name,
+            tenant,
+            priority,
+            self.state,
+            self.scheduler.queue_depth,
+        )
+        self.scheduler.enqueue(ticket)  # (which may start it at once)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
         if self.definition.on_demand:

@@ -192,6 +192,13 @@ class Replica:
             return
         self.inflight += 1
         self._running.add(ticket)
+        log.debug(
+            "request_id=%s model=%s replica=%d started inflight=%d",
+            ticket.request.request_id,
+            self.context.model_name,
+            self.index,
+            self.inflight,
+        )
         self._jobs.start_soon(self._run_job, ticket)
 
     async def _run_job(self, ticket: Ticket) -> None:
@@ -286,5 +293,14 @@ class Replica:
                 )
             ended = time.perf_counter()
             first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
+            log.debug(
+                "request_id=%s model=%s replica=%d finished ms=%.1f first_token_ms=%s chunks=%d",
+                request.request_id,
+                self.context.model_name,
+                self.index,
+                (ended - started) * 1000.0,
+                "-" if first_ms is None else f"{first_ms:.1f}",
+                sink.chunks,
+            )
             return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
         return None

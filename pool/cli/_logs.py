@@ -37,6 +37,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+# Libraries whose INFO lines are their own bookkeeping: coredis logs every retry of every
+# Redis command (each first script call, and about 80 lines in 10 s of a Redis outage,
+# which the pool itself reports once). Below ``debug`` they say only warnings and errors.
+_CHATTY_LIBRARIES = ("coredis", "httpx", "httpcore")
+
+
 def configure_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr at ``level``, as text lines or (``fmt="json"``) JSON lines."""
     handler = logging.StreamHandler(sys.stderr)
@@ -44,3 +50,7 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in _CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if level.lower() == "debug" else logging.WARNING
+        )

@@ -418,12 +418,16 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
         await outgoing_send.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
 
     async def run_one(request: InferenceRequest) -> None:
+        # Each turn gets the request line an HTTP request would (the handshake has its own).
+        started = time.perf_counter()
+        rid, outcome = "-", "status=cancelled"
         with trio.CancelScope() as scope:
             running.append(scope)
             try:
                 async with ctx.pool.admit(
                     request, tenant=tenant, priority=priority, report_waits=True
                 ) as admission:
+                    rid = admission.id
                     await send(created_event(admission))
                     async for waiting in admission.waits():
                         await send(wait_event(waiting))
@@ -435,14 +439,25 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
                             for piece in calls.piece(event):
                                 await send(piece)
                         elif isinstance(event, Finished):
+                            outcome = "status=200"
                             for done in (*calls.done(event), *finished_events(admission, event)):
                                 await send(done)
                         elif isinstance(event, Failed):
+                            outcome = f"error={event.error.code}"
                             await send(error_event(event.error))
             except PoolError as exc:
+                outcome = f"error={exc.code}"
                 await send(error_event(exc))
             finally:
                 running.remove(scope)
+                log.info(
+                    "request_id=%s model=%s tenant=%s websocket=true %s ms=%.1f",
+                    rid,
+                    request.model,
+                    tenant,
+                    outcome,
+                    (time.perf_counter() - started) * 1000,
+                )
         if scope.cancelled_caught:
             await send({"type": "response.cancelled"})
 

@@ -12,6 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
 from pool.cluster import ClusterNode, open_cluster
 from pool.config import Settings
+from pool.http._access_log import AccessLog
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
@@ -76,7 +77,7 @@ async def serve(
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = settings.service.shutdown_grace_s
-    config.accesslog = None
+    config.logger_class = AccessLog
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = 75
     config.websocket_max_message_size = settings.service.max_body_bytes
