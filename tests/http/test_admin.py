@@ -384,3 +384,36 @@ async def test_admin_load_is_placed_within_the_gpu_budgets(nursery: trio.Nursery
         assert refused.json()["error"]["code"] == "load_failed"
         row = (await client.post("/v1/admin/models/big/load")).json()
         assert row["runtime_state"] == "loaded" and row["gpus"] == [[0]]
+
+
+async def test_every_way_of_loading_logs_loading_then_loaded(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Startup, admin, runner, on-demand and Ollama preload loads each log both states."""
+    models = {
+        "at_start": {"backend": "stub", "enabled": True},
+        "by_admin": {"backend": "stub"},
+        "by_runner": {"backend": "stub"},
+        "on_request": {"backend": "stub", "on_demand": True},
+        "preloaded": {"backend": "stub", "on_demand": True},
+    }
+    caplog.set_level("INFO", logger="pool.model")
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        assert (await client.post("/v1/admin/models/by_admin/load")).status_code == 200
+        task = (await client.post("/v1/models/load", json={"modelId": "by_runner"})).json()
+        with trio.fail_after(30):
+            while (await client.get(f"/v1/models/load/{task['taskId']}")).json()[
+                "status"
+            ] == "loading":
+                await trio.sleep(0.01)
+        asked = await client.post("/v1/responses", json={"model": "on_request", "input": "hi"})
+        assert asked.status_code == 200
+        preload = await client.post("/api/generate", json={"model": "preloaded"})
+        assert preload.status_code == 200
+    for name in models:
+        said = [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith(f"model={name} ")
+        ]
+        assert f"model={name} state unloaded -> loading" in said, (name, said)
+        assert f"model={name} state loading -> loaded" in said, (name, said)
