@@ -566,6 +566,17 @@ class ModelActor:
             cut,
         )
 
+    def end_running(self, error: PoolError) -> int:
+        """End every request of this model, queued or running, with ``error``: a stream
+        renders it as its last event instead of being cut mid-air. Returns how many."""
+        ended = self.scheduler.fail_queued(error)
+        for replica in self.replicas:
+            for ticket in replica.running_tickets:
+                ticket.error = ticket.error or error
+                ticket.scope.cancel()
+                ended += 1
+        return ended
+
     async def _read_artifact(self, model_path: str | None) -> None:
         self.artifact = await trio.to_thread.run_sync(
             read_artifact, model_path, self.settings.base_dir

@@ -12,6 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
 from pool.cluster import ClusterNode, open_cluster
 from pool.config import Settings
+from pool.errors import PoolError
 from pool.http._access_log import AccessLog
 from pool.http._app import create_app
 from pool.http._auth import Authenticator
@@ -19,6 +20,10 @@ from pool.http._hosts import HostAllowList
 from pool.http._lean import lean_app
 
 log = logging.getLogger("pool.server")
+
+# How long before the shutdown grace ends the open requests are ended (at most a
+# quarter of the grace): time for each stream to send its error event and close.
+_LAST_WORD_S = 0.5
 
 
 @dataclass
@@ -131,6 +136,23 @@ async def _serve_pool(
         async def shutdown_trigger() -> None:
             await info_box[0].stopping.wait()
             nursery.start_soon(stop_when_drained)
+            nursery.start_soon(end_streams_before_the_grace_ends)
+
+        async def end_streams_before_the_grace_ends() -> None:
+            # Past the grace Hypercorn cancels what is still open, and a stream cut
+            # there ends mid-chunk (the client reads a broken chunked body). Ending the
+            # requests a little before lets each stream send its error event and close.
+            grace = settings.service.shutdown_grace_s
+            await trio.sleep(grace - min(_LAST_WORD_S, grace / 4))
+            error = PoolError(
+                "shutting_down",
+                "the server shut down before the response completed"
+                f" (service.shutdown_grace_s: {grace:g}s)",
+                retry_after_s=5.0,
+            )
+            ended = sum(actor.end_running(error) for actor in pool.models.values())
+            if ended:
+                log.warning("shutdown grace ending: %d open request(s) ended", ended)
 
         async def stop_when_drained() -> None:
             # Hypercorn waits for every connection's task, and a kept-alive one can

@@ -80,3 +80,57 @@ def test_bad_config_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert "engine.models.a.backend: unknown backend 'nope'" in result.stderr
     assert "engine.models.b.stub_typo" in result.stderr
+
+
+async def test_a_stream_longer_than_the_grace_ends_with_an_error_event(tmp_path: Path) -> None:
+    """Cut by the shutdown, a stream still ends as a stream: its error event, then a
+    complete chunked body, on each streaming surface."""
+    reply = " ".join(f"t{i}" for i in range(400))
+    path = tmp_path / "settings.json"
+    slow = {"backend": "stub", "enabled": True, "stub_reply": reply, "target_inflight": 4}
+    path.write_text(
+        json.dumps(
+            {
+                "service": {"shutdown_grace_s": 2},
+                "engine": {"models": {"slow": slow | {"stub_tokens_per_second": 20}}},
+            }
+        )
+    )
+    process, url = await _start(path)
+    streams = {
+        "/v1/responses": {"input": "x", "stream": True},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}], "stream": True},
+        "/api/generate": {"prompt": "x"},
+    }
+    ends: dict[str, str] = {}
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            started = trio.Semaphore(0)
+
+            async def read(route: str, body: dict[str, object]) -> None:
+                lines: list[str] = []
+                async with client.stream("POST", route, json={"model": "slow", **body}) as resp:
+                    first = True
+                    async for line in resp.aiter_lines():
+                        if first:
+                            started.release()
+                            first = False
+                        if line.strip():
+                            lines.append(line)
+                ends[route] = "\n".join(lines[-3:])
+
+            async with trio.open_nursery() as nursery:
+                for route, body in streams.items():
+                    nursery.start_soon(read, route, body)
+                for _ in streams:
+                    await started.acquire()
+                process.send_signal(signal.SIGTERM)
+        # Each stream read to its end (httpx raises on a cut chunked body) and said why.
+        for route in streams:
+            assert "shutting_down" in ends[route] or "shut down" in ends[route], (route, ends)
+        with trio.fail_after(10):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
