@@ -130,7 +130,10 @@ class ModelActor:
             definition.max_queue if definition.max_queue is not None else self.engine.max_queue
         )
         self.scheduler = Scheduler(
-            max_queue, on_idle=self._on_idle, stats=RecentStats(settings.service.stats_window)
+            max_queue,
+            on_idle=self._on_idle,
+            stats=RecentStats(settings.service.stats_window),
+            affinity=self.engine.prefix_affinity,
         )
         self.metrics = metrics
         self.queue_timeout_s = (

@@ -56,6 +56,8 @@ class _TicketSink:
         if self.first_at is None:
             self.first_at = time.perf_counter()
         self.chunks += 1
+        if self._ticket.reply is not None and isinstance(text, str):
+            self._ticket.reply.add(text)
         await trio.lowlevel.checkpoint_if_cancelled()
         channel = self._ticket.send_channel
         # A tool-call piece is its own event; text goes out as a Delta.
@@ -293,6 +295,8 @@ class Replica:
                 )
             ended = time.perf_counter()
             first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
+            if ticket.reply is not None:
+                ticket.reply.finish()
             log.debug(
                 "request_id=%s model=%s replica=%d finished ms=%.1f first_token_ms=%s chunks=%d",
                 request.request_id,

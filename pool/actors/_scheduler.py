@@ -8,7 +8,10 @@ the pool's per-request overhead to a few microseconds.
 
 Order: priority first (``high`` > ``normal`` > ``low``), then the least recently served
 tenant within a priority (round-robin among busy tenants, with a newcomer first), then
-arrival order within a tenant.
+arrival order within a tenant. The request next in that order goes to the free replica
+holding the longest part of its prompt (pool/actors/_affinity.py) when that is more
+than half of it, else to the least loaded (and least filled) free replica: affinity chooses
+among free slots only, so it never makes a request wait.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import trio
 
+from pool.actors._affinity import PrefixSummary, ReplyRecorder, prefix_keys
 from pool.actors._stats import RecentStats
+from pool.backends import GenerationRequest
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -30,6 +35,10 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 # Tenants whose last service is remembered; a forgotten one counts as never served.
 _SERVED_MEMORY = 4096
+# The part of a prompt a replica must hold more than for affinity to choose it over
+# balance (as SGLang's cache-aware router does); otherwise the least loaded and least
+# filled replica.
+AFFINITY_MIN_SHARE = 0.5
 
 
 class Slots(Protocol):
@@ -47,6 +56,8 @@ class Scheduler:
     Args:
         max_queue: requests that may wait beyond the running ones; past it, ``queue_full``.
         on_idle: called when nothing is queued or running any more (drain waits on it).
+        affinity: send a request to the free replica that was given most of its prompt
+            (``engine.prefix_affinity``); otherwise to the least loaded one.
     """
 
     def __init__(
@@ -54,8 +65,11 @@ class Scheduler:
         max_queue: int,
         on_idle: Callable[[], None] | None = None,
         stats: RecentStats | None = None,
+        affinity: bool = True,
     ) -> None:
         self.max_queue = max_queue
+        self.affinity = affinity
+        self._prefixes: dict[Slots, PrefixSummary] = {}
         self.stats = stats or RecentStats(1024)
         self._queues: dict[Priority, OrderedDict[str, deque[Ticket]]] = {
             p: OrderedDict() for p in PRIORITIES
@@ -83,7 +97,14 @@ class Scheduler:
 
     def set_replicas(self, replicas: Sequence[Slots]) -> None:
         self._replicas = tuple(replicas)
+        # A replica that stays keeps what it was given; a new one starts empty.
+        self._prefixes = {r: self._prefixes.get(r) or PrefixSummary() for r in self._replicas}
         self.dispatch()
+
+    def forget_prefixes(self) -> None:
+        """The replicas' caches were flushed: no replica holds any prompt now."""
+        for summary in self._prefixes.values():
+            summary.clear()
 
     # -- admission ---------------------------------------------------------------
     def enqueue(self, ticket: Ticket) -> None:
@@ -177,22 +198,38 @@ class Scheduler:
             return ticket
         return None
 
-    def _least_loaded(self) -> Slots | None:
-        best: Slots | None = None
-        for replica in self._replicas:
-            if replica.inflight < replica.capacity and (
-                best is None or replica.inflight < best.inflight
-            ):
-                best = replica
-        return best
+    def _choose(self, ticket: Ticket, free: list[Slots]) -> Slots:
+        """The free replica for ``ticket``: most of its prompt held, then least loaded
+        (the first of equals). With one replica nothing is hashed or remembered."""
+        request = ticket.request
+        if (
+            not self.affinity
+            or len(self._replicas) < 2
+            or not isinstance(request, GenerationRequest)
+        ):
+            return min(free, key=lambda r: r.inflight)
+        if ticket.prefix_keys is None:
+            ticket.prefix_keys = prefix_keys(request)
+        keys = ticket.prefix_keys
+        held = {r: self._prefixes[r].match(keys) for r in free}
+        chosen = max(free, key=lambda r: (held[r], -r.inflight))
+        if held[chosen] <= len(keys) * AFFINITY_MIN_SHARE:
+            # Little to gain (a shared system prompt, say): balance instead, the replica
+            # that holds the fewest prompts first, so conversations spread over replicas.
+            chosen = min(free, key=lambda r: (r.inflight, len(self._prefixes[r])))
+        self._prefixes[chosen].record(keys)
+        if keys:
+            ticket.reply = ReplyRecorder(request, self._prefixes[chosen])
+        return chosen
 
     def dispatch(self) -> None:
         while self._depth:
-            replica = self._least_loaded()
-            if replica is None:
+            free = [r for r in self._replicas if r.inflight < r.capacity]
+            if not free:
                 return
             ticket = self._pop_next()
             assert ticket is not None
+            replica = self._choose(ticket, free)
             self.dispatched_total += 1
             ticket.mark_dispatched()
             self.stats.record_wait(ticket.queue_wait_ms)

@@ -519,6 +519,7 @@ class Pool:
                     flushed = await flush(scope=scope, tenant=tenant, tag=tag)
                     entries += flushed.entries
                     freed_mib += flushed.memory_mib
+            actor.scheduler.forget_prefixes()  # (all of them: routing only loses a hint)
         return FlushResult(entries, freed_mib)
 
     def prefix_caching(self) -> bool:

@@ -19,6 +19,7 @@ from pool.backends import ToolCallDelta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
+    from pool.actors._affinity import ReplyRecorder
     from pool.backends import EmbeddingJob, EmbeddingResult, GenerationRequest, GenerationStats
 
 
@@ -59,6 +60,10 @@ class Ticket:
     enqueued_at: float = field(default_factory=time.perf_counter)
     dispatched_at: float | None = None
     sequence: int = 0
+    # The prompt's block keys (pool/actors/_affinity.py), hashed at the first dispatch
+    # that has replicas to choose between, and what records the answer for the next turn.
+    prefix_keys: tuple[bytes, ...] | None = None
+    reply: ReplyRecorder | None = None
     error: PoolError | None = None
     ready: trio.Event = field(default_factory=trio.Event)
     # Set by the job when it begins (or on rejection): the requester waits for it, so

@@ -278,6 +278,13 @@ class EngineSettings(BaseModel):
     queue_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
         300.0, description="Longest time a request waits in a model's queue."
     )
+    prefix_affinity: bool = Field(
+        True,
+        description="Send a request to the free replica that was given the longest part of"
+        " its prompt in its cache scope (a conversation's next turn finds its prefix"
+        " cache), the least loaded among equals; false: least loaded only. It chooses among"
+        " free replicas only, so no request waits for it.",
+    )
     stream_buffer_tokens: Annotated[int, Field(ge=0, le=4096)] = Field(
         32, description="Text chunks buffered between a running generation and its client."
     )

@@ -126,3 +126,55 @@ async def test_llama_server_prefix_cache(nursery: trio.Nursery, llama_server_bin
             "target_inflight": 3, "enabled": True}  # fmt: skip
     info = await start_server(nursery, {"smol": smol})
     await _check_prefix_cache(info.url)
+
+
+async def _turn(
+    client: httpx.AsyncClient, system: str, history: list[dict[str, str]], question: str
+) -> int:
+    """One more turn of a conversation (its answer appended): the tokens reused."""
+    history.append({"role": "user", "content": question})
+    reply = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "smol",
+            "messages": [{"role": "system", "content": system}, *history],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    history.append(
+        {"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]}
+    )
+    return int(reply.headers["X-Cache-Tokens-Reused"])
+
+
+@pytest.mark.parametrize("affinity", [True, False])
+async def test_a_conversation_returns_to_the_replica_that_holds_it(
+    nursery: trio.Nursery, affinity: bool
+) -> None:
+    """Two replicas, two conversations: after their first turns, their second turns run
+    at once. With prefix affinity each goes back to its replica and reuses its prompt;
+    least-loaded sends one of them to a replica that never saw it."""
+    smol = {"backend": "llama_cpp", "model_path": GGUF, "prompt_format": "qwen3_template",
+            "gguf_n_ctx": 4096, "gguf_n_gpu_layers": 0, "enabled": True, "replicas": 2,
+            "replica_max": 2}  # fmt: skip
+    info = await start_server(nursery, {"smol": smol}, engine={"prefix_affinity": affinity})
+    systems = {name: f"Conversation {name}. {SYSTEM}" for name in ("A", "B")}
+    histories: dict[str, list[dict[str, str]]] = {name: [] for name in systems}
+    reused: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=info.url, timeout=600) as client:
+        for name, system in systems.items():
+            # (The chat template's opening and "Conversation" may be shared: a few tokens.)
+            assert await _turn(client, system, histories[name], "What is 2+2?") < 50
+
+        async def second(name: str) -> None:
+            reused[name] = await _turn(client, systems[name], histories[name], "And 3+3?")
+
+        async with trio.open_nursery() as both:
+            for name in systems:
+                both.start_soon(second, name)
+    if affinity:
+        assert min(reused.values()) > 1000, reused
+    else:
+        assert min(reused.values()) < 50, reused

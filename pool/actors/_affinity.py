@@ -1,0 +1,123 @@
+"""Prefix affinity: send a request to the replica that has most likely kept its prompt.
+
+A runtime with a prefix cache (llama.cpp's saved states, vLLM's prefix caching,
+llama-server's prompt cache) answers a conversation's next turn fast only on the
+replica that served the turn before; the least-loaded choice scatters a conversation
+over the replicas, and each of them evaluates the whole prompt again.
+
+The pool keeps no copy of prompts for this. A prompt is cut into blocks of its canonical
+text, and each block is named by a hash chained over the blocks before it and the
+request's cache scope (as vLLM names its KV blocks), so one key stands for a whole
+prefix and two scopes never share a key: one tenant's prompts never attract another's
+requests. Each replica remembers the keys of the prompts it was given, newest last, up
+to a bound; a request goes to the free replica that holds the longest run of its keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from pool.backends import GenerationRequest, ImagePart, TextPart
+
+# Characters per block: a turn of chat is a few blocks; a 100k-character prompt is 200.
+BLOCK_CHARS = 512
+# Keys a replica remembers (8 bytes each, plus the dict's own): about a megabyte, or
+# 4 million characters of distinct prompts.
+SUMMARY_KEYS = 16_384
+
+
+def _canonical(request: GenerationRequest) -> str:
+    """The prompt as text, in the order a prompt format renders it. Separators are
+    control characters no API text field carries, so two requests share a prefix here
+    only where the runtime's prompt does too."""
+    pieces = [request.instructions or "", "\x1e"]
+    for turn in request.turns:
+        pieces.append(turn.role)
+        pieces.append("\x1f")
+        for part in turn.parts:
+            if isinstance(part, TextPart):
+                pieces.append(part.text)
+            elif isinstance(part, ImagePart):
+                pieces.append(f"\x1dimage:{part.url}\x1d")
+        for call in turn.tool_calls:
+            pieces.append(f"\x1dcall:{call.name}:{call.arguments}\x1d")
+        pieces.append("\x1e")
+    return "".join(pieces)
+
+
+def prefix_keys(request: GenerationRequest, reply: str | None = None) -> tuple[bytes, ...]:
+    """The chained block keys of ``request``'s prompt within its cache scope (with
+    ``reply``: of the prompt followed by that answer, as the next turn will send it);
+    none when the request may reuse no cached state (``X-Cache-Mode: none``)."""
+    if not request.cache.enabled:
+        return ()
+    text = _canonical(request)
+    if reply:
+        text += f"assistant\x1f{reply}\x1e"
+    scope = f"{request.cache.tenant}\x00{request.cache.tag or ''}".encode()
+    key = hashlib.blake2b(scope, digest_size=8).digest()
+    keys = []
+    # Whole blocks only: a key names a prefix that a later prompt can share entirely.
+    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
+        block = text[start : start + BLOCK_CHARS].encode("utf-8", "surrogatepass")
+        key = hashlib.blake2b(key + block, digest_size=8).digest()
+        keys.append(key)
+    return tuple(keys)
+
+
+class PrefixSummary:
+    """The prompt-block keys one replica was given, least recently used first out."""
+
+    def __init__(self, capacity: int = SUMMARY_KEYS) -> None:
+        self.capacity = capacity
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def record(self, keys: Sequence[bytes]) -> None:
+        # Last block first: a prompt's first keys are the newest, so eviction (oldest
+        # first) takes a prompt's tail before its head and what stays is a prefix.
+        for key in reversed(keys):
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+    def match(self, keys: tuple[bytes, ...]) -> int:
+        """How many leading blocks of ``keys`` this replica was given. A chained key
+        stands for its whole prefix and eviction keeps prefixes (see :meth:`record`),
+        so the held keys of a prompt are its first ones: found by bisection."""
+        low, high = 0, len(keys)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if keys[middle - 1] in self._keys:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+
+class ReplyRecorder:
+    """Collects a routed request's answer as it is generated; at the end the replica's
+    summary learns the prompt with the answer, which is what its cache then holds and
+    what a conversation's next turn starts with."""
+
+    __slots__ = ("_parts", "_request", "_summary")
+
+    def __init__(self, request: GenerationRequest, summary: PrefixSummary) -> None:
+        self._request = request
+        self._summary = summary
+        self._parts: list[str] = []
+
+    def add(self, text: str) -> None:
+        self._parts.append(text)
+
+    def finish(self) -> None:
+        if self._parts:
+            self._summary.record(prefix_keys(self._request, "".join(self._parts)))
