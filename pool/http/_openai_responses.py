@@ -58,10 +58,11 @@ from pool.http._openai_output import OutputBuilder, ResponseFrame, new_id
 from pool.http._response_store import FILE_NAME, ResponseStore
 from pool.http._streaming import admitted_stream
 from pool.http._tools import invalid, responses_output_format, responses_tools, tool_choice
-from pool.schemas import FunctionChoice, FunctionTool
-from pool.schemas._openai_responses import (
+from pool.schemas import (
     FunctionCallInput,
     FunctionCallOutputInput,
+    FunctionChoice,
+    FunctionTool,
     MessageInput,
     OpenAIResponseRequest,
     ReasoningInput,
