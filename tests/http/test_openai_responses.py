@@ -427,3 +427,24 @@ async def test_the_store_keeps_a_bounded_history(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "r.sqlite3") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 1
+
+
+async def test_inference_tokens_guard_every_route(nursery: trio.Nursery) -> None:
+    info = await start_server(
+        nursery,
+        {"echo": {"backend": "stub", "enabled": True}},
+        auth={"inference_tokens": ["user-token"]},
+    )
+    stranger = openai.AsyncOpenAI(base_url=info.url + "/openai/v1", api_key="wrong", max_retries=0)
+    for attempt in (
+        stranger.responses.create(model="echo", input="hi"),
+        stranger.responses.retrieve("resp_x"),
+        stranger.models.list(),
+    ):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await attempt
+        body: Any = refused.value.body
+        assert body["type"] == "authentication_error" and body["code"] == "unauthorized"
+    user = openai.AsyncOpenAI(base_url=info.url + "/openai/v1", api_key="user-token", max_retries=0)
+    reply = await user.responses.create(model="echo", input="hi")
+    assert (await user.responses.retrieve(reply.id)).output_text == "hi"
