@@ -41,8 +41,9 @@ class ThinkSplitter:
     """Text pieces as they come, split into reasoning and answer text.
 
     Only a reply that opens with ``<think>`` (after whitespace) has reasoning; it ends
-    at ``</think>``, and the whitespace after it is dropped. A tag cut across pieces is
-    held back until the next piece decides it.
+    at ``</think>``; the whitespace that opens the reasoning and that follows the
+    closing tag is dropped. Any other reply is text as it came. A tag cut across
+    pieces is held back until the next piece decides it.
     """
 
     def __init__(self) -> None:
@@ -98,10 +99,10 @@ class ThinkSplitter:
     def flush(self) -> list[tuple[Kind, str]]:
         """What is held back, at the end of the reply."""
         held, self._held = self._held, ""
-        if self._state == "reasoning":
-            return [("reasoning", held)] if held else []
-        text = held.lstrip()  # (a cut "<thi" at the very end is text after all)
-        return [("text", text)] if text else []
+        if not held:
+            return []
+        # Held at the start (whitespace, a cut "<thi") it was text after all.
+        return [("reasoning" if self._state == "reasoning" else "text", held)]
 
 
 def _partial_tail(text: str, tag: str) -> int:

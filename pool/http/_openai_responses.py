@@ -307,6 +307,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     store = ResponseStore(
         state_dir() / FILE_NAME, service.responses_retention_s, service.responses_max_stored
     )
+    app.after_serving(store.aclose)
     blueprint = Blueprint("openai_responses", __name__)
     blueprint.register_error_handler(PoolError, _openai.pool_error)
     blueprint.register_error_handler(SchemaError, _openai.schema_error)

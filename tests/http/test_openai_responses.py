@@ -19,10 +19,11 @@ import trio
 
 from pool import ServerInfo
 from pool.backends import register_backend, unregister_backend
+from pool.http._openai_output import ThinkSplitter
 from pool.http._response_store import ResponseStore
 
 from . import recording_backend, tool_backend
-from .conftest import sse_events, start_server
+from .conftest import running, sse_events, start_server, wait_stopped
 
 MODELS: dict[str, dict[str, Any]] = {
     "echo": {"backend": "stub", "enabled": True},
@@ -424,6 +425,7 @@ async def test_the_store_keeps_a_bounded_history(tmp_path: Path) -> None:
     assert await store.get("t", "c") is None  # past the retention
     await store.save("u", response("d"), [])
     assert await store.get("u", "d") is not None and await store.get("t", "d") is None
+    await store.aclose()
     with sqlite3.connect(tmp_path / "r.sqlite3") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 1
@@ -448,3 +450,46 @@ async def test_inference_tokens_guard_every_route(nursery: trio.Nursery) -> None
     user = openai.AsyncOpenAI(base_url=info.url + "/openai/v1", api_key="user-token", max_retries=0)
     reply = await user.responses.create(model="echo", input="hi")
     assert (await user.responses.retrieve(reply.id)).output_text == "hi"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        (["<", "think", ">\n", "Rea", "son.", "</", "think", ">", "\n\n", "Answer."],
+         [("reasoning", "Reason."), ("text", "Answer.")]),
+        ([" <think>Why</think>So"], [("reasoning", "Why"), ("text", "So")]),
+        (["Hi <think>", "x</think>"], [("text", "Hi <think>x</think>")]),
+        (["<thi"], [("text", "<thi")]),  # cut at the very end: text after all
+        (["<think>", "unfinished </th"], [("reasoning", "unfinished </th")]),
+        (["\n", "\n", "Plain"], [("text", "\n\nPlain")]),  # no think block: as it came
+    ],
+)  # fmt: skip
+def test_think_blocks_split_however_the_pieces_fall(
+    pieces: list[str], expected: list[tuple[str, str]]
+) -> None:
+    splitter = ThinkSplitter()
+    out = [piece for text in pieces for piece in splitter.feed(text)] + splitter.flush()
+    joined: list[tuple[str, str]] = []
+    for kind, text in out:
+        if joined and joined[-1][0] == kind:
+            joined[-1] = (kind, joined[-1][1] + text)
+        else:
+            joined.append((kind, text))
+    assert joined == expected
+
+
+async def test_leaving_a_stream_stops_generation_and_stores_nothing(endless: ServerInfo) -> None:
+    async with httpx.AsyncClient(base_url=endless.url, timeout=30) as client:
+        body = {"model": "endless", "input": "x", "stream": True}
+        async with client.stream("POST", "/openai/v1/responses", json=body) as reply:
+            # Held, so that leaving the loop does not let the collector close the stream.
+            lines = reply.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: ") and '"response.created"' in line:
+                    created = json.loads(line[len("data: ") :])["response"]["id"]
+                if line.startswith("event: response.output_text.delta"):
+                    break
+            assert await running(client, "endless") == 1
+        await wait_stopped(client, "endless")
+        gone = await client.get(f"/openai/v1/responses/{created}")
+        assert gone.status_code == 404
