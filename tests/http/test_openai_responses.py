@@ -18,7 +18,10 @@ import pytest
 import trio
 
 from pool import ServerInfo
+from pool.actors import open_pool
 from pool.backends import register_backend, unregister_backend
+from pool.config import build_settings
+from pool.http import create_app
 from pool.http._openai_output import ThinkSplitter
 from pool.http._response_store import ResponseStore
 
@@ -493,3 +496,30 @@ async def test_leaving_a_stream_stops_generation_and_stores_nothing(endless: Ser
         await wait_stopped(client, "endless")
         gone = await client.get(f"/openai/v1/responses/{created}")
         assert gone.status_code == 404
+
+
+async def test_body_limits_hold_on_both_request_paths(nursery: trio.Nursery) -> None:
+    """The lean layer (a served pool) and Quart alone (an embedded app) both refuse a body
+    past ``service.max_body_bytes`` with 413, in OpenAI's error object."""
+    models = {"echo": {"backend": "stub", "enabled": True}}
+    info = await start_server(nursery, models, max_body_bytes=2000)
+    big = {"model": "echo", "input": "x" * 5000}
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        r = await http.post("/openai/v1/responses", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        r = await http.post("/openai/v1/responses", json={"model": "echo", "input": "hi"})
+        assert r.status_code == 200 and r.json()["output"][0]["type"] == "message"
+
+    settings = build_settings({"service": {"max_body_bytes": 2000}, "engine": {"models": models}})
+    async with open_pool(settings) as pool:
+        await pool.load("echo")
+        app = create_app(pool, settings).test_client()
+        r = await app.post("/openai/v1/responses", json=big)
+        assert r.status_code == 413
+        assert set((await r.get_json())["error"]) == {"message", "type", "param", "code"}
+        r = await app.post("/openai/v1/responses", json={"model": "echo", "input": "hi"})
+        assert r.status_code == 200
+        reply = await r.get_json()
+        assert reply["output"][0]["content"][0]["text"] == "hi"
+        r = await app.get(f"/openai/v1/responses/{reply['id']}")
+        assert r.status_code == 200 and (await r.get_json())["id"] == reply["id"]
