@@ -292,11 +292,11 @@ def sse(event: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
-def _not_found(response_id: str) -> PoolError:
+def _not_found(response_id: str, param: str = "response_id") -> PoolError:
     return PoolError(
         "not_found",
         f"no stored response {response_id[:100]!r} (of this tenant)",
-        details={"param": "response_id"},
+        details={"param": param},
     )
 
 
@@ -324,9 +324,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         if body.previous_response_id is not None:
             chain = await store.chain(tenant, body.previous_response_id)
             if chain is None:
-                error = _not_found(body.previous_response_id)
-                error.details["param"] = "previous_response_id"
-                raise error
+                raise _not_found(body.previous_response_id, "previous_response_id")
             for turn in chain:
                 history += turn.input + turn.output
         items = input_items(body)

@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 import trio
+from pydantic import BaseModel
 
 from pool import ServerInfo
 
@@ -37,6 +38,11 @@ WEATHER: Any = {
 }
 QUESTION = "What is the weather in Paris?"
 RESULT = '{"temperature": "22 C", "sky": "sunny"}'
+
+
+class Capital(BaseModel):
+    city: str
+    country: str
 
 
 @pytest.fixture
@@ -111,6 +117,23 @@ async def test_function_call_round_trip_with_the_openai_client(smol: ServerInfo)
     assert "22" in final.output_text
     items = await client.responses.input_items.list(final.id)
     assert [item.type for item in items.data] == ["function_call_output"]
+
+
+async def test_structured_output_with_responses_parse(smol: ServerInfo) -> None:
+    """``text.format`` json_schema, as the SDK's ``responses.parse`` sends it."""
+    client = openai.AsyncOpenAI(
+        base_url=smol.url + "/openai/v1", api_key="unused", max_retries=0, timeout=300
+    )
+    parsed = await client.responses.parse(
+        model="smol",
+        input="What is the capital of France? Answer in JSON.",
+        text_format=Capital,
+        temperature=0,
+        max_output_tokens=60,
+    )
+    assert parsed.text is not None and parsed.text.format is not None
+    assert parsed.text.format.type == "json_schema"
+    assert parsed.output_parsed is not None and parsed.output_parsed.city == "Paris"
 
 
 def _run_agent(url: str, streamed: bool) -> tuple[Any, list[str]]:
