@@ -162,6 +162,14 @@ class ServiceSettings(_Strict):
     media_max_redirects: Annotated[int, Field(ge=0, le=10)] = Field(
         3, description="Redirects followed per image fetch (each target is checked again)."
     )
+    # Issue #33: stored responses of /openai/v1/responses (SQLite in the state dir).
+    responses_retention_s: Annotated[float, Field(gt=0.0, le=10 * 365 * 86400.0)] = Field(
+        30 * 86400.0,
+        description="How long a stored response (`store: true`) is kept; older ones are gone.",
+    )
+    responses_max_stored: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        10_000, description="Most stored responses kept, all tenants together; the oldest go."
+    )
 
 
 class DecodingDefaults(_Strict):

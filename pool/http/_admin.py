@@ -41,6 +41,18 @@ def cluster_model_list(
     ]
 
 
+def model_list(pool: Pool) -> dict[str, Any]:
+    """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
+    created = int(pool.started_at)
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "llm-pool"}
+        for name in pool.servable_models()
+    ]
+    if pool.router is not None:
+        data = cluster_model_list(pool, data, created)
+    return {"object": "list", "data": data}
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
 
@@ -48,14 +60,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def list_models() -> Response:
         """Servable model ids in the OpenAI list format (loaded, or loaded on demand)."""
         require(ctx, "inference")
-        created = int(pool.started_at)
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "llm-pool"}
-            for name in pool.servable_models()
-        ]
-        if pool.router is not None:
-            data = cluster_model_list(pool, data, created)
-        return json_response({"object": "list", "data": data})
+        return json_response(model_list(pool))
 
     @app.get("/v1/admin/models")
     async def admin_models() -> Response:

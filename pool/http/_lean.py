@@ -1,6 +1,7 @@
 """A lean ASGI path for the inference hot routes; Quart serves everything else.
 
-``POST /v1/responses`` and ``POST /v1/chat/completions`` carry nearly all of the load.
+``POST /v1/responses`` and ``POST /v1/chat/completions`` (and their peers under
+``/openai/v1``) carry nearly all of the load.
 Quart spends on each of them a request context, werkzeug headers, routing, signals,
 hooks and a per-chunk send loop (py-spy: about a fifth of the pool's CPU per JSON
 request, docs/performance.md). This layer calls the very same view functions (so the

@@ -266,29 +266,34 @@ def content_chunk_encoder(template: bytes) -> Callable[[str], bytes]:
     return encode
 
 
+async def pool_error(exc: PoolError) -> Response:
+    """A PoolError as OpenAI's error object."""
+    # The field at fault, where the pool knows it (dimensions, logprobs, a sampling field).
+    param = exc.details.get("param")
+    body = openai_error(
+        exc.status, exc.code, exc.message, param if isinstance(param, str) else None
+    )
+    return json_response(body, exc.status, retry_after(exc))
+
+
+async def schema_error(exc: SchemaError) -> Response:
+    """A schema failure as OpenAI's error object (422, ``param`` the field)."""
+    loc = exc.errors[0]["loc"] if exc.errors else ()
+    message = exc.errors[0]["msg"] if exc.errors else "invalid body"
+    param = ".".join(str(p) for p in loc) or None
+    return json_response(openai_error(422, "validation_error", f"{param}: {message}", param), 422)
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("openai", __name__)
+    blueprint.register_error_handler(PoolError, pool_error)
+    blueprint.register_error_handler(SchemaError, schema_error)
 
-    @blueprint.errorhandler(PoolError)
-    async def pool_error(exc: PoolError) -> Response:
-        # The field at fault, where the pool knows it (dimensions, logprobs, a sampling field).
-        param = exc.details.get("param")
-        body = openai_error(
-            exc.status, exc.code, exc.message, param if isinstance(param, str) else None
-        )
-        return json_response(body, exc.status, retry_after(exc))
-
-    @blueprint.errorhandler(SchemaError)
-    async def schema_error(exc: SchemaError) -> Response:
-        loc = exc.errors[0]["loc"] if exc.errors else ()
-        message = exc.errors[0]["msg"] if exc.errors else "invalid body"
-        param = ".".join(str(p) for p in loc) or None
-        return json_response(
-            openai_error(422, "validation_error", f"{param}: {message}", param), 422
-        )
-
+    # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
+    # API throughout (its Responses API included: pool/http/_openai_responses.py).
     @blueprint.post("/v1/chat/completions")
+    @blueprint.post("/openai/v1/chat/completions")
     async def chat_completions() -> Response:
         """OpenAI Chat Completions, plain or streamed (``stream_options.include_usage``)."""
         require(ctx, "inference")
@@ -385,9 +390,11 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.timeout = None
         return response
 
-    ctx.hot_routes["/v1/chat/completions"] = HotRoute(chat_completions, pool_error, schema_error)
+    for path in ("/v1/chat/completions", "/openai/v1/chat/completions"):
+        ctx.hot_routes[path] = HotRoute(chat_completions, pool_error, schema_error)
 
     @blueprint.post("/v1/embeddings")
+    @blueprint.post("/openai/v1/embeddings")
     async def embeddings() -> Response:
         """OpenAI Embeddings: one vector per input, floats or base64."""
         require(ctx, "inference")
@@ -399,6 +406,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         return json_response(embeddings_body(body, done), headers=headers)
 
     @blueprint.post("/v1/completions")
+    @blueprint.post("/openai/v1/completions")
     async def completions() -> Response:
         """OpenAI's legacy Completions: plain, or streamed as ``text_completion`` chunks."""
         require(ctx, "inference")

@@ -31,7 +31,9 @@ from pool.schemas import (
     Empty,
     GpuMemory,
     Health,
+    InputItemList,
     LoadTaskState,
+    ModelCard,
     ModelList,
     ModelRow,
     ModelRows,
@@ -51,8 +53,11 @@ from pool.schemas import (
     OllamaTags,
     OllamaVersion,
     OpenAIError,
+    OpenAIResponse,
+    OpenAIResponseRequest,
     PullCancelled,
     PullState,
+    ResponseDeleted,
     ResponseEnvelope,
     ResponseRequest,
     RunnerDescriptor,
@@ -234,6 +239,58 @@ ROUTES: list[Route] = [
      " backend splits them into requests of `embedding_batch_size`); `keep_alive` as on"
      " Ollama's routes; a generation model answers 400 `embeddings_unsupported`.",
      EmbeddingsRequest, reply=EmbeddingList, errors="openai"),
+    Route("post", "/openai/v1/responses", "openai", "Create a response (OpenAI Responses API)",
+     "OpenAI's Responses API as OpenAI's SDKs, the Agents SDK and Codex speak it (the pool's"
+     " own shape is `/v1/responses`). `input` is text or items: messages (`system` and"
+     " `developer` ones join `instructions`), `function_call`, `function_call_output` and"
+     " `reasoning` items (left out of the prompt). `output` holds `reasoning` items (the"
+     " `<think>` block a thinking model opens its reply with), `message` items with one"
+     " `output_text` part (`annotations: []`) and `function_call` items. `status` is"
+     " `completed`, or `incomplete` with `incomplete_details.reason: max_output_tokens`;"
+     " `usage` has `input_tokens` (`input_tokens_details.cached_tokens`: reused from the"
+     " runtime's prefix cache), `output_tokens` (`output_tokens_details.reasoning_tokens`),"
+     " `total_tokens`. Fields: `instructions`, `max_output_tokens`, `temperature`, `top_p`,"
+     " `tools` (function tools only; others are a 400 naming `tools[i].type`),"
+     " `tool_choice`, `parallel_tool_calls`, `text.format` (json_object, json_schema),"
+     " `metadata` (echoed), `store` (default true: kept per tenant for"
+     " `service.responses_retention_s`), `previous_response_id` (a stored response of the"
+     " same `X-Tenant-ID`; 404 otherwise); the pool adds `top_k`, `seed`, `thinking`,"
+     " `keep_alive`, `allow_remote`. `stream: true` answers Server-Sent Events, each with"
+     " `sequence_number`: `response.created`, `response.in_progress`, per item"
+     " `response.output_item.added`, `response.content_part.added`,"
+     " `response.output_text.delta`/`response.reasoning_text.delta` (or"
+     " `response.function_call_arguments.delta`), `response.output_text.done`"
+     " (`response.reasoning_text.done`, `response.function_call_arguments.done`),"
+     " `response.content_part.done`, `response.output_item.done`, and last"
+     " `response.completed`, `response.incomplete` or, for a failure after the stream"
+     " started, `response.failed` (`response.error`). Errors are OpenAI's error object.",
+     OpenAIResponseRequest, reply=OpenAIResponse, stream=SSE, errors="openai"),
+    Route("get", "/openai/v1/responses/{response_id}", "openai", "Retrieve a stored response",
+     "The response object as it was answered, for the tenant (`X-Tenant-ID`) that created"
+     " it; 404 for an unknown, expired, deleted or other tenant's id.", reply=OpenAIResponse,
+     errors="openai"),
+    Route("delete", "/openai/v1/responses/{response_id}", "openai", "Delete a stored response",
+     "Removes it (404 when this tenant has no such response); a continuation of it can no"
+     " longer see it.", reply=ResponseDeleted, errors="openai"),
+    Route("get", "/openai/v1/responses/{response_id}/input_items", "openai",
+     "Input items of a stored response",
+     "The items the response was created with (each with an `id`; text input as one user"
+     " `message`), a page at a time: `limit` 1 to 100 (20), `order` `desc` (default) or"
+     " `asc`, `after` an item id.", reply=InputItemList, errors="openai"),
+    Route("post", "/openai/v1/chat/completions", "openai", "Chat Completions (OpenAI base URL)",
+     "`POST /v1/chat/completions` under the base URL `/openai/v1`.", ChatCompletionRequest,
+     reply=ChatCompletion, stream=SSE, errors="openai"),
+    Route("post", "/openai/v1/completions", "openai", "Completions (OpenAI base URL)",
+     "`POST /v1/completions` under the base URL `/openai/v1`.", CompletionRequest,
+     reply=TextCompletion, stream=SSE, errors="openai"),
+    Route("post", "/openai/v1/embeddings", "openai", "Embeddings (OpenAI base URL)",
+     "`POST /v1/embeddings` under the base URL `/openai/v1`.", EmbeddingsRequest,
+     reply=EmbeddingList, errors="openai"),
+    Route("get", "/openai/v1/models", "openai", "List models (OpenAI base URL)",
+     "As `GET /v1/models`, with OpenAI's error object.", reply=ModelList, errors="openai"),
+    Route("get", "/openai/v1/models/{model}", "openai", "One model (OpenAI base URL)",
+     "The entry of `GET /openai/v1/models` for `model`; 404 `unknown_model` for a name that"
+     " is not servable.", reply=ModelCard, errors="openai"),
     Route("post", "/api/chat", "ollama", "Chat (Ollama)",
      "NDJSON stream by default (one line per piece, the last with `done: true` and the"
      " timings), one object with `stream: false`; no messages loads the model"

@@ -168,6 +168,42 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     for encoding in ("float", "base64"):
         body = {"model": "vec", "input": ["a", "b"], "encoding_format": encoding}
         check(await client.post("/v1/embeddings", json=body), "/v1/embeddings")
+    # OpenAI's base URL: the Responses API in OpenAI's shapes, and the same routes as /v1.
+    created = check(
+        await client.post(
+            "/openai/v1/responses", json={"model": "echo", "input": "hi", "metadata": {"a": "b"}}
+        ),
+        "/openai/v1/responses",
+    )
+    check(
+        await client.post(
+            "/openai/v1/responses", json={"model": "echo", "input": "hi", "stream": True}
+        ),
+        "/openai/v1/responses",
+    )
+    rid = created["id"]
+    check(await client.get(f"/openai/v1/responses/{rid}"), "/openai/v1/responses/{response_id}")
+    check(
+        await client.get(f"/openai/v1/responses/{rid}/input_items"),
+        "/openai/v1/responses/{response_id}/input_items",
+    )
+    check(await client.delete(f"/openai/v1/responses/{rid}"), "/openai/v1/responses/{response_id}")
+    check(await client.get(f"/openai/v1/responses/{rid}"), "/openai/v1/responses/{response_id}")
+    check(
+        await client.post("/openai/v1/chat/completions", json={"model": "echo", "messages": chat}),
+        "/openai/v1/chat/completions",
+    )
+    check(
+        await client.post("/openai/v1/completions", json={"model": "echo", "prompt": "a"}),
+        "/openai/v1/completions",
+    )
+    check(
+        await client.post("/openai/v1/embeddings", json={"model": "vec", "input": "a"}),
+        "/openai/v1/embeddings",
+    )
+    check(await client.get("/openai/v1/models"), "/openai/v1/models")
+    check(await client.get("/openai/v1/models/echo"), "/openai/v1/models/{model}")
+    check(await client.get("/openai/v1/models/nope"), "/openai/v1/models/{model}")
     for stream in (True, False):
         body = {"model": "echo", "messages": chat, "stream": stream}
         check(await client.post("/api/chat", json=body), "/api/chat")
