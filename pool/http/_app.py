@@ -11,7 +11,7 @@ from werkzeug.exceptions import HTTPException
 from pool.actors import RELAY_HEADER, RELAYED, Pool
 from pool.config import Settings
 from pool.errors import PoolError
-from pool.http import _admin, _events, _ollama, _openai, _responses, _runner, _ui
+from pool.http import _admin, _events, _messages, _ollama, _openai, _responses, _runner, _ui
 from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
@@ -79,7 +79,7 @@ def create_app(
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )
-    for module in (_responses, _openai, _ollama, _admin, _events, _runner, _ui):
+    for module in (_responses, _openai, _messages, _ollama, _admin, _events, _runner, _ui):
         module.register(app, ctx)
     # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
     app.extensions["pool.hot_routes"] = ctx.hot_routes
