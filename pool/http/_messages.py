@@ -25,6 +25,7 @@ from quart import Blueprint, Quart, Response
 from pool.actors import Admission, DecodingOverrides, Delta, Finished, InferenceRequest
 from pool.backends import (
     ImagePart,
+    OutputFormat,
     TextPart,
     ThinkingMode,
     ToolCall,
@@ -49,7 +50,13 @@ from pool.http._common import (
     with_cache,
 )
 from pool.http._streaming import admitted_stream
-from pool.http._tools import arguments_object, invalid, messages_tool_choice, messages_tools
+from pool.http._tools import (
+    arguments_object,
+    check_schema,
+    invalid,
+    messages_tool_choice,
+    messages_tools,
+)
 from pool.schemas import (
     MessagesImageBlock,
     MessagesImageSource,
@@ -160,6 +167,14 @@ def _thinking(value: MessagesThinking | None) -> ThinkingMode:
     return "disabled" if value.type == "disabled" else "enabled"
 
 
+def _output_format(body: MessagesRequest) -> OutputFormat | None:
+    wanted = body.output_config.format if body.output_config else None
+    if wanted is None:
+        return None
+    check_schema(wanted.schema_, "output_config.format.schema")
+    return OutputFormat("json_schema", wanted.schema_)
+
+
 def _system(body: MessagesTokensRequest) -> str | None:
     if body.system is None or isinstance(body.system, str):
         return body.system or None
@@ -180,7 +195,11 @@ def inference_request(body: MessagesTokensRequest, *, counting: bool = False) ->
             max_tokens=body.max_tokens,
             stop=tuple(body.stop_sequences or ()),
         )
-        extra: dict[str, Any] = {"keep_alive": body.keep_alive, "allow_remote": body.allow_remote}
+        extra: dict[str, Any] = {
+            "keep_alive": body.keep_alive,
+            "allow_remote": body.allow_remote,
+            "output_format": _output_format(body),
+        }
     else:
         decoding = DecodingOverrides(max_tokens=1)
         extra = {}

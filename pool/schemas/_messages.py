@@ -144,8 +144,21 @@ class MessagesThinking(_Lenient):
     """``enabled`` asks a model that can think to reason first (``budget_tokens`` is
     accepted; the reply's ``max_tokens`` bounds both); ``disabled`` asks it not to."""
 
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+
+
+class MessagesOutputFormat(_Lenient):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema of the reply.")
+
+
+class MessagesOutputConfig(_Lenient):
+    """``format`` constrains the reply to JSON of a schema where the backend can;
+    ``effort`` is accepted and has no effect."""
+
+    format: MessagesOutputFormat | None = None
+    effort: Name | None = None
 
 
 class MessagesMetadata(_Lenient):
@@ -178,6 +191,7 @@ class MessagesRequest(MessagesTokensRequest):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
     metadata: MessagesMetadata | None = None
+    output_config: MessagesOutputConfig | None = None
     stream: bool = False
     keep_alive: float | str | None = Field(
         None, description="Pool extension, as on Ollama's routes (an on-demand model's idle time)."
