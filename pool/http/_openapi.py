@@ -251,7 +251,7 @@ ROUTES: list[Route] = [
      " the model can think. The answer's `content` holds `thinking` (a reply that opens with"
      " `<think>...</think>`), `text` and `tool_use` blocks (`input` parsed); `stop_reason` is"
      " `end_turn`, `max_tokens`, `stop_sequence` (with `stop_sequence`, where the backend"
-     " names the string it stopped at: stub, llama_cpp, ct2, vllm, vllm_serve) or"
+     " names the string it stopped at: stub, llama_cpp, ct2, exllamav3, vllm, vllm_serve) or"
      " `tool_use`; `usage.input_tokens` counts the prompt tokens not served from the"
      " prefix cache, `cache_read_input_tokens` those that were. `stream: true` answers"
      " Server-Sent Events: `message_start`, `ping`, then per block `content_block_start`,"
