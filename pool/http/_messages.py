@@ -182,8 +182,9 @@ def _system(body: MessagesTokensRequest) -> str | None:
 
 
 def inference_request(body: MessagesTokensRequest, *, counting: bool = False) -> InferenceRequest:
-    """The neutral request of a Messages body (``counting``: of a ``count_tokens`` body,
-    which generates one token and leaves a forced call to the model)."""
+    """The neutral request of a Messages body (``counting``: of a ``count_tokens`` body:
+    one token is generated, and a forced call is not forced, as it constrains the
+    output, not the prompt being counted)."""
     turns = [turn for index, m in enumerate(body.messages) for turn in _turns(index, m)]
     tools = messages_tools(body.tools)
     choice, parallel = messages_tool_choice(body.tool_choice, tools)
@@ -204,7 +205,6 @@ def inference_request(body: MessagesTokensRequest, *, counting: bool = False) ->
         decoding = DecodingOverrides(max_tokens=1)
         extra = {}
         if choice.forced:
-            # A forced call constrains the output, not the prompt being counted.
             choice = ToolChoice("auto")
     return chat_request(
         body.model,
