@@ -221,6 +221,20 @@ async def test_errors_are_the_sdks_exceptions(
             model="echo", max_tokens=5, messages=[{"role": "user", "content": content}]
         )
     assert "messages[0].content[0].type" in str(document.value)
+    # The pool's own headers are checked as on every route.
+    for header in ({"X-Priority": "urgent"}, {"X-Cache-Mode": "sometimes"}):
+        with pytest.raises(anthropic.BadRequestError) as bad_header:
+            await client.messages.create(
+                model="echo", max_tokens=5, messages=USER, extra_headers=header
+            )
+        assert next(iter(header)) in str(bad_header.value)
+    served = await client.messages.create(
+        model="echo",
+        max_tokens=5,
+        messages=USER,
+        extra_headers={"X-Priority": "high", "X-Cache-Mode": "none", "X-Cache-Tag": "t"},
+    )
+    assert served.stop_reason == "end_turn"
     server_tool: Any = [{"type": "web_search_20250305", "name": "web_search"}]
     with pytest.raises(anthropic.BadRequestError) as tool:
         await client.messages.create(model="echo", max_tokens=5, messages=USER, tools=server_tool)

@@ -85,6 +85,20 @@ async def test_answers_and_stop_sequences(server: ServerInfo) -> None:
         )
         assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "Paris"
         assert stopped.content[0].text == text.split("Paris")[0]  # type: ignore[union-attr]
+        # The same prompt again: its prefix came from the cache, and input_tokens is the rest.
+        reused = stopped.usage.cache_read_input_tokens
+        assert reused is not None and reused > 0
+        assert stopped.usage.input_tokens + reused == answer.usage.input_tokens + (
+            answer.usage.cache_read_input_tokens or 0
+        )
+        uncached = await client.messages.create(
+            model="plain",
+            max_tokens=2,
+            messages=CAPITAL,
+            extra_body=GREEDY,
+            extra_headers={"X-Cache-Mode": "none"},
+        )
+        assert not uncached.usage.cache_read_input_tokens
         cut = await client.messages.create(
             model="plain", max_tokens=2, messages=CAPITAL, extra_body=GREEDY
         )
