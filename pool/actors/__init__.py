@@ -6,6 +6,7 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._details import ModelDetails
 from pool.actors._events import (
     Delta,
     Embedded,
@@ -69,6 +70,7 @@ __all__ = [
     "LoadTask",
     "Loading",
     "ModelActor",
+    "ModelDetails",
     "ModelSnapshot",
     "NoGpus",
     "Pool",

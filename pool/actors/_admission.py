@@ -216,7 +216,9 @@ class Admission:
             reason = item.stats.finish_reason
             if calls and reason == "stop":
                 reason = "tool_calls"
-            finished = Finished("".join(pieces), reason, usage, timings, calls)
+            finished = Finished(
+                "".join(pieces), reason, usage, timings, calls, item.stats.stop_sequence
+            )
             self.finished = finished
             if self._on_finished is not None:
                 self._on_finished(self, item, finished)

@@ -62,6 +62,7 @@ class Finished:
 
     ``tool_calls`` are the calls the model made (their pieces came as
     :class:`ToolCallDelta` events); with any, ``finish_reason`` is ``tool_calls``.
+    ``stop_sequence``: the stop string that ended it, where the backend tells.
     """
 
     text: str
@@ -69,6 +70,7 @@ class Finished:
     usage: Usage
     timings: Timings
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
+from pool.actors._details import ModelDetails, artifact_details
 from pool.actors._estimate import (
     Artifact,
     closed_form_mib,
@@ -150,6 +151,7 @@ class ModelActor:
         self._nursery: trio.Nursery | None = None
         self.artifact: Artifact | None = None
         self.artifact_mib: int | None = None
+        self.details = ModelDetails()
         # VRAM: the GPUs of each replica (from the pool's gate), what this load was
         # measured to take per GPU, and since when (Trio clock) the model is resident.
         self._meter = meter
@@ -585,6 +587,7 @@ class ModelActor:
             read_artifact, model_path, self.settings.base_dir
         )
         self.artifact_mib = self.artifact.size_mib if self.artifact is not None else None
+        self.details = artifact_details(self.artifact)
 
     @property
     def _in_process_gpu(self) -> bool:
@@ -802,6 +805,7 @@ class ModelActor:
                 getattr(self.active_definition, context_field, None) if context_field else None
             ),
             artifact_mib=self.artifact_mib,
+            details=self.details,
             loaded_at_wall=self.loaded_at_wall,
             expires_in_s=self.expires_in_s,
             observed_load_delta_mib=self.observed_load_delta_mib,

@@ -8,9 +8,10 @@ the actors keep no JSON of their own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pool.actors._details import ModelDetails
 from pool.backends import Capabilities, GpuPlacement
 from pool.config import ModelDefinition
 
@@ -75,6 +76,13 @@ class ModelSnapshot:
     placement: tuple[GpuPlacement, ...] = ()
     # Why the model was last unloaded, until it loads again; None if it never was.
     unload_reason: UnloadReason | None = None
+    # Family, size, quantization and trained context from the artifact's metadata.
+    details: ModelDetails = field(default_factory=ModelDetails)
+
+    @property
+    def served_context_length(self) -> int | None:
+        """The context a request gets: the configured one, else the model's own."""
+        return self.context_length or self.details.context_length
 
     @property
     def gpus(self) -> tuple[tuple[int, ...], ...]:

@@ -277,6 +277,7 @@ class Pool:
         request_id: str | None = None,
         load_hint: dict[str, Any] | None = None,
         report_waits: bool = False,
+        heartbeat_s: float | None = None,
     ) -> AsyncIterator[Admission]:
         """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
 
@@ -284,7 +285,11 @@ class Pool:
         on-demand model that is not loaded, or one making way for another) is yielded
         at once instead: its :meth:`Admission.waits` reports the wait (``Queued``,
         ``Loading``) and its events follow; a timeout then arrives as a ``Failed``
-        event. A request to a loaded model waits here as without it.
+        event. A request to a loaded model waits here as without it, unless
+        ``heartbeat_s`` is given: then a request that cannot run at once (its model's
+        replicas are busy) is yielded at once too, and its wait repeats the current
+        ``Queued``/``Loading`` at least every ``heartbeat_s`` (a surface that must show
+        a waiting client something, never a silent gap).
 
         Leaving the block (normally, by error or by cancellation) removes the request
         from the queue or stops its generation, so nothing runs for a departed caller.
@@ -342,6 +347,7 @@ class Pool:
             ticket: Ticket | None = None
             steps: AsyncGenerator[Waiting | Ticket, None] | None = None
             door_closed = self._door_closed(actor)
+            report_waits = report_waits or heartbeat_s is not None
             if report_waits and (
                 door_closed or (actor.loads_on_request and actor.state != "loaded")
             ):
@@ -350,10 +356,12 @@ class Pool:
                 # queue is still refused before anything is sent.
                 if not door_closed:
                     ticket = enqueue()
-                steps = self._wait_steps(actor, ticket, enqueue, deadline)
+                steps = self._wait_steps(actor, ticket, enqueue, deadline, heartbeat_s)
             else:
                 await self._wait_at_door(actor, deadline)
                 ticket = enqueue()
+                if heartbeat_s is not None and not ticket.ready.is_set():
+                    steps = self._wait_steps(actor, ticket, enqueue, deadline, heartbeat_s)
             admission = Admission(
                 ticket, request_id, request.model, admitted_at, self._record_finished, steps
             )
@@ -990,19 +998,36 @@ class Pool:
         ticket: Ticket | None,
         enqueue: Callable[[], Ticket],
         deadline: float,
+        heartbeat_s: float | None = None,
     ) -> AsyncGenerator[Waiting | Ticket, None]:
         """The wait of a request that reports it: :class:`Queued` whenever its place or
         what it waits for changes, :class:`Loading` while its model loads (again as the
         progress moves), and the ticket once it is queued (``ticket`` None: a door holds
-        it first). Ends when the request runs; raises its error otherwise."""
+        it first). Ends when the request runs; raises its error otherwise.
+
+        With ``heartbeat_s``, the latest of them is repeated when nothing was reported
+        for that long (to within ``WAIT_TICK_S``)."""
         queued: Queued | None = None
         loading: Loading | None = None
+        reported = trio.current_time()
+
+        def beat(latest: Waiting | None) -> Waiting | None:
+            nonlocal reported
+            now = trio.current_time()
+            if heartbeat_s is None or now - reported < heartbeat_s:
+                return None
+            reported = now
+            return latest or Queued(actor.scheduler.queue_depth, "load")
+
         if ticket is None:
             while self._door_closed(actor):
                 now = Queued(actor.scheduler.queue_depth + 1, "vram")
                 if now != queued:
                     queued = now
+                    reported = trio.current_time()
                     yield now
+                elif (again := beat(queued)) is not None:
+                    yield again
                 await self._wait_change(None, min(deadline, trio.current_time() + WAIT_TICK_S))
                 if trio.current_time() >= deadline and self._door_closed(actor):
                     raise self._queue_timeout(actor, "vram")
@@ -1011,14 +1036,19 @@ class Pool:
         while not ticket.ready.is_set():
             reason = self._wait_reason(actor)
             status = None if reason is None else Queued(actor.scheduler.position(ticket), reason)
+            latest: Waiting | None = None
             if status is not None and status != queued:
-                queued = status
+                queued = latest = status
                 yield status
             if actor.state == "loading":
                 progress = Loading(actor.load_progress)
                 if progress != loading:
-                    loading = progress
+                    loading = latest = progress
                     yield progress
+            if latest is not None:
+                reported = trio.current_time()
+            elif (again := beat(loading if actor.state == "loading" else queued)) is not None:
+                yield again
             await self._wait_change(ticket.ready, min(deadline, trio.current_time() + WAIT_TICK_S))
             if not ticket.ready.is_set() and trio.current_time() >= deadline:
                 reason = self._wait_reason(actor)

@@ -155,6 +155,7 @@ async def stream_chat(
     pieces = 0
     finish = "stop"
     prompt_tokens = completion_tokens = cached_tokens = None
+    stop_sequence: str | None = None
     done = False
     try:
         async with transport.request("POST", path, body=payload, headers=headers) as response:
@@ -187,6 +188,9 @@ async def stream_chat(
                             await sink.send(call)
                         if choice.get("finish_reason"):
                             finish = _FINISH.get(choice["finish_reason"], "stop")
+                            # vLLM names the stop string that ended the reply.
+                            if isinstance(choice.get("stop_reason"), str):
+                                stop_sequence = choice["stop_reason"]
                     usage = chunk.get("usage")
                     if usage:
                         prompt_tokens = usage.get("prompt_tokens")
@@ -205,4 +209,5 @@ async def stream_chat(
         time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
         generate_total_ms=round((time.perf_counter() - started) * 1000.0, 3),
         finish_reason=finish,  # type: ignore[arg-type]
+        stop_sequence=stop_sequence,
     )

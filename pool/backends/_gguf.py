@@ -4,6 +4,7 @@ pooling an embedding model declares)."""
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,12 +14,13 @@ from typing import Any, BinaryIO
 
 @dataclass(frozen=True, slots=True)
 class GgufHeader:
-    """The key/values of a GGUF header (an array stands as its length) and where the
-    tensor data starts."""
+    """The key/values of a GGUF header (an array stands as its length), where the
+    tensor data starts, and how many values its tensors hold (the parameter count)."""
 
     metadata: Mapping[str, Any]
     data_offset: int
     file_size: int
+    parameter_count: int = 0
 
     @property
     def weights_bytes(self) -> int:
@@ -55,14 +57,18 @@ def read_gguf_header(path: Path) -> GgufHeader:
             key = _read_string(f)
             (value_type,) = struct.unpack("<I", f.read(4))
             metadata[key] = _read_value(f, value_type)
+        parameters = 0
         for _ in range(tensor_count):
             _read_string(f)
             (n_dims,) = struct.unpack("<I", f.read(4))
-            f.seek(8 * n_dims + 4 + 8, 1)  # dims, ggml type, offset
+            if n_dims > 8:
+                raise ValueError(f"a GGUF tensor of {n_dims} dimensions")
+            parameters += math.prod(struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims)))
+            f.seek(4 + 8, 1)  # ggml type, offset
         alignment = int(metadata.get("general.alignment", 32))
         position = f.tell()
     data_offset = position + (-position % alignment)
-    return GgufHeader(metadata, data_offset, path.stat().st_size)
+    return GgufHeader(metadata, data_offset, path.stat().st_size, parameters)
 
 
 def _read_string(f: BinaryIO) -> str:

@@ -7,18 +7,20 @@ class StopScanner:
     """Holds back text that might be the start of a stop string.
 
     ``feed`` returns what is safe to send now and whether a stop string was reached
-    (the stop string itself is never sent).
+    (the stop string itself is never sent); ``hit`` is then the stop string reached.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
+        self.hit: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s in self._stops if (i := self._pending.find(s)) >= 0]
         if hits:
-            out, self._pending = self._pending[: min(hits)], ""
+            at, self.hit = min(hits, key=lambda hit: hit[0])
+            out, self._pending = self._pending[:at], ""
             return out, True
         hold = 0
         for stop in self._stops:

@@ -309,6 +309,10 @@ def job_stats(output: Any, deltas: int) -> GenerationStats:
         output_tokens=deltas,
         finish_reason=_finish_reason(completion.finish_reason),
     )
+    # vLLM names the stop string that ended the output (a token id for a stop token).
+    stop_reason = getattr(completion, "stop_reason", None)
+    if isinstance(stop_reason, str):
+        stats.stop_sequence = stop_reason
     # Prompt tokens the engine's prefix cache served (automatic prefix caching).
     cached = getattr(output, "num_cached_tokens", None)
     if isinstance(cached, int):

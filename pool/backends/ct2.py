@@ -153,6 +153,7 @@ class Ct2Runtime:
             time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
             generate_total_ms=round((time.perf_counter() - gen_started) * 1000.0, 3),
             finish_reason=finish,  # type: ignore[arg-type]
+            stop_sequence=scanner.hit,
         )
 
     async def close(self) -> None:

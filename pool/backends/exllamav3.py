@@ -675,6 +675,8 @@ class _Driver:
         finish: FinishReason = "length" if result.get("eos_reason") == "max_new_tokens" else "stop"
         prompt_tokens = result.get("prompt_tokens", request.prompt_tokens)
         output_tokens = result.get("new_tokens")
+        # The stop string that ended it (eos_reason "stop_string").
+        stop = result.get("eos_triggering_string")
         return GenerationStats(
             prompt_tokens=None if prompt_tokens is None else int(prompt_tokens),
             output_tokens=None if output_tokens is None else int(output_tokens),
@@ -682,6 +684,7 @@ class _Driver:
             time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
             generate_total_ms=None if total_ms is None else round(total_ms, 3),
             finish_reason=finish,
+            stop_sequence=stop if isinstance(stop, str) else None,
         )
 
     def _finish(self, request: _Request, failure: BaseException | None) -> None:

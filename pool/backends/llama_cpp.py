@@ -268,7 +268,7 @@ class LlamaCppRuntime:
         gen_started = time.perf_counter()
         try:
             reused = self._prompt_cache.prepare(llama, request.cache.key, tokens)
-            produced, first_at, finish = self._decode(
+            produced, first_at, finish, stop_sequence = self._decode(
                 tokens,
                 request,
                 stops,
@@ -292,6 +292,7 @@ class LlamaCppRuntime:
             else round((first_at - started) * 1000.0, 3),
             generate_total_ms=round((ended - gen_started) * 1000.0, 3),
             finish_reason=finish,
+            stop_sequence=stop_sequence,
         )
 
     def _decode(
@@ -302,8 +303,9 @@ class LlamaCppRuntime:
         budget: int,
         send: Callable[[str], None],
         grammar: Any = None,
-    ) -> tuple[int, float | None, FinishReason]:
-        """Sample up to ``budget`` tokens; returns (tokens, first text time, finish reason)."""
+    ) -> tuple[int, float | None, FinishReason, str | None]:
+        """Sample up to ``budget`` tokens; returns (tokens, first text time, finish reason,
+        the stop string reached)."""
         import llama_cpp
 
         llama = self._llama
@@ -340,7 +342,7 @@ class LlamaCppRuntime:
                 send(text)
             if stopped:
                 # What follows the stop string (the scanner dropped it) is never sent.
-                return produced, first_at, "stop"
+                return produced, first_at, "stop", scanner.hit
             if produced >= budget:
                 finish = "length"
                 break
@@ -352,7 +354,7 @@ class LlamaCppRuntime:
             if first_at is None:
                 first_at = time.perf_counter()
             send(tail)
-        return produced, first_at, finish
+        return produced, first_at, finish, None
 
     async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
         if self._closed:

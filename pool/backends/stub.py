@@ -27,6 +27,7 @@ from pool.backends._protocol import (
     LoadContext,
     TokenSink,
 )
+from pool.backends._text import StopScanner
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
@@ -103,19 +104,32 @@ class StubRuntime:
             else 0.0
         )
         first_ms: float | None = None
+        # Stop strings end the output as a real backend's do (the string is not sent).
+        scanner = StopScanner(request.decoding.stop) if request.decoding.stop else None
+        produced = 0
         for token in tokens:
             if delay:
                 await trio.sleep(delay)
-            await sink.send(token)
+            produced += 1
+            piece, stopped = scanner.feed(token) if scanner is not None else (token, False)
+            if piece:
+                await sink.send(piece)
             if first_ms is None:
                 first_ms = (time.perf_counter() - started) * 1000.0
+            if stopped:
+                finish = "stop"
+                break
+        else:
+            if scanner is not None and (tail := scanner.flush()):
+                await sink.send(tail)
         prompt_tokens = sum(len(stub_tokens(t.text)) for t in request.turns)
         return GenerationStats(
             prompt_tokens=prompt_tokens,
-            output_tokens=len(tokens),
+            output_tokens=produced,
             time_to_first_token_ms=first_ms,
             generate_total_ms=(time.perf_counter() - started) * 1000.0,
             finish_reason=finish,
+            stop_sequence=scanner.hit if scanner is not None else None,
         )
 
     async def embed(self, job: EmbeddingJob) -> EmbeddingResult:

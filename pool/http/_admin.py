@@ -20,6 +20,7 @@ def cluster_model_list(
     assert pool.router is not None
     loaded: dict[str, list[str]] = {}
     servable = [entry["id"] for entry in local]
+    contexts = {entry["id"]: entry.get("context_length") for entry in local}
     for name, actor in pool.models.items():
         if actor.state == "loaded":
             loaded.setdefault(name, []).append(pool.router.node_id)
@@ -35,6 +36,7 @@ def cluster_model_list(
             "object": "model",
             "created": created,
             "owned_by": "llm-pool",
+            "context_length": contexts.get(name),
             "nodes": loaded.get(name, []),
         }
         for name in servable
@@ -45,7 +47,13 @@ def model_list(pool: Pool) -> dict[str, Any]:
     """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
     created = int(pool.started_at)
     data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "llm-pool"}
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llm-pool",
+            "context_length": pool.snapshot(name).served_context_length,
+        }
         for name in pool.servable_models()
     ]
     if pool.router is not None:

@@ -14,6 +14,7 @@ from pool.errors import PoolError
 from pool.http import (
     _admin,
     _events,
+    _messages,
     _ollama,
     _openai,
     _openai_responses,
@@ -88,7 +89,17 @@ def create_app(
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )
-    for module in (_responses, _openai, _openai_responses, _ollama, _admin, _events, _runner, _ui):
+    for module in (
+        _responses,
+        _openai,
+        _openai_responses,
+        _messages,
+        _ollama,
+        _admin,
+        _events,
+        _runner,
+        _ui,
+    ):
         module.register(app, ctx)
     # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
     app.extensions["pool.hot_routes"] = ctx.hot_routes

@@ -201,18 +201,26 @@ class Authenticator:
     def op_tokens_enabled(self) -> bool:
         return self._keys.op_key is not None
 
-    def check_bearer(self, authorization: str | None, access: Access) -> None:
+    def check_bearer(
+        self, authorization: str | None, access: Access, *, api_key: str | None = None
+    ) -> None:
         """Raise ``unauthorized`` unless the header grants ``access``.
 
         Inference routes are open unless inference or admin tokens exist; admin routes
         are open only when no admin token is configured.
+
+        Args:
+            api_key: an ``x-api-key`` header, where the route takes one (Anthropic's
+                Messages API): a token as the bearer token is; either one that
+                matches grants access.
         """
         keys = self._keys
         allowed = keys.admin if access == "admin" else keys.inference + keys.admin
         if not allowed:
             return
-        token = _bearer(authorization)
-        if token is None or not _matches_any(token.encode(), allowed):
+        tokens = [_bearer(authorization), _api_key(api_key)]
+        matched = [t is not None and _matches_any(t.encode(), allowed) for t in tokens]
+        if not any(matched):
             raise _unauthorized(
                 "a valid admin bearer token is required"
                 if access == "admin"
@@ -295,6 +303,12 @@ def _bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def _api_key(value: str | None) -> str | None:
+    if not value or len(value) > _MAX_TOKEN_CHARS or not value.strip():
+        return None
+    return value.strip()
 
 
 def _decode_envelope(raw: Any) -> dict[str, Any]:

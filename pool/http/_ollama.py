@@ -214,15 +214,33 @@ def _pull_line(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _details(snapshot: ModelSnapshot) -> dict[str, Any]:
-    path = snapshot.definition.model_path or ""
+    """Ollama's ``details``, from the artifact's metadata (empty where it says nothing)."""
+    path = snapshot.active_definition.model_path or ""
+    facts = snapshot.details
     return {
         "parent_model": "",
-        "format": "gguf" if path.endswith(".gguf") else snapshot.definition.backend,
-        "family": "",
-        "families": None,
-        "parameter_size": "",
-        "quantization_level": "",
+        "format": facts.format
+        or ("gguf" if path.endswith(".gguf") else snapshot.definition.backend),
+        "family": facts.family or "",
+        "families": [facts.family] if facts.family else None,
+        "parameter_size": facts.parameter_size or "",
+        "quantization_level": facts.quantization_level or "",
     }
+
+
+def _model_info(snapshot: ModelSnapshot) -> dict[str, Any]:
+    """The definition, with the metadata keys Ollama clients read (as Ollama names
+    them: ``general.architecture``, ``general.parameter_count``,
+    ``<family>.context_length``) where the artifact has them."""
+    info = definition_body(snapshot)
+    facts = snapshot.details
+    if facts.family:
+        info["general.architecture"] = facts.family
+        if facts.context_length:
+            info[f"{facts.family}.context_length"] = facts.context_length
+    if facts.parameter_count:
+        info["general.parameter_count"] = facts.parameter_count
+    return info
 
 
 def _digest(snapshot: ModelSnapshot) -> str:
@@ -286,7 +304,7 @@ def _show(snapshot: ModelSnapshot, artifact: _Artifact, parameters: str) -> dict
         # The pool renders prompts itself: the template is its prompt format's name.
         "template": definition.prompt_format,
         "details": _details(snapshot),
-        "model_info": definition_body(snapshot),
+        "model_info": _model_info(snapshot),
         "capabilities": capabilities,
         "modified_at": artifact.modified_at,
     }

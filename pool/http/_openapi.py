@@ -33,6 +33,11 @@ from pool.schemas import (
     Health,
     InputItemList,
     LoadTaskState,
+    MessagesError,
+    MessagesReply,
+    MessagesRequest,
+    MessagesTokenCount,
+    MessagesTokensRequest,
     ModelCard,
     ModelList,
     ModelRow,
@@ -67,7 +72,7 @@ from pool.schemas import (
     TextCompletion,
 )
 
-ErrorShape = Literal["pool", "openai", "ollama"]
+ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
 
@@ -83,7 +88,8 @@ class Route:
         text: the media type of a success body that is not JSON, and its schema.
         stream: the media type of the streamed answer (``stream: true``), whose events or
             lines are ``reply``-shaped unless ``stream_note`` says otherwise.
-        errors: the error body of this surface: the pool's, OpenAI's or Ollama's.
+        errors: the error body of this surface: the pool's, OpenAI's, Ollama's or
+            Anthropic's.
     """
 
     method: str
@@ -291,6 +297,41 @@ ROUTES: list[Route] = [
     Route("get", "/openai/v1/models/{model}", "openai", "One model (OpenAI base URL)",
      "The entry of `GET /openai/v1/models` for `model`; 404 `unknown_model` for a name that"
      " is not servable.", reply=ModelCard, errors="openai"),
+    Route("post", "/v1/messages", "anthropic", "Messages (Anthropic)",
+     "Anthropic's Messages API on every chat backend. `system` (a string or text blocks),"
+     " `messages` with `text`, `image` (`base64` or `url` sources, under the media policy"
+     " of `/v1/responses`), `tool_use` and `tool_result` blocks (earlier `thinking` blocks"
+     " are accepted and not shown to the model); `max_tokens` (required), `stop_sequences`,"
+     " `temperature`, `top_p`, `top_k`, `metadata`, `tools` (client tools with"
+     " `input_schema`; server tools are a 400) and `tool_choice` (`auto`, `any`, `tool`,"
+     " `none`; `disable_parallel_tool_use`) where the backend has tools, `thinking` where"
+     " the model can think. The answer's `content` holds `thinking` (a reply that opens with"
+     " `<think>...</think>`), `text` and `tool_use` blocks (`input` parsed); `stop_reason` is"
+     " `end_turn`, `max_tokens`, `stop_sequence` (with `stop_sequence`, where the backend"
+     " names the string it stopped at: stub, llama_cpp, ct2, exllamav3, vllm, vllm_serve) or"
+     " `tool_use`; `usage.input_tokens` counts the prompt tokens not served from the"
+     " prefix cache, `cache_read_input_tokens` those that were. `stream: true` answers"
+     " Server-Sent Events: `message_start`, `ping`, then per block `content_block_start`,"
+     " `content_block_delta` (`text_delta`, `thinking_delta`, `input_json_delta`) and"
+     " `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop`;"
+     " an error after the start is an `error` event. A stream that must wait (a busy"
+     " replica, a load, room on the GPUs) starts at once and sends a `ping` at least every"
+     " 5 s while it waits. Authentication: `x-api-key` or `Authorization: Bearer` with an"
+     " inference token; `anthropic-version` is accepted. Errors are"
+     " `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}` with the pool's"
+     " statuses (400 invalid_request_error, also for a body that does not validate; 401"
+     " authentication_error; 403 permission_error; 404 not_found_error; 413"
+     " request_too_large; 429 rate_limit_error; 503 overloaded_error; 504 timeout_error;"
+     " other 5xx api_error). Headers as `/v1/responses` (`X-Tenant-ID`, `X-Priority`,"
+     " `X-Cache-Mode`, `X-Cache-Tag`); answers carry `request-id`.",
+     MessagesRequest, reply=MessagesReply, stream=SSE, errors="anthropic"),
+    Route("post", "/v1/messages/count_tokens", "anthropic", "Count tokens (Anthropic)",
+     "`input_tokens`: the prompt of a Messages request (`model`, `system`, `messages`,"
+     " `tools`, `tool_choice`, `thinking`) in the model's own tokens, counted by the model"
+     " itself: it renders and prefills the prompt and generates one token, through the same"
+     " queue and on-demand load as a request (so the prefix is cached for the request that"
+     " follows). Authentication and errors as `/v1/messages`.",
+     MessagesTokensRequest, reply=MessagesTokenCount, errors="anthropic"),
     Route("post", "/api/chat", "ollama", "Chat (Ollama)",
      "NDJSON stream by default (one line per piece, the last with `done: true` and the"
      " timings), one object with `stream: false`; no messages loads the model"
@@ -375,7 +416,27 @@ _ERROR_MODELS: dict[ErrorShape, type[BaseModel] | None] = {
     "pool": None,
     "openai": OpenAIError,
     "ollama": OllamaError,
+    "anthropic": MessagesError,
 }
+
+
+# Anthropic's clients authenticate with x-api-key and name the API version they speak.
+_ANTHROPIC_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "x-api-key",
+        "in": "header",
+        "required": False,
+        "description": "An inference token, as `Authorization: Bearer` takes (either one).",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "anthropic-version",
+        "in": "header",
+        "required": False,
+        "description": "Accepted and not needed.",
+        "schema": {"type": "string"},
+    },
+]
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -430,6 +491,8 @@ def _operation(route: Route, keyed: dict[Any, Any]) -> dict[str, Any]:
         for p in route.path.split("/")
         if p.startswith("{")
     ]
+    if route.errors == "anthropic":
+        parameters += _ANTHROPIC_HEADERS
     if parameters:
         operation["parameters"] = parameters
     return operation
@@ -462,8 +525,9 @@ def openapi_document(extra_routes: list[Route] | None = None) -> dict[str, Any]:
             " `Origin`) against the bound address, `localhost`, `127.0.0.1`, `[::1]` and"
             " `service.allowed_hosts`: others get 403 `host_not_allowed` / `origin_not_allowed`."
             + '\n\nErrors are `{"error": {"code", "message"}}` (OpenAI\'s error object on the'
-            ' OpenAI routes, `{"error": message}` on the Ollama routes); a full queue (503)'
-            " and a rate limit (429) carry `Retry-After`. Codes and statuses: "
+            ' OpenAI routes, `{"error": message}` on the Ollama routes, Anthropic\'s'
+            ' `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`); a full'
+            " queue (503) and a rate limit (429) carry `Retry-After`. Codes and statuses: "
             + ", ".join(
                 f"`{c}` {s}" for c, s in sorted(STATUS_BY_CODE.items(), key=lambda x: x[1])
             ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pool.actors import GpuReading, GpuView, ModelSnapshot
+from pool.actors import GpuReading, GpuView, ModelDetails, ModelSnapshot
 from pool.backends import Capabilities
 
 
@@ -14,6 +14,18 @@ def capabilities_body(capabilities: Capabilities) -> dict[str, Any]:
         "modalities": list(capabilities.modalities),
         "multi_turn": capabilities.multi_turn,
         "thinking_modes": list(capabilities.thinking_modes),
+    }
+
+
+def details_body(details: ModelDetails, served_context: int | None) -> dict[str, Any]:
+    return {
+        "format": details.format,
+        "family": details.family,
+        "parameter_size": details.parameter_size,
+        "parameter_count": details.parameter_count,
+        "quantization_level": details.quantization_level,
+        "context_length": details.context_length,
+        "served_context_length": served_context,
     }
 
 
@@ -55,6 +67,7 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         row["load_recommendations"] = {k: dict(v) for k, v in snapshot.load_recommendations.items()}
         row["load_override"] = dict(snapshot.load_override)
         row["capabilities"] = capabilities_body(snapshot.capabilities)
+        row["details"] = details_body(snapshot.details, snapshot.served_context_length)
     row["definition"] = definition_body(snapshot)
     return row
 

@@ -44,10 +44,19 @@ Frame = Callable[[Admission], bytes | None]
 
 
 async def _batches(
-    pool: Pool, request: InferenceRequest, tenant: str, priority: str, report_waits: bool
+    pool: Pool,
+    request: InferenceRequest,
+    tenant: str,
+    priority: str,
+    report_waits: bool,
+    heartbeat_s: float | None,
 ) -> AsyncGenerator[Admission | list[Event], None]:
     async with pool.admit(
-        request, tenant=tenant, priority=priority, report_waits=report_waits
+        request,
+        tenant=tenant,
+        priority=priority,
+        report_waits=report_waits,
+        heartbeat_s=heartbeat_s,
     ) as admission:
         yield admission
         async for batch in admission.batches():
@@ -65,6 +74,7 @@ async def admitted_stream(
     opening: Frame | None = None,
     render_wait: RenderWait | None = None,
     render_tool_call: RenderToolCall | None = None,
+    heartbeat_s: float | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
     """Admit ``request`` (raising its PoolError), then stream its rendered events.
 
@@ -72,9 +82,11 @@ async def admitted_stream(
     delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
     stream ends after it), ``render_wait`` each ``Queued``/``Loading`` of a request that
     waits for VRAM or a load, ``render_tool_call`` each tool-call piece (a surface
-    without one never offers tools, so none arrive).
+    without one never offers tools, so none arrive). With ``heartbeat_s`` (and
+    ``render_wait``), a request that waits for a busy replica streams at once too, and
+    its wait is rendered at least every ``heartbeat_s`` (:meth:`Pool.admit`).
     """
-    batches = _batches(pool, request, tenant, priority, render_wait is not None)
+    batches = _batches(pool, request, tenant, priority, render_wait is not None, heartbeat_s)
     admission = await anext(batches)
     assert isinstance(admission, Admission)
 

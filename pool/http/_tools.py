@@ -21,6 +21,8 @@ from pool.schemas import (
     ChatToolChoiceFunction,
     FunctionChoice,
     FunctionTool,
+    MessagesTool,
+    MessagesToolChoice,
     ResponseFormat,
     TextFormat,
 )
@@ -91,6 +93,7 @@ def _tool_spec(
     parameters: dict[str, Any] | None,
     strict: bool | None,
     where: str,
+    schema_field: str = "parameters",
 ) -> ToolSpec:
     if not name:
         raise invalid(f"{where}.name", "a function needs a name")
@@ -100,9 +103,9 @@ def _tool_spec(
         )
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    check_schema(parameters, f"{where}.parameters")
+    check_schema(parameters, f"{where}.{schema_field}")
     if parameters.get("type", "object") != "object":
-        raise invalid(f"{where}.parameters.type", "the arguments must be an object")
+        raise invalid(f"{where}.{schema_field}.type", "the arguments must be an object")
     return ToolSpec(name, description, parameters, bool(strict))
 
 
@@ -134,6 +137,38 @@ def responses_tools(tools: Sequence[FunctionTool] | None) -> tuple[ToolSpec, ...
         for index, t in enumerate(tools or ())
     ]
     return _unique(specs, "tools")
+
+
+def messages_tools(tools: Sequence[MessagesTool] | None) -> tuple[ToolSpec, ...]:
+    """Messages API tools: ``{"name", "description", "input_schema"}``; a typed server
+    tool (web search, bash, ...) is a 400, as the pool runs none."""
+    specs = []
+    for index, tool in enumerate(tools or ()):
+        at = f"tools[{index}]"
+        if tool.type not in (None, "custom"):
+            raise invalid(f"{at}.type", f"{tool.type!r} is a server tool; only client tools")
+        schema = tool.input_schema
+        specs.append(_tool_spec(tool.name, tool.description, schema, None, at, "input_schema"))
+    return _unique(specs, "tools")
+
+
+def messages_tool_choice(
+    value: MessagesToolChoice | None, tools: tuple[ToolSpec, ...]
+) -> tuple[ToolChoice, bool]:
+    """The neutral choice of a Messages ``tool_choice``, and whether parallel calls
+    stay allowed (``disable_parallel_tool_use``)."""
+    if value is None:
+        return ToolChoice("auto"), True
+    parallel = not value.disable_parallel_tool_use
+    if value.type in ("any", "tool") and not tools:
+        raise invalid("tool_choice", f"{value.type} needs tools")
+    if value.type == "any":
+        return ToolChoice("required"), parallel
+    if value.type == "tool":
+        if value.name not in {t.name for t in tools}:
+            raise invalid("tool_choice.name", f"tool {value.name!r} is not among the tools")
+        return ToolChoice("function", value.name), parallel
+    return ToolChoice(value.type), parallel
 
 
 def tool_choice(

@@ -91,6 +91,11 @@ class ModelCard(_Reply):
     object: Literal["model"]
     created: int
     owned_by: str
+    context_length: int | None = Field(
+        None,
+        description="The context a request gets: the configured one (the backend's context"
+        " field), else the model's own from its artifact; null when neither is known.",
+    )
 
 
 class ModelList(_Reply):
@@ -244,6 +249,24 @@ class RowCapabilities(_Reply):
     thinking_modes: list[Literal["default", "enabled", "disabled"]]
 
 
+class RowDetails(_Reply):
+    """What the artifact's own metadata says (GGUF header, ``config.json``); null where
+    it says nothing (a stub or remote model has no artifact)."""
+
+    format: str | None = Field(description="gguf, safetensors, transformers or exl3.")
+    family: str | None = Field(description="The architecture (`llama`, `qwen3`, ...).")
+    parameter_size: str | None = Field(description="As Ollama writes it: `134.52M`, `8.0B`.")
+    parameter_count: int | None
+    quantization_level: str | None = Field(
+        description="GGUF file type (`Q4_1`, `Q4_K_M`, ...), the quantization method and bits"
+        " (`EXL3 4-bit`, `AWQ 4-bit`), or the weights' dtype (`BF16`)."
+    )
+    context_length: int | None = Field(description="The context the model was trained for.")
+    served_context_length: int | None = Field(
+        description="The context a request gets: the configured one, else the model's own."
+    )
+
+
 class ModelRow(_Reply):
     """One configured model with its live state (spec: runtime-admin-api)."""
 
@@ -281,6 +304,7 @@ class ModelRow(_Reply):
     load_recommendations: dict[str, dict[str, Any]]
     load_override: dict[str, Any]
     capabilities: RowCapabilities
+    details: RowDetails
     definition: dict[str, Any]
 
 

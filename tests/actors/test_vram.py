@@ -493,6 +493,7 @@ def test_chain_gguf_closed_form_on_smollm2() -> None:
     for key in ("llama.embedding_length", "llama.attention.head_count_kv", "llama.vocab_size"):
         assert md[key] == reader.fields[key].parts[reader.fields[key].data[0]][0]
     assert md["tokenizer.ggml.tokens"] == len(reader.fields["tokenizer.ggml.tokens"].data)
+    assert header.parameter_count == sum(int(t.n_elements) for t in reader.tensors)
     # weights + KV (30 layers x 4096 tokens x 3 KV heads x (64 + 64) x 2 bytes) + compute.
     weights = path.stat().st_size - header.data_offset
     kv = 30 * 4096 * 3 * 128 * 2

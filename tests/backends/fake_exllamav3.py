@@ -356,6 +356,7 @@ class Generator:
         for stop in job.stop_strings:
             at = job.held_text.find(stop)
             if at >= 0:
+                result["eos_triggering_string"] = stop
                 return self._end(job, result, "stop_string", emit=job.held_text[:at])
         if any(
             job.held_text.endswith(stop[:size])

@@ -133,7 +133,7 @@ async def test_a_stop_string_ends_the_reply_without_appearing(
         await pool.load("exl")
         reply = await pool.respond(_ask(decoding={"stop": ["is Paris"]}))
         assert reply.text == "The capital of France "
-        assert reply.finish_reason == "stop"
+        assert reply.finish_reason == "stop" and reply.stop_sequence == "is Paris"
 
 
 async def test_max_tokens_ends_with_length(world: fake.World, tmp_path: Path) -> None:
@@ -617,6 +617,7 @@ def test_the_check_reads_the_uses_out_of_the_backend() -> None:
     assert {"input_ids", "stop_conditions", "max_rq_tokens"} <= calls[("Job", "__init__")]
     assert {"error", "job"} <= uses.fields["error"]
     assert {"text", "eos", "eos_reason", "time_prefill", "new_tokens"} <= uses.fields["streaming"]
+    assert "eos_triggering_string" in uses.fields["streaming"]
     assert ("eos_reason", "max_new_tokens") in uses.values
     assert ("Config", "eos_token_id_list") in uses.attributes
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
@@ -212,3 +214,42 @@ async def test_consent_per_request_or_per_model_on_every_surface(nursery: trio.N
                 served = await client.post(path, json={"model": model, **body, **flag})
                 assert served.status_code == 200, (path, model, served.text)
                 assert "alpha beta gamma delta" in served.text, (path, model)
+
+
+async def test_the_stop_string_an_upstream_names(nursery: trio.Nursery) -> None:
+    """vLLM's OpenAI server names the stop string that ended a reply (``stop_reason``);
+    it becomes the reply's ``stop_sequence`` (the Messages API's)."""
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "It is "}, "finish_reason": None}]},
+        {
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "Paris"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+        },
+    ]
+    events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+        + f"content-length: {len(events)}\r\n\r\n{events}".encode()
+    )
+
+    async def answer_one(stream: trio.SocketStream) -> None:
+        async with stream:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += await stream.receive_some()
+            head, _, body = received.partition(b"\r\n\r\n")
+            found = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+            assert found is not None
+            while len(body) < int(found.group(1)):
+                body += await stream.receive_some()
+            assert json.loads(body)["stop"] == ["Paris"]
+            await stream.send_all(answer)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, answer_one, listeners)
+    port = listeners[0].socket.getsockname()[1]
+    async with open_pool(_remote(f"http://127.0.0.1:{port}/v1")) as pool:
+        reply = await pool.respond(_ask(decoding={"stop": ["Paris"]}))
+        assert reply.text == "It is " and reply.finish_reason == "stop"
+        assert reply.stop_sequence == "Paris"
+    nursery.cancel_scope.cancel()

@@ -299,3 +299,18 @@ def test_a_vision_model_takes_images_through_its_template() -> None:
     with pytest.raises(PoolError) as refused:
         request_images(bad)
     assert refused.value.status == 400 and refused.value.code == "image_refused"
+
+
+def test_stats_name_the_stop_string_the_engine_stopped_at() -> None:
+    from types import SimpleNamespace
+
+    from pool.backends._vllm_engine import job_stats
+
+    def output(stop_reason: object) -> Any:
+        completion = SimpleNamespace(finish_reason="stop", stop_reason=stop_reason)
+        return SimpleNamespace(outputs=[completion], metrics=None, prompt_token_ids=[1])
+
+    assert job_stats(output("Paris"), 1).stop_sequence == "Paris"
+    # A stop token (an id) or the end of the sequence is no stop string.
+    assert job_stats(output(151645), 1).stop_sequence is None
+    assert job_stats(output(None), 1).stop_sequence is None

@@ -24,7 +24,7 @@ ROW_FIELDS = {
     "vram_estimate_replica_count", "vram_estimate_source", "observed_load_delta", "gpus",
     "gpu_split_mib", "unload_reason",
     "load_constraints",
-    "load_recommendations", "load_override", "capabilities", "definition",
+    "load_recommendations", "load_override", "capabilities", "details", "definition",
 }  # fmt: skip
 
 

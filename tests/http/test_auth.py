@@ -67,6 +67,29 @@ def test_inference_and_admin_tokens() -> None:
         assert info.value.code == "unauthorized" and info.value.status == 401
 
 
+def test_x_api_key_is_a_token_where_a_route_takes_it() -> None:
+    """The Messages API's ``x-api-key``: a token as the bearer is; either may match."""
+    auth = Authenticator(
+        AuthSettings(inference_tokens=["user-token"], admin_token="admin-token"), environ=_env()
+    )
+    auth.check_bearer(None, "inference", api_key="user-token")
+    auth.check_bearer(None, "inference", api_key=" admin-token ")
+    auth.check_bearer("Bearer wrong", "inference", api_key="user-token")
+    auth.check_bearer("Bearer user-token", "inference", api_key="wrong")
+    auth.check_bearer(None, "admin", api_key="admin-token")
+    for header, key, access in [
+        (None, "wrong", "inference"),
+        (None, "", "inference"),
+        (None, "Bearer user-token", "inference"),
+        ("Bearer wrong", "wrong", "inference"),
+        (None, "user-token", "admin"),
+        (None, "x" * 10_000, "inference"),
+    ]:
+        with pytest.raises(PoolError) as info:
+            auth.check_bearer(header, access, api_key=key)  # type: ignore[arg-type]
+        assert info.value.code == "unauthorized"
+
+
 def test_tokens_from_environment() -> None:
     auth = Authenticator(
         AuthSettings(), environ=_env(LLM_POOL_API_TOKENS="a, b", LLM_POOL_ADMIN_TOKEN="root")

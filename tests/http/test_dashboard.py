@@ -432,6 +432,8 @@ async def test_chat_with_smollm2(nursery: trio.Nursery) -> None:
     )
 
     def scenario(page: Page) -> None:
+        # What the GGUF header says, beside the backend: family, size, quantization.
+        expect(model(page, "smol")).to_contain_text("llama_cpp · llama 134.52M Q4_1 · ctx 1024")
         page.locator("#chat-input").fill("What is the capital of France?")
         page.locator("#chat-input").press("Enter")
         answer = page.locator(".msg.assistant").last

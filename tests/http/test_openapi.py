@@ -76,6 +76,17 @@ def test_the_document_is_valid_openapi() -> None:
     validate(openapi_document())
 
 
+def test_the_messages_routes_take_x_api_key_and_answer_anthropic_errors() -> None:
+    paths = openapi_document()["paths"]
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        operation = paths[path]["post"]
+        headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
+        assert headers == {"x-api-key", "anthropic-version"}
+        error = operation["responses"]["4XX"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/MessagesError"}
+    assert "parameters" not in paths["/v1/chat/completions"]["post"]
+
+
 # -- real answers against the documented schemas ------------------------------------------
 MODELS: dict[str, dict[str, Any]] = {
     "echo": {"backend": "stub", "enabled": True},
@@ -165,6 +176,10 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
         await client.post("/v1/completions", json={"model": "echo", "prompt": ["a", "b"]}),
         "/v1/completions",
     )
+    message = {"model": "echo", "max_tokens": 5, "messages": chat}
+    for stream in (False, True):
+        check(await client.post("/v1/messages", json=message | {"stream": stream}), "/v1/messages")
+    check(await client.post("/v1/messages/count_tokens", json=message), "/v1/messages/count_tokens")
     for encoding in ("float", "base64"):
         body = {"model": "vec", "input": ["a", "b"], "encoding_format": encoding}
         check(await client.post("/v1/embeddings", json=body), "/v1/embeddings")
@@ -239,5 +254,7 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     )
     check(await client.post("/api/embed", json={"model": "nope", "input": "x"}), "/api/embed")
     check(await client.get("/v1/admin/models/nope"), "/v1/admin/models/{name}")
+    check(await client.post("/v1/messages", json=message | {"model": "nope"}), "/v1/messages")
+    check(await client.post("/v1/messages", json={"model": "echo"}), "/v1/messages")
     successes = {(m, p) for m, p, s in checker.checked if s < 400}
-    assert len(successes) >= 28
+    assert len(successes) >= 30

@@ -326,7 +326,13 @@ function updateModel(entry, row) {
   if (d.on_demand) notes.push("on demand");
   if (d.pinned) notes.push("pinned");
   if (!row.configured_enabled) notes.push("not loaded at start");
+  // What the artifact's metadata says: family, size, quantization, context.
+  const facts = row.details || {};
+  const about = [facts.family, facts.parameter_size, facts.quantization_level].filter(Boolean);
+  if (about.length) notes.push(about.join(" "));
+  if (facts.served_context_length) notes.push(`ctx ${facts.served_context_length}`);
   p.backend.textContent = notes.join(" · ");
+  p.backend.title = facts.context_length ? `trained context ${facts.context_length}` : "";
   p.state.textContent = row.runtime_state;
   p.state.dataset.state = row.runtime_state;
   const evicted = row.runtime_state === "unloaded" && row.unload_reason === "evicted";
