@@ -14,7 +14,9 @@ know whose state that is, or keep more than one. :class:`LlamaPromptCache` adds 
   state than with the live one gets it back (``Llama.load_state``) first.
 
 So one conversation going on in turns reuses the live context at no cost, and
-interleaved conversations or tenants each find their prefix in the store. Measured
+interleaved conversations or tenants each find their prefix in the store. When the
+replica closes (an unload, an eviction), its states go to disk
+(pool/backends/_saved_states.py) and come back the same way after the model reloads. Measured
 here on SmolLM2-135M (CPU): saving 1,300 tokens of state costs a few milliseconds
 against seconds of prompt evaluation.
 """
@@ -25,9 +27,12 @@ import ctypes
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pool.backends._protocol import CacheFlushed, CacheUsage
+
+if TYPE_CHECKING:
+    from pool.backends._saved_states import DiskStates
 
 ScopeKey = tuple[str, str | None]
 _MIB = 1024 * 1024
@@ -86,6 +91,10 @@ class StateStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[SavedState]:
+        """Every entry, most recently used first."""
+        return list(reversed(self._entries.values()))
+
     def best(self, key: ScopeKey, tokens: Sequence[int]) -> tuple[SavedState | None, int]:
         """The entry of ``key`` sharing the longest prefix with ``tokens``, and its length."""
         found: SavedState | None = None
@@ -136,8 +145,10 @@ class LlamaPromptCache:
     context): the runtime calls them under its limiter.
     """
 
-    def __init__(self, capacity_mib: int) -> None:
+    def __init__(self, capacity_mib: int, disk: DiskStates | None = None) -> None:
         self.store = StateStore(capacity_mib * _MIB)
+        # States an earlier load of this model left on disk (indexed at load).
+        self.disk = disk
         # Whose prompt the live context holds; None: nobody may reuse it.
         self.live_key: ScopeKey | None = None
 
@@ -154,6 +165,17 @@ class LlamaPromptCache:
         if saved is not None and longest > live:
             # Taken out first: saving the live state may evict to make room.
             self.store.take(saved)
+        else:
+            saved = None
+        if key is not None and self.disk is not None:
+            on_disk, n = self.disk.best(key, tokens)
+            if on_disk is not None and n > max(live, longest if saved else 0):
+                restored = self.disk.take(on_disk)
+                if restored is not None:
+                    if saved is not None:
+                        self.store.put(saved)  # not needed now after all
+                    saved, longest = restored, n
+        if saved is not None:
             self._save_live(llama)
             live = longest if _restore(llama, saved) else 0
         elif key is None or self.live_key != key:
@@ -185,6 +207,9 @@ class LlamaPromptCache:
             return scope_matches(key, scope, tenant, tag)
 
         entries, nbytes = self.store.remove(match)
+        if self.disk is not None:
+            on_disk, disk_bytes = self.disk.remove(match)
+            entries, nbytes = entries + on_disk, nbytes + disk_bytes
         if self.live_key is not None and match(self.live_key):
             # The live state's memory is the context's own KV buffer: it stays allocated,
             # but nothing in it will be reused.
@@ -192,6 +217,14 @@ class LlamaPromptCache:
             self.live_key = None
             entries += 1
         return CacheFlushed(entries, nbytes / _MIB)
+
+    def persist(self, llama: Any) -> int:
+        """Write the saved states and the live one to disk (the replica is closing);
+        returns how many were written."""
+        if self.disk is None:
+            return 0
+        self._save_live(llama)
+        return self.disk.write(self.store.entries())
 
     def usage(self) -> CacheUsage:
         return CacheUsage(self.store.capacity_bytes / _MIB, self.store.used_bytes / _MIB)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import gc
+import logging
 import struct
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from pool.backends._protocol import (
     MemoryProfile,
     TokenSink,
 )
+from pool.backends._saved_states import DiskStates, model_key
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
 from pool.backends._tool_calls import ToolCallFamily, ToolCallScanner, tool_call_family
@@ -52,11 +54,13 @@ from pool.backends.prompt_formats import (
     get_prompt_format,
     thinking_modes,
 )
-from pool.config import CommonModelFields
+from pool.config import CommonModelFields, state_dir
 from pool.errors import BackendError, PoolError
 
 FlashAttn = Literal["on", "off", "auto"]
 Pooling = Literal["mean", "cls", "last", "none", "rank"]
+log = logging.getLogger("pool.backends")
+
 # llama.h's ``enum llama_pooling_type``.
 _POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _POOLING_UNSPECIFIED = -1  # the model's own
@@ -100,6 +104,13 @@ class LlamaCppModel(CommonModelFields):
         256,
         description="RAM per replica for saved prompt states of other conversations and"
         " tenants (LRU); 0 keeps only the live context's own prefix.",
+    )
+    prefix_cache_disk_mib: NonNegativeInt = Field(
+        1024,
+        description="Bound of the state directory's prompt-states/ folder, where a replica's"
+        " saved prompt states go when it unloads (or is evicted) and come back from after"
+        " the model reloads with the same file and cache settings; least recently written"
+        " first out, across models. 0: nothing is written.",
     )
 
 
@@ -179,6 +190,7 @@ class LlamaCppRuntime:
         prompt_format: PromptFormat,
         limiter: trio.CapacityLimiter,
         tool_family: ToolCallFamily = "hermes",
+        disk: DiskStates | None = None,
     ) -> None:
         self._llama = llama
         self._definition = definition
@@ -189,7 +201,7 @@ class LlamaCppRuntime:
         self._limiter = limiter
         self._closed = False
         # Prompt states by tenant and tag (touched on the worker thread only).
-        self._prompt_cache = LlamaPromptCache(definition.prefix_cache_mib)
+        self._prompt_cache = LlamaPromptCache(definition.prefix_cache_mib, disk)
 
     @property
     def vram_mib(self) -> int | None:
@@ -393,6 +405,13 @@ class LlamaCppRuntime:
 
         def release() -> None:
             nonlocal llama
+            try:
+                written = self._prompt_cache.persist(llama)
+            except OSError as exc:  # a full disk must not keep the memory from going back
+                log.warning("prompt states not written to disk: %s", exc)
+            else:
+                if written:
+                    log.info("%d prompt state(s) kept on disk for the next load", written)
             close = getattr(llama, "close", None)
             if close is not None:
                 close()
@@ -600,6 +619,20 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
 
         limiter = trio.CapacityLimiter(1)
         llama = await trio.to_thread.run_sync(load_blocking, limiter=limiter)
+        disk = None
+        if not definition.embedding and definition.prefix_cache_disk_mib > 0:
+            disk = DiskStates(
+                state_dir() / "prompt-states",
+                model_key(
+                    path,
+                    n_ctx=definition.gguf_n_ctx,
+                    type_k=definition.gguf_type_k,
+                    type_v=definition.gguf_type_v,
+                    flash_attn=definition.gguf_flash_attn,
+                ),
+                definition.prefix_cache_disk_mib * 1024 * 1024,
+            )
+            await trio.to_thread.run_sync(disk.index, limiter=limiter)
         try:
             prompt_format = _prompt_format(definition, llama)
         except (BackendError, PoolError, ValueError) as exc:
@@ -611,7 +644,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         family = definition.tool_call_format or tool_call_family(
             path.name, metadata.get("general.name"), metadata.get("general.architecture")
         )
-        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family)
+        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk)
 
 
 BACKEND = LlamaCppBackend()

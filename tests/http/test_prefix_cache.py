@@ -7,6 +7,7 @@ it says. (That the reuse lowers the time to first token is shown by the benchmar
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -178,3 +179,34 @@ async def test_a_conversation_returns_to_the_replica_that_holds_it(
         assert min(reused.values()) > 1000, reused
     else:
         assert min(reused.values()) < 50, reused
+
+
+async def test_saved_states_outlive_an_unload(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unloaded and loaded again, the model answers a conversation's next request from
+    the state it wrote to disk; a flush removes the files as it removes RAM states."""
+    monkeypatch.setenv("LLM_POOL_STATE_DIR", str(tmp_path))
+    smol = {"backend": "llama_cpp", "model_path": GGUF, "prompt_format": "qwen3_template",
+            "gguf_n_ctx": 4096, "gguf_n_gpu_layers": 0, "enabled": True}  # fmt: skip
+    info = await start_server(nursery, {"smol": smol})
+    states = tmp_path / "prompt-states"
+    async with httpx.AsyncClient(base_url=info.url, timeout=600) as client:
+        first, prompt, _ = await _chat(client, "What is 2+2?", "a", "t")
+        assert first < 50 and prompt > 1000
+        for step in ("unload", "load"):
+            moved = await client.post(f"/v1/admin/models/smol/{step}")
+            assert moved.status_code == 200, moved.text
+        assert len(list(states.glob("*.pstate"))) == 1
+        # Another tenant finds nothing; then tenant a's next question reuses the prefix.
+        assert (await _chat(client, "What is 3+3?", "b", "t"))[0] < 50
+        reused, prompt, _ = await _chat(client, "What is 3+3?", "a", "t")
+        assert reused >= 1000 and reused >= prompt - 20
+        assert list(states.glob("*.pstate")) == []  # back in memory
+        # Written again at the next unload; a flush of the tenant removes it from disk.
+        for step in ("unload", "load"):
+            assert (await client.post(f"/v1/admin/models/smol/{step}")).status_code == 200
+        assert list(states.glob("*.pstate"))
+        assert await _flush(client, scope="tenant", tenantId="a") >= 1
+        remaining = [p.read_bytes() for p in states.glob("*.pstate")]
+        assert all(b'"tenant": "a"' not in data[:400] for data in remaining)
