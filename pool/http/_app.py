@@ -54,8 +54,9 @@ def served_by(settings: Settings, auth: Authenticator) -> Served:
     return Served(
         model=model,
         embedding=embedding[0] if embedding else model,
-        inference_open=not auth.enabled or not auth.guards("inference"),
+        inference_open=not auth.guards("inference"),
         admin_open=not auth.guards("admin"),
+        lifecycle_open=not auth.guards("admin") and not auth.op_tokens_enabled,
     )
 
 

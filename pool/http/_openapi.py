@@ -4,12 +4,18 @@ Every route the app serves has a :class:`Route` here: its request model (for a r
 that takes a body) and the model of its success body, or the media type of a text
 answer. tests/http/test_openapi.py checks the list against the app's URL map, validates
 the document, and validates real answers against the response schemas.
+
+Around the routes, tables say who may call each (its ``security``), which statuses it
+can refuse with (each with its surface's error body), the example bodies (naming models
+of the pool that serves the document) and the links between operations that clients
+follow; tests/http/test_schemathesis.py holds a served pool to all of it.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -364,10 +370,16 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/api/pull/{model}"): (404,),
     ("delete", "/api/delete"): (404, 409),
 }
+# A route not listed above (one added without an entry): a route with a body is taken
+# for an inference route, one with a path parameter may not find what it names.
+_DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
+# The mark on a 400 that a body the schema accepts may get (OpenAPI extension): the model
+# it names, its backend or its state refuses a value. A client (and schemathesis, in
+# tests/http/test_schemathesis.py) reads it as "valid shape, refused here".
+VALID_BODY_REFUSED = "x-refuses-valid-bodies"
 # Why a status is answered, by status (the codes are STATUS_BY_CODE's).
 _WHY: dict[int, str] = {
-    400: "Refused: the body is not JSON, or a value is valid in shape but not for this"
-    " model, backend or state",
+    400: "The body is not JSON",
     401: "No valid bearer token (where tokens are configured)",
     403: "`Host` or `Origin` not allowed",
     404: "Unknown model, task or pull",
@@ -460,12 +472,15 @@ class Served:
         embedding: a configured embedding model's name (else ``model``).
         inference_open: no token is needed for the inference routes.
         admin_open: no token is needed for the admin routes.
+        lifecycle_open: neither the admin token nor a ``verifiedOpToken`` is needed for
+            the runner's lifecycle routes.
     """
 
     model: str = PLACEHOLDER_MODEL
     embedding: str = "my-embedding-model"
     inference_open: bool = True
     admin_open: bool = True
+    lifecycle_open: bool = True
 
 
 _POOL_ERROR = {
@@ -529,9 +544,22 @@ def _filled(value: Any, served: Served) -> Any:
     return value
 
 
+def _listed_refusals(route: Route) -> tuple[int, ...]:
+    listed = _REFUSALS.get((route.method, route.path))
+    if listed is not None:
+        return listed
+    if route.request is not None:
+        return _DEFAULT_BODY_REFUSALS
+    return (404,) if "{" in route.path else ()
+
+
+def _refuses_valid_bodies(route: Route) -> bool:
+    return route.request is not None and 400 in (route.status, *_listed_refusals(route))
+
+
 def _refusal_statuses(route: Route) -> list[int]:
     """Every 4xx status ``route`` can answer, in order."""
-    statuses = set(_REFUSALS.get((route.method, route.path), ()))
+    statuses = set(_listed_refusals(route))
     statuses.add(403)
     if _access(route) is not None:
         statuses.add(401)
@@ -552,13 +580,40 @@ def _security(route: Route, served: Served) -> list[dict[str, list[str]]]:
         open_now = served.inference_open
     else:
         required = [{"adminToken": []}]
-        open_now = served.admin_open
+        open_now = served.admin_open if access == "admin" else served.lifecycle_open
     # A pool without tokens serves everyone: the empty requirement says so.
     return [*required, {}] if open_now else required
 
 
+def _overrides_by_backend() -> str:
+    """Which load-override fields each backend takes: the body's schema is all of them
+    together, and a model refuses another backend's fields (400)."""
+    from pool.backends import backend_names, get_backend
+
+    lines = []
+    for name in backend_names():
+        fields = ", ".join(f"`{f}`" for f in get_backend(name).load_overrides.model_fields)
+        lines.append(f"- `{name}`: {fields or 'none'}")
+    return (
+        "\n\nThe schema is every backend's override fields together; a model takes only"
+        " its backend's (and `replicas`), another's is a 400 `invalid_load_request` naming"
+        " the `field`:\n" + "\n".join(lines)
+    )
+
+
+# Text added to an operation's description when the document is built.
+_MORE: dict[tuple[str, str], Callable[[], str]] = {
+    ("post", "/v1/admin/models/{name}/load"): _overrides_by_backend,
+    ("post", "/v1/models/load"): lambda: (
+        "\n\n`overrides` is the admin load body: see `POST /v1/admin/models/{name}/load`"
+        " for the fields each backend takes."
+    ),
+}
+
+
 def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str, Any]:
     key = (route.method, route.path)
+    more = _MORE.get(key)
     success: dict[str, Any] = {"description": "Success"}
     content: dict[str, Any] = {}
     if route.reply is not None:
@@ -575,6 +630,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
     if content:
         success["content"] = content
+    if route.status == 400 and _refuses_valid_bodies(route):
+        success[VALID_BODY_REFUSED] = True  # /api/copy: refused, whatever the body
     if route.status == 101:
         success["description"] = "Switching Protocols: the WebSocket is open"
     elif route.status == 308:
@@ -583,6 +640,12 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
         answer: dict[str, Any] = {"description": _WHY[status], "content": error}
+        if status == 400 and _refuses_valid_bodies(route):
+            answer["description"] += (
+                ", or a value valid in its shape is refused for the model it names, its"
+                " backend or its state (the codes of 400)"
+            )
+            answer[VALID_BODY_REFUSED] = True
         if status in _BODY_LIMITS:
             answer["content"] = {"application/json": {"schema": _ref("Error")}}
         elif status == 426:
@@ -609,7 +672,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     operation: dict[str, Any] = {
         "tags": [route.tag],
         "summary": route.summary,
-        "description": route.description,
+        "description": route.description + (more() if more is not None else ""),
         "operationId": _operation_id(route),
         "security": _security(route, served),
         "responses": responses,

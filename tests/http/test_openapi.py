@@ -211,3 +211,44 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     check(await client.get("/v1/admin/models/nope"), "/v1/admin/models/{name}")
     successes = {(m, p) for m, p, s in checker.checked if s < 400}
     assert len(successes) >= 28
+
+
+def test_security_and_examples_follow_the_serving_pool() -> None:
+    """Each operation's `security` says what this pool asks for (an empty requirement
+    where it needs no token), and its examples name configured models."""
+    from pool.http._app import served_by
+    from pool.http._auth import Authenticator
+
+    models = {"vec": {"backend": "stub", "embedding": True}, "echo": {"backend": "stub"}}
+    open_settings = build_settings({"engine": {"models": models}})
+    open_doc = openapi_document(
+        served=served_by(open_settings, Authenticator(open_settings.service.auth, environ={}))
+    )
+    paths = open_doc["paths"]
+    assert {} in paths["/v1/responses"]["post"]["security"]
+    assert {} in paths["/v1/admin/models"]["get"]["security"]
+    assert paths["/health"]["get"]["security"] == []
+    body = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["example"]["model"] == "echo"
+    body = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["example"]["model"] == "vec"
+    assert set(open_doc["components"]["securitySchemes"]) == {"inferenceToken", "adminToken"}
+
+    auth = {"inference_tokens": ["user"], "admin_token": "root"}
+    closed = build_settings({"service": {"auth": auth}, "engine": {"models": models}})
+    paths = openapi_document(
+        served=served_by(closed, Authenticator(closed.service.auth, environ={}))
+    )["paths"]
+    assert paths["/v1/responses"]["post"]["security"] == [
+        {"inferenceToken": []},
+        {"adminToken": []},
+    ]
+    assert paths["/v1/admin/models"]["get"]["security"] == [{"adminToken": []}]
+    assert paths["/v1/models/load"]["post"]["security"] == [{"adminToken": []}]
+    assert paths["/health"]["get"]["security"] == []
+    # Every operation documents the statuses it can refuse with, 401 where it has a token.
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            if operation["security"]:
+                assert "401" in operation["responses"], (method, path)
+            assert "403" in operation["responses"], (method, path)

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from pool import ServerInfo
+from pool.http._openapi import VALID_BODY_REFUSED
 from tests.http.conftest import start_server
 
 ST = Path(sys.executable).with_name("st")
@@ -28,45 +29,43 @@ MAX_EXAMPLES = 8
 ADMIN_TOKEN = "admin-secret"
 USER_TOKEN = "user-secret"
 
-# Operations where a body the schema accepts may be refused with 400 because of which
-# model it names (a generation model asked for embeddings, a sampling field its backend
-# cannot honour, another backend's load override, a model without a `source` to pull):
-# the document lists these 400s; a schema cannot tie a body to the model it names.
-# /api/copy always refuses (its documented answer is the 400).
-REFUSES_BY_MODEL = [
-    ("POST", "/v1/responses"),
-    ("POST", "/v1/chat/completions"),
-    ("POST", "/v1/completions"),
-    ("POST", "/v1/embeddings"),
-    ("POST", "/api/chat"),
-    ("POST", "/api/generate"),
-    ("POST", "/api/embed"),
-    ("POST", "/api/embeddings"),
-    ("POST", "/api/copy"),
-    ("POST", "/api/pull"),
-    ("POST", "/v1/admin/models/{name}/load"),
-    ("POST", "/v1/models/load"),
-]
-# schemathesis' default, and 400 for the operations above.
+# schemathesis' default for a schema-valid request (positive_data_acceptance).
 _ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
 
 
-def st_config() -> str:
-    """The schemathesis.toml of these runs: REFUSES_BY_MODEL, and the plain GET of the
-    WebSocket route, whose only answer without the handshake is the documented 426."""
+def st_config(document: dict[str, Any]) -> str:
+    """The schemathesis.toml of a run against ``document``.
+
+    Where the document marks a 400 with ``x-refuses-valid-bodies`` (a body valid in its
+    shape refused for the model it names: a generation model asked for embeddings, a
+    sampling field its backend cannot honour, another backend's load override, a model
+    without a `source` to pull; /api/copy refuses every body), that 400 is an accepted
+    answer to a schema-valid body; so is a documented 426 (the plain GET of the
+    WebSocket route, which has no other answer without the handshake).
+    """
     blocks = []
-    for method, path in REFUSES_BY_MODEL:
-        statuses = ", ".join(f'"{s}"' for s in [*_ACCEPTED, "400"])
-        blocks.append(
-            f'[[operations]]\ninclude-name = "{method} {path}"\n'
-            f"checks.positive_data_acceptance.expected-statuses = [{statuses}]\n"
-        )
-    statuses = ", ".join(f'"{s}"' for s in [*_ACCEPTED, "426"])
-    blocks.append(
-        '[[operations]]\ninclude-name = "GET /v1/responses"\n'
-        f"checks.positive_data_acceptance.expected-statuses = [{statuses}]\n"
-    )
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            responses = operation["responses"]
+            extra = [
+                status
+                for status in ("400", "426")
+                if status in responses
+                and (status == "426" or responses[status].get(VALID_BODY_REFUSED))
+            ]
+            if not extra:
+                continue
+            statuses = ", ".join(f'"{s}"' for s in [*_ACCEPTED, *extra])
+            blocks.append(
+                f'[[operations]]\ninclude-name = "{method.upper()} {path}"\n'
+                f"checks.positive_data_acceptance.expected-statuses = [{statuses}]\n"
+            )
     return "\n".join(blocks)
+
+
+def st_config_for(url: str) -> str:
+    """:func:`st_config` of the pool at ``url`` (docs/api.md: running it by hand)."""
+    return st_config(httpx.get(f"{url}/openapi.json", timeout=30).json())
 
 
 def models(tmp_path: Path) -> dict[str, dict[str, Any]]:
@@ -91,8 +90,10 @@ AUTH_PHASES = "examples,fuzzing,stateful"
 async def run_schemathesis(
     server: ServerInfo, tmp_path: Path, phases: str, *headers: str
 ) -> tuple[int, str]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        document = (await client.get(f"{server.url}/openapi.json")).json()
     config = tmp_path / "schemathesis.toml"
-    config.write_text(st_config())
+    config.write_text(st_config(document))
     command = [
         str(ST),
         "--config-file",
