@@ -51,9 +51,11 @@ def served_by(settings: Settings, auth: Authenticator) -> Served:
     generation = [n for n in models if n not in embedding]
     preferred = [n for n in generation if models[n].enabled] + generation + list(models)
     model = preferred[0] if preferred else PLACEHOLDER_MODEL
+    pullable = [n for n, m in models.items() if getattr(m, "source", None)]
     return Served(
         model=model,
         embedding=embedding[0] if embedding else model,
+        pullable=pullable[0] if pullable else model,
         inference_open=not auth.guards("inference"),
         admin_open=not auth.guards("admin"),
         lifecycle_open=not auth.guards("admin") and not auth.op_tokens_enabled,

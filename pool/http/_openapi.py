@@ -401,7 +401,8 @@ _SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
 }
 
 # -- examples and links ------------------------------------------------------------------
-# "{model}" stands for a configured model's name, "{embedding}" for an embedding model's.
+# "{model}" stands for a configured model's name, "{embedding}" for an embedding model's,
+# "{pullable}" for one with a `source` to pull from.
 _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/responses"): {"model": "{model}", "input": "Say hello."},
     ("post", "/v1/admin/models/{name}/load"): {},
@@ -424,10 +425,10 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/embeddings"): {"model": "{embedding}", "prompt": "hello"},
     ("post", "/api/show"): {"model": "{model}"},
     ("post", "/api/copy"): {"source": "{model}", "destination": "{model}-copy"},
-    ("post", "/api/pull"): {"model": "{model}", "stream": False},
-    ("delete", "/api/delete"): {"model": "{model}"},
+    ("post", "/api/pull"): {"model": "{pullable}", "stream": False},
+    ("delete", "/api/delete"): {"model": "{pullable}"},
 }
-_PATH_EXAMPLES = {"name": "{model}", "model": "{model}", "task_id": "0" * 32}
+_PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
 
 # OpenAPI links: the sequences clients run, so a stateful client (schemathesis) follows
 # them: operation -> {link name: (target operation, parameters, request body)}.
@@ -444,6 +445,12 @@ _LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str], Any]]] = {
     ("post", "/api/pull"): {
         "PullStatus": ("get_api_pull_status_model", {"model": "$response.body#/model"}, None),
         "CancelPull": ("delete_api_pull_model", {"model": "$response.body#/model"}, None),
+    },
+    ("get", "/v1/models"): {
+        "Respond": ("post_v1_responses", {}, {"model": "$response.body#/data/0/id"}),
+        "ChatCompletion": ("post_v1_chat_completions", {},
+                           {"model": "$response.body#/data/0/id"}),
+        "OllamaChat": ("post_api_chat", {}, {"model": "$response.body#/data/0/id"}),
     },
     ("get", "/v1/admin/models"): {
         "ModelRow": ("get_v1_admin_models_name", {"name": "$response.body#/models/0/name"},
@@ -470,6 +477,7 @@ class Served:
     Attributes:
         model: a configured model's name, for the examples.
         embedding: a configured embedding model's name (else ``model``).
+        pullable: a configured model with a ``source`` (else ``model``).
         inference_open: no token is needed for the inference routes.
         admin_open: no token is needed for the admin routes.
         lifecycle_open: neither the admin token nor a ``verifiedOpToken`` is needed for
@@ -478,6 +486,7 @@ class Served:
 
     model: str = PLACEHOLDER_MODEL
     embedding: str = "my-embedding-model"
+    pullable: str = PLACEHOLDER_MODEL
     inference_open: bool = True
     admin_open: bool = True
     lifecycle_open: bool = True
@@ -536,7 +545,13 @@ def _operation_id(route: Route) -> str:
 def _filled(value: Any, served: Served) -> Any:
     """``value`` with ``{model}`` and ``{embedding}`` replaced by configured names."""
     if isinstance(value, str):
-        return value.replace("{model}", served.model).replace("{embedding}", served.embedding)
+        for placeholder, name in (
+            ("{model}", served.model),
+            ("{embedding}", served.embedding),
+            ("{pullable}", served.pullable),
+        ):
+            value = value.replace(placeholder, name)
+        return value
     if isinstance(value, dict):
         return {k: _filled(v, served) for k, v in value.items()}
     if isinstance(value, list):

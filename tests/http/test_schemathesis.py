@@ -71,10 +71,12 @@ def st_config_for(url: str) -> str:
 def models(tmp_path: Path) -> dict[str, dict[str, Any]]:
     weights = tmp_path / "tiny.bin"
     weights.write_bytes(b"stub weights\n" * 64)
+    # On demand: after the fuzzing phase has unloaded them (the admin and runner unloads
+    # take their example names), the stateful phase's requests still reach a model.
     return {
-        "echo": {"backend": "stub", "enabled": True, "target_inflight": 4},
+        "echo": {"backend": "stub", "enabled": True, "on_demand": True, "target_inflight": 4},
         "cold": {"backend": "stub"},
-        "vec": {"backend": "stub", "enabled": True, "embedding": True},
+        "vec": {"backend": "stub", "enabled": True, "on_demand": True, "embedding": True},
         # A model with a source, so the pull -> pull status sequence has one to pull.
         "pulled": {"backend": "stub", "source": str(weights)},
     }
