@@ -92,6 +92,7 @@ AUTH_PHASES = "examples,fuzzing,stateful"
 async def run_schemathesis(
     server: ServerInfo, tmp_path: Path, phases: str, *headers: str
 ) -> tuple[int, str]:
+    assert ST.exists(), f"schemathesis (a test dependency) is not installed: no {ST}"
     async with httpx.AsyncClient(timeout=30) as client:
         document = (await client.get(f"{server.url}/openapi.json")).json()
     config = tmp_path / "schemathesis.toml"
