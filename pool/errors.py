@@ -38,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "model_in_use": 409,
     "request_too_large": 413,
     "unsupported_media_type": 415,
+    "upgrade_required": 426,
     "validation_error": 422,
     "rate_limit_exceeded": 429,
     "load_failed": 500,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from pool.actors import RELAY_HEADER, RELAYED, Pool
 from pool.config import Settings
@@ -33,9 +34,15 @@ from pool.http._common import (
     schema_error_response,
 )
 from pool.http._hosts import HostAllowList
-from pool.http._openapi import docs_page, openapi_document
+from pool.http._openapi import PLACEHOLDER_MODEL, Served, docs_page, openapi_document
 
 log = logging.getLogger("pool.http")
+
+
+def allow_header(methods: Iterable[str]) -> str:
+    """The ``Allow`` value of a 405: the methods of the route, as its OPTIONS lists them."""
+    return ", ".join(sorted({m.upper() for m in methods}))
+
 
 # Werkzeug's HTTP errors that reach us, as the pool's codes.
 _HTTP_CODES = {
@@ -44,6 +51,25 @@ _HTTP_CODES = {
     413: "request_too_large",
     415: "unsupported_media_type",
 }
+
+
+def served_by(settings: Settings, auth: Authenticator) -> Served:
+    """What the OpenAPI document says of this pool: model names for its examples (an
+    enabled generation model first) and which routes it leaves open."""
+    models = settings.engine.models
+    embedding = [n for n, m in models.items() if getattr(m, "embedding", False)]
+    generation = [n for n in models if n not in embedding]
+    preferred = [n for n in generation if models[n].enabled] + generation + list(models)
+    model = preferred[0] if preferred else PLACEHOLDER_MODEL
+    pullable = [n for n, m in models.items() if getattr(m, "source", None)]
+    return Served(
+        model=model,
+        embedding=embedding[0] if embedding else model,
+        pullable=pullable[0] if pullable else model,
+        inference_open=not auth.guards("inference"),
+        admin_open=not auth.guards("admin"),
+        lifecycle_open=not auth.guards("admin") and not auth.op_tokens_enabled,
+    )
 
 
 def create_app(
@@ -103,7 +129,7 @@ def create_app(
         module.register(app, ctx)
     # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
     app.extensions["pool.hot_routes"] = ctx.hot_routes
-    document = openapi_document()
+    document = openapi_document(served=served_by(settings, ctx.auth))
 
     @app.get("/openapi.json")
     async def openapi() -> Response:
@@ -146,6 +172,12 @@ def create_app(
         status = exc.code or 500
         code = _HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
         message = exc.description or exc.name
+        headers: dict[str, str] = {}
+        if isinstance(exc, MethodNotAllowed):
+            # RFC 9110: a 405 names the methods the resource supports. Only Quart answers
+            # 405s: the lean layer (pool/http/_lean.py) hands it every method it does not
+            # serve itself, so this is the one place that sets Allow.
+            headers["Allow"] = allow_header(exc.valid_methods or ())
         if status == 413:
             message = f"the body is larger than {settings.service.max_body_bytes} bytes"
         elif status == 404:
@@ -154,8 +186,8 @@ def create_app(
             message = f"{request.method} is not allowed on {request.path}"
         if request.path.startswith("/openai/"):
             # The base URL that is OpenAI's API answers in OpenAI's error object throughout.
-            return json_response(_openai.openai_error(status, code, message), status)
-        return json_response({"error": {"code": code, "message": message}}, status)
+            return json_response(_openai.openai_error(status, code, message), status, headers)
+        return json_response({"error": {"code": code, "message": message}}, status, headers)
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:

@@ -201,6 +201,11 @@ class Authenticator:
     def op_tokens_enabled(self) -> bool:
         return self._keys.op_key is not None
 
+    def guards(self, access: Access) -> bool:
+        """Whether ``access`` needs a bearer token (else :meth:`check_bearer` lets all in)."""
+        keys = self._keys
+        return bool(keys.admin if access == "admin" else keys.inference + keys.admin)
+
     def check_bearer(
         self, authorization: str | None, access: Access, *, api_key: str | None = None
     ) -> None:

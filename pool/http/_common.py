@@ -131,10 +131,23 @@ def schema_error_body(exc: SchemaError) -> dict[str, Any]:
     return body
 
 
+# Integral numbers written with a fraction or exponent (`3.0`, `1e3`) that fit a 64-bit
+# integer are read as integers: JSON Schema counts them as integers, and the strict
+# schema check (validate) takes an integer wherever a number is allowed.
+_INTEGRAL_LIMIT = 2**63
+
+
+def _json_number(text: str) -> float | int:
+    value = float(text)
+    if value.is_integer() and abs(value) < _INTEGRAL_LIMIT:
+        return int(value)
+    return value
+
+
 def parse_json(raw: bytes | str) -> Any:
     """Parse a request body; anything but JSON is a 400 ``invalid_request``."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=_json_number)
     except UnicodeDecodeError as exc:
         raise PoolError("invalid_request", f"the body is not UTF-8: {exc.reason}") from None
     except json.JSONDecodeError as exc:
@@ -153,7 +166,9 @@ def validate(model: type[T], data: Any, *, at: tuple[str, ...] = ()) -> T:
         at: where ``data`` sits in the request body (prefixed to each error's ``loc``).
     """
     try:
-        return model.model_validate(data)
+        # Strict: the body means what its JSON types say, as the OpenAPI document promises
+        # (`0` is not `false`, `"1"` not `1`); an integer still passes for a number.
+        return model.model_validate(data, strict=True)
     except ValidationError as exc:
         error = SchemaError(exc)
         if at:
@@ -173,10 +188,19 @@ def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceReque
     return InferenceRequest(model=model, turns=tuple(turns), multi_turn=len(turns) > 1, **fields)
 
 
-async def read_body(model: type[T], *, optional: bool = False) -> T:
-    """The request body as ``model``: 400 for non-JSON, 422 for a schema failure."""
+async def raw_body() -> bytes | str:
+    """The request body's bytes, unparsed."""
     lean = lean_request.get()
-    raw = lean.body if lean is not None else await request.get_data()
+    return lean.body if lean is not None else await request.get_data()
+
+
+async def read_body(model: type[T], *, optional: bool = False) -> T:
+    """The request body as ``model``: 400 for non-JSON, 422 for a schema failure.
+
+    A route that authenticates calls this after :func:`require`, so a caller without a
+    valid token learns nothing about the body (401 before 400 or 422).
+    """
+    raw = await raw_body()
     if optional and not raw.strip():
         return model()
     # The content type is not checked: curl -d and Ollama clients send JSON as form data.

@@ -10,7 +10,9 @@ order: the ``Host``/``Origin`` check, the whole body read (413 past
 ``service.max_body_bytes``, 408 past ``service.body_timeout_s``), the view, its
 blueprint's error shapes, ``X-Request-Id``.
 The views read the request through the accessors of ``pool/http/_common.py``, which
-look at :data:`lean_request` first.
+look at :data:`lean_request` first. Only ``POST`` is served here: any other method on
+a hot path goes on to Quart, so its 405 (with ``Allow``) and the WebSocket route's 426
+come from one place, pool/http/_app.py and pool/http/_responses.py.
 
 A client that disconnects cancels the view (as Quart-Trio does), which leaves the
 ``admit`` block and stops the generation.

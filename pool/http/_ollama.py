@@ -74,6 +74,7 @@ from pool.schemas import (
     OllamaGenerateRequest,
     OllamaModelRequest,
     OllamaOptions,
+    OllamaStoreRequest,
 )
 
 NDJSON = "application/x-ndjson"
@@ -569,7 +570,7 @@ class _Routes:
         The pull runs in the background: a client that disconnects stops watching only.
         """
         require(self.ctx, "admin")
-        body = await read_body(OllamaModelRequest)
+        body = await read_body(OllamaStoreRequest)
         pulls = self.pool.pulls
         pulls.pull(body.target)
         if not body.stream:
@@ -607,7 +608,7 @@ class _Routes:
     async def delete(self) -> Response:
         """Remove a pulled model from the store (409 while it is loaded)."""
         require(self.ctx, "admin")
-        body = await read_body(OllamaModelRequest)
+        body = await read_body(OllamaStoreRequest)
         if not await self.pool.pulls.delete(body.target):
             raise PoolError("not_found", f"model {body.target!r} is not in the model store")
         return json_response({})

@@ -4,12 +4,18 @@ Every route the app serves has a :class:`Route` here: its request model (for a r
 that takes a body) and the model of its success body, or the media type of a text
 answer. tests/http/test_openapi.py checks the list against the app's URL map, validates
 the document, and validates real answers against the response schemas.
+
+Around the routes, tables say who may call each (its ``security``), which statuses it
+can refuse with (each with its surface's error body), the example bodies (naming models
+of the pool that serves the document) and the links between operations that clients
+follow; tests/http/test_schemathesis.py holds a served pool to all of it.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +61,7 @@ from pool.schemas import (
     OllamaModelRequest,
     OllamaRunning,
     OllamaShowReply,
+    OllamaStoreRequest,
     OllamaTags,
     OllamaVersion,
     OpenAIError,
@@ -375,7 +382,7 @@ ROUTES: list[Route] = [
      "Pulls a configured model from its `source` in the background: NDJSON progress lines"
      " (the pull's state) by default; with `stream: false` the final state (500 when the"
      " pull failed). A client that disconnects stops watching only. Admin token.",
-     OllamaModelRequest, reply=PullState, stream=NDJSON, errors="ollama"),
+     OllamaStoreRequest, reply=PullState, stream=NDJSON, errors="ollama"),
     Route("get", "/api/pull/status/{model}", "ollama", "Pull status",
      "The current or last pull of a model (404 when none).", reply=PullState,
      errors="ollama"),
@@ -384,7 +391,7 @@ ROUTES: list[Route] = [
      reply=PullCancelled, errors="ollama"),
     Route("delete", "/api/delete", "ollama", "Delete a pulled model (Ollama)",
      "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
-     " not in the store.", OllamaModelRequest, reply=Empty, errors="ollama"),
+     " not in the store.", OllamaStoreRequest, reply=Empty, errors="ollama"),
     Route("get", "/health", "operations", "Health",
      "200 while serving; 503 with `reason` when every model failed or on shutdown. In a"
      " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
@@ -396,6 +403,215 @@ ROUTES: list[Route] = [
     Route("get", "/docs", "operations", "Readable API docs",
      "A self-contained HTML page of every route.", text=("text/html", {"type": "string"})),
 ]  # fmt: skip
+
+
+# -- who may call what ----------------------------------------------------------------
+# "inference": an inference or the admin token; "admin": the admin token; "lifecycle":
+# the admin token or a `verifiedOpToken` in the body (docs/operations.md); None: open.
+Access = Literal["inference", "admin", "lifecycle"] | None
+_OPEN = {"/ui", "/ui/", "/ui/app.js", "/ui/app.css", "/", "/api/version", "/health",
+         "/openapi.json", "/docs"}  # fmt: skip
+_ADMIN_PATHS = ("/v1/admin/", "/api/pull", "/api/delete", "/api/copy", "/metrics",
+                "/v1/models/load/")  # fmt: skip
+_LIFECYCLE = {"/v1/models/load", "/v1/models/unload", "/v1/cache/flush"}
+
+
+def _access(route: Route) -> Access:
+    if route.path in _OPEN:
+        return None
+    if route.path in _LIFECYCLE:
+        return "lifecycle"
+    if route.path.startswith(_ADMIN_PATHS):
+        return "admin"
+    return "inference"
+
+
+_SECURITY_SCHEMES = {
+    "inferenceToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "One of `service.auth.inference_tokens` (or `$LLM_POOL_API_TOKENS`)."
+        " The admin token is accepted wherever an inference token is.",
+    },
+    "adminToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`service.auth.admin_token` (or `$LLM_POOL_ADMIN_TOKEN`). The runner"
+        " API's lifecycle routes also accept a signed `verifiedOpToken` in the body instead.",
+    },
+    "apiKey": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "x-api-key",
+        "description": "An inference (or the admin) token in Anthropic's header: the"
+        " Messages routes take it as `Authorization: Bearer`.",
+    },
+}
+
+# -- what each route can refuse, beyond what every route of its kind can -----------------
+# Statuses of refusals by route: a 400 here is one a schema cannot express (a value valid
+# in shape, refused for this model, backend or state).
+_REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("post", "/v1/responses"): (400, 404, 409, 429),
+    ("get", "/v1/responses"): (426,),
+    ("get", "/v1/admin/models/{name}"): (404,),
+    ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
+    ("post", "/v1/admin/models/{name}/unload"): (404,),
+    ("post", "/v1/models/load"): (400, 404, 409),
+    ("get", "/v1/models/load/{task_id}"): (404,),
+    ("post", "/v1/models/unload"): (404,),
+    ("post", "/v1/cache/flush"): (404,),
+    ("post", "/v1/chat/completions"): (400, 404, 409, 429),
+    ("post", "/v1/completions"): (400, 404, 409, 429),
+    ("post", "/v1/embeddings"): (400, 404, 409, 429),
+    ("post", "/api/chat"): (400, 404, 409, 429),
+    ("post", "/api/generate"): (400, 404, 409, 429),
+    ("post", "/api/embed"): (400, 404, 409, 429),
+    ("post", "/api/embeddings"): (400, 404, 409, 429),
+    ("post", "/api/show"): (404,),
+    ("post", "/api/copy"): (404,),
+    ("post", "/api/pull"): (400, 404),
+    ("get", "/api/pull/status/{model}"): (404,),
+    ("delete", "/api/pull/{model}"): (404,),
+    ("delete", "/api/delete"): (404, 409),
+}
+# A route not listed above (one added without an entry): a route with a body is taken
+# for an inference route, one with a path parameter may not find what it names.
+_DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
+# The mark on a 400 that a body the schema accepts may get (OpenAPI extension): the model
+# it names, its backend or its state refuses a value. A client (and schemathesis, in
+# tests/http/test_schemathesis.py) reads it as "valid shape, refused here".
+VALID_BODY_REFUSED = "x-refuses-valid-bodies"
+# Why a status is answered, by status (the codes are STATUS_BY_CODE's).
+_WHY: dict[int, str] = {
+    400: "The body is not JSON",
+    401: "No valid bearer token (where tokens are configured)",
+    403: "`Host` or `Origin` not allowed",
+    404: "Unknown model, task or pull",
+    408: "The body arrived slower than `service.body_timeout_s`",
+    409: "The model's state forbids the request",
+    413: "The body is larger than `service.max_body_bytes`",
+    422: "The body does not match the schema",
+    426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
+    429: "Tenant over its rate limit (`Retry-After` set)",
+}
+_BODY_LIMITS = (408, 413)  # answered before any route runs: the pool's error shape
+
+# A body the server answers with 500 or 503 other than an error (the pull's final state,
+# the health while unhealthy).
+_SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
+    ("post", "/api/pull"): (500, PullState),
+    ("get", "/health"): (503, Health),
+    ("get", "/v1/capabilities"): (503, RunnerDescriptor),
+}
+
+# -- examples and links ------------------------------------------------------------------
+# "{model}" stands for a configured model's name, "{embedding}" for an embedding model's,
+# "{pullable}" for one with a `source` to pull from.
+_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/v1/responses"): {"model": "{model}", "input": "Say hello."},
+    ("post", "/v1/admin/models/{name}/load"): {},
+    ("post", "/v1/models/load"): {"modelId": "{model}"},
+    ("post", "/v1/models/unload"): {"modelId": "{model}"},
+    ("post", "/v1/cache/flush"): {"scope": "model", "modelId": "{model}"},
+    ("post", "/v1/chat/completions"): {
+        "model": "{model}",
+        "messages": [{"role": "user", "content": "Say hello."}],
+    },
+    ("post", "/v1/completions"): {"model": "{model}", "prompt": "Once upon a time"},
+    ("post", "/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
+    ("post", "/api/chat"): {
+        "model": "{model}",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "stream": False,
+    },
+    ("post", "/api/generate"): {"model": "{model}", "prompt": "Say hello.", "stream": False},
+    ("post", "/api/embed"): {"model": "{embedding}", "input": ["hello"]},
+    ("post", "/api/embeddings"): {"model": "{embedding}", "prompt": "hello"},
+    ("post", "/api/show"): {"model": "{model}"},
+    ("post", "/api/copy"): {"source": "{model}", "destination": "{model}-copy"},
+    ("post", "/api/pull"): {"model": "{pullable}", "stream": False},
+    ("delete", "/api/delete"): {"model": "{pullable}"},
+    ("post", "/v1/messages"): {
+        "model": "{model}",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    },
+    ("post", "/v1/messages/count_tokens"): {
+        "model": "{model}",
+        "messages": [{"role": "user", "content": "Say hello."}],
+    },
+    ("post", "/openai/v1/responses"): {"model": "{model}", "input": "Say hello."},
+    ("post", "/openai/v1/chat/completions"): {
+        "model": "{model}",
+        "messages": [{"role": "user", "content": "Say hello."}],
+    },
+    ("post", "/openai/v1/completions"): {"model": "{model}", "prompt": "Once upon a time"},
+    ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
+}
+_PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
+
+# OpenAPI links: the sequences clients run, so a stateful client (schemathesis) follows
+# them: operation -> {link name: (target operation, parameters, request body)}.
+_LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str], Any]]] = {
+    ("post", "/v1/models/load"): {
+        "LoadTaskStatus": ("get_v1_models_load_task_id", {"task_id": "$response.body#/taskId"},
+                           None),
+        "RunnerUnload": ("post_v1_models_unload", {},
+                         {"modelId": "$response.body#/modelId"}),
+    },
+    ("get", "/v1/models/load/{task_id}"): {
+        "LoadedRow": ("get_v1_admin_models_name", {"name": "$response.body#/modelId"}, None),
+    },
+    ("post", "/api/pull"): {
+        "PullStatus": ("get_api_pull_status_model", {"model": "$response.body#/model"}, None),
+        "CancelPull": ("delete_api_pull_model", {"model": "$response.body#/model"}, None),
+    },
+    ("get", "/v1/models"): {
+        "Respond": ("post_v1_responses", {}, {"model": "$response.body#/data/0/id"}),
+        "ChatCompletion": ("post_v1_chat_completions", {},
+                           {"model": "$response.body#/data/0/id"}),
+        "OllamaChat": ("post_api_chat", {}, {"model": "$response.body#/data/0/id"}),
+    },
+    ("get", "/v1/admin/models"): {
+        "ModelRow": ("get_v1_admin_models_name", {"name": "$response.body#/models/0/name"},
+                     None),
+    },
+    ("post", "/v1/admin/models/{name}/load"): {
+        "LoadedRow": ("get_v1_admin_models_name", {"name": "$response.body#/name"}, None),
+        "Unload": ("post_v1_admin_models_name_unload", {"name": "$response.body#/name"}, None),
+    },
+    ("get", "/v1/admin/models/{name}"): {
+        "Unload": ("post_v1_admin_models_name_unload", {"name": "$response.body#/name"}, None),
+        "Load": ("post_v1_admin_models_name_load", {"name": "$response.body#/name"}, None),
+    },
+}  # fmt: skip
+
+
+PLACEHOLDER_MODEL = "my-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the document says about the pool that serves it.
+
+    Attributes:
+        model: a configured model's name, for the examples.
+        embedding: a configured embedding model's name (else ``model``).
+        pullable: a configured model with a ``source`` (else ``model``).
+        inference_open: no token is needed for the inference routes.
+        admin_open: no token is needed for the admin routes.
+        lifecycle_open: neither the admin token nor a ``verifiedOpToken`` is needed for
+            the runner's lifecycle routes.
+    """
+
+    model: str = PLACEHOLDER_MODEL
+    embedding: str = "my-embedding-model"
+    pullable: str = PLACEHOLDER_MODEL
+    inference_open: bool = True
+    admin_open: bool = True
+    lifecycle_open: bool = True
+
 
 _POOL_ERROR = {
     "type": "object",
@@ -417,6 +633,17 @@ _ERROR_MODELS: dict[ErrorShape, type[BaseModel] | None] = {
     "openai": OpenAIError,
     "ollama": OllamaError,
     "anthropic": MessagesError,
+}
+# One event of a Server-Sent Events answer, as a client parses it; `data` is JSON unless
+# it is OpenAI's closing `[DONE]`.
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
 }
 
 
@@ -456,53 +683,206 @@ def _operation_id(route: Route) -> str:
     return "_".join([route.method, *words])
 
 
-def _operation(route: Route, keyed: dict[Any, Any]) -> dict[str, Any]:
+def _filled(value: Any, served: Served) -> Any:
+    """``value`` with ``{model}`` and ``{embedding}`` replaced by configured names."""
+    if isinstance(value, str):
+        for placeholder, name in (
+            ("{model}", served.model),
+            ("{embedding}", served.embedding),
+            ("{pullable}", served.pullable),
+        ):
+            value = value.replace(placeholder, name)
+        return value
+    if isinstance(value, dict):
+        return {k: _filled(v, served) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_filled(v, served) for v in value]
+    return value
+
+
+def _listed_refusals(route: Route) -> tuple[int, ...]:
+    listed = _REFUSALS.get((route.method, route.path))
+    if listed is not None:
+        return listed
+    if route.request is not None:
+        return _DEFAULT_BODY_REFUSALS
+    return (404,) if "{" in route.path else ()
+
+
+def _refuses_valid_bodies(route: Route) -> bool:
+    return route.request is not None and 400 in (route.status, *_listed_refusals(route))
+
+
+def _refusal_statuses(route: Route) -> list[int]:
+    """Every 4xx status ``route`` can answer, in order."""
+    statuses = set(_listed_refusals(route))
+    statuses.add(403)
+    if _access(route) is not None:
+        statuses.add(401)
+    if route.request is not None:
+        # Not JSON (400); too slow or too large (408, 413); not the schema (422; 400 on
+        # the Ollama routes, as Ollama answers).
+        statuses |= {400, 408, 413, 400 if route.errors == "ollama" else 422}
+    statuses.discard(route.status)
+    return sorted(statuses)
+
+
+def _security(route: Route, served: Served) -> list[dict[str, list[str]]]:
+    access = _access(route)
+    if access is None:
+        return []
+    if access == "inference":
+        required: list[dict[str, list[str]]] = [{"inferenceToken": []}, {"adminToken": []}]
+        if route.errors == "anthropic":
+            required.append({"apiKey": []})
+        open_now = served.inference_open
+    else:
+        required = [{"adminToken": []}]
+        open_now = served.admin_open if access == "admin" else served.lifecycle_open
+    # A pool without tokens serves everyone: the empty requirement says so.
+    return [*required, {}] if open_now else required
+
+
+def _overrides_by_backend() -> str:
+    """Which load-override fields each backend takes: the body's schema is all of them
+    together, and a model refuses another backend's fields (400)."""
+    from pool.backends import backend_names, get_backend
+
+    lines = []
+    for name in backend_names():
+        fields = ", ".join(f"`{f}`" for f in get_backend(name).load_overrides.model_fields)
+        lines.append(f"- `{name}`: {fields or 'none'}")
+    return (
+        "\n\nThe schema is every backend's override fields together; a model takes only"
+        " its backend's (and `replicas`), another's is a 400 `invalid_load_request` naming"
+        " the `field`:\n" + "\n".join(lines)
+    )
+
+
+# Text added to an operation's description when the document is built.
+_MORE: dict[tuple[str, str], Callable[[], str]] = {
+    ("post", "/v1/admin/models/{name}/load"): _overrides_by_backend,
+    ("post", "/v1/models/load"): lambda: (
+        "\n\n`overrides` is the admin load body: see `POST /v1/admin/models/{name}/load`"
+        " for the fields each backend takes."
+    ),
+}
+
+
+def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str, Any]:
+    key = (route.method, route.path)
+    more = _MORE.get(key)
     success: dict[str, Any] = {"description": "Success"}
     content: dict[str, Any] = {}
     if route.reply is not None:
         content["application/json"] = {"schema": keyed[(route.reply, "serialization")]}
     if route.stream is not None:
-        what = "Server-Sent Events" if route.stream == SSE else "one JSON object a line"
-        content[route.stream] = {"schema": {"type": "string", "description": what}}
+        if route.stream == SSE:
+            content[SSE] = {"schema": _SSE_EVENT}
+        else:
+            content[route.stream] = {
+                "schema": {"type": "string", "description": "one JSON object a line"}
+            }
     if route.text is not None:
         media_type, schema = route.text
-        content[media_type] = {"schema": schema}
+        content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
     if content:
         success["content"] = content
-    error = {"application/json": {"schema": _error_schema(route.errors)}}
+    if route.status == 400 and _refuses_valid_bodies(route):
+        success[VALID_BODY_REFUSED] = True  # /api/copy: refused, whatever the body
+    if route.status == 101:
+        success["description"] = "Switching Protocols: the WebSocket is open"
+    elif route.status == 308:
+        success["headers"] = {"Location": {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(route.status): success}
-    if route.status < 400:
-        responses["4XX"] = {"description": "Client error (see the error codes)", "content": error}
-    responses["5XX"] = {"description": "Load failure, queue full or timeout", "content": error}
+    error = {"application/json": {"schema": _error_schema(route.errors)}}
+    for status in _refusal_statuses(route):
+        answer: dict[str, Any] = {"description": _WHY[status], "content": error}
+        if status == 400 and _refuses_valid_bodies(route):
+            answer["description"] += (
+                ", or a value valid in its shape is refused for the model it names, its"
+                " backend or its state (the codes of 400)"
+            )
+            answer[VALID_BODY_REFUSED] = True
+        if status in _BODY_LIMITS:
+            answer["content"] = {"application/json": {"schema": _ref("Error")}}
+        elif status == 426:
+            answer["headers"] = {
+                "Upgrade": {"schema": {"const": "websocket"}, "required": True},
+            }
+        elif status == 429:
+            answer["headers"] = {"Retry-After": {"schema": {"type": "string"}, "required": True}}
+        responses[str(status)] = answer
+    server_reply = _SERVER_REPLIES.get(key)
+    if server_reply is not None:
+        status, model = server_reply
+        responses[str(status)] = {
+            "description": "The pull failed: its final state"
+            if status == 500
+            else "Unhealthy: the same body as a success",
+            "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
+        }
+    responses["5XX"] = {
+        "description": "Load failure, backend error, queue full, shutting down or timeout"
+        " (`Retry-After` on 503)",
+        "content": error,
+    }
     operation: dict[str, Any] = {
         "tags": [route.tag],
         "summary": route.summary,
-        "description": route.description,
+        "description": route.description + (more() if more is not None else ""),
         "operationId": _operation_id(route),
+        "security": _security(route, served),
         "responses": responses,
     }
     if route.request is not None:
+        media: dict[str, Any] = {"schema": keyed[(route.request, "validation")]}
+        example = _EXAMPLES.get(key)
+        if example is not None:
+            media["example"] = _filled(example, served)
         operation["requestBody"] = {
             "required": route.body_required,
-            "content": {"application/json": {"schema": keyed[(route.request, "validation")]}},
+            "content": {"application/json": media},
         }
     parameters = [
-        {"name": p.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
-        for p in route.path.split("/")
-        if p.startswith("{")
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "minLength": 1},
+            "example": _filled(_PATH_EXAMPLES.get(name, "x"), served),
+        }
+        for name in (p.strip("{}") for p in route.path.split("/") if p.startswith("{"))
     ]
     if route.errors == "anthropic":
         parameters += _ANTHROPIC_HEADERS
     if parameters:
         operation["parameters"] = parameters
+    links = _LINKS.get(key)
+    if links:
+        target: dict[str, Any] = {}
+        for name, (operation_id, parameters_of, body) in links.items():
+            link: dict[str, Any] = {"operationId": operation_id}
+            if parameters_of:
+                link["parameters"] = parameters_of
+            if body is not None:
+                link["requestBody"] = body
+            target[name] = link
+        success["links"] = target
     return operation
 
 
-def openapi_document(extra_routes: list[Route] | None = None) -> dict[str, Any]:
+def openapi_document(
+    extra_routes: list[Route] | None = None, served: Served | None = None
+) -> dict[str, Any]:
+    """The document; ``served`` names the serving pool's models in the examples and says
+    which routes it leaves open (default: placeholder names, no tokens)."""
+    served = served or Served()
     routes = ROUTES + (extra_routes or [])
     requests = {r.request for r in routes if r.request is not None}
     replies = {r.reply for r in routes if r.reply is not None}
     replies |= {m for m in _ERROR_MODELS.values() if m is not None}
+    replies |= {model for _, model in _SERVER_REPLIES.values()}
     keyed, schema = models_json_schema(
         [(m, "validation") for m in sorted(requests, key=lambda m: m.__name__)]
         + [(m, "serialization") for m in sorted(replies, key=lambda m: m.__name__)],
@@ -513,7 +893,7 @@ def openapi_document(extra_routes: list[Route] | None = None) -> dict[str, Any]:
     states = "\n".join(f"- `{k}`: {v}" for k, v in STATE_DESCRIPTIONS.items())
     paths: dict[str, Any] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method] = _operation(route, keyed)
+        paths.setdefault(route.path, {})[route.method] = _operation(route, keyed, served)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -524,6 +904,10 @@ def openapi_document(extra_routes: list[Route] | None = None) -> dict[str, Any]:
             + "\n\nEvery route and the WebSocket handshake first check `Host` (and a browser's"
             " `Origin`) against the bound address, `localhost`, `127.0.0.1`, `[::1]` and"
             " `service.allowed_hosts`: others get 403 `host_not_allowed` / `origin_not_allowed`."
+            " Then the bearer token, where tokens are configured (each operation's `security`;"
+            " an empty requirement where this pool needs none): 401 `unauthorized` comes"
+            " before anything about the body. A method a route does not serve is 405 with"
+            " `Allow`."
             + '\n\nErrors are `{"error": {"code", "message"}}` (OpenAI\'s error object on the'
             ' OpenAI routes, `{"error": message}` on the Ollama routes, Anthropic\'s'
             ' `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`); a full'
@@ -533,7 +917,7 @@ def openapi_document(extra_routes: list[Route] | None = None) -> dict[str, Any]:
             ),
         },
         "paths": paths,
-        "components": {"schemas": components},
+        "components": {"schemas": components, "securitySchemes": _SECURITY_SCHEMES},
     }
 
 

@@ -116,6 +116,15 @@ def _conversation(
 def inference_request(body: ResponseRequest) -> InferenceRequest:
     """The neutral request of a ``/v1/responses`` body."""
     if body.messages is not None:
+        last = body.messages[-1]
+        if not (
+            isinstance(last, FunctionCallOutputItem)
+            or (isinstance(last, Message) and last.role == "user")
+        ):
+            raise PoolError(
+                "invalid_request",
+                "the last message must have role `user` (or be a function_call_output)",
+            )
         turns = _conversation(body.messages)
     else:
         assert body.input is not None
@@ -144,6 +153,8 @@ def request_from_responses(body: ResponseRequest | dict[str, Any]) -> InferenceR
 
     Raises:
         pydantic.ValidationError: ``body`` is a dict that fails the schema.
+        PoolError: ``invalid_request`` for a conversation that does not end with the
+            user's turn (or a function call's output).
     """
     if not isinstance(body, ResponseRequest):
         body = ResponseRequest.model_validate(body)
@@ -386,6 +397,19 @@ def register(app: Quart, ctx: AppContext) -> None:
         return schema_error_response(exc)
 
     ctx.hot_routes["/v1/responses"] = HotRoute(create_response, pool_error, schema_error)
+
+    @app.get("/v1/responses")
+    async def responses_socket_without_upgrade() -> Response:
+        """A plain GET of the WebSocket route: 426 naming the upgrade it needs (RFC 9110)."""
+        require(ctx, "inference")
+        error = PoolError(
+            "upgrade_required",
+            "GET /v1/responses is the WebSocket route: send the handshake"
+            " (Upgrade: websocket), or POST a request body",
+        )
+        return json_response(
+            error_body(error), error.status, {"Upgrade": "websocket", "Connection": "Upgrade"}
+        )
 
     @app.websocket("/v1/responses")
     async def responses_socket() -> None:

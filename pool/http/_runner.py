@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from quart import Quart, Response
 
 from pool._version import __version__
@@ -14,10 +15,42 @@ from pool.actors import LoadTask, ModelSnapshot, Pool, PoolHealth
 from pool.backends import context_field
 from pool.config import LoadRequest
 from pool.errors import PoolError
-from pool.http._common import AppContext, json_response, read_body, require, validate
+from pool.http._common import (
+    AppContext,
+    json_response,
+    parse_json,
+    raw_body,
+    require,
+    validate,
+)
 from pool.schemas import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 
+T = TypeVar("T", bound=BaseModel)
+
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def authorized_body(ctx: AppContext, model: type[T], operation: str) -> T:
+    """The body of a lifecycle route, read as ``model`` once the caller is authorized.
+
+    The ``verifiedOpToken`` travels in the body, so the body is parsed first, but only
+    for the token and the model it names: a caller without a valid token or admin bearer
+    gets 401 whatever else the body holds (not a 400 or 422 about its shape).
+    """
+    raw = await raw_body()
+    try:
+        data = parse_json(raw)
+    except PoolError:
+        data = None
+    fields = data if isinstance(data, dict) else {}
+    named = fields.get("modelId")
+    authorize_lifecycle(
+        ctx,
+        fields.get("verifiedOpToken"),
+        operation,
+        named if isinstance(named, str) else None,
+    )
+    return validate(model, parse_json(raw))
 
 
 def authorize_lifecycle(ctx: AppContext, token: Any, operation: str, model: str | None) -> None:
@@ -170,8 +203,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     @app.post("/v1/models/load")
     async def runner_load() -> Response:
         """Start loading a model in the background (202 with a task id)."""
-        body = await read_body(RunnerLoadRequest)
-        authorize_lifecycle(ctx, body.verifiedOpToken, "model-load", body.modelId)
+        body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
         actor = pool.model(body.modelId)
         if body.quantization is not None:
             raise PoolError(
@@ -209,8 +241,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     @app.post("/v1/models/unload")
     async def runner_unload() -> Response:
         """Unload a model gracefully and say how much memory it held."""
-        body = await read_body(RunnerUnloadRequest)
-        authorize_lifecycle(ctx, body.verifiedOpToken, "model-unload", body.modelId)
+        body = await authorized_body(ctx, RunnerUnloadRequest, "model-unload")
         actor = pool.model(body.modelId)
         before = actor.snapshot()
         was_loaded = before.state == "loaded"
@@ -227,8 +258,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     @app.post("/v1/cache/flush")
     async def cache_flush() -> Response:
         """Flush prompt caches by scope (backends without one report nothing removed)."""
-        body = await read_body(CacheFlushRequest)
-        authorize_lifecycle(ctx, body.verifiedOpToken, "cache-flush", body.modelId)
+        body = await authorized_body(ctx, CacheFlushRequest, "cache-flush")
         if body.scope == "model" and not body.modelId:
             raise PoolError("invalid_request", "scope model needs modelId")
         if body.scope == "tenant" and not body.tenantId:

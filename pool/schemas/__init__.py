@@ -13,6 +13,7 @@ from pool.schemas._compat import (
     OllamaGenerateRequest,
     OllamaModelRequest,
     OllamaOptions,
+    OllamaStoreRequest,
     OpenAISampling,
 )
 from pool.schemas._messages import (
@@ -214,6 +215,7 @@ __all__ = [
     "OllamaRunning",
     "OllamaRunningModel",
     "OllamaShowReply",
+    "OllamaStoreRequest",
     "OllamaTag",
     "OllamaTags",
     "OllamaToolCall",

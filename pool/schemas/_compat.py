@@ -6,9 +6,17 @@ pool acts on are typed and bounded like the native API's.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS, ImageUrl
 from pool.schemas._tools import (
@@ -137,7 +145,18 @@ class CompletionRequest(OpenAISampling):
     stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    echo: Literal[False] = Field(False, description="Only false is supported.")
+    # Not Literal[False]: that would take 0 for false, which the schema's const refuses.
+    echo: StrictBool = Field(
+        False, description="Only false is supported.", json_schema_extra={"const": False}
+    )
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("only false is supported")
+        return value
+
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
         None, description="A 400 logprobs_unsupported: no backend here reports them yet."
     )
@@ -248,14 +267,47 @@ class OllamaGenerateRequest(_Lenient):
     format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
 
 
+# Either of the two names of a model, for the schema (the validator below checks it).
+_ONE_NAME: dict[str, Any] = {
+    "anyOf": [
+        {"required": [name], "properties": {name: {"type": "string"}}} for name in ("model", "name")
+    ]
+}
+
+
 class OllamaModelRequest(_Lenient):
-    """``/api/show``, ``/api/delete``, ``/api/pull``: ``model`` (or the older ``name``)."""
+    """``/api/show``: ``model`` (or the older ``name``)."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_ONE_NAME)
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
     name: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
-    stream: bool = True
-    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> Self:
+        if self.model is None and self.name is None:
+            raise ValueError("name the model in `model` (or `name`)")
+        return self
 
     @property
     def target(self) -> str:
         return self.model or self.name or ""
+
+
+# A name the model store takes as a folder: 1-128 letters, digits, '.', '_', ':' or '-',
+# starting with a letter or digit, no '..' (pool/pulls/_store.py checks the same).
+StoreName = Annotated[
+    str,
+    StringConstraints(
+        max_length=128, pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9_:-]|\.[A-Za-z0-9_:-])*\.?$"
+    ),
+]
+
+
+class OllamaStoreRequest(OllamaModelRequest):
+    """``/api/pull``, ``/api/delete``: a model of the store, named as the store names it."""
+
+    model: StoreName | None = None
+    name: StoreName | None = None
+    stream: bool = Field(True, description="`/api/pull`: NDJSON progress; false: the end.")
+    insecure: bool = Field(False, description="Accepted and ignored, as Ollama's clients send it.")

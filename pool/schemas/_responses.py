@@ -90,6 +90,17 @@ ConversationItem = Message | FunctionCallItem | FunctionCallOutputItem
 class ResponseRequest(_Strict):
     """Body of ``POST /v1/responses``: give either ``input`` or ``messages``."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        # What the validator below says, for schema readers: exactly one of the two.
+        json_schema_extra={
+            "oneOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("input", "messages")
+            ]
+        },
+    )
+
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     input: Content | None = Field(None, description="Single-turn input: text or content items.")
     messages: (
@@ -127,15 +138,8 @@ class ResponseRequest(_Strict):
     def _one_input(self) -> ResponseRequest:
         if (self.input is None) == (self.messages is None):
             raise ValueError("give exactly one of `input` or `messages`")
-        if self.messages is not None:
-            last = self.messages[-1]
-            if not (
-                isinstance(last, FunctionCallOutputItem)
-                or (isinstance(last, Message) and last.role == "user")
-            ):
-                raise ValueError(
-                    "the last message must have role `user` (or be a function_call_output)"
-                )
+        # Which item ends the conversation is no shape a schema can state: the route
+        # refuses a conversation that does not end with the user's turn with a 400.
         return self
 
 

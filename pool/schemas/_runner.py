@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 ModelId = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 OpToken = Annotated[str, StringConstraints(min_length=1, max_length=16_384)] | dict[str, Any]
@@ -26,8 +26,13 @@ class RunnerLoadRequest(BaseModel):
         None, description="Refused (400) when the model's VRAM estimate is larger."
     )
     evictModel: ModelId | None = Field(None, description="Unloaded first, to make room.")
-    overrides: dict[str, Any] = Field(
-        default_factory=dict, description="Any admin load-override fields of the backend."
+    # Checked as the admin load body (`LoadRequest`): the document refers to its schema.
+    overrides: Annotated[
+        dict[str, Any], WithJsonSchema({"allOf": [{"$ref": "#/components/schemas/LoadRequest"}]})
+    ] = Field(
+        default_factory=dict,
+        description="The admin load body's fields (`LoadRequest`): the load overrides of"
+        " the model's backend; another backend's fields are a 400 `invalid_load_request`.",
     )
     verifiedOpToken: OpToken | None = Field(None, description="Signed operation token.")
 
@@ -39,8 +44,29 @@ class RunnerUnloadRequest(BaseModel):
     verifiedOpToken: OpToken | None = None
 
 
+def _scope(scope: str, *needs: str) -> dict[str, Any]:
+    branch: dict[str, Any] = {"properties": {"scope": {"const": scope}}}
+    if needs:
+        branch["required"] = list(needs)
+        branch["properties"] |= {name: {"type": "string", "minLength": 1} for name in needs}
+    return branch
+
+
 class CacheFlushRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Scope ``all``; ``model`` needs ``modelId``, ``tenant`` ``tenantId``, ``tag`` ``tag``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        # The route answers 400 for a scope without its name; the schema says so first.
+        json_schema_extra={
+            "oneOf": [
+                _scope("all"),
+                _scope("model", "modelId"),
+                _scope("tenant", "tenantId"),
+                _scope("tag", "tag"),
+            ]
+        },
+    )
 
     scope: Literal["all", "model", "tenant", "tag"]
     modelId: ModelId | None = None

@@ -55,14 +55,20 @@ async def test_every_route_of_the_app_is_documented() -> None:
             assert "101" in operation["responses"], path
             continue
         source = inspect.getsource(view)
-        read = re.search(r"read_body\((\w+)", source)
+        read = re.search(r"(?:read_body\(|authorized_body\(ctx, )(\w+)", source)
         if read:
             # The documented request schema is the model the route reads.
             schema = operation["requestBody"]["content"]["application/json"]["schema"]
             assert schema == {"$ref": f"#/components/schemas/{read.group(1)}"}, path
         else:
             assert "requestBody" not in operation, f"{method.upper()} {path} takes no body"
-        (success,) = [s for s in operation["responses"] if s[0] in "1234" and s[1:] != "XX"]
+        if "101" in operation["responses"]:
+            # The WebSocket route's plain GET: 426, naming the upgrade (no success body).
+            assert "426" in operation["responses"], path
+            continue
+        # /api/copy's only answer is its 400: copies are refused.
+        successes = [s for s in operation["responses"] if s[0] in "123"] or ["400"]
+        (success,) = successes
         content = operation["responses"][success].get("content")
         assert content, f"{method.upper()} {path}: no schema for its {success} answer"
         for media in content.values():
@@ -82,8 +88,10 @@ def test_the_messages_routes_take_x_api_key_and_answer_anthropic_errors() -> Non
         operation = paths[path]["post"]
         headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
         assert headers == {"x-api-key", "anthropic-version"}
-        error = operation["responses"]["4XX"]["content"]["application/json"]["schema"]
-        assert error == {"$ref": "#/components/schemas/MessagesError"}
+        for status in ("400", "401", "404"):
+            error = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/MessagesError"}, status
+        assert {"apiKey": []} in operation["security"]
     assert "parameters" not in paths["/v1/chat/completions"]["post"]
 
 
@@ -258,3 +266,48 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     check(await client.post("/v1/messages", json={"model": "echo"}), "/v1/messages")
     successes = {(m, p) for m, p, s in checker.checked if s < 400}
     assert len(successes) >= 30
+
+
+def test_security_and_examples_follow_the_serving_pool() -> None:
+    """Each operation's `security` says what this pool asks for (an empty requirement
+    where it needs no token), and its examples name configured models."""
+    from pool.http._app import served_by
+    from pool.http._auth import Authenticator
+
+    models = {"vec": {"backend": "stub", "embedding": True}, "echo": {"backend": "stub"}}
+    open_settings = build_settings({"engine": {"models": models}})
+    open_doc = openapi_document(
+        served=served_by(open_settings, Authenticator(open_settings.service.auth, environ={}))
+    )
+    paths = open_doc["paths"]
+    assert {} in paths["/v1/responses"]["post"]["security"]
+    assert {} in paths["/v1/admin/models"]["get"]["security"]
+    assert paths["/health"]["get"]["security"] == []
+    body = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["example"]["model"] == "echo"
+    body = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["example"]["model"] == "vec"
+    assert set(open_doc["components"]["securitySchemes"]) == {
+        "inferenceToken",
+        "adminToken",
+        "apiKey",
+    }
+
+    auth = {"inference_tokens": ["user"], "admin_token": "root"}
+    closed = build_settings({"service": {"auth": auth}, "engine": {"models": models}})
+    paths = openapi_document(
+        served=served_by(closed, Authenticator(closed.service.auth, environ={}))
+    )["paths"]
+    assert paths["/v1/responses"]["post"]["security"] == [
+        {"inferenceToken": []},
+        {"adminToken": []},
+    ]
+    assert paths["/v1/admin/models"]["get"]["security"] == [{"adminToken": []}]
+    assert paths["/v1/models/load"]["post"]["security"] == [{"adminToken": []}]
+    assert paths["/health"]["get"]["security"] == []
+    # Every operation documents the statuses it can refuse with, 401 where it has a token.
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            if operation["security"]:
+                assert "401" in operation["responses"], (method, path)
+            assert "403" in operation["responses"], (method, path)

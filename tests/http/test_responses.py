@@ -159,8 +159,13 @@ async def test_malformed_bodies_and_routes(client: httpx.AsyncClient, server: Se
     assert utf.status_code == 400
     missing = await client.get("/v1/nothing")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
-    wrong = await client.get("/v1/responses")
+    # The WebSocket route without the handshake: 426, naming the upgrade.
+    plain = await client.get("/v1/responses")
+    assert plain.status_code == 426 and plain.json()["error"]["code"] == "upgrade_required"
+    assert plain.headers["upgrade"] == "websocket"
+    wrong = await client.put("/v1/responses")
     assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "GET, HEAD, OPTIONS, POST"
     ok = await client.post("/v1/responses", json={"model": "echo", "input": "ok"})
     assert ok.status_code == 200
 
