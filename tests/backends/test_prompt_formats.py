@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from pool.backends import Decoding, GenerationRequest, ImagePart, TextPart, Turn
+from pool.backends._tool_calls import ToolCallScanner
+from pool.backends._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec, assemble_calls
 from pool.backends.prompt_formats import (
     PROMPT_FORMAT_NAMES,
     ModelTemplate,
     PromptFormat,
     RenderedPrompt,
+    format_renders_tools,
+    format_tool_family,
     format_traits,
     get_prompt_format,
     thinking_modes,
@@ -372,6 +378,184 @@ def test_template_from_gguf_metadata() -> None:
         {"tokenizer.chat_template": "x", "tokenizer.ggml.model": "llama"}
     )
     assert spm is not None and spm.add_bos
+
+
+# --- tools on the built-in formats --------------------------------------------------
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "Get the weather",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+TIME = ToolSpec("get_time")  # no description, the default parameters
+WEATHER_JSON = (
+    '{"type": "function", "function": {"name": "get_weather", "description": "Get the weather",'
+    ' "parameters": {"type": "object", "properties": {"city": {"type": "string"}},'
+    ' "required": ["city"]}}}'
+)
+TIME_JSON = (
+    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",'
+    ' "properties": {}}}}'
+)
+QWEN3_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    f"{WEATHER_JSON}\n{TIME_JSON}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within"
+    " <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def _tool_conversation(**fields: object) -> GenerationRequest:
+    """A question, two calls (one with text before it), their results, a follow-up."""
+    turns = (
+        Turn("user", (TextPart("Weather and time in Paris?"),)),
+        Turn(
+            "assistant",
+            (TextPart("Let me check."),),
+            (
+                ToolCall("call_abc", "get_weather", '{"city":"Paris"}'),
+                ToolCall("call_def", "get_time", "{}"),
+            ),
+        ),
+        Turn("tool", (TextPart('{"temperature": 22}'),), tool_call_id="call_abc"),
+        Turn("tool", (TextPart("noon"),), tool_call_id="call_def"),
+        Turn("assistant", (TextPart("22 degrees at noon."),)),
+        Turn("user", (TextPart("And tomorrow?"),)),
+    )
+    return GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(WEATHER, TIME),
+        **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_qwen3_renders_tools_calls_and_results_as_qwen3_does() -> None:
+    rendered = _render("qwen3_template", _tool_conversation(instructions="Be brief."))
+    assert rendered.text == (
+        f"<|im_start|>system\nBe brief.\n\n{QWEN3_TOOLS}<|im_end|>\n"
+        "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\nLet me check.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n{"temperature": 22}\n</tool_response>\n'
+        "<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n22 degrees at noon.<|im_end|>\n"
+        "<|im_start|>user\nAnd tomorrow?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert rendered.stop == ("<|im_end|>", "<|im_start|>")
+
+
+def test_qwen3_tools_without_instructions_and_a_trailing_result() -> None:
+    turns = (
+        Turn("user", (TextPart("Time?"),)),
+        Turn("assistant", (), (ToolCall("call_1", "get_time", "{}"),)),
+        Turn("tool", (TextPart("noon"),), tool_call_id="call_1"),
+    )
+    request = GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(WEATHER, TIME),
+        thinking="disabled",
+    )  # fmt: skip
+    assert _render("qwen3_template", request).text == (
+        f"<|im_start|>system\n{QWEN3_TOOLS}<|im_end|>\n"
+        "<|im_start|>user\nTime?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+
+
+def test_qwen3_tool_choice_none_keeps_the_history_but_offers_no_tools() -> None:
+    rendered = _render("qwen3_template", _tool_conversation(tool_choice=ToolChoice("none"))).text
+    assert "<tools>" not in rendered and not rendered.startswith("<|im_start|>system")
+    assert '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>' in rendered
+    assert "<tool_response>\nnoon\n</tool_response>" in rendered
+
+
+def test_mistral_renders_tools_calls_and_results_as_mistral_v3_does() -> None:
+    rendered = _render("mistral_template", _tool_conversation(instructions="Be brief."))
+    weather_id = hashlib.sha256(b"call_abc").hexdigest()[:9]
+    time_id = hashlib.sha256(b"call_def").hexdigest()[:9]
+    assert rendered.text == (
+        "[INST] Be brief.\n\nWeather and time in Paris? [/INST]"
+        "Let me check.[TOOL_CALLS] "
+        f'[{{"name": "get_weather", "arguments": {{"city": "Paris"}}, "id": "{weather_id}"}},'
+        f' {{"name": "get_time", "arguments": {{}}, "id": "{time_id}"}}]</s>'
+        f'[TOOL_RESULTS] {{"content": {{"temperature": 22}}, "call_id": "{weather_id}"}}'
+        "[/TOOL_RESULTS]"
+        f'[TOOL_RESULTS] {{"content": "noon", "call_id": "{time_id}"}}[/TOOL_RESULTS]'
+        "22 degrees at noon.</s>"
+        f"[AVAILABLE_TOOLS] [{WEATHER_JSON}, {TIME_JSON}][/AVAILABLE_TOOLS]"
+        "[INST] And tomorrow? [/INST]"
+    )
+
+
+def test_mistral_keeps_call_ids_of_nine_letters_or_digits() -> None:
+    turns = (
+        Turn("user", (TextPart("Time?"),)),
+        Turn("assistant", (), (ToolCall("a1B2c3D4e", "get_time", "{}"),)),
+        Turn("tool", (TextPart("noon"),), tool_call_id="a1B2c3D4e"),
+    )
+    request = GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(TIME,)
+    )
+    assert _render("mistral_template", request).text == (
+        f"[AVAILABLE_TOOLS] [{TIME_JSON}][/AVAILABLE_TOOLS][INST] Time? [/INST]"
+        '[TOOL_CALLS] [{"name": "get_time", "arguments": {}, "id": "a1B2c3D4e"}]</s>'
+        '[TOOL_RESULTS] {"content": "noon", "call_id": "a1B2c3D4e"}[/TOOL_RESULTS]'
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "reply"),
+    [
+        (
+            "qwen3_template",
+            'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+            "</tool_call>",
+        ),
+        (
+            "mistral_template",
+            'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+        ),
+    ],
+)
+def test_a_reply_in_the_formats_markup_parses_back_into_calls(name: str, reply: str) -> None:
+    """The markup a format shows the model is the markup its family parser reads."""
+    family = format_tool_family(name)
+    assert family is not None
+    scanner = ToolCallScanner(family)
+    pieces = [piece for char in reply for piece in scanner.feed(char)] + scanner.finish()
+    assert "".join(p for p in pieces if isinstance(p, str)) == "Sure."
+    (call,) = assemble_calls(p for p in pieces if isinstance(p, ToolCallDelta))
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Rome"}')
+
+
+@pytest.mark.parametrize("name", ["generic", "gemma4_template", "translategemma_template"])
+def test_formats_without_a_tool_convention_refuse_tools(name: str) -> None:
+    fmt = get_prompt_format(name)
+    offered = GenerationRequest(
+        request_id="r", model="m", turns=(Turn("user", (TextPart("Hi"),)),),
+        decoding=Decoding(), tools=(WEATHER,), target_lang_code="fr",
+    )  # fmt: skip
+    error = _refused(fmt, offered)
+    assert error.code == "tools_unsupported" and error.details == {"param": "tools"}
+    assert _refused(fmt, _tool_conversation(target_lang_code="fr")).code == "tools_unsupported"
+    assert format_tool_family(name) is None and not format_renders_tools(name)
+
+
+def test_tool_families_of_the_formats() -> None:
+    assert {name: format_tool_family(name) for name in PROMPT_FORMAT_NAMES} == {
+        "generic": None, "mistral_template": "mistral", "qwen3_template": "qwen3",
+        "gemma4_template": None, "translategemma_template": None, "model_template": None,
+    }  # fmt: skip
+    assert [n for n in PROMPT_FORMAT_NAMES if format_renders_tools(n)] == [
+        "mistral_template", "qwen3_template", "model_template",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown prompt_format"):
+        format_tool_family("alpaca")
 
 
 # --- every format -------------------------------------------------------------------
