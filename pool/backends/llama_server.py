@@ -3,8 +3,11 @@
 The command line comes from the model's ``llama_server_*`` fields (live overrides
 already applied); requests are forwarded to its Chat Completions endpoint and streamed
 back token by token. The server's parallel slots are the replica's honest inflight
-target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
-``qwen3_template``, because the template embedded in such GGUFs adds a system prompt.
+target. A model whose ``prompt_format`` is ``qwen3_template`` gets the pool's own
+template for that format as ``--chat-template-file`` (:mod:`pool.backends._format_templates`):
+the template embedded in SmolLM2-like GGUFs adds a system prompt, and llama-server's
+built-in ``chatml`` drops tools and past calls; the pool's shows tools, calls and
+results in Qwen3's markup, which the server then parses.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import trio
 from pydantic import Field, PositiveInt
 
 from pool.backends._embedding import PooledEmbeddingFields
+from pool.backends._format_templates import FORMAT_TEMPLATES, format_template_file
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -33,6 +37,7 @@ from pool.backends._protocol import (
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
+from pool.backends.prompt_formats import format_tool_family
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
@@ -108,11 +113,31 @@ LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
     },
 }
 
+# llama-server's built-in templates for formats the pool has no template file for.
 _CHAT_TEMPLATES = {
-    "qwen3_template": "chatml",
     "mistral_template": "mistral-v7",
     "gemma4_template": "gemma",
 }
+
+
+def uses_format_template(definition: LlamaServerModel) -> bool:
+    """Whether the server renders with the pool's template for the model's prompt format
+    (no template of the model's own configured)."""
+    return (
+        definition.prompt_format in FORMAT_TEMPLATES
+        and not definition.llama_server_chat_template
+        and not definition.llama_server_chat_template_file
+    )
+
+
+def tool_family(definition: LlamaServerModel, model_file: str) -> ToolCallFamily:
+    """The markup forced calls are written in: the pool's template's, else configured,
+    else known by the file's name."""
+    if uses_format_template(definition):
+        family = format_tool_family(definition.prompt_format)
+        if family is not None:
+            return family
+    return definition.tool_call_format or tool_call_family(model_file)
 
 
 def slots(definition: LlamaServerModel) -> int:
@@ -159,6 +184,8 @@ def command_line(
     add("-fa", d.llama_server_flash_attn)
     if d.llama_server_chat_template_file:
         add("--chat-template-file", resolve_model_path(d.llama_server_chat_template_file, base_dir))
+    elif uses_format_template(d):
+        add("--chat-template-file", format_template_file(d.prompt_format))
     else:
         add(
             "--chat-template",
@@ -269,7 +296,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
-            grammar_calls=definition.tool_call_format or tool_call_family(model_path.name),
+            grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
         )
 

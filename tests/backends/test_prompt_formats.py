@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
 from pool.backends import Decoding, GenerationRequest, ImagePart, TextPart, Turn
+from pool.backends._format_templates import FORMAT_TEMPLATES
 from pool.backends._tool_calls import ToolCallScanner
 from pool.backends._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec, assemble_calls
 from pool.backends.prompt_formats import (
     PROMPT_FORMAT_NAMES,
     ModelTemplate,
+    ModelTemplateFormat,
     PromptFormat,
     RenderedPrompt,
     format_renders_tools,
@@ -603,3 +606,36 @@ def test_every_format_refuses_images_and_a_trailing_reply(name: str) -> None:
     )
     assert _refused(fmt, with_image).code == "modality_unsupported"
     assert _refused(fmt, _request("Hi", "Hello!", target_lang_code="en")).code == "invalid_request"
+
+
+# --- the formats as llama-server's chat templates ------------------------------------
+
+
+def _as_llama_server_renders(request: GenerationRequest) -> GenerationRequest:
+    """``request`` with every tool's description set: llama-server hands templates a
+    tool without one as ``"description": ""``, where the format leaves the key out."""
+    return replace(
+        request,
+        tools=tuple(replace(t, description=t.description or "Tell.") for t in request.tools),
+    )
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _tool_conversation(instructions="Be brief."),
+        _tool_conversation(),
+        _tool_conversation(thinking="disabled", tool_choice=ToolChoice("required")),
+        _request("Hi", "<think>\nhm\n</think>\n\nHello!", "Bye", instructions="Sys"),
+        _request("Hi", thinking="disabled"),
+        _request("Hi", thinking="enabled"),
+    ],
+)
+def test_the_qwen3_jinja_template_renders_as_the_format_does(
+    request_: GenerationRequest,
+) -> None:
+    """The template llama-server gets for qwen3_template lays a conversation out exactly
+    as the in-process format does (rendered here by the model-template sandbox)."""
+    request_ = _as_llama_server_renders(request_)
+    template = ModelTemplateFormat(ModelTemplate(FORMAT_TEMPLATES["qwen3_template"]))
+    assert template.render(request_).text == _render("qwen3_template", request_).text

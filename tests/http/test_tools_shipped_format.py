@@ -225,3 +225,61 @@ async def test_ollama_tools_and_round_trip(url: str) -> None:
     )
     assert not answered.message.tool_calls
     assert "22" in (answered.message.content or "")
+
+
+async def test_llama_server_renders_the_same_format(
+    nursery: trio.Nursery, llama_server_binary: str
+) -> None:
+    """llama-server gets the pool's qwen3_template as its chat template: the server sees
+    the tools, past calls and results in the same markup, and parses calls in it."""
+    shipped = _shipped_model()
+    info = await start_server(
+        nursery,
+        {
+            "ls": {
+                "backend": "llama_server",
+                "llama_server_binary": llama_server_binary,
+                "model_path": shipped["model_path"],
+                "prompt_format": shipped["prompt_format"],
+                "llama_server_n_ctx": 2048,
+                "llama_server_n_gpu_layers": 0,
+                "enabled": True,
+            }
+        },
+    )
+    client = openai.AsyncOpenAI(base_url=info.url + "/v1", api_key="unused", max_retries=0)
+    forced = await client.chat.completions.create(
+        model="ls",
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=60,
+    )
+    assert forced.choices[0].finish_reason == "tool_calls"
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    auto = await client.chat.completions.create(
+        model="ls",
+        messages=[{"role": "user", "content": "Hi! What is 2+2?"}],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=30,
+    )
+    assert auto.choices[0].message.tool_calls or "4" in (auto.choices[0].message.content or "")
+    final = await client.chat.completions.create(
+        model="ls",
+        messages=[
+            *QUESTION,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": RESULT},
+        ],
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=40,
+    )
+    reply = final.choices[0]
+    assert not reply.message.tool_calls
+    assert "22" in (reply.message.content or "")
