@@ -301,3 +301,78 @@ def test_a_vision_model_takes_images_through_its_template() -> None:
     with pytest.raises(PoolError) as refused:
         request_images(bad)
     assert refused.value.status == 400 and refused.value.code == "image_refused"
+
+
+def test_tools_and_output_formats_go_to_vllms_chat_side() -> None:
+    """The in-process engine offers tools where the prompt format shows them, picks the
+    parser of the format's markup, and hands vLLM the request's OpenAI fields (no vLLM
+    needed to build them)."""
+    from pool.backends import Decoding, GenerationRequest, OutputFormat, TextPart, Turn
+    from pool.backends._tools import ToolChoice, ToolSpec
+    from pool.backends._vllm_tools import chat_spec
+    from pool.backends.vllm import tool_parser
+
+    backend = get_backend("vllm")
+    shipped = _model(vllm_model="/m", prompt_format="qwen3_template")
+    assert backend.capabilities(shipped).tools and backend.capabilities(shipped).structured_output
+    generic = _model(vllm_model="/m", prompt_format="generic")
+    assert not backend.capabilities(generic).tools
+    assert backend.capabilities(generic).structured_output
+    assert backend.capabilities(_model(vllm_model="/m", prompt_format="model_template")).tools
+    assert tool_parser(shipped) == "qwen3_json"
+    assert tool_parser(_model(vllm_model="/m", prompt_format="mistral_template")) == "mistral"
+    assert tool_parser(_model(vllm_model="/m/granite-3", prompt_format="model_template")) == (
+        "granite"
+    )
+    assert tool_parser(_model(vllm_model="/m", vllm_tool_call_parser="llama3_json")) == (
+        "llama3_json"
+    )
+
+    weather = ToolSpec("get_weather", "Weather", {"type": "object", "properties": {}})
+    turns = (Turn("user", (TextPart("Weather?"),)),)
+
+    def request(**fields: Any) -> GenerationRequest:
+        return GenerationRequest("r", "m", turns, Decoding(), **fields)
+
+    assert chat_spec(request(), "hermes") is None
+    forced = chat_spec(
+        request(tools=(weather,), tool_choice=ToolChoice("function", "get_weather")),
+        "hermes",
+        "parameter",
+    )
+    assert forced is not None
+    assert forced.tool_parser == "hermes" and forced.strict_level == "parameter"
+    assert forced.body["messages"] == [{"role": "user", "content": "Weather?"}]
+    assert forced.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert forced.body["tools"][0]["function"]["name"] == "get_weather"
+    # tool_choice none: nothing to parse, the format still constrains the reply.
+    none = chat_spec(
+        request(
+            tools=(weather,),
+            tool_choice=ToolChoice("none"),
+            output_format=OutputFormat("json_object"),
+        ),
+        "hermes",
+    )
+    assert none is not None and none.tool_parser is None and none.strict_level == "auto"
+    assert "tools" not in none.body and none.body["response_format"] == {"type": "json_object"}
+
+
+async def test_piece_streams_carry_tool_call_pieces_in_order() -> None:
+    """A batching engine's stream joins the text that piled up, never across a call."""
+    from pool.backends._threaded import PieceStream
+    from pool.backends._tools import ToolCallDelta
+
+    stream = PieceStream()
+    call = ToolCallDelta(0, "call_1", "get_weather", "")
+    for piece in ("Let ", "me ", "see.", call, ToolCallDelta(0, arguments="{}"), "Done", "."):
+        stream.put(piece)
+    stream.finish()
+    got: list[Any] = []
+
+    class Sink:
+        async def send(self, piece: Any) -> None:
+            got.append(piece)
+
+    await stream.deliver(Sink())
+    assert got == ["Let me see.", call, ToolCallDelta(0, arguments="{}"), "Done."]
