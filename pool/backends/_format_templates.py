@@ -5,7 +5,7 @@ one it is given. A GGUF's own template may not be the layout its ``prompt_format
 names (SmolLM2's adds a system prompt and has no tools), and llama-server's built-in
 template names are no help: with ``--jinja`` it takes ``--chat-template NAME`` as
 Jinja source (apart from ``chatml``, whose built-in template drops tools and past
-calls), so ``mistral-v7`` would be the whole prompt. So a model whose
+calls), so ``mistral-v7`` or ``gemma`` would be the whole prompt. So a model whose
 ``prompt_format`` is one of these gets the pool's template as ``--chat-template-file``:
 the same layout the format renders in-process (:mod:`pool.backends.prompt_formats`),
 tools, past calls and results included, so the server shows them to the model and
@@ -82,7 +82,97 @@ _QWEN3 = r"""{%- set ns = namespace(system='') -%}
 {%- endif -%}
 """
 
-FORMAT_TEMPLATES: dict[str, str] = {"qwen3_template": _QWEN3}
+# MistralFormat: [INST] turns (the instructions open the first), Mistral v3's tool markup.
+_MISTRAL = r"""{%- set ns = namespace(system='', last_user=-1, first=true) -%}
+{%- for message in messages -%}
+{%- if message.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- if messages and messages[0].role == 'system' -%}
+{%- set ns.system = messages[0].content -%}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message.role == 'system' -%}
+{%- elif message.role == 'tool' -%}
+{%- set content = message.content or '' -%}
+{{- '[TOOL_RESULTS] {"content": ' -}}
+{%- if content.lstrip().startswith('{') or content.lstrip().startswith('[') -%}
+{{- content -}}
+{%- else -%}
+{{- content | tojson -}}
+{%- endif -%}
+{{- ', "call_id": "' + (message.tool_call_id or '')[-9:] + '"}[/TOOL_RESULTS]' -}}
+{%- elif message.role == 'assistant' -%}
+{{- (message.content or '').strip() -}}
+{%- if message.tool_calls -%}
+{{- '[TOOL_CALLS] [' -}}
+{%- for call in message.tool_calls -%}
+{%- if not loop.first -%}{{- ', ' -}}{%- endif -%}
+{{- '{"name": "' + call.function.name + '", "arguments": ' -}}
+{%- if call.function.arguments is string -%}
+{{- call.function.arguments -}}
+{%- else -%}
+{{- call.function.arguments | tojson -}}
+{%- endif -%}
+{{- ', "id": "' + (call.id or '')[-9:] + '"}' -}}
+{%- endfor -%}
+{{- ']' -}}
+{%- endif -%}
+{{- '</s>' -}}
+{%- else -%}
+{%- if loop.index0 == ns.last_user and tools -%}
+{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
+{%- endif -%}
+{%- set text = (message.content or '').strip() -%}
+{%- if ns.first and ns.system -%}
+{%- set text = ns.system.strip() + '\n\n' + text -%}
+{%- endif -%}
+{%- set ns.first = false -%}
+{{- '[INST] ' + text + ' [/INST]' -}}
+{%- endif -%}
+{%- endfor -%}
+"""
+
+# Gemma4Format: <|turn> turns, the reply role `model`, the thinking switch; no tools.
+_GEMMA4 = r"""{%- set ns = namespace(system='', text='') -%}
+{%- if messages and messages[0].role == 'system' -%}
+{%- set ns.system = messages[0].content -%}
+{%- endif -%}
+{%- set thinking = enable_thinking is defined and enable_thinking -%}
+{%- if thinking or ns.system -%}
+{{- '<|turn>system\n' -}}
+{%- if thinking -%}{{- '<|think|>\n' -}}{%- endif -%}
+{{- ns.system.strip() + '<turn|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message.role == 'system' -%}
+{%- elif message.role == 'assistant' -%}
+{%- set parts = (message.content or '').split('<|channel>') -%}
+{%- set ns.text = parts[0] -%}
+{%- for part in parts[1:] -%}
+{%- if '<channel|>' in part -%}
+{%- set ns.text = ns.text + (part.split('<channel|>')[1:] | join('<channel|>')) -%}
+{%- else -%}
+{%- set ns.text = ns.text + '<|channel>' + part -%}
+{%- endif -%}
+{%- endfor -%}
+{{- '<|turn>model\n' + ns.text.strip() + '<turn|>\n' -}}
+{%- else -%}
+{{- '<|turn>user\n' + (message.content or '').strip() + '<turn|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|turn>model\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}
+{{- '<|channel>thought\n<channel|>' -}}
+{%- endif -%}
+{%- endif -%}
+"""
+
+FORMAT_TEMPLATES: dict[str, str] = {
+    "qwen3_template": _QWEN3,
+    "mistral_template": _MISTRAL,
+    "gemma4_template": _GEMMA4,
+}
 
 
 def format_template_file(name: str) -> str:

@@ -3,11 +3,13 @@
 The command line comes from the model's ``llama_server_*`` fields (live overrides
 already applied); requests are forwarded to its Chat Completions endpoint and streamed
 back token by token. The server's parallel slots are the replica's honest inflight
-target. A model whose ``prompt_format`` is ``qwen3_template`` gets the pool's own
-template for that format as ``--chat-template-file`` (:mod:`pool.backends._format_templates`):
-the template embedded in SmolLM2-like GGUFs adds a system prompt, and llama-server's
-built-in ``chatml`` drops tools and past calls; the pool's shows tools, calls and
-results in Qwen3's markup, which the server then parses.
+target. A model whose ``prompt_format`` is ``qwen3_template``, ``mistral_template`` or
+``gemma4_template`` gets the pool's own template for that format as
+``--chat-template-file`` (:mod:`pool.backends._format_templates`), the same layout as
+in-process: the template embedded in SmolLM2-like GGUFs adds a system prompt,
+llama-server's built-in ``chatml`` drops tools and past calls, and with ``--jinja`` the
+other built-in names are taken as the template's text. The pool's templates show tools,
+calls and results in the family's markup, which the server then parses.
 """
 
 from __future__ import annotations
@@ -113,12 +115,6 @@ LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
     },
 }
 
-# llama-server's built-in templates for formats the pool has no template file for.
-_CHAT_TEMPLATES = {
-    "mistral_template": "mistral-v7",
-    "gemma4_template": "gemma",
-}
-
 
 def uses_format_template(definition: LlamaServerModel) -> bool:
     """Whether the server renders with the pool's template for the model's prompt format
@@ -187,10 +183,7 @@ def command_line(
     elif uses_format_template(d):
         add("--chat-template-file", format_template_file(d.prompt_format))
     else:
-        add(
-            "--chat-template",
-            d.llama_server_chat_template or _CHAT_TEMPLATES.get(d.prompt_format),
-        )
+        add("--chat-template", d.llama_server_chat_template)
     if d.llama_server_mmproj_path:
         add("--mmproj", resolve_model_path(d.llama_server_mmproj_path, base_dir))
     add("--image-max-tokens", d.llama_server_image_max_tokens)
@@ -256,8 +249,13 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             # llama-server has no `dimensions`: a request setting it is a 400.
-            # Passed in OpenAI's fields; --jinja renders tools with the model's template.
-            tools=not definition.embedding,
+            # Passed in OpenAI's fields; --jinja renders tools with the model's template
+            # (the pool's for a built-in format: refused where it has no tool markup).
+            tools=not definition.embedding
+            and (
+                not uses_format_template(definition)
+                or format_tool_family(definition.prompt_format) is not None
+            ),
             structured_output=not definition.embedding,
         )
 

@@ -19,7 +19,6 @@ when the model's tokenizer adds its own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from abc import ABC, abstractmethod
@@ -124,11 +123,13 @@ def _refuse_tools(request: GenerationRequest, format_name: str) -> None:
 
 
 def _tool_object(tool: ToolSpec) -> dict[str, Any]:
-    """A tool as chat templates receive it: OpenAI's function tool object."""
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    function["parameters"] = dict(tool.parameters)
+    """A tool as chat templates receive it: OpenAI's function tool object (an empty
+    description where it has none, as llama-server and ``model_template`` pass it)."""
+    function = {
+        "name": tool.name,
+        "description": tool.description or "",
+        "parameters": dict(tool.parameters),
+    }
     return {"type": "function", "function": function}
 
 
@@ -209,9 +210,10 @@ class MistralFormat(PromptFormat):
     Tools follow Mistral's v3 tokenizer convention: the offered tools as a JSON list
     in ``[AVAILABLE_TOOLS] ...[/AVAILABLE_TOOLS]`` just before the last user turn, a
     past call as ``[TOOL_CALLS] [{"name", "arguments", "id"}]</s>`` and its result as
-    ``[TOOL_RESULTS] {"content", "call_id"}[/TOOL_RESULTS]``. Mistral's call ids are
-    nine letters or digits: any other id is shown as nine hex digits of its hash, the
-    same for the call and its result.
+    ``[TOOL_RESULTS] {"content", "call_id"}[/TOOL_RESULTS]`` (a result that looks like
+    JSON goes in as it is, as Mistral's template puts it; other text as a JSON string).
+    Mistral's call ids are nine characters: a longer id is shown by its last nine (the
+    random end of ``call_...`` ids), the same for the call and its result.
     """
 
     name = "mistral_template"
@@ -227,11 +229,12 @@ class MistralFormat(PromptFormat):
         for index, turn in enumerate(turns):
             text = turn.text.strip()
             if turn.role == "tool":
-                result = {
-                    "content": _arguments_or_text(turn.text),
-                    "call_id": _mistral_call_id(turn.tool_call_id or ""),
-                }
-                out.append(f"[TOOL_RESULTS] {_json(result)}[/TOOL_RESULTS]")
+                content = turn.text if turn.text.lstrip()[:1] in ("{", "[") else _json(turn.text)
+                call_id = _mistral_call_id(turn.tool_call_id or "")
+                out.append(
+                    f'[TOOL_RESULTS] {{"content": {content}, "call_id": "{call_id}"}}'
+                    "[/TOOL_RESULTS]"
+                )
                 continue
             if turn.role == "assistant":
                 if turn.tool_calls:
@@ -253,14 +256,9 @@ class MistralFormat(PromptFormat):
         return RenderedPrompt("".join(out), ("</s>", "[INST]"))
 
 
-_MISTRAL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
-
-
 def _mistral_call_id(call_id: str) -> str:
-    """A call id as Mistral's template requires it: nine letters or digits."""
-    if _MISTRAL_CALL_ID.fullmatch(call_id):
-        return call_id
-    return hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:9]
+    """A call id as Mistral's template wants it: nine characters, the id's last nine."""
+    return call_id[-9:]
 
 
 # Qwen3's own words around the offered tools (its chat template's system turn).
@@ -682,14 +680,6 @@ def _arguments(text: str) -> Any:
     except ValueError:
         return text
     return value if isinstance(value, dict) else text
-
-
-def _arguments_or_text(text: str) -> Any:
-    """A tool result as JSON where it is JSON, else as the text it is."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _json(value: Any) -> str:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import replace
-
 import pytest
 
 from pool.backends import Decoding, GenerationRequest, ImagePart, TextPart, Turn
@@ -397,8 +394,8 @@ WEATHER_JSON = (
     ' "required": ["city"]}}}'
 )
 TIME_JSON = (
-    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",'
-    ' "properties": {}}}}'
+    '{"type": "function", "function": {"name": "get_time", "description": "", "parameters":'
+    ' {"type": "object", "properties": {}}}}'
 )
 QWEN3_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -479,35 +476,33 @@ def test_qwen3_tool_choice_none_keeps_the_history_but_offers_no_tools() -> None:
 
 def test_mistral_renders_tools_calls_and_results_as_mistral_v3_does() -> None:
     rendered = _render("mistral_template", _tool_conversation(instructions="Be brief."))
-    weather_id = hashlib.sha256(b"call_abc").hexdigest()[:9]
-    time_id = hashlib.sha256(b"call_def").hexdigest()[:9]
+    # Mistral's ids are nine characters: the last nine of longer ones ("call_abc" has 8).
     assert rendered.text == (
         "[INST] Be brief.\n\nWeather and time in Paris? [/INST]"
         "Let me check.[TOOL_CALLS] "
-        f'[{{"name": "get_weather", "arguments": {{"city": "Paris"}}, "id": "{weather_id}"}},'
-        f' {{"name": "get_time", "arguments": {{}}, "id": "{time_id}"}}]</s>'
-        f'[TOOL_RESULTS] {{"content": {{"temperature": 22}}, "call_id": "{weather_id}"}}'
-        "[/TOOL_RESULTS]"
-        f'[TOOL_RESULTS] {{"content": "noon", "call_id": "{time_id}"}}[/TOOL_RESULTS]'
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_abc"},'
+        ' {"name": "get_time", "arguments": {}, "id": "call_def"}]</s>'
+        '[TOOL_RESULTS] {"content": {"temperature": 22}, "call_id": "call_abc"}[/TOOL_RESULTS]'
+        '[TOOL_RESULTS] {"content": "noon", "call_id": "call_def"}[/TOOL_RESULTS]'
         "22 degrees at noon.</s>"
         f"[AVAILABLE_TOOLS] [{WEATHER_JSON}, {TIME_JSON}][/AVAILABLE_TOOLS]"
         "[INST] And tomorrow? [/INST]"
     )
 
 
-def test_mistral_keeps_call_ids_of_nine_letters_or_digits() -> None:
+def test_mistral_shows_the_last_nine_characters_of_a_call_id() -> None:
     turns = (
         Turn("user", (TextPart("Time?"),)),
-        Turn("assistant", (), (ToolCall("a1B2c3D4e", "get_time", "{}"),)),
-        Turn("tool", (TextPart("noon"),), tool_call_id="a1B2c3D4e"),
+        Turn("assistant", (), (ToolCall("call_0123456789abcdef", "get_time", "{}"),)),
+        Turn("tool", (TextPart(' ["noon", 12]'),), tool_call_id="call_0123456789abcdef"),
     )
     request = GenerationRequest(
         request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(TIME,)
     )
     assert _render("mistral_template", request).text == (
         f"[AVAILABLE_TOOLS] [{TIME_JSON}][/AVAILABLE_TOOLS][INST] Time? [/INST]"
-        '[TOOL_CALLS] [{"name": "get_time", "arguments": {}, "id": "a1B2c3D4e"}]</s>'
-        '[TOOL_RESULTS] {"content": "noon", "call_id": "a1B2c3D4e"}[/TOOL_RESULTS]'
+        '[TOOL_CALLS] [{"name": "get_time", "arguments": {}, "id": "789abcdef"}]</s>'
+        '[TOOL_RESULTS] {"content":  ["noon", 12], "call_id": "789abcdef"}[/TOOL_RESULTS]'
     )
 
 
@@ -611,31 +606,29 @@ def test_every_format_refuses_images_and_a_trailing_reply(name: str) -> None:
 # --- the formats as llama-server's chat templates ------------------------------------
 
 
-def _as_llama_server_renders(request: GenerationRequest) -> GenerationRequest:
-    """``request`` with every tool's description set: llama-server hands templates a
-    tool without one as ``"description": ""``, where the format leaves the key out."""
-    return replace(
-        request,
-        tools=tuple(replace(t, description=t.description or "Tell.") for t in request.tools),
-    )
+_JINJA_CASES = [
+    _tool_conversation(instructions="Be brief."),
+    _tool_conversation(),
+    _tool_conversation(thinking="disabled", tool_choice=ToolChoice("required")),
+    _request("Hi", "<think>\nhm\n</think>\n\nHello!", "Bye", instructions="Sys"),
+    _request("Hi", "<|channel>thought\nhm<channel|>Hello!", "Bye", instructions=" Sys "),
+    _request("Hi", thinking="disabled"),
+    _request("Hi", thinking="enabled", instructions="Sys"),
+]
 
 
-@pytest.mark.parametrize(
-    "request_",
-    [
-        _tool_conversation(instructions="Be brief."),
-        _tool_conversation(),
-        _tool_conversation(thinking="disabled", tool_choice=ToolChoice("required")),
-        _request("Hi", "<think>\nhm\n</think>\n\nHello!", "Bye", instructions="Sys"),
-        _request("Hi", thinking="disabled"),
-        _request("Hi", thinking="enabled"),
-    ],
-)
-def test_the_qwen3_jinja_template_renders_as_the_format_does(
-    request_: GenerationRequest,
+@pytest.mark.parametrize("name", sorted(FORMAT_TEMPLATES))
+@pytest.mark.parametrize("request_", _JINJA_CASES)
+def test_the_jinja_templates_render_as_the_formats_do(
+    name: str, request_: GenerationRequest
 ) -> None:
-    """The template llama-server gets for qwen3_template lays a conversation out exactly
-    as the in-process format does (rendered here by the model-template sandbox)."""
-    request_ = _as_llama_server_renders(request_)
-    template = ModelTemplateFormat(ModelTemplate(FORMAT_TEMPLATES["qwen3_template"]))
-    assert template.render(request_).text == _render("qwen3_template", request_).text
+    """The template llama-server gets for a built-in format lays a conversation out
+    exactly as the in-process format does (rendered here by the model-template sandbox;
+    llama-server's own Jinja engine gave the same text for these cases)."""
+    template = ModelTemplateFormat(ModelTemplate(FORMAT_TEMPLATES[name]))
+    try:
+        expected = _render(name, request_).text
+    except PoolError as refused:
+        assert refused.code == "tools_unsupported" and format_tool_family(name) is None
+        return
+    assert template.render(request_).text == expected

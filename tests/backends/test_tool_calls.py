@@ -231,3 +231,36 @@ def test_llama_server_renders_qwen3_template_with_the_pools_template() -> None:
     args = command_line(own, "llama-server", "/m.gguf", 1)
     assert args[args.index("--chat-template-file") + 1] == "/t.jinja"
     assert tool_family(own, "Qwen3.gguf") == "granite"
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "template", "tools"),
+    [
+        ("qwen3_template", True, True),
+        ("mistral_template", True, True),
+        # The pool's Gemma 4 template has no tool markup: tools are refused.
+        ("gemma4_template", True, False),
+        # No template of the pool's: the GGUF's own renders (and decides on tools).
+        ("generic", False, True),
+        ("model_template", False, True),
+    ],
+)
+def test_llama_server_gets_the_pools_template_of_each_built_in_format(
+    prompt_format: str, template: bool, tools: bool
+) -> None:
+    from pathlib import Path
+
+    from pool.backends._format_templates import FORMAT_TEMPLATES
+    from pool.backends.llama_server import LlamaServerBackend, LlamaServerModel, command_line
+
+    model = LlamaServerModel(model_path="/m.gguf", prompt_format=prompt_format)
+    args = command_line(model, "llama-server", "/m.gguf", 1)
+    # llama-server's built-in names (mistral-v7, gemma) are never passed: with --jinja
+    # it would take the name itself for the template's text.
+    assert "--chat-template" not in args
+    if template:
+        path = Path(args[args.index("--chat-template-file") + 1])
+        assert path.read_text("utf-8") == FORMAT_TEMPLATES[prompt_format]
+    else:
+        assert "--chat-template-file" not in args
+    assert LlamaServerBackend().capabilities(model).tools == tools
