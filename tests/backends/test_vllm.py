@@ -116,7 +116,8 @@ async def test_without_vllm_a_load_says_so(
 @pytest.mark.real_model
 async def test_real_vllm_backend_in_its_env() -> None:
     """vllm_in_env.py inside vLLM's environment: Paris, streaming, a batch of 8,
-    cancel, unload, a refused override."""
+    cancel, unload, a refused override, images, and tools and JSON schemas through
+    vLLM's own parsers and structured outputs."""
     built = await trio.run_process(
         ["bash", str(ROOT / "scripts" / "build-vllm-env"), "--with-pool"],
         capture_stdout=True,
