@@ -121,7 +121,7 @@ class PieceStream:
     """
 
     def __init__(self) -> None:
-        self._pieces: deque[str] = deque()
+        self._pieces: deque[str | ToolCallDelta] = deque()
         self._arrived = trio.Event()
         self._finished = False
         self._failure: BaseException | None = None
@@ -130,8 +130,9 @@ class PieceStream:
     def finished(self) -> bool:
         return self._finished
 
-    def put(self, text: str) -> None:
-        """Producer side: queue ``text``; it reaches Trio at the next :func:`wake_streams`."""
+    def put(self, text: str | ToolCallDelta) -> None:
+        """Producer side: queue ``text`` (or a tool-call piece); it reaches Trio at the
+        next :func:`wake_streams`."""
         self._pieces.append(text)
 
     def finish(self, failure: BaseException | None = None) -> None:
@@ -146,8 +147,9 @@ class PieceStream:
     async def deliver(self, sink: TokenSink) -> None:
         """Trio side: send every piece to ``sink`` until the producer finishes.
 
-        Pieces that piled up while the sink was busy go out as one piece, so a slow
-        client costs one ``send`` per wake-up rather than one per token.
+        Text that piled up while the sink was busy goes out as one piece, so a slow
+        client costs one ``send`` per wake-up rather than one per token (tool-call
+        pieces go out one by one, in order).
 
         Raises:
             BaseException: what the producer passed to :meth:`finish`.
@@ -156,9 +158,7 @@ class PieceStream:
             # Read before draining: once it is set, every piece is already queued.
             finished = self._finished
             if self._pieces:
-                pieces = self._pieces
-                text = pieces.popleft() if len(pieces) == 1 else _take_all(pieces)
-                await sink.send(text)
+                await sink.send(_take_text(self._pieces))
                 continue
             if finished:
                 break
@@ -168,9 +168,19 @@ class PieceStream:
             raise self._failure
 
 
-def _take_all(pieces: deque[str]) -> str:
-    taken = [pieces.popleft() for _ in range(len(pieces))]
-    return "".join(taken)
+def _take_text(pieces: deque[str | ToolCallDelta]) -> str | ToolCallDelta:
+    """The first piece, joined with the text that follows it when it is text."""
+    first = pieces.popleft()
+    if isinstance(first, ToolCallDelta):
+        return first
+    taken = [first]
+    while pieces:
+        following = pieces[0]
+        if not isinstance(following, str):
+            break
+        pieces.popleft()
+        taken.append(following)
+    return "".join(taken) if len(taken) > 1 else first
 
 
 def wake_streams(trio_token: trio.lowlevel.TrioToken, streams: list[PieceStream]) -> bool:

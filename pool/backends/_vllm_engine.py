@@ -40,6 +40,7 @@ import trio
 
 from pool.backends._protocol import FinishReason, GenerationStats
 from pool.backends._threaded import PieceStream, wake_streams
+from pool.backends._vllm_tools import ChatSide, ChatSpec
 from pool.config import invalid_load_request
 from pool.errors import BackendError, PoolError
 
@@ -85,11 +86,15 @@ class EngineJob:
             ``multi_modal_data`` for images).
         sampling: the keyword arguments of ``SamplingParams`` (built on the engine
             thread, where vLLM is imported).
+        chat: the request's tools and output format, parsed and constrained by vLLM's
+            own classes on the engine thread (:mod:`pool.backends._vllm_tools`); None
+            for plain text.
     """
 
     request_id: str
     prompt: dict[str, Any]
     sampling: dict[str, Any]
+    chat: ChatSpec | None = None
     stream: PieceStream = dataclasses.field(default_factory=PieceStream)
     stats: GenerationStats | None = None
     task: asyncio.Task[None] | None = None
@@ -357,6 +362,8 @@ class EngineHost:
         self._touched: dict[int, PieceStream] = {}
         self._flush_pending = False
         self._single_tokens: dict[str, tuple[int | None, bool]] = {}
+        # vLLM's composed tool-call parser classes by parser name (engine thread only).
+        self._parser_classes: dict[str, Any] = {}
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._failed = trio.Event()
         self._started: trio.Event | None = None
@@ -558,6 +565,10 @@ class EngineHost:
         try:
             sampling = dict(job.sampling)
             sampling["stop"], stop_ids = self._stops(sampling.get("stop") or ())
+            chat = None
+            if job.chat is not None:
+                chat = ChatSide(job.chat, engine, self._parser_classes)
+                sampling.update(chat.sampling())
             params = SamplingParams(
                 output_kind=RequestOutputKind.DELTA, stop_token_ids=stop_ids, **sampling
             )
@@ -572,7 +583,18 @@ class EngineHost:
                 completion = output.outputs[0]
                 if completion.token_ids:
                     deltas += len(completion.token_ids)
-                if completion.text:
+                if chat is not None:
+                    pieces = chat.pieces(
+                        completion.text or "",
+                        list(completion.token_ids or ()),
+                        getattr(output, "prompt_token_ids", None),
+                        finished=output.finished,
+                    )
+                    for piece in pieces:
+                        job.stream.put(piece)
+                    if pieces:
+                        self._touch(job.stream)
+                elif completion.text:
                     job.stream.put(completion.text)
                     self._touch(job.stream)
                 if output.finished:

@@ -9,7 +9,7 @@ Nothing here imports vLLM.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -38,6 +38,20 @@ class VllmFields(CommonModelFields):
     vllm_speculative_moe_backend: str | None = None
     vllm_speculative_attention_backend: str | None = None
     vllm_num_speculative_tokens: PositiveInt | None = None
+    vllm_tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser (vllm serve's --tool-call-parser); default by"
+        " model family (qwen3 -> qwen3_json, Qwen3-Coder -> qwen3_xml, mistral/mixtral ->"
+        " mistral, granite -> granite, else hermes); the in-process vllm backend with a"
+        " built-in prompt_format takes the parser of the format's markup.",
+    )
+    vllm_tool_strict_level: Literal["auto", "function", "parameter"] | None = Field(
+        None,
+        description="vLLM's floor for constraining tool calls (vllm serve's"
+        " --tool-strict-level): auto (vLLM's default) pins a call's arguments to its"
+        " schema only for tools sent with strict: true, function constrains every call's"
+        " envelope, parameter also pins every tool's arguments to its schema.",
+    )
 
 
 class VllmLoadOverrides(LoadOverrides):

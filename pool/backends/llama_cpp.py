@@ -50,6 +50,8 @@ from pool.backends._tools import ToolCallDelta
 from pool.backends.prompt_formats import (
     ModelTemplate,
     PromptFormat,
+    format_renders_tools,
+    format_tool_family,
     format_traits,
     get_prompt_format,
     thinking_modes,
@@ -97,8 +99,10 @@ class LlamaCppModel(CommonModelFields):
     )
     tool_call_format: ToolCallFamily | None = Field(
         None,
-        description="How the model writes tool calls (hermes, qwen3, mistral, granite);"
-        " default: picked from the model's name and architecture.",
+        description="How a model_template model writes tool calls (hermes, qwen3, mistral,"
+        " granite); default: picked from the model's name and architecture. A built-in"
+        " prompt_format shows the model its own markup and parses that (qwen3_template:"
+        " qwen3, mistral_template: mistral).",
     )
     prefix_cache_mib: NonNegativeInt = Field(
         256,
@@ -550,8 +554,9 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             thinking_modes=thinking_modes(definition.prompt_format),
             embeddings=definition.embedding,
             sampling=LLAMA_CPP_SAMPLING,
-            # Tools need a chat template that renders them; output grammars work always.
-            tools=definition.prompt_format == "model_template" and not definition.embedding,
+            # Tools need a format with a tool convention (or a chat template that renders
+            # them); output grammars work always.
+            tools=format_renders_tools(definition.prompt_format) and not definition.embedding,
             structured_output=not definition.embedding,
         )
 
@@ -641,8 +646,14 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 await trio.to_thread.run_sync(llama.close, limiter=limiter)
             raise BackendError(str(exc)) from exc
         metadata = llama.metadata
-        family = definition.tool_call_format or tool_call_family(
-            path.name, metadata.get("general.name"), metadata.get("general.architecture")
+        # A built-in format shows the model its own markup, so the reply is parsed in
+        # it; a model template shows the model's (configured, else known by its names).
+        family = (
+            format_tool_family(definition.prompt_format)
+            or definition.tool_call_format
+            or tool_call_family(
+                path.name, metadata.get("general.name"), metadata.get("general.architecture")
+            )
         )
         return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk)
 

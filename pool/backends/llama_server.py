@@ -3,8 +3,13 @@
 The command line comes from the model's ``llama_server_*`` fields (live overrides
 already applied); requests are forwarded to its Chat Completions endpoint and streamed
 back token by token. The server's parallel slots are the replica's honest inflight
-target. SmolLM2-like ChatML models get ``--chat-template chatml`` with
-``qwen3_template``, because the template embedded in such GGUFs adds a system prompt.
+target. A model whose ``prompt_format`` is ``qwen3_template``, ``mistral_template`` or
+``gemma4_template`` gets the pool's own template for that format as
+``--chat-template-file`` (:mod:`pool.backends._format_templates`), the same layout as
+in-process: the template embedded in SmolLM2-like GGUFs adds a system prompt,
+llama-server's built-in ``chatml`` drops tools and past calls, and with ``--jinja`` the
+other built-in names are taken as the template's text. The pool's templates show tools,
+calls and results in the family's markup, which the server then parses.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import trio
 from pydantic import Field, PositiveInt
 
 from pool.backends._embedding import PooledEmbeddingFields
+from pool.backends._format_templates import FORMAT_TEMPLATES, format_template_file
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -33,6 +39,7 @@ from pool.backends._protocol import (
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
+from pool.backends.prompt_formats import format_tool_family
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
@@ -108,11 +115,25 @@ LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
     },
 }
 
-_CHAT_TEMPLATES = {
-    "qwen3_template": "chatml",
-    "mistral_template": "mistral-v7",
-    "gemma4_template": "gemma",
-}
+
+def uses_format_template(definition: LlamaServerModel) -> bool:
+    """Whether the server renders with the pool's template for the model's prompt format
+    (no template of the model's own configured)."""
+    return (
+        definition.prompt_format in FORMAT_TEMPLATES
+        and not definition.llama_server_chat_template
+        and not definition.llama_server_chat_template_file
+    )
+
+
+def tool_family(definition: LlamaServerModel, model_file: str) -> ToolCallFamily:
+    """The markup forced calls are written in: the pool's template's, else configured,
+    else known by the file's name."""
+    if uses_format_template(definition):
+        family = format_tool_family(definition.prompt_format)
+        if family is not None:
+            return family
+    return definition.tool_call_format or tool_call_family(model_file)
 
 
 def slots(definition: LlamaServerModel) -> int:
@@ -159,11 +180,10 @@ def command_line(
     add("-fa", d.llama_server_flash_attn)
     if d.llama_server_chat_template_file:
         add("--chat-template-file", resolve_model_path(d.llama_server_chat_template_file, base_dir))
+    elif uses_format_template(d):
+        add("--chat-template-file", format_template_file(d.prompt_format))
     else:
-        add(
-            "--chat-template",
-            d.llama_server_chat_template or _CHAT_TEMPLATES.get(d.prompt_format),
-        )
+        add("--chat-template", d.llama_server_chat_template)
     if d.llama_server_mmproj_path:
         add("--mmproj", resolve_model_path(d.llama_server_mmproj_path, base_dir))
     add("--image-max-tokens", d.llama_server_image_max_tokens)
@@ -229,8 +249,13 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             # llama-server has no `dimensions`: a request setting it is a 400.
-            # Passed in OpenAI's fields; --jinja renders tools with the model's template.
-            tools=not definition.embedding,
+            # Passed in OpenAI's fields; --jinja renders tools with the model's template
+            # (the pool's for a built-in format: refused where it has no tool markup).
+            tools=not definition.embedding
+            and (
+                not uses_format_template(definition)
+                or format_tool_family(definition.prompt_format) is not None
+            ),
             structured_output=not definition.embedding,
         )
 
@@ -269,7 +294,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
-            grammar_calls=definition.tool_call_format or tool_call_family(model_path.name),
+            grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
         )
 

@@ -6,6 +6,11 @@ conversation, whether it can switch thinking per request, and ``render``. The
 template is untrusted input, so it runs in the sandbox of ``_template_sandbox``, with
 limits on the size of every value it builds, on the work it may do and on its output.
 
+Formats whose model family has a tool-calling convention render the offered tools,
+the conversation's earlier calls and their results in that family's own markup
+(``tool_family`` names the markup, which the backend parses the reply with); the
+others refuse tools with ``tools_unsupported``.
+
 The built-in formats leave the BOS token out: runtimes add it when they tokenize
 (llama.cpp does for models whose tokenizer asks for it), and a second one only
 confuses the model. For the same reason a model template's leading BOS is dropped
@@ -29,6 +34,8 @@ from pool.backends._protocol import (
     Turn,
 )
 from pool.backends._template_sandbox import SandboxedTemplate, TemplateLimitError
+from pool.backends._tool_calls import ToolCallFamily
+from pool.backends._tools import ToolCall, ToolSpec
 from pool.config import PromptFormatName
 from pool.errors import PoolError
 
@@ -43,6 +50,8 @@ __all__ = [
     "Qwen3Format",
     "RenderedPrompt",
     "TranslateGemmaFormat",
+    "format_renders_tools",
+    "format_tool_family",
     "format_traits",
     "get_prompt_format",
     "thinking_modes",
@@ -91,6 +100,44 @@ def _checked_turns(
     return request.turns
 
 
+def _uses_tools(request: GenerationRequest) -> bool:
+    """Tools offered, or calls and results in the conversation."""
+    return request.offers_tools or any(
+        turn.role == "tool" or turn.tool_calls for turn in request.turns
+    )
+
+
+def _refuse_tools(request: GenerationRequest, format_name: str) -> None:
+    """Refuse a request using tools on a format with no tool convention.
+
+    The pool's intake refuses them first (the backend's capabilities say so); this keeps
+    a format from ever dropping calls or results silently.
+    """
+    if _uses_tools(request):
+        raise PoolError(
+            "tools_unsupported",
+            f"prompt_format {format_name} has no way to show tools to the model (use"
+            " model_template with a chat template that renders them)",
+            details={"param": "tools"},
+        )
+
+
+def _tool_object(tool: ToolSpec) -> dict[str, Any]:
+    """A tool as chat templates receive it: OpenAI's function tool object (an empty
+    description where it has none, as llama-server and ``model_template`` pass it)."""
+    function = {
+        "name": tool.name,
+        "description": tool.description or "",
+        "parameters": dict(tool.parameters),
+    }
+    return {"type": "function", "function": function}
+
+
+def _call_object(call: ToolCall) -> dict[str, Any]:
+    """``{"name", "arguments"}`` of a past call; arguments as an object where they parse."""
+    return {"name": call.name, "arguments": _arguments(call.arguments)}
+
+
 class PromptFormat(ABC):
     """How one family of models wants its conversation laid out.
 
@@ -98,11 +145,15 @@ class PromptFormat(ABC):
         name: the ``prompt_format`` value of a model definition.
         multi_turn: whether a multi-turn ``messages`` conversation can be rendered.
         supports_thinking_control: whether ``render`` honours thinking enabled/disabled.
+        tool_family: the tool-call markup the format shows the model (and the model's
+            reply is parsed in); None: the format has no tool convention and refuses
+            tools. For ``model_template`` it is None: the markup depends on the model.
     """
 
     name: ClassVar[PromptFormatName]
     multi_turn: ClassVar[bool] = True
     supports_thinking_control: ClassVar[bool] = False
+    tool_family: ClassVar[ToolCallFamily | None] = None
 
     @abstractmethod
     def render(
@@ -136,6 +187,7 @@ class GenericFormat(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        _refuse_tools(request, self.name)
         parts: list[str] = []
         if request.instructions:
             parts.append(f"{request.instructions.strip()}\n\n")
@@ -154,25 +206,71 @@ class MistralFormat(PromptFormat):
     Mistral's instruct models have no system role, so the instructions open the
     first user turn. A past assistant reply is closed with ``</s>``, as Mistral's own
     template does.
+
+    Tools follow Mistral's v3 tokenizer convention: the offered tools as a JSON list
+    in ``[AVAILABLE_TOOLS] ...[/AVAILABLE_TOOLS]`` just before the last user turn, a
+    past call as ``[TOOL_CALLS] [{"name", "arguments", "id"}]</s>`` and its result as
+    ``[TOOL_RESULTS] {"content", "call_id"}[/TOOL_RESULTS]`` (a result that looks like
+    JSON goes in as it is, as Mistral's template puts it; other text as a JSON string).
+    Mistral's call ids are nine characters: a longer id is shown by its last nine (the
+    random end of ``call_...`` ids), the same for the call and its result.
     """
 
     name = "mistral_template"
+    tool_family = "mistral"
 
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        turns = _checked_turns(request, self.name)
+        last_user = max((i for i, turn in enumerate(turns) if turn.role == "user"), default=-1)
         out: list[str] = []
         first_user = True
-        for turn in _checked_turns(request, self.name):
+        for index, turn in enumerate(turns):
             text = turn.text.strip()
-            if turn.role == "assistant":
-                out.append(f"{text}</s>")
+            if turn.role == "tool":
+                content = turn.text if turn.text.lstrip()[:1] in ("{", "[") else _json(turn.text)
+                call_id = _mistral_call_id(turn.tool_call_id or "")
+                out.append(
+                    f'[TOOL_RESULTS] {{"content": {content}, "call_id": "{call_id}"}}'
+                    "[/TOOL_RESULTS]"
+                )
                 continue
+            if turn.role == "assistant":
+                if turn.tool_calls:
+                    calls = [
+                        {**_call_object(call), "id": _mistral_call_id(call.id)}
+                        for call in turn.tool_calls
+                    ]
+                    out.append(f"{text}[TOOL_CALLS] {_json(calls)}</s>")
+                else:
+                    out.append(f"{text}</s>")
+                continue
+            if index == last_user and request.offers_tools:
+                tools = _json([_tool_object(tool) for tool in request.tools])
+                out.append(f"[AVAILABLE_TOOLS] {tools}[/AVAILABLE_TOOLS]")
             if first_user and request.instructions:
                 text = f"{request.instructions.strip()}\n\n{text}"
             first_user = False
             out.append(f"[INST] {text} [/INST]")
         return RenderedPrompt("".join(out), ("</s>", "[INST]"))
+
+
+def _mistral_call_id(call_id: str) -> str:
+    """A call id as Mistral's template wants it: nine characters, the id's last nine."""
+    return call_id[-9:]
+
+
+# Qwen3's own words around the offered tools (its chat template's system turn).
+_QWEN3_TOOLS_OPEN = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_QWEN3_TOOLS_CLOSE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and"
+    " arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 
 
 class Qwen3Format(PromptFormat):
@@ -182,23 +280,50 @@ class Qwen3Format(PromptFormat):
     better without an invented one (SmolLM2's embedded default derails it). Thinking
     disabled appends the empty think block that Qwen3's own template emits for
     ``enable_thinking=False``; enabled leaves the model free to open its own.
+
+    Tools are laid out as Qwen3's template does (the Hermes convention): the offered
+    tools as JSON lines in a ``<tools>`` block of the system turn (after the
+    instructions), a past call as ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``
+    after the assistant's text, and results as ``<tool_response>`` blocks in one user
+    turn per run of consecutive results. The model answers in the same markup.
     """
 
     name = "qwen3_template"
     supports_thinking_control = True
+    tool_family = "qwen3"
 
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        turns = _checked_turns(request, self.name)
         out: list[str] = []
-        if request.instructions:
+        if request.offers_tools:
+            system = f"{request.instructions}\n\n" if request.instructions else ""
+            tools = "".join(f"\n{_json(_tool_object(tool))}" for tool in request.tools)
+            out.append(
+                f"<|im_start|>system\n{system}{_QWEN3_TOOLS_OPEN}{tools}{_QWEN3_TOOLS_CLOSE}"
+                "<|im_end|>\n"
+            )
+        elif request.instructions:
             out.append(f"<|im_start|>system\n{request.instructions}<|im_end|>\n")
-        for turn in _checked_turns(request, self.name):
+        for index, turn in enumerate(turns):
+            if turn.role == "tool":
+                if index == 0 or turns[index - 1].role != "tool":
+                    out.append("<|im_start|>user")
+                out.append(f"\n<tool_response>\n{turn.text}\n</tool_response>")
+                if index == len(turns) - 1 or turns[index + 1].role != "tool":
+                    out.append("<|im_end|>\n")
+                continue
             text = turn.text
             if turn.role == "assistant" and "</think>" in text:
                 # Qwen3 never shows the model its earlier reasoning, only its answers.
                 text = text.rsplit("</think>", 1)[1].lstrip("\n")
-            out.append(f"<|im_start|>{turn.role}\n{text}<|im_end|>\n")
+            calls = "".join(
+                ("\n" if number or text else "")
+                + f"<tool_call>\n{_json(_call_object(call))}\n</tool_call>"
+                for number, call in enumerate(turn.tool_calls)
+            )
+            out.append(f"<|im_start|>{turn.role}\n{text}{calls}<|im_end|>\n")
         out.append("<|im_start|>assistant\n")
         if _effective_thinking(request, enable_thinking) is False:
             out.append("<think>\n\n</think>\n\n")
@@ -223,7 +348,8 @@ class Gemma4Format(PromptFormat):
       default, which is not to think.
 
     Turn text is trimmed and earlier reasoning is dropped from past replies, as the
-    template does.
+    template does. Gemma 4 writes tool calls in markup of its own that the pool does not
+    parse: this format refuses tools (``model_template`` renders the model's own).
     """
 
     name = "gemma4_template"
@@ -232,6 +358,7 @@ class Gemma4Format(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        _refuse_tools(request, self.name)
         turns = _checked_turns(request, self.name)
         thinking = _effective_thinking(request, enable_thinking)
         out: list[str] = []
@@ -324,6 +451,7 @@ class TranslateGemmaFormat(PromptFormat):
     def render(
         self, request: GenerationRequest, *, enable_thinking: bool | None = None
     ) -> RenderedPrompt:
+        _refuse_tools(request, self.name)
         turns = _checked_turns(request, self.name)
         if len(turns) != 1:
             raise PoolError(
@@ -554,6 +682,11 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
+def _json(value: Any) -> str:
+    """JSON as chat templates' ``tojson`` writes it (transformers: ``", "``/``": "``)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 class _ThinkingModelTemplateFormat(ModelTemplateFormat):
     """A model template that reads ``enable_thinking``, so thinking can be switched."""
 
@@ -616,6 +749,33 @@ def format_traits(name: str) -> tuple[bool, bool]:
     if format_class is None:
         raise ValueError(f"unknown prompt_format {name!r}")
     return format_class.multi_turn, format_class.supports_thinking_control
+
+
+def format_tool_family(name: str) -> ToolCallFamily | None:
+    """The tool-call markup a built-in format shows the model; None for a format with
+    no tool convention and for ``model_template`` (whose markup is the model's).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == ModelTemplateFormat.name:
+        return None
+    format_class = _FORMATS.get(name)
+    if format_class is None:
+        raise ValueError(f"unknown prompt_format {name!r}")
+    return format_class.tool_family
+
+
+def format_renders_tools(name: str) -> bool:
+    """Whether a model rendered with format ``name`` can be offered tools.
+
+    ``model_template`` can (whether the model's template reads ``tools`` is checked
+    when a request is rendered); a built-in format can where it has a tool convention.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    return name == ModelTemplateFormat.name or format_tool_family(name) is not None
 
 
 def thinking_modes(name: str) -> tuple[ThinkingMode, ...]:

@@ -24,6 +24,13 @@ pool's media loader, decoded to PIL images as the prompt's ``multi_modal_data``;
 model's chat template marks where each one goes and vLLM's processor expands the marks
 into the image's tokens. ``vllm_limit_mm_per_prompt`` is vLLM's own check: a request
 with more images than it allows is refused with 400 ``invalid_request``.
+
+Tools and structured output go through vLLM's own machinery, as under ``vllm serve``
+(:mod:`pool.backends._vllm_tools`): the prompt format shows the model the tools (a
+format with no tool convention refuses them), vLLM's tool parser (``vllm_tool_call_parser``,
+else the parser of the format's markup, else by model family) adjusts the request and
+parses the output, and ``response_format`` or a forced call constrains decoding with
+vLLM's structured outputs.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from pool.backends._protocol import (
     TokenSink,
 )
 from pool.backends._server_cache import SaltCache
+from pool.backends._tool_calls import VLLM_TOOL_PARSERS, vllm_tool_parser
 from pool.backends._vllm_engine import (
     CLOSE_TIMEOUT_S,
     EngineHost,
@@ -69,10 +77,13 @@ from pool.backends._vllm_fields import (
     model_source,
     replica_concurrency,
 )
+from pool.backends._vllm_tools import chat_spec
 from pool.backends.prompt_formats import (
     ModelTemplate,
     PromptFormat,
     RenderedPrompt,
+    format_renders_tools,
+    format_tool_family,
     format_traits,
     get_prompt_format,
     thinking_modes,
@@ -146,6 +157,17 @@ def _prompt_format(definition: VllmModel, host: EngineHost) -> PromptFormat:
         )
     except (PoolError, ValueError) as exc:
         raise BackendError(str(exc)) from exc
+
+
+def tool_parser(definition: VllmModel) -> str:
+    """vLLM's tool parser for the model: configured, else the one of the markup the
+    prompt format shows the model, else by the model's family (as ``vllm_serve``)."""
+    if definition.vllm_tool_call_parser:
+        return definition.vllm_tool_call_parser
+    family = format_tool_family(definition.prompt_format)
+    if family is not None:
+        return VLLM_TOOL_PARSERS[family]
+    return vllm_tool_parser(model_source(definition))
 
 
 def _takes_images(definition: VllmModel) -> bool:
@@ -222,6 +244,7 @@ class VllmRuntime:
         # Automatic prefix caching is on (vLLM's default); a salt per tenant and tag
         # keeps each scope's cached blocks its own.
         self._salts = SaltCache()
+        self._tool_parser = tool_parser(definition)
         self.rss_before_engine_mib = rss_before_engine_mib
         self.rss_loaded_mib = rss_mib()
         self.rss_after_close_mib: float | None = None
@@ -287,6 +310,7 @@ class VllmRuntime:
             request_id=f"{request.request_id}-{next(_request_numbers)}",
             prompt=prompt,
             sampling=sampling_arguments(request, rendered),
+            chat=chat_spec(request, self._tool_parser, self._definition.vllm_tool_strict_level),
         )
 
     async def flush_cache(
@@ -371,6 +395,9 @@ class VllmBackend(Backend[VllmModel]):
             multi_turn=multi_turn,
             thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
+            # Shown by the prompt format, parsed and constrained by vLLM itself.
+            tools=format_renders_tools(definition.prompt_format),
+            structured_output=True,
         )
 
     def effective_target_inflight(self, definition: VllmModel) -> int:

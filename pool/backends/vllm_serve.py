@@ -53,12 +53,6 @@ class VllmServeModel(VllmFields, PooledEmbeddingFields):
     vllm_serve_timeout_s: Annotated[float, Field(gt=0.0)] = 600.0
     vllm_serve_extra_args: list[str] = Field(default_factory=list)
     embedding_dimensions: bool = Field(False, description=DIMENSIONS_DESCRIPTION)
-    vllm_tool_call_parser: str | None = Field(
-        None,
-        description="vLLM's --tool-call-parser; default by model family (qwen3 -> qwen3_json,"
-        " Qwen3-Coder -> qwen3_xml, mistral/mixtral -> mistral, granite -> granite, else"
-        " hermes).",
-    )
 
 
 def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> int:
@@ -101,6 +95,8 @@ def command_line(
             "--tool-call-parser",
             d.vllm_tool_call_parser or vllm_tool_parser(model, served_name),
         ]
+        if d.vllm_tool_strict_level is not None:
+            args += ["--tool-strict-level", d.vllm_tool_strict_level]
     else:
         # `auto` converts a causal LM to an embedding model and keeps a native one.
         args += ["--runner", "pooling"]

@@ -266,17 +266,18 @@ async def test_images_are_refused_even_if_the_config_lists_them() -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt_format", "multi_turn", "thinking"),
+    ("prompt_format", "multi_turn", "thinking", "tools"),
     [
-        ("generic", True, ["default"]),
-        ("mistral_template", True, ["default"]),
-        ("qwen3_template", True, ["default", "enabled", "disabled"]),
-        ("gemma4_template", True, ["default", "enabled", "disabled"]),
-        ("translategemma_template", False, ["default"]),
+        ("generic", True, ["default"], False),
+        ("mistral_template", True, ["default"], True),
+        ("qwen3_template", True, ["default", "enabled", "disabled"], True),
+        ("gemma4_template", True, ["default", "enabled", "disabled"], False),
+        ("translategemma_template", False, ["default"], False),
+        ("model_template", True, ["default"], True),
     ],
 )
 def test_capabilities_follow_the_prompt_format(
-    prompt_format: str, multi_turn: bool, thinking: list[str]
+    prompt_format: str, multi_turn: bool, thinking: list[str], tools: bool
 ) -> None:
     backend = LlamaCppBackend()
     definition = LlamaCppModel.model_validate(
@@ -286,7 +287,12 @@ def test_capabilities_follow_the_prompt_format(
     assert capabilities.modalities == ("text",)
     assert capabilities.multi_turn == multi_turn
     assert list(capabilities.thinking_modes) == thinking
+    # Tools where the format has a tool convention (model_template: its template's).
+    assert capabilities.tools == tools
+    assert capabilities.structured_output
     assert backend.effective_target_inflight(definition) == 1
+    embedding = LlamaCppModel.model_validate({"prompt_format": prompt_format, "embedding": True})
+    assert not backend.capabilities(embedding).tools
 
 
 def test_every_allowed_cache_type_maps_to_a_ggml_type() -> None:

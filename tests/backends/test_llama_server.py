@@ -264,3 +264,64 @@ async def test_speculative_decoding_with_smollm2_as_its_own_draft(
     # The server's own word that it loaded the draft (it logs no acceptance figures at
     # its default verbosity).
     assert f"loading draft model '{resolve_model_path(SMOLLM2)}'" in tail, tail[-3000:]
+
+
+@pytest.mark.parametrize("prompt_format", ["qwen3_template", "mistral_template", "gemma4_template"])
+async def test_the_server_renders_a_built_in_format_as_the_pool_does(
+    llama_server_binary: str, prompt_format: str
+) -> None:
+    """llama-server's own Jinja engine renders the pool's template of each built-in
+    format (tools, past calls and results included) to the text the format renders
+    in-process, as the server's /apply-template shows."""
+    import httpx
+
+    from pool.backends import Decoding, GenerationRequest, TextPart, ToolCall, ToolSpec, Turn
+    from pool.backends._chat_client import chat_messages, tool_fields
+    from pool.backends.prompt_formats import get_prompt_format
+
+    weather = ToolSpec(
+        "get_weather",
+        "Get the weather",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    )
+    call = ToolCall("call_0123456789abcdef", "get_weather", '{"city":"Paris"}')
+    with_tools = (
+        Turn("user", (TextPart("Weather in Paris?"),)),
+        Turn("assistant", (TextPart("Let me check."),), (call,)),
+        Turn("tool", (TextPart('{"temperature": 22}'),), tool_call_id=call.id),
+        Turn("assistant", (TextPart("22 degrees."),)),
+        Turn("user", (TextPart("And tomorrow?"),)),
+    )
+    plain = (
+        Turn("user", (TextPart("Hi"),)),
+        Turn("assistant", (TextPart("Hello!"),)),
+        Turn("user", (TextPart("Bye"),)),
+    )
+    fmt = get_prompt_format(prompt_format)
+    cases = [
+        GenerationRequest("r", "ls", plain, Decoding(), instructions="Be brief."),
+        GenerationRequest("r", "ls", plain, Decoding(), thinking="disabled"),
+        GenerationRequest("r", "ls", plain, Decoding(), thinking="enabled", instructions="S"),
+    ]
+    if fmt.tool_family is not None:
+        cases.append(
+            GenerationRequest(
+                "r", "ls", with_tools, Decoding(), instructions="Be brief.", tools=(weather,)
+            )
+        )
+    async with open_pool(_settings(llama_server_binary, prompt_format=prompt_format)) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            for request in cases:
+                body: dict[str, Any] = {"messages": chat_messages(request), **tool_fields(request)}
+                thinking = {"enabled": True, "disabled": False}.get(request.thinking)
+                if thinking is not None:
+                    body["chat_template_kwargs"] = {"enable_thinking": thinking}
+                rendered = (await http.post("/apply-template", json=body)).json()["prompt"]
+                expected = fmt.render(request).text
+                if prompt_format == "gemma4_template" and thinking is None:
+                    # Unset, llama-server passes enable_thinking false: thinking off, as
+                    # the format's unset default means, said with the closed channel.
+                    expected += "<|channel>thought\n<channel|>"
+                assert rendered == expected, (request, rendered)

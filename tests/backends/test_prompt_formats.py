@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pool.backends import Decoding, GenerationRequest, ImagePart, TextPart, Turn
+from pool.backends._format_templates import FORMAT_TEMPLATES
+from pool.backends._tool_calls import ToolCallScanner
+from pool.backends._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec, assemble_calls
 from pool.backends.prompt_formats import (
     PROMPT_FORMAT_NAMES,
     ModelTemplate,
+    ModelTemplateFormat,
     PromptFormat,
     RenderedPrompt,
+    format_renders_tools,
+    format_tool_family,
     format_traits,
     get_prompt_format,
     thinking_modes,
@@ -374,6 +380,182 @@ def test_template_from_gguf_metadata() -> None:
     assert spm is not None and spm.add_bos
 
 
+# --- tools on the built-in formats --------------------------------------------------
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "Get the weather",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+TIME = ToolSpec("get_time")  # no description, the default parameters
+WEATHER_JSON = (
+    '{"type": "function", "function": {"name": "get_weather", "description": "Get the weather",'
+    ' "parameters": {"type": "object", "properties": {"city": {"type": "string"}},'
+    ' "required": ["city"]}}}'
+)
+TIME_JSON = (
+    '{"type": "function", "function": {"name": "get_time", "description": "", "parameters":'
+    ' {"type": "object", "properties": {}}}}'
+)
+QWEN3_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    f"{WEATHER_JSON}\n{TIME_JSON}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within"
+    " <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def _tool_conversation(**fields: object) -> GenerationRequest:
+    """A question, two calls (one with text before it), their results, a follow-up."""
+    turns = (
+        Turn("user", (TextPart("Weather and time in Paris?"),)),
+        Turn(
+            "assistant",
+            (TextPart("Let me check."),),
+            (
+                ToolCall("call_abc", "get_weather", '{"city":"Paris"}'),
+                ToolCall("call_def", "get_time", "{}"),
+            ),
+        ),
+        Turn("tool", (TextPart('{"temperature": 22}'),), tool_call_id="call_abc"),
+        Turn("tool", (TextPart("noon"),), tool_call_id="call_def"),
+        Turn("assistant", (TextPart("22 degrees at noon."),)),
+        Turn("user", (TextPart("And tomorrow?"),)),
+    )
+    return GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(WEATHER, TIME),
+        **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_qwen3_renders_tools_calls_and_results_as_qwen3_does() -> None:
+    rendered = _render("qwen3_template", _tool_conversation(instructions="Be brief."))
+    assert rendered.text == (
+        f"<|im_start|>system\nBe brief.\n\n{QWEN3_TOOLS}<|im_end|>\n"
+        "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\nLet me check.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n{"temperature": 22}\n</tool_response>\n'
+        "<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n22 degrees at noon.<|im_end|>\n"
+        "<|im_start|>user\nAnd tomorrow?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert rendered.stop == ("<|im_end|>", "<|im_start|>")
+
+
+def test_qwen3_tools_without_instructions_and_a_trailing_result() -> None:
+    turns = (
+        Turn("user", (TextPart("Time?"),)),
+        Turn("assistant", (), (ToolCall("call_1", "get_time", "{}"),)),
+        Turn("tool", (TextPart("noon"),), tool_call_id="call_1"),
+    )
+    request = GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(WEATHER, TIME),
+        thinking="disabled",
+    )  # fmt: skip
+    assert _render("qwen3_template", request).text == (
+        f"<|im_start|>system\n{QWEN3_TOOLS}<|im_end|>\n"
+        "<|im_start|>user\nTime?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+
+
+def test_qwen3_tool_choice_none_keeps_the_history_but_offers_no_tools() -> None:
+    rendered = _render("qwen3_template", _tool_conversation(tool_choice=ToolChoice("none"))).text
+    assert "<tools>" not in rendered and not rendered.startswith("<|im_start|>system")
+    assert '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>' in rendered
+    assert "<tool_response>\nnoon\n</tool_response>" in rendered
+
+
+def test_mistral_renders_tools_calls_and_results_as_mistral_v3_does() -> None:
+    rendered = _render("mistral_template", _tool_conversation(instructions="Be brief."))
+    # Mistral's ids are nine characters: the last nine of longer ones ("call_abc" has 8).
+    assert rendered.text == (
+        "[INST] Be brief.\n\nWeather and time in Paris? [/INST]"
+        "Let me check.[TOOL_CALLS] "
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_abc"},'
+        ' {"name": "get_time", "arguments": {}, "id": "call_def"}]</s>'
+        '[TOOL_RESULTS] {"content": {"temperature": 22}, "call_id": "call_abc"}[/TOOL_RESULTS]'
+        '[TOOL_RESULTS] {"content": "noon", "call_id": "call_def"}[/TOOL_RESULTS]'
+        "22 degrees at noon.</s>"
+        f"[AVAILABLE_TOOLS] [{WEATHER_JSON}, {TIME_JSON}][/AVAILABLE_TOOLS]"
+        "[INST] And tomorrow? [/INST]"
+    )
+
+
+def test_mistral_shows_the_last_nine_characters_of_a_call_id() -> None:
+    turns = (
+        Turn("user", (TextPart("Time?"),)),
+        Turn("assistant", (), (ToolCall("call_0123456789abcdef", "get_time", "{}"),)),
+        Turn("tool", (TextPart(' ["noon", 12]'),), tool_call_id="call_0123456789abcdef"),
+    )
+    request = GenerationRequest(
+        request_id="r", model="m", turns=turns, decoding=Decoding(), tools=(TIME,)
+    )
+    assert _render("mistral_template", request).text == (
+        f"[AVAILABLE_TOOLS] [{TIME_JSON}][/AVAILABLE_TOOLS][INST] Time? [/INST]"
+        '[TOOL_CALLS] [{"name": "get_time", "arguments": {}, "id": "789abcdef"}]</s>'
+        '[TOOL_RESULTS] {"content":  ["noon", 12], "call_id": "789abcdef"}[/TOOL_RESULTS]'
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "reply"),
+    [
+        (
+            "qwen3_template",
+            'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+            "</tool_call>",
+        ),
+        (
+            "mistral_template",
+            'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+        ),
+    ],
+)
+def test_a_reply_in_the_formats_markup_parses_back_into_calls(name: str, reply: str) -> None:
+    """The markup a format shows the model is the markup its family parser reads."""
+    family = format_tool_family(name)
+    assert family is not None
+    scanner = ToolCallScanner(family)
+    pieces = [piece for char in reply for piece in scanner.feed(char)] + scanner.finish()
+    assert "".join(p for p in pieces if isinstance(p, str)) == "Sure."
+    (call,) = assemble_calls(p for p in pieces if isinstance(p, ToolCallDelta))
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Rome"}')
+
+
+@pytest.mark.parametrize("name", ["generic", "gemma4_template", "translategemma_template"])
+def test_formats_without_a_tool_convention_refuse_tools(name: str) -> None:
+    fmt = get_prompt_format(name)
+    offered = GenerationRequest(
+        request_id="r", model="m", turns=(Turn("user", (TextPart("Hi"),)),),
+        decoding=Decoding(), tools=(WEATHER,), target_lang_code="fr",
+    )  # fmt: skip
+    error = _refused(fmt, offered)
+    assert error.code == "tools_unsupported" and error.details == {"param": "tools"}
+    assert _refused(fmt, _tool_conversation(target_lang_code="fr")).code == "tools_unsupported"
+    assert format_tool_family(name) is None and not format_renders_tools(name)
+
+
+def test_tool_families_of_the_formats() -> None:
+    assert {name: format_tool_family(name) for name in PROMPT_FORMAT_NAMES} == {
+        "generic": None, "mistral_template": "mistral", "qwen3_template": "qwen3",
+        "gemma4_template": None, "translategemma_template": None, "model_template": None,
+    }  # fmt: skip
+    assert [n for n in PROMPT_FORMAT_NAMES if format_renders_tools(n)] == [
+        "mistral_template", "qwen3_template", "model_template",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown prompt_format"):
+        format_tool_family("alpaca")
+
+
 # --- every format -------------------------------------------------------------------
 
 
@@ -419,3 +601,34 @@ def test_every_format_refuses_images_and_a_trailing_reply(name: str) -> None:
     )
     assert _refused(fmt, with_image).code == "modality_unsupported"
     assert _refused(fmt, _request("Hi", "Hello!", target_lang_code="en")).code == "invalid_request"
+
+
+# --- the formats as llama-server's chat templates ------------------------------------
+
+
+_JINJA_CASES = [
+    _tool_conversation(instructions="Be brief."),
+    _tool_conversation(),
+    _tool_conversation(thinking="disabled", tool_choice=ToolChoice("required")),
+    _request("Hi", "<think>\nhm\n</think>\n\nHello!", "Bye", instructions="Sys"),
+    _request("Hi", "<|channel>thought\nhm<channel|>Hello!", "Bye", instructions=" Sys "),
+    _request("Hi", thinking="disabled"),
+    _request("Hi", thinking="enabled", instructions="Sys"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_TEMPLATES))
+@pytest.mark.parametrize("request_", _JINJA_CASES)
+def test_the_jinja_templates_render_as_the_formats_do(
+    name: str, request_: GenerationRequest
+) -> None:
+    """The template llama-server gets for a built-in format lays a conversation out
+    exactly as the in-process format does (rendered here by the model-template sandbox;
+    llama-server's own Jinja engine gave the same text for these cases)."""
+    template = ModelTemplateFormat(ModelTemplate(FORMAT_TEMPLATES[name]))
+    try:
+        expected = _render(name, request_).text
+    except PoolError as refused:
+        assert refused.code == "tools_unsupported" and format_tool_family(name) is None
+        return
+    assert template.render(request_).text == expected

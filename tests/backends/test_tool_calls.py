@@ -196,3 +196,71 @@ def test_llama_server_forced_calls_use_the_pool_grammar() -> None:
     args = command_line(model, "llama-server", "/m.gguf", 1)
     assert "--jinja" in args and args[args.index("--chat-template-file") + 1] == "/t.jinja"
     assert "--chat-template" not in args
+
+
+def test_llama_server_renders_qwen3_template_with_the_pools_template() -> None:
+    """qwen3_template on llama-server: the pool's Jinja version of the format (tools in
+    Qwen3's markup) as --chat-template-file, and forced calls in the qwen3 markup; a
+    template of the model's own configured wins, with its own family."""
+    from pathlib import Path
+
+    from pool.backends._format_templates import FORMAT_TEMPLATES
+    from pool.backends.llama_server import LlamaServerModel, command_line, tool_family
+
+    model = LlamaServerModel(model_path="/m.gguf", prompt_format="qwen3_template")
+    args = command_line(model, "llama-server", "/m.gguf", 1)
+    assert "--chat-template" not in args
+    path = Path(args[args.index("--chat-template-file") + 1])
+    assert path.read_text("utf-8") == FORMAT_TEMPLATES["qwen3_template"]
+    assert args.count("--chat-template-file") == 1
+    assert tool_family(model, "Mistral-7B.gguf") == "qwen3"
+
+    named = LlamaServerModel(
+        model_path="/m.gguf", prompt_format="qwen3_template", llama_server_chat_template="chatml"
+    )
+    args = command_line(named, "llama-server", "/m.gguf", 1)
+    assert args[args.index("--chat-template") + 1] == "chatml"
+    assert "--chat-template-file" not in args
+    assert tool_family(named, "Mistral-7B.gguf") == "mistral"
+    own = LlamaServerModel(
+        model_path="/m.gguf",
+        prompt_format="qwen3_template",
+        llama_server_chat_template_file="/t.jinja",
+        tool_call_format="granite",
+    )
+    args = command_line(own, "llama-server", "/m.gguf", 1)
+    assert args[args.index("--chat-template-file") + 1] == "/t.jinja"
+    assert tool_family(own, "Qwen3.gguf") == "granite"
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "template", "tools"),
+    [
+        ("qwen3_template", True, True),
+        ("mistral_template", True, True),
+        # The pool's Gemma 4 template has no tool markup: tools are refused.
+        ("gemma4_template", True, False),
+        # No template of the pool's: the GGUF's own renders (and decides on tools).
+        ("generic", False, True),
+        ("model_template", False, True),
+    ],
+)
+def test_llama_server_gets_the_pools_template_of_each_built_in_format(
+    prompt_format: str, template: bool, tools: bool
+) -> None:
+    from pathlib import Path
+
+    from pool.backends._format_templates import FORMAT_TEMPLATES
+    from pool.backends.llama_server import LlamaServerBackend, LlamaServerModel, command_line
+
+    model = LlamaServerModel(model_path="/m.gguf", prompt_format=prompt_format)
+    args = command_line(model, "llama-server", "/m.gguf", 1)
+    # llama-server's built-in names (mistral-v7, gemma) are never passed: with --jinja
+    # it would take the name itself for the template's text.
+    assert "--chat-template" not in args
+    if template:
+        path = Path(args[args.index("--chat-template-file") + 1])
+        assert path.read_text("utf-8") == FORMAT_TEMPLATES[prompt_format]
+    else:
+        assert "--chat-template-file" not in args
+    assert LlamaServerBackend().capabilities(model).tools == tools

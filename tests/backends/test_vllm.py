@@ -114,7 +114,8 @@ async def test_without_vllm_a_load_says_so(tmp_path: Path, monkeypatch: pytest.M
 @pytest.mark.real_model
 async def test_real_vllm_backend_in_its_env() -> None:
     """vllm_in_env.py inside vLLM's environment: Paris, streaming, a batch of 8,
-    cancel, unload, a refused override."""
+    cancel, unload, a refused override, images, and tools and JSON schemas through
+    vLLM's own parsers and structured outputs."""
     built = await trio.run_process(
         ["bash", str(ROOT / "scripts" / "build-vllm-env"), "--with-pool"],
         capture_stdout=True,
@@ -314,3 +315,78 @@ def test_stats_name_the_stop_string_the_engine_stopped_at() -> None:
     # A stop token (an id) or the end of the sequence is no stop string.
     assert job_stats(output(151645), 1).stop_sequence is None
     assert job_stats(output(None), 1).stop_sequence is None
+
+
+def test_tools_and_output_formats_go_to_vllms_chat_side() -> None:
+    """The in-process engine offers tools where the prompt format shows them, picks the
+    parser of the format's markup, and hands vLLM the request's OpenAI fields (no vLLM
+    needed to build them)."""
+    from pool.backends import Decoding, GenerationRequest, OutputFormat, TextPart, Turn
+    from pool.backends._tools import ToolChoice, ToolSpec
+    from pool.backends._vllm_tools import chat_spec
+    from pool.backends.vllm import tool_parser
+
+    backend = get_backend("vllm")
+    shipped = _model(vllm_model="/m", prompt_format="qwen3_template")
+    assert backend.capabilities(shipped).tools and backend.capabilities(shipped).structured_output
+    generic = _model(vllm_model="/m", prompt_format="generic")
+    assert not backend.capabilities(generic).tools
+    assert backend.capabilities(generic).structured_output
+    assert backend.capabilities(_model(vllm_model="/m", prompt_format="model_template")).tools
+    assert tool_parser(shipped) == "qwen3_json"
+    assert tool_parser(_model(vllm_model="/m", prompt_format="mistral_template")) == "mistral"
+    assert tool_parser(_model(vllm_model="/m/granite-3", prompt_format="model_template")) == (
+        "granite"
+    )
+    assert tool_parser(_model(vllm_model="/m", vllm_tool_call_parser="llama3_json")) == (
+        "llama3_json"
+    )
+
+    weather = ToolSpec("get_weather", "Weather", {"type": "object", "properties": {}})
+    turns = (Turn("user", (TextPart("Weather?"),)),)
+
+    def request(**fields: Any) -> GenerationRequest:
+        return GenerationRequest("r", "m", turns, Decoding(), **fields)
+
+    assert chat_spec(request(), "hermes") is None
+    forced = chat_spec(
+        request(tools=(weather,), tool_choice=ToolChoice("function", "get_weather")),
+        "hermes",
+        "parameter",
+    )
+    assert forced is not None
+    assert forced.tool_parser == "hermes" and forced.strict_level == "parameter"
+    assert forced.body["messages"] == [{"role": "user", "content": "Weather?"}]
+    assert forced.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert forced.body["tools"][0]["function"]["name"] == "get_weather"
+    # tool_choice none: nothing to parse, the format still constrains the reply.
+    none = chat_spec(
+        request(
+            tools=(weather,),
+            tool_choice=ToolChoice("none"),
+            output_format=OutputFormat("json_object"),
+        ),
+        "hermes",
+    )
+    assert none is not None and none.tool_parser is None and none.strict_level == "auto"
+    assert "tools" not in none.body and none.body["response_format"] == {"type": "json_object"}
+
+
+async def test_piece_streams_carry_tool_call_pieces_in_order() -> None:
+    """A batching engine's stream joins the text that piled up, never across a call."""
+    from pool.backends._threaded import PieceStream
+    from pool.backends._tools import ToolCallDelta
+
+    stream = PieceStream()
+    call = ToolCallDelta(0, "call_1", "get_weather", "")
+    for piece in ("Let ", "me ", "see.", call, ToolCallDelta(0, arguments="{}"), "Done", "."):
+        stream.put(piece)
+    stream.finish()
+    got: list[Any] = []
+
+    class Sink:
+        async def send(self, piece: Any) -> None:
+            got.append(piece)
+
+    await stream.deliver(Sink())
+    assert got == ["Let me see.", call, ToolCallDelta(0, arguments="{}"), "Done."]

@@ -289,3 +289,12 @@ def test_tool_parser_follows_the_model_family_unless_configured() -> None:
         _model(vllm_model="/m", vllm_tool_call_parser="llama3_json"), "vllm", "/m", 1, "x"
     )
     assert _flag(chosen, "--tool-call-parser") == "llama3_json"
+
+
+def test_tool_strict_level_becomes_the_flag_when_set() -> None:
+    plain = command_line(_model(vllm_model="/m"), "vllm", "/m", 1, "x")
+    assert "--tool-strict-level" not in plain
+    strict = command_line(
+        _model(vllm_model="/m", vllm_tool_strict_level="parameter"), "vllm", "/m", 1, "x"
+    )
+    assert _flag(strict, "--tool-strict-level") == "parameter"

@@ -328,3 +328,160 @@ async def test_images_reach_the_engine_as_multimodal_data(tmp_path: Any) -> None
         assert 400 <= refused.value.status < 500, refused.value
         print(f"vllm images: 3 images over a limit of 2: {refused.value.code} {refused.value}")
         await pool.unload("img")
+
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CAPITAL_SCHEMA: Any = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+
+
+async def test_tools_and_structured_output_through_vllms_own_parsers() -> None:
+    """SmolLM2 with the pool's qwen3_template (which shows it the tools in Qwen3's
+    markup): a forced call decoded under vLLM's structured outputs and parsed by its
+    tool parser into a call, and a JSON-schema reply that validates."""
+    import json
+
+    import jsonschema
+
+    from pool.http._openai import inference_request
+    from pool.schemas import ChatCompletionRequest
+
+    def request_from_chat_completions(body: dict[str, Any]) -> InferenceRequest:
+        return inference_request(ChatCompletionRequest.model_validate(body))
+
+    settings = build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0, "max_tokens": 60},
+                "models": {
+                    "t": {
+                        "backend": "vllm",
+                        "vllm_model": _checkout(),
+                        "prompt_format": "qwen3_template",
+                        # Every call's arguments pinned to the tool's schema, as the
+                        # pool's llama.cpp grammar does.
+                        "vllm_tool_strict_level": "parameter",
+                        "vllm_max_model_len": 1024,
+                        "vllm_dtype": "float32",
+                        "vllm_max_num_seqs": 2,
+                        "vllm_enforce_eager": True,
+                        "enabled": False,
+                    }
+                },
+            }
+        }
+    )
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    async with open_pool(settings) as pool:
+        row = await pool.load("t")
+        assert row.state == "loaded", row.last_error
+        capabilities = pool.model("t").capabilities
+        assert capabilities.tools and capabilities.structured_output
+
+        for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+            forced = await pool.respond(
+                request_from_chat_completions(
+                    {
+                        "model": "t",
+                        "messages": question,
+                        "tools": [WEATHER],
+                        "tool_choice": choice,
+                        "parallel_tool_calls": False,
+                    }
+                )
+            )
+            print(f"\nvllm tools: {choice!r} -> {forced.tool_calls} text {forced.text!r}")
+            (call,) = forced.tool_calls
+            assert call.name == "get_weather" and call.id.startswith("call_")
+            arguments = json.loads(call.arguments)
+            jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+            assert forced.finish_reason == "tool_calls"
+
+        # Automatic: the model may answer or call; whichever it does comes back whole.
+        auto = await pool.respond(
+            request_from_chat_completions(
+                {
+                    "model": "t",
+                    "messages": [{"role": "user", "content": "Hi! What is 2+2?"}],
+                    "tools": [WEATHER],
+                }
+            )
+        )
+        print(f"vllm tools: auto -> {auto.tool_calls} text {auto.text!r}")
+        assert auto.tool_calls or "<tool_call>" not in auto.text
+
+        # The call's result goes back; the model answers in text.
+        answered = await pool.respond(
+            request_from_chat_completions(
+                {
+                    "model": "t",
+                    "messages": [
+                        *question,
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "get_weather",
+                                        "arguments": '{"city": "Paris"}',
+                                    },
+                                }
+                            ],
+                        },
+                        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": "22 C"}'},
+                    ],
+                    "tools": [WEATHER],
+                    "tool_choice": "none",
+                }
+            )
+        )
+        print(f"vllm tools: after the result -> {answered.text!r}")
+        assert not answered.tool_calls and answered.text.strip()
+
+        structured = await pool.respond(
+            request_from_chat_completions(
+                {
+                    "model": "t",
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA},
+                    },
+                }
+            )
+        )
+        print(f"vllm structured output: {structured.text!r}")
+        jsonschema.validate(json.loads(structured.text), CAPITAL_SCHEMA)
+        loose = await pool.respond(
+            request_from_chat_completions(
+                {
+                    "model": "t",
+                    "messages": [{"role": "user", "content": "Describe Paris in JSON."}],
+                    "response_format": {"type": "json_object"},
+                    "max_tokens": 120,
+                }
+            )
+        )
+        print(f"vllm json_object: {loose.text!r} ({loose.finish_reason})")
+        assert loose.text.lstrip().startswith("{")
+        if loose.finish_reason == "stop":
+            assert isinstance(json.loads(loose.text), dict)
+        await pool.unload("t")

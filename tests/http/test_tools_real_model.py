@@ -171,11 +171,11 @@ async def test_llama_cpp_tools_and_structured_output(nursery: trio.Nursery) -> N
         nursery,
         {
             "smol": _smol_llama_cpp(),
-            # Its built-in ChatML format cannot render tools.
+            # The generic transcript format has no tool convention.
             "plain": {
                 "backend": "llama_cpp",
                 "model_path": GGUF,
-                "prompt_format": "qwen3_template",
+                "prompt_format": "generic",
                 "gguf_n_ctx": 512,
                 "gguf_n_gpu_layers": 0,
                 "enabled": True,
