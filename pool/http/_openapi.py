@@ -564,8 +564,9 @@ _LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str], Any]]] = {
         "LoadedRow": ("get_v1_admin_models_name", {"name": "$response.body#/modelId"}, None),
     },
     ("post", "/api/pull"): {
+        # (No link to the cancel: the answer comes once the pull is over, and a pull
+        # that is over has nothing to cancel: 404.)
         "PullStatus": ("get_api_pull_status_model", {"model": "$response.body#/model"}, None),
-        "CancelPull": ("delete_api_pull_model", {"model": "$response.body#/model"}, None),
     },
     ("get", "/v1/models"): {
         "Respond": ("post_v1_responses", {}, {"model": "$response.body#/data/0/id"}),

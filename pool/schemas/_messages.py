@@ -96,6 +96,8 @@ _KNOWN_BLOCKS = frozenset(
 
 def _block_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(kind, str):  # (a type that is no string: the "other" block refuses it)
+        return "other"
     if kind in ("thinking", "redacted_thinking"):
         return "thinking"
     return kind if kind in _KNOWN_BLOCKS else "other"

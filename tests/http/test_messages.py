@@ -244,6 +244,12 @@ async def test_errors_are_the_sdks_exceptions(
             {"model": "echo", "messages": USER},  # max_tokens is required
             {"model": "echo", "max_tokens": 5, "messages": []},
             {"model": "echo", "max_tokens": 5, "messages": USER, "tool_choice": {"type": "x"}},
+            # A block whose type is no string (found by schemathesis: once a 500).
+            {
+                "model": "echo",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": [{"type": {}}]}],
+            },
         ):
             reply = await http.post("/v1/messages", json=body)
             assert reply.status_code == 400, body

@@ -31,6 +31,11 @@ USER_TOKEN = "user-secret"
 
 # schemathesis' default for a schema-valid request (positive_data_acceptance).
 _ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
+# Its default refusals of a schema-violating one (negative_data_rejection), and 413: a
+# violation may be a body larger than service.max_body_bytes (1,025 nested messages of
+# generated blocks), which is refused as too large before its shape is read.
+_REFUSED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
+            "5xx"]  # fmt: skip
 
 
 def st_config(document: dict[str, Any]) -> str:
@@ -43,7 +48,8 @@ def st_config(document: dict[str, Any]) -> str:
     answer to a schema-valid body; so is a documented 426 (the plain GET of the
     WebSocket route, which has no other answer without the handshake).
     """
-    blocks = []
+    refused = ", ".join(f'"{s}"' for s in _REFUSED)
+    blocks = [f"[checks.negative_data_rejection]\nexpected-statuses = [{refused}]\n"]
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             responses = operation["responses"]
