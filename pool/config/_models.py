@@ -326,6 +326,12 @@ class EngineSettings(BaseModel):
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
     )
+    eviction_policy: Literal["swap_cost", "lru"] = Field(
+        "swap_cost",
+        description="How the pool chooses whom to evict among the idle models it may evict"
+        " (lowest priority first either way): `swap_cost` the cheapest to bring back and"
+        " least asked for lately, `lru` the least recently used (docs/vram.md).",
+    )
     cluster: ClusterSettings = Field(
         default_factory=ClusterSettings,
         description="Several pools as one through Redis (docs/cluster.md).",

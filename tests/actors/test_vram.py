@@ -40,7 +40,7 @@ def model(mib: int = 4000, **fields: Any) -> dict[str, Any]:
 
 def committed_mib(pool: Pool) -> dict[int, int]:
     """What loaded models and loads under way are charged, per GPU."""
-    loaded, pending = pool._charges(exclude=None)  # type: ignore[arg-type]
+    loaded, pending = pool.residency.charges()
     return {i: loaded.get(i, 0) + pending.get(i, 0) for i in set(loaded) | set(pending)}
 
 
@@ -437,9 +437,14 @@ async def test_restart_keeps_learned_footprints(cache_dir: Path) -> None:
         assert loaded.observed_load_delta_mib == 2500
         assert loaded.vram.source == "observed_load_delta"
     stored = json.loads((cache_dir / "vram-footprints.json").read_text())
-    (entry,) = stored["footprints"].values()
+    entries = stored["footprints"].values()
+    (entry,) = [e for e in entries if "mib" in e]
     assert entry["model"] == "m" and entry["mib"] == 2500 and entry["replicas"] == 1
+    # Beside it, how long the load took (what bringing the model back costs).
+    (timing,) = [e for e in entries if "seconds" in e]
+    assert timing["model"] == "m" and timing["seconds"] >= 0
     async with open_pool(settings) as pool:
+        assert pool.model("m").expected_load_s() == timing["seconds"]
         snapshot = pool.snapshot("m")
         assert snapshot.state == "unloaded"
         assert (snapshot.vram.mib, snapshot.vram.source) == (2500, "observed_load_delta")
