@@ -259,7 +259,12 @@ class Residency:
                     gpu_split_mib=[list(p.mib) for p in gpus],
                     evict=[v.name for v in gone],
                     reason="fits"
-                    + (f" once {', '.join(v.name for v in gone)} are evicted" if gone else ""),
+                    + (
+                        f" once {', '.join(v.name for v in gone)}"
+                        f" {'is' if len(gone) == 1 else 'are'} evicted"
+                        if gone
+                        else ""
+                    ),
                 )
                 return answer
             victim = None
