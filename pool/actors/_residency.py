@@ -515,7 +515,9 @@ class Residency:
         )
 
     def _is_fresh(self, victim: ModelActor) -> bool:
-        return trio.current_time() - victim.resident_since < self.settings.engine.min_resident_s
+        # The same sum as the wake-up time below: a difference may round the other way,
+        # and a load would then wake at once, again and again, without the clock moving.
+        return trio.current_time() < victim.resident_since + self.settings.engine.min_resident_s
 
     def _why_evict(self, victim: ModelActor) -> str:
         rank = f"priority {victim.definition.priority}"
@@ -701,6 +703,8 @@ class Residency:
         view = self.gpus.view()
         expected = victim.releases()
         before = {g.index: _held(g) for g in view.gpus}
+        # Loads under way may finish meanwhile: what they then hold is not the victim's.
+        others_before = self.charges(exclude=[victim])[0]
         self.evictions += 1
         try:
             await victim.unload("evicted")
@@ -712,7 +716,12 @@ class Residency:
         with trio.move_on_after(RECLAIM_WAIT_S):
             while True:
                 now = {g.index: _held(g) for g in (await self.meter.refresh()).gpus}
-                if all(now.get(i, 0) <= before.get(i, 0) - mib // 2 for i, mib in expected.items()):
+                others = self.charges(exclude=[victim])[0]
+                if all(
+                    now.get(i, 0) - max(0, others.get(i, 0) - others_before.get(i, 0))
+                    <= before.get(i, 0) - mib // 2
+                    for i, mib in expected.items()
+                ):
                     return
                 await trio.sleep(RECLAIM_POLL_S)
         log.warning(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+from benchmarks.vram_swap import belady
 from pool import Pool, PoolError, open_pool
 from pool.actors import GpuView, VirtualGpus
 from pool.actors._estimate import Artifact, gguf_closed_form_mib, gpu_layer_shares, read_artifact
@@ -63,25 +64,6 @@ def watch_budget(pool: Pool, budget: int, seen: list[int]) -> None:
                 inner()
 
         actor._on_change = hooked
-
-
-def fewest_loads(order: list[str], capacity: int) -> int:
-    """Belady's optimum: the fewest loads that serve ``order`` with ``capacity`` resident."""
-    resident: set[str] = set()
-    loads = 0
-    for i, name in enumerate(order):
-        if name in resident:
-            continue
-        loads += 1
-        if len(resident) == capacity:
-
-            def next_use(m: str, start: int = i) -> float:
-                rest = order[start + 1 :]
-                return rest.index(m) if m in rest else math.inf
-
-            resident.remove(max(resident, key=next_use))
-        resident.add(name)
-    return loads
 
 
 # -- the whole policy under load ---------------------------------------------------------
@@ -138,7 +120,7 @@ async def test_three_models_of_forty_percent_under_interleaved_tenants(
     # the pool took -1..+1 loads against the optimum nine times and +2 once, which LRU
     # within a priority (the spec's rule) cannot rule out; the exact bound is pinned
     # on a fixed order in test_warm_promotion_serves_the_loaded_model_first.
-    assert loads <= fewest_loads(arrivals, capacity=2) + 2, (loads, arrivals)
+    assert loads <= len(belady(arrivals, 2)) + 2, (loads, arrivals)
     # Waits are bounded: a warm wait, an eviction and a load, plus a queue's worth of work.
     waits.sort()
     p99 = waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)]
