@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pool.config import LoadRequest, ModelDefinition, apply_override, validate_load_request
+from pool.backends import LoadRequest, apply_override, validate_load_request
+from pool.config import ModelDefinition
 
 
 @dataclass(frozen=True, slots=True)

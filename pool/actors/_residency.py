@@ -31,8 +31,8 @@ from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
 from pool.actors._snapshots import GpuReading, GpuView, ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges, gpu_ceilings, gpu_room, place
-from pool.backends import GpuPlacement
-from pool.config import LoadRequest, Settings
+from pool.backends import GpuPlacement, LoadRequest
+from pool.config import Settings
 from pool.errors import PoolError
 
 log = logging.getLogger("pool")

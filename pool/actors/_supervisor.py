@@ -40,10 +40,8 @@ from pool.actors._serving import Serving
 from pool.actors._snapshots import FlushResult, ModelSnapshot, PoolHealth, QueueStats
 from pool.actors._tasks import LoadTask, LoadTasks
 from pool.actors._vram import CudaContexts, LoadMeter
-from pool.backends import (
-    CacheUsage,
-)
-from pool.config import LoadRequest, Settings
+from pool.backends import CacheUsage, LoadRequest
+from pool.config import Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from pool.actors._plan import LoadPlan
-from pool.config import LoadRequest, resolve_model_path
+from pool.backends import LoadRequest
+from pool.config import resolve_model_path
 from pool.errors import PoolError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Any
 from quart import Quart, Response, request
 
 from pool.actors import Pool
-from pool.config import LoadRequest
+from pool.backends import LoadRequest
 from pool.errors import PoolError
 from pool.http._common import AppContext, json_response, read_body, require
 from pool.http._rows import gpu_memory_body, model_row

@@ -18,7 +18,7 @@ from pydantic.json_schema import models_json_schema
 
 from pool._version import __version__
 from pool.actors import STATE_DESCRIPTIONS
-from pool.config import LoadRequest
+from pool.backends import LoadRequest
 from pool.errors import STATUS_BY_CODE
 from pool.schemas import (
     CacheFlushed,
