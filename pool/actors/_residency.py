@@ -2,8 +2,9 @@
 
 Every entry point (admin, runner API, startup, on-demand requests, Ollama preload,
 pulls, the cluster) hands :class:`Residency` a load request. It validates it once
-(:func:`plan_load`), places it on the GPUs (the VRAM gate: ``_vram.py``), evicts what
-the rules allow (``_eviction.py``), claims the shared lease, waits where a load may
+(:func:`plan_load`), places it on the GPUs (the VRAM gate: ``_gate.py``, its
+arithmetic in ``_vram.py``), evicts what the rules allow and the policy chooses
+(``_eviction.py``), claims the shared lease, waits where a load may
 wait, and hands the model actor an already validated and placed plan
 (:meth:`ModelActor.load_placed`). Each placement, eviction, wait and refusal is
 recorded with its reason (``_decisions.py``). docs/vram.md tells the rules.
@@ -14,24 +15,24 @@ It reads the model actors through their narrow methods only (``holding``,
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 
 from pool.actors._decisions import DecisionLog
 from pool.actors._events import WaitReason
-from pool.actors._eviction import choose_victim, eviction_candidates, swap_cost
+from pool.actors._eviction import eviction_candidates
+from pool.actors._gate import Gate, Placements, held_mib
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
-from pool.actors._snapshots import GpuReading, GpuView, ModelSnapshot
-from pool.actors._vram import CudaContexts, LoadMeter, charges, gpu_ceilings, gpu_room, place
-from pool.backends import GpuPlacement, LoadRequest
+from pool.actors._snapshots import ModelSnapshot
+from pool.actors._vram import CudaContexts, LoadMeter, charges
+from pool.backends import LoadRequest
 from pool.config import Settings
 from pool.errors import PoolError
 
@@ -43,25 +44,6 @@ RECHECK_S = 5.0
 # how often to look (CUDA hands memory back some time after the process lets go).
 RECLAIM_WAIT_S = 10.0
 RECLAIM_POLL_S = 0.25
-
-Placements = tuple[GpuPlacement, ...]
-
-
-def _held(gpu: GpuReading) -> int:
-    return gpu.used_mib if gpu.pool_used_mib is None else gpu.pool_used_mib
-
-
-def _without(view: GpuView, gone: Mapping[int, int]) -> GpuView:
-    """``view`` as it would read with ``gone`` MiB per GPU handed back by the pool."""
-    if not gone:
-        return view
-    gpus = []
-    for gpu in view.gpus:
-        mib = gone.get(gpu.index, 0)
-        pool_used = None if gpu.pool_used_mib is None else max(0, gpu.pool_used_mib - mib)
-        used = max(0, gpu.used_mib - mib)
-        gpus.append(dataclasses.replace(gpu, used_mib=used, pool_used_mib=pool_used))
-    return dataclasses.replace(view, gpus=tuple(gpus))
 
 
 class Residency:
@@ -88,10 +70,11 @@ class Residency:
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._was_unloading = False
-        # Loads that the gate let through, with the GPUs of each replica, until they are
-        # `loading`; evictions and the decisions that lead to them, one at a time;
-        # models asked to make way (new requests wait at their door), with who asked.
-        self._reserved: dict[ModelActor, Placements] = {}
+        # The gate keeps the loads it let through, with the GPUs of each replica, until
+        # they are `loading` (gate.reserved).
+        self.gate = Gate(settings, models, gpus, contexts=contexts, ledger=ledger)
+        # Evictions and the decisions that lead to them, one at a time; models asked to
+        # make way (new requests wait at their door), with who asked.
         self._room_lock = trio.Lock()
         self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
         # On-demand loads that found no room and wait for it (their requests wait for VRAM).
@@ -204,88 +187,29 @@ class Residency:
         """What :meth:`load` would do now, changing nothing: whether it fits, where
         (``gpus``, ``gpu_split_mib`` per replica), whom it would evict (in order), what
         it would wait for, the expected load time (None before a measured load), and the
-        refusal (``error``, ``reason``) it would answer. Run the load right after, with
-        nothing changed between, and it does what this says (the shared lease ledger
-        aside: its answer is only known when the lease is claimed).
+        refusal (``error``, ``reason``) it would answer (see Gate.preview).
 
         Raises:
             PoolError: ``unknown_model`` or ``invalid_load_request`` (as the load would).
         """
         actor = self.model(name)
         plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
-        per_replica, source = self._per_replica(actor, plan)
-        answer: dict[str, Any] = {
-            "model": name,
-            "state": actor.state,
-            "fits": False,
-            "gpus": [],
-            "gpu_split_mib": [],
-            "evict": [],
-            "wait_for": [],
-            "need_mib": per_replica,
-            "estimate_source": source,
-            "expected_load_s": actor.expected_load_s(plan.effective(actor.definition)),
-            "error": None,
-        }
-        if actor.state == "unloading":
-            answer["error"] = "model_unloading"
-            answer["reason"] = "the model is unloading; a load now is refused, retry after"
-            return answer
-        if actor.state in ("loaded", "loading"):
-            if plan.explicit:
-                answer["error"] = "invalid_load_request"
-                answer["reason"] = (
-                    f"the model is {actor.state}; unload it before loading with replicas"
-                    " or overrides"
-                )
-                return answer
-            placement = actor.snapshot().placement
-            answer.update(
-                fits=True,
-                gpus=[list(p.gpus) for p in placement],
-                gpu_split_mib=[list(p.mib) for p in placement],
-                wait_for=[name] if actor.state == "loading" else [],
-                reason=f"already {actor.state}: the load answers its row"
-                + (" once the load under way is over" if actor.state == "loading" else ""),
-            )
-            return answer
-        gone: list[ModelActor] = []
-        while True:
-            gpus = self._fit(actor, plan, per_replica, gone)
-            if gpus is not None:
-                answer.update(
-                    fits=True,
-                    gpus=[list(p.gpus) for p in gpus],
-                    gpu_split_mib=[list(p.mib) for p in gpus],
-                    evict=[v.name for v in gone],
-                    reason="fits"
-                    + (
-                        f" once {', '.join(v.name for v in gone)}"
-                        f" {'is' if len(gone) == 1 else 'are'} evicted"
-                        if gone
-                        else ""
-                    ),
-                )
-                return answer
-            victim = None
-            if self._could_ever_fit(actor, plan, per_replica):
-                victim = self._best_victim(actor, plan, per_replica, 0, gone)
-            if victim is None:
-                busy = [
-                    a.name
-                    for a in eviction_candidates(
-                        self.models.values(), incoming=actor, now=trio.current_time(), busy=True
-                    )
-                ]
-                answer.update(
-                    error="load_failed",
-                    reason=self._refusal(actor, plan, per_replica, source),
-                    wait_for=busy,
-                    evict=[v.name for v in gone],  # a real load evicts these, then refuses
-                    room_mib=self._room(actor),
-                )
-                return answer
-            gone.append(victim)
+        return self.gate.preview(actor, plan)
+
+    # -- gate views the pool passes on (virtual GPUs, the shared ledger, CUDA contexts)
+    def runtime_holdings(self) -> list[tuple[int, int]]:
+        return self.gate.runtime_holdings()
+
+    def charges(
+        self, exclude: list[ModelActor] | None = None
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        return self.gate.charges(exclude or [])
+
+    def lease_holdings(self) -> dict[str, dict[int, int]]:
+        return self.gate.lease_holdings()
+
+    def budgets(self) -> dict[int, int]:
+        return self.gate.budgets()
 
     # -- on-demand loads (ModelActor's OnDemandLoader) ------------------------------------
     def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
@@ -335,7 +259,7 @@ class Residency:
     async def _bring_back_evicted(self) -> None:
         """An ``enabled`` model the pool evicted loads again once it fits with nothing
         evicted for it, no other load waits for room and no request waits for it."""
-        if self._on_demand or self._waiting_for_room or self._reserved:
+        if self._on_demand or self._waiting_for_room or self.gate.reserved:
             return
         for actor in self.models.values():
             if not (
@@ -347,8 +271,8 @@ class Residency:
             ):
                 continue
             plan = self._hinted(actor, actor.comeback) or plan_load(None, actor.definition)
-            per_replica = self._per_replica(actor, plan)[0]
-            if self._fit(actor, plan, per_replica) is None:
+            per_replica = self.gate.per_replica(actor, plan)[0]
+            if self.gate.fit(actor, plan, per_replica) is None:
                 continue
             self.decisions.record(
                 "comeback", actor.name, "evicted earlier; room freed and nothing waits for it"
@@ -364,183 +288,6 @@ class Residency:
             log.info("model=%s did not come back: %s", actor.name, exc.message)
 
     # -- the VRAM gate (docs/vram.md) -----------------------------------------------------
-    def runtime_holdings(self) -> list[tuple[int, int]]:
-        """(GPU, MiB) every loaded replica's runtime holds (what virtual GPUs show)."""
-        return [held for actor in self.models.values() for held in actor.runtime_holdings()]
-
-    def _holding(self, actor: ModelActor) -> tuple[dict[int, int], bool] | None:
-        """MiB per GPU ``actor`` holds or is about to hold, and whether it is still a
-        load under way (reserved or loading); None when it holds nothing."""
-        if actor in self._reserved and actor.state in ("unloaded", "failed"):
-            return _planned(self._reserved[actor]), True
-        if actor.state in ("loading", "loaded", "unloading"):
-            return actor.holding(), actor.state == "loading"
-        return None
-
-    def charges(self, exclude: Iterable[ModelActor] = ()) -> tuple[dict[int, int], dict[int, int]]:
-        """MiB per GPU charged to loaded models, and to loads under way or reserved."""
-        skip = set(exclude)
-        loaded: dict[int, int] = {}
-        pending: dict[int, int] = {}
-        for actor in self.models.values():
-            held = None if actor in skip else self._holding(actor)
-            if held is not None:
-                into = pending if held[1] else loaded
-                for index, mib in held[0].items():
-                    into[index] = into.get(index, 0) + mib
-        return loaded, pending
-
-    def lease_holdings(self) -> dict[str, dict[int, int]]:
-        """MiB per GPU of every model that holds or is about to hold memory."""
-        held = {a.name: self._holding(a) for a in self.models.values()}
-        return {name: h[0] for name, h in held.items() if h is not None}
-
-    def budgets(self) -> dict[int, int]:
-        engine = self.settings.engine
-        return gpu_ceilings(
-            self.gpus.view(), reserve_mib=engine.gpu_reserve_mib, caps_mib=engine.gpu_budget_mib
-        )
-
-    def _per_replica(self, actor: ModelActor, plan: LoadPlan) -> tuple[int, str]:
-        definition = plan.effective(actor.definition)
-        estimate = actor.vram_estimate(definition=definition, replicas=plan.replicas)
-        return estimate.per_replica_mib or 0, estimate.source
-
-    def _place(
-        self, actor: ModelActor, plan: LoadPlan, room: dict[int, int], per_replica: int
-    ) -> Placements | None:
-        """``place`` with the backend's way of splitting a replica over GPUs. An
-        in-process runtime also pays the pool process's CUDA context on each GPU that has
-        none yet (CudaContexts)."""
-        definition = plan.effective(actor.definition)
-        if actor.backend.holds_cuda_context(definition):
-            room = {gpu: mib - self.contexts.cost_mib(gpu) for gpu, mib in room.items()}
-        return place(
-            room,
-            per_replica,
-            plan.replicas,
-            gpus_per_replica=actor.backend.gpus_per_replica(definition),
-            even=actor.backend.even_gpu_split,
-            virtual=all(g.virtual for g in self.gpus.view().gpus),
-        )
-
-    def _room(self, actor: ModelActor, gone: Iterable[ModelActor] = ()) -> dict[int, int] | None:
-        """MiB free for ``actor`` per GPU, as if ``gone`` were unloaded; None: no GPU."""
-        gone = list(gone)
-        view = self.gpus.view()
-        if not view.gpus:
-            return None
-        handed_back: dict[int, int] = {}
-        for victim in gone:
-            for index, mib in victim.releases().items():
-                handed_back[index] = handed_back.get(index, 0) + mib
-        loaded, pending = self.charges(exclude=[actor, *gone])
-        # What in-process runtimes left in the pool process is held, not free.
-        for gpu, mib in self.contexts.held().items():
-            loaded[gpu] = loaded.get(gpu, 0) + mib
-        engine = self.settings.engine
-        return gpu_room(
-            _without(view, handed_back),
-            reserve_mib=engine.gpu_reserve_mib,
-            caps_mib=engine.gpu_budget_mib,
-            loaded=loaded,
-            pending=pending,
-            leased_by_others=self.ledger.others_mib() if self.ledger is not None else None,
-        )
-
-    def _fit(
-        self,
-        actor: ModelActor,
-        plan: LoadPlan,
-        per_replica: int,
-        gone: Iterable[ModelActor] = (),
-    ) -> Placements | None:
-        """Where ``actor``'s replicas would go now (``gone`` unloaded first); ``()`` when
-        there is no GPU to gate."""
-        room = self._room(actor, gone)
-        if room is None:
-            return ()
-        return self._place(actor, plan, room, per_replica)
-
-    def _could_ever_fit(self, actor: ModelActor, plan: LoadPlan, per_replica: int) -> bool:
-        """Whether the load would fit with every unpinned model gone and no other
-        process on the GPUs (those may leave: a load waits for them)."""
-        room = self.budgets()
-        for gpu, mib in self.contexts.held().items():
-            room[gpu] = room.get(gpu, 0) - mib  # the pool process keeps its contexts
-        for other in self.models.values():
-            # Only pinned models stay for good; a more important one may still leave by
-            # keep_alive or an admin unload, so a load behind it waits.
-            if other is not actor and other.definition.pinned:
-                for index, mib in other.holding().items():
-                    room[index] = room.get(index, 0) - mib
-        return self._place(actor, plan, room, per_replica) is not None
-
-    def _loaded_count(self, exclude: ModelActor, gone: Iterable[ModelActor] = ()) -> int:
-        # Reserved: loads that made room but have not reached `loading` yet.
-        skip = {exclude, *gone}
-        return sum(
-            1
-            for a in self.models.values()
-            if a not in skip and (a.state in ("loaded", "loading") or a in self._reserved)
-        )
-
-    def _best_victim(
-        self,
-        actor: ModelActor,
-        plan: LoadPlan,
-        per_replica: int,
-        limit: int,
-        gone: list[ModelActor] | None = None,
-    ) -> ModelActor | None:
-        """The idle model the policy picks for ``actor``, however fresh."""
-        gone = gone or []
-        candidates = eviction_candidates(
-            (a for a in self.models.values() if a not in gone),
-            incoming=actor,
-            now=trio.current_time(),
-        )
-
-        def suffices(victim: ModelActor) -> bool:
-            after = [*gone, victim]
-            if limit and self._loaded_count(actor, after) >= limit:
-                return False
-            return self._fit(actor, plan, per_replica, after) is not None
-
-        return choose_victim(
-            candidates,
-            now=trio.current_time(),
-            policy=self.settings.engine.eviction_policy,
-            suffices=suffices,
-        )
-
-    def _is_fresh(self, victim: ModelActor) -> bool:
-        # The same sum as the wake-up time below: a difference may round the other way,
-        # and a load would then wake at once, again and again, without the clock moving.
-        return trio.current_time() < victim.resident_since + self.settings.engine.min_resident_s
-
-    def _why_evict(self, victim: ModelActor) -> str:
-        rank = f"priority {victim.definition.priority}"
-        if self.settings.engine.eviction_policy == "lru":
-            return f"{rank}, least recently used of the idle models that may be evicted"
-        cost = swap_cost(victim, trio.current_time())
-        return f"{rank}, cheapest to lose of the idle models that may be evicted: {cost.describe()}"
-
-    def _refusal(self, actor: ModelActor, plan: LoadPlan, per_replica: int, source: str) -> str:
-        if not self._could_ever_fit(actor, plan, per_replica):
-            return (
-                f"model {actor.name!r} needs {per_replica} MiB per replica ({source})"
-                f" x {plan.replicas}: more than the GPUs can give it"
-            )
-        return (
-            f"model {actor.name!r} needs {per_replica} MiB per replica ({source});"
-            " no GPU has room and no idle model may be evicted for it now"
-        )
-
-    def _room_numbers(self, actor: ModelActor, per_replica: int) -> dict[str, Any]:
-        room = self._room(actor)
-        return {"need_mib": per_replica, "room_mib": None if room is None else room}
-
     async def _make_room(
         self, actor: ModelActor, plan: LoadPlan, *, wait: bool
     ) -> Placements | None:
@@ -564,36 +311,39 @@ class Residency:
         """
         engine = self.settings.engine
         limit = engine.max_loaded_models if wait else 0
-        per_replica, source = self._per_replica(actor, plan)
+        per_replica, source = self.gate.per_replica(actor, plan)
         asked_at = trio.current_time()
         while True:
             async with self._room_lock:
                 while True:
                     if wait and actor.queue_depth == 0:
                         return None
-                    gpus = self._fit(actor, plan, per_replica)
-                    if gpus is not None and (not limit or self._loaded_count(actor) < limit):
+                    gpus = self.gate.fit(actor, plan, per_replica)
+                    if gpus is not None and (not limit or self.gate.loaded_count(actor) < limit):
                         self._waiting_for_room.discard(actor)
                         if await self._claim_lease(actor, gpus, per_replica):
-                            self._reserved[actor] = gpus
+                            self.gate.reserved[actor] = gpus
                             self._release_yields(actor)
                             self._record_place(actor, plan, gpus, per_replica, source)
                             return gpus
                         gpus = None  # another holder took the room: evict or wait as if full
-                    if gpus is None and not self._could_ever_fit(actor, plan, per_replica):
-                        reason = self._refusal(actor, plan, per_replica, source)
+                    if gpus is None and not self.gate.could_ever_fit(actor, plan, per_replica):
+                        reason = self.gate.refusal(actor, plan, per_replica, source)
                         self.decisions.record(
-                            "refuse", actor.name, reason, **self._room_numbers(actor, per_replica)
+                            "refuse",
+                            actor.name,
+                            reason,
+                            **self.gate.room_numbers(actor, per_replica),
                         )
                         raise PoolError("load_failed", reason)
-                    victim = self._best_victim(actor, plan, per_replica, limit)
-                    if victim is None or (wait and self._is_fresh(victim)):
+                    victim = self.gate.best_victim(actor, plan, per_replica, limit)
+                    if victim is None or (wait and self.gate.is_fresh(victim)):
                         break
                     await self._evict(victim, actor)
             if not wait:
-                reason = self._refusal(actor, plan, per_replica, source)
+                reason = self.gate.refusal(actor, plan, per_replica, source)
                 self.decisions.record(
-                    "refuse", actor.name, reason, **self._room_numbers(actor, per_replica)
+                    "refuse", actor.name, reason, **self.gate.room_numbers(actor, per_replica)
                 )
                 raise PoolError("load_failed", reason)
             if actor not in self._waiting_for_room:
@@ -603,7 +353,7 @@ class Residency:
                     actor.name,
                     "no GPU has room and no idle model may be evicted for it now; waits"
                     " for a model to go idle or unload",
-                    **self._room_numbers(actor, per_replica),
+                    **self.gate.room_numbers(actor, per_replica),
                 )
                 self.notify_change()  # its requests now know they wait for VRAM
             now = trio.current_time()
@@ -611,7 +361,7 @@ class Residency:
             if now >= warm_until:
                 self._ask_to_yield(actor, now)
             wake = [now + RECHECK_S, warm_until if warm_until > now else math.inf]
-            best = self._best_victim(actor, plan, per_replica, limit)
+            best = self.gate.best_victim(actor, plan, per_replica, limit)
             if best is not None:
                 wake.append(best.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
@@ -663,7 +413,7 @@ class Residency:
                 door.set()
 
     def _release(self, actor: ModelActor) -> None:
-        self._reserved.pop(actor, None)
+        self.gate.reserved.pop(actor, None)
         self._waiting_for_room.discard(actor)
         self._release_yields(actor)
         if self.ledger is not None:
@@ -695,16 +445,16 @@ class Residency:
             victim.placed_on,
         )
         self.decisions.record(
-            "evict", victim.name, self._why_evict(victim), for_model=incoming.name
+            "evict", victim.name, self.gate.why_evict(victim), for_model=incoming.name
         )
         # Its door closes first: a request for it that arrives now waits for the eviction
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
         expected = victim.releases()
-        before = {g.index: _held(g) for g in view.gpus}
+        before = {g.index: held_mib(g) for g in view.gpus}
         # Loads under way may finish meanwhile: what they then hold is not the victim's.
-        others_before = self.charges(exclude=[victim])[0]
+        others_before = self.gate.charges(exclude=[victim])[0]
         self.evictions += 1
         try:
             await victim.unload("evicted")
@@ -715,8 +465,8 @@ class Residency:
             return
         with trio.move_on_after(RECLAIM_WAIT_S):
             while True:
-                now = {g.index: _held(g) for g in (await self.meter.refresh()).gpus}
-                others = self.charges(exclude=[victim])[0]
+                now = {g.index: held_mib(g) for g in (await self.meter.refresh()).gpus}
+                others = self.gate.charges(exclude=[victim])[0]
                 if all(
                     now.get(i, 0) - max(0, others.get(i, 0) - others_before.get(i, 0))
                     <= before.get(i, 0) - mib // 2
@@ -748,19 +498,10 @@ class Residency:
         load has not been through the VRAM gate yet (room or not is not known)."""
         if actor.state == "loaded":
             return "replica"
-        if actor.state == "loading" or actor in self._reserved:
+        if actor.state == "loading" or actor in self.gate.reserved:
             return "load"
         if self.door_closed(actor) or actor in self._waiting_for_room:
             return "vram"
         if actor in self._on_demand:
             return None
         return "load"
-
-
-def _planned(placements: Placements) -> dict[int, int]:
-    """MiB per GPU that reserved placements were planned with."""
-    into: dict[int, int] = {}
-    for placement in placements:
-        for index, mib in zip(placement.gpus, placement.mib, strict=True):
-            into[index] = into.get(index, 0) + mib
-    return into
