@@ -185,7 +185,9 @@ ROUTES: list[Route] = [
      " most four events a second); a `: keep-alive` comment every 15 s otherwise. Each event's"
      " data is one JSON object: `models` (the rows of `/v1/admin/models`), `gpus` and"
      " `gpu_error` (as `/v1/admin/gpu-memory`), `pulls` (each model's current or last pull,"
-     " as `/api/pull/status/{model}`), `shutting_down`. The stream ends when the pool shuts"
+     " as `/api/pull/status/{model}`), `shutting_down`. Each residency decision made while"
+     " the stream is open follows as a `decision` event (one entry of `/v1/admin/decisions`)."
+     " The stream ends when the pool shuts"
      " down. The dashboard (`/ui/`) and `llm-pool events` follow it.",
      text=(SSE, {"type": "string", "description": "Server-Sent Events"})),
     Route("get", "/ui", "operations", "Dashboard (redirect)",
