@@ -34,6 +34,7 @@ from benchmarks.prefix_cache import prefix_cache as run_prefix_cache
 from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
+from benchmarks.vram_swap import vram_swap
 from pool.config import resolve_model_path
 
 
@@ -538,121 +539,6 @@ def _cdf_series(
                 v for run in runs for v in run["latencies_ms"]
             )
     return series
-
-
-# -- vram-swap: the VRAM policy against plain LRU and swapping on every model change ----
-
-_VRAM_POLICIES: dict[str, dict[str, Any]] = {
-    # min_resident_s and warm_wait_s scaled to a trace of seconds, not minutes.
-    "vram policy": {"min_resident_s": 2.0, "warm_wait_s": 3.0},
-    "plain LRU": {"min_resident_s": 0.0, "warm_wait_s": 0.0},
-    "swap on every change": {"min_resident_s": 0.0, "warm_wait_s": 0.0, "max_loaded_models": 1},
-}
-
-
-def _vram_trace(count: int) -> list[tuple[float, str, str]]:
-    """(arrival s, tenant, model): four tenants, three models of skewed popularity."""
-    import random
-
-    rng = random.Random(13)
-    at = 0.0
-    trace = []
-    for _ in range(count):
-        at += rng.expovariate(10.0)
-        model = rng.choices(["a", "b", "c"], weights=[5, 3, 2])[0]
-        trace.append((at, f"t{rng.randrange(4)}", model))
-    return trace
-
-
-async def _run_trace(
-    settings: Any, trace: list[tuple[float, str, str]]
-) -> tuple[list[float], int, int, int, float]:
-    """Replay ``trace`` on a pool: latencies (ms), errors, loads, evictions, wall (s)."""
-    from pool import open_pool, request_from_responses
-
-    latencies: list[float] = []
-    errors = 0
-    async with open_pool(settings) as pool:
-        started = trio.current_time()
-
-        async def one(at: float, tenant: str, model: str) -> None:
-            nonlocal errors
-            await trio.sleep_until(started + at)
-            sent = trio.current_time()
-            request = request_from_responses({"model": model, "input": "x"})
-            try:
-                await pool.respond(request, tenant=tenant)
-            except Exception:  # noqa: BLE001 - counted, the run goes on
-                errors += 1
-                return
-            latencies.append((trio.current_time() - sent) * 1000.0)
-
-        async with trio.open_nursery() as nursery:
-            for at, tenant, model in trace:
-                nursery.start_soon(one, at, tenant, model)
-        wall = trio.current_time() - started
-        loads = sum(a.load_count for a in pool.models.values())
-        return latencies, errors, loads, pool.evictions, wall
-
-
-async def vram_swap(quick: bool) -> dict[str, Any]:
-    """One request trace over 3 on-demand stub models of 40% of a virtual GPU each
-    (0.5 s loads, 10 tokens at 50 tokens/s), under each policy: swaps and latency."""
-    from pool.config import build_settings
-
-    trace = _vram_trace(40 if quick else 240)
-    stub = {
-        "backend": "stub",
-        "on_demand": True,
-        "keep_alive": -1,
-        "stub_vram_mib": 4000,
-        "stub_load_seconds": 0.5,
-        "stub_reply": stub_text(10),
-        "stub_tokens_per_second": 50,
-        "max_queue": 1000,
-    }
-    rows = []
-    raw: dict[str, Any] = {}
-    cdf: dict[str, list[float]] = {}
-    for policy, engine in _VRAM_POLICIES.items():
-        progress(f"vram-swap: {policy}")
-        settings = build_settings(
-            {
-                "engine": {
-                    "gpu_budget_mib": [10_000],
-                    "queue_timeout_s": 600,
-                    **engine,
-                    "models": {name: dict(stub) for name in ("a", "b", "c")},
-                }
-            }
-        )
-        with tempfile.TemporaryDirectory() as cache:
-            os.environ["LLM_POOL_CACHE_DIR"] = cache  # footprints of this run only
-            try:
-                latencies, errors, loads, evictions, wall = await _run_trace(settings, trace)
-            finally:
-                del os.environ["LLM_POOL_CACHE_DIR"]
-        latencies.sort()
-        cdf[policy] = latencies
-
-        def pct(q: float, values: list[float] = latencies) -> float:
-            return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
-
-        rows.append(
-            {
-                "policy": policy,
-                "requests": len(trace),
-                "loads": loads,
-                "swaps": evictions,
-                "p50_ms": pct(0.50),
-                "p99_ms": pct(0.99),
-                "max_ms": latencies[-1] if latencies else 0.0,
-                "wall_s": wall,
-                "errors": errors,
-            }
-        )
-        raw[policy] = {"latencies_ms": latencies, "loads": loads, "evictions": evictions}
-    return {"rows": rows, "raw": raw, "cdf": {"latency by policy": cdf}}
 
 
 async def prefix_cache(quick: bool) -> dict[str, Any]:

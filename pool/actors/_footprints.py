@@ -63,7 +63,11 @@ class FootprintStore:
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             log.warning("vram footprints %s unreadable, starting empty: %s", self.path, exc)
             return
-        self._entries = {k: v for k, v in entries.items() if isinstance(v, dict) and "mib" in v}
+        self._entries = {
+            k: v
+            for k, v in entries.items()
+            if isinstance(v, dict) and ("mib" in v or "seconds" in v)
+        }
 
     def lookup(self, model: str, profile: str, replicas: int) -> int | None:
         """MiB that ``replicas`` replicas took; scaled from another replica count of the
@@ -83,6 +87,24 @@ class FootprintStore:
             "profile": profile,
             "replicas": replicas,
             "mib": mib,
+            "measured_at": time.time(),
+        }
+
+    # -- how long a load took (the cost of bringing a model back, docs/vram.md) ------
+    @staticmethod
+    def _load_time_key(model: str, profile: str) -> str:
+        return f"load-time|{model}|{profile}"
+
+    def load_time(self, model: str, profile: str) -> float | None:
+        """Seconds the latest load of ``model`` with these memory settings took."""
+        entry = self._entries.get(self._load_time_key(model, profile))
+        return None if entry is None else float(entry["seconds"])
+
+    def record_load_time(self, model: str, profile: str, seconds: float) -> None:
+        self._entries[self._load_time_key(model, profile)] = {
+            "model": model,
+            "profile": profile,
+            "seconds": round(seconds, 3),
             "measured_at": time.time(),
         }
 

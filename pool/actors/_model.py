@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import trio
@@ -27,12 +28,13 @@ from pool.actors._estimate import (
 from pool.actors._footprints import FootprintStore
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import PoolMetrics
+from pool.actors._plan import LoadPlan
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
 from pool.actors._snapshots import ModelSnapshot, RuntimeState, UnloadReason, VramEstimate
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
-from pool.actors._vram import CudaContexts, LoadMeter
+from pool.actors._vram import CudaContexts, LoadMeter, charges
 from pool.backends import (
     Backend,
     Capabilities,
@@ -42,15 +44,15 @@ from pool.backends import (
     LoadContext,
     get_backend,
 )
-from pool.config import (
-    EngineSettings,
-    ModelDefinition,
-    Settings,
-    apply_override,
-)
+from pool.config import EngineSettings, ModelDefinition, Settings
 from pool.errors import PoolError
 
 log = logging.getLogger("pool.model")
+
+# How many of the latest requests the request rate is taken over, and the shortest span
+# it divides by (a burst of a few requests is not a rate of thousands a second).
+USES_KEPT = 16
+RATE_FLOOR_S = 1.0
 
 STATE_DESCRIPTIONS: dict[str, str] = {
     "unloaded": (
@@ -70,9 +72,7 @@ STATE_DESCRIPTIONS: dict[str, str] = {
 @dataclass(slots=True)
 class _Command:
     kind: Literal["load", "unload", "replica_failed", "set_model_path"]
-    replicas: int = 0
-    patch: dict[str, Any] = field(default_factory=dict)
-    explicit: bool = False  # the body asked for replicas or overrides
+    plan: LoadPlan | None = None
     reason: str = ""
     unload_reason: UnloadReason = "requested"
     replica: Replica | None = None
@@ -170,6 +170,10 @@ class ModelActor:
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
+        # Trio clock times of the latest requests (the eviction policy's request rate),
+        # and how long the latest load took (the cost of bringing the model back).
+        self._uses: deque[float] = deque(maxlen=USES_KEPT)
+        self.load_seconds: float | None = None
         # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
         # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
@@ -215,20 +219,12 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load_placed(
-        self,
-        replicas: int,
-        patch: dict[str, Any],
-        *,
-        explicit: bool,
-        gpus: tuple[GpuPlacement, ...],
-    ) -> ModelSnapshot:
-        """Carry out a load the pool's VRAM gate let through (or return the row of a
+    async def load_placed(self, plan: LoadPlan, gpus: tuple[GpuPlacement, ...]) -> ModelSnapshot:
+        """Carry out a load the residency owner let through (or return the row of a
         model that is loaded or loading).
 
-        Only the gate calls this (``Pool.load`` and the pool's on-demand loads): it has
-        validated the body (``replicas``, the override ``patch``; ``explicit``: the body
-        asked for either) and placed every replica (``gpus``), and it holds the
+        Only the owner calls this (pool/actors/_residency.py): it has validated the
+        body into ``plan`` and placed every replica (``gpus``), and it holds the
         reservation until this returns. Nothing else may load a model, or the budget
         would not hold.
 
@@ -236,7 +232,7 @@ class ModelActor:
             PoolError: ``invalid_load_request`` for overrides while loaded or loading,
                 ``model_unloading``, or ``load_failed``.
         """
-        return await self._call(_Command("load", replicas, patch, explicit, gpus=gpus))
+        return await self._call(_Command("load", plan, gpus=gpus))
 
     async def unload(self, reason: UnloadReason = "requested") -> ModelSnapshot:
         """Unload gracefully; returns the snapshot once the model is ``unloaded``.
@@ -313,6 +309,7 @@ class ModelActor:
         self.scheduler.enqueue(ticket)  # (which may start it at once)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
+        self._uses.append(trio.current_time())
         if self.definition.on_demand:
             # Ollama semantics: the latest request's keep_alive sets the idle timer.
             self.keep_alive_s = keep_alive_s
@@ -340,6 +337,95 @@ class ModelActor:
 
     async def wait_state_change(self) -> None:
         await self._state_changed.wait()
+
+    # -- what the residency owner reads of the model (pool/actors/_residency.py) ------
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return self.scheduler.queue_depth == 0 and self.scheduler.running == 0
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Take a queued ``ticket`` out of the queue (its caller stopped waiting)."""
+        self.scheduler.remove(ticket)
+
+    def forget_prefixes(self) -> None:
+        """The replicas' prompt caches were flushed: routing forgets what they held."""
+        self.scheduler.forget_prefixes()
+
+    def holding(self) -> dict[int, int]:
+        """MiB per GPU this model holds (loaded or unloading: as measured, else as
+        estimated over its placement) or is about to hold (loading); {} otherwise."""
+        if self.state not in ("loading", "loaded", "unloading"):
+            return {}
+        if self.state != "loading" and self.observed_per_gpu is not None:
+            return dict(self.observed_per_gpu)
+        per_replica = self.vram_estimate().per_replica_mib or 0
+        count = self.selected_replicas if self.state == "loading" else len(self.replicas)
+        return charges(self.placement, per_replica, replicas=count)
+
+    def releases(self) -> dict[int, int]:
+        """What unloading this model hands back per GPU: what it holds, less a CUDA
+        context it paid for (an in-process runtime's stays with the pool process)."""
+        held = self.holding()
+        if self.observed_per_gpu is not None and self._contexts is not None:
+            for gpu in self.unsplit_context:
+                held[gpu] = max(0, held.get(gpu, 0) - self._contexts.expected_mib(gpu))
+        return held
+
+    def runtime_holdings(self) -> list[tuple[int, int]]:
+        """(GPU, MiB) that each loaded replica's runtime reports holding, spread over
+        the replica's GPUs as its placement says (what virtual GPUs show as used)."""
+        held: list[tuple[int, int]] = []
+        for index, replica in enumerate(self.replicas):
+            mib = replica.runtime.vram_mib if replica.runtime is not None else None
+            if not mib:
+                continue
+            if index < len(self.placement):
+                placement = self.placement[index]
+                held.extend(zip(placement.gpus, placement.scaled(mib), strict=True))
+            else:
+                held.append((0, mib))
+        return held
+
+    @property
+    def comeback(self) -> dict[str, Any] | None:
+        """The load body an evicted model comes back with (the load it had)."""
+        return self._comeback
+
+    @property
+    def placed_on(self) -> list[list[int]]:
+        """The GPUs of each replica (for logs and decisions)."""
+        return [list(p.gpus) for p in self.placement]
+
+    def request_rate(self, now: float) -> float:
+        """Requests per second lately: the latest requests over the time since the first
+        of them until ``now`` (Trio clock), so it falls while the model sits idle."""
+        if not self._uses:
+            return 0.0
+        return len(self._uses) / max(now - self._uses[0], RATE_FLOOR_S)
+
+    def expected_load_s(self, definition: ModelDefinition | None = None) -> float | None:
+        """How long a load of this model took last (kept across restarts beside its
+        footprint, per memory settings); None before the first measured load."""
+        definition = definition or self.active_definition
+        if self._footprints is not None:
+            profile = self.backend.memory_profile(definition).key()
+            stored = self._footprints.load_time(self.name, profile)
+            if stored is not None:
+                return stored
+        return self.load_seconds
+
+    def _keep_load_time(self, seconds: float) -> None:
+        self.load_seconds = seconds
+        if self._footprints is not None:
+            profile = self.backend.memory_profile(self.active_definition).key()
+            self._footprints.record_load_time(self.name, profile, seconds)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._footprints.save)
 
     # -- command handling (inside the actor task) ---------------------------------
     async def _handle(self, command: _Command) -> None:
@@ -390,24 +476,27 @@ class ModelActor:
         return self.snapshot()
 
     async def _do_load(self, command: _Command) -> ModelSnapshot:
-        resident = self.resident_row(command.explicit)
+        plan = command.plan
+        assert plan is not None
+        resident = self.resident_row(plan.explicit)
         if resident is not None:
             return resident
         assert self._nursery is not None
-        effective = apply_override(self.definition, command.patch)
-        self.load_override = dict(command.patch)
+        effective = plan.effective(self.definition)
+        self.load_override = dict(plan.patch)
         self.active_definition = effective
-        self.selected_replicas = command.replicas
+        self.selected_replicas = plan.replicas
         self.placement = command.gpus
         self.observed_per_gpu = None
         self._progress = {}
         self._set_state("loading")
         started_at = time.perf_counter()
+        load_began = trio.current_time()
         mark = await self._meter.start() if self._meter is not None else None
         capacity = max(1, self.backend.effective_target_inflight(effective))
         replicas: list[Replica] = []
         try:
-            for index in range(command.replicas):
+            for index in range(plan.replicas):
                 replica = Replica(
                     backend=self.backend,
                     definition=effective,
@@ -461,6 +550,7 @@ class ModelActor:
         if self._meter is not None:
             self._record_footprint(await self._meter.finish(mark))
         self.resident_since = trio.current_time()
+        self._keep_load_time(self.resident_since - load_began)
         self.last_error = None
         self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()

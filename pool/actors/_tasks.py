@@ -11,16 +11,20 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from pool.config import LoadRequest, resolve_model_path, validate_load_request
+from pool.actors._plan import LoadPlan
+from pool.backends import LoadRequest
+from pool.config import resolve_model_path
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors._supervisor import Pool
+    from pool.actors._residency import Residency
+    from pool.pulls import PullManager
 
 log = logging.getLogger("pool.tasks")
 # The share of a task's progress that a download takes, when the model must be fetched.
@@ -61,38 +65,48 @@ class LoadTask:
 class LoadTasks:
     """The registry of load tasks, bounded to the ``max_tasks`` most recent."""
 
-    def __init__(self, pool: Pool, max_tasks: int) -> None:
-        self._pool = pool
+    def __init__(
+        self, residency: Residency, pulls: PullManager, base_dir: str | None, max_tasks: int
+    ) -> None:
+        self._residency = residency
+        self._pulls = pulls
+        self._base_dir = base_dir
         self._max_tasks = max_tasks
         self._tasks: OrderedDict[str, LoadTask] = OrderedDict()
         self._counter = itertools.count(1)
 
     def start(
-        self, nursery: trio.Nursery, model: str, body: LoadRequest, evict: str | None
+        self,
+        nursery: trio.Nursery,
+        model: str,
+        body: LoadPlan | LoadRequest | Mapping[str, Any] | None,
+        evict: str | None,
     ) -> LoadTask:
-        """Validate at once (so a bad request is a 4xx now, not a failed task later)."""
-        actor = self._pool.model(model)
+        """Validate at once (so a bad request is a 4xx now, not a failed task later);
+        the load goes through the residency owner with the plan checked here."""
+        residency = self._residency
+        residency.model(model)
         if evict is not None:
-            self._pool.model(evict)
+            residency.model(evict)
             if evict == model:
                 raise PoolError("invalid_request", "evictModel names the model being loaded")
-        validate_load_request(body, actor.definition)
+        plan = body if isinstance(body, LoadPlan) else residency.plan(model, body)
         task = LoadTask(f"load-{next(self._counter)}-{secrets.token_hex(4)}", model, evict)
         if self._needs_fetch(model):
             task.phase = "fetching"
         self._tasks[task.task_id] = task
         while len(self._tasks) > self._max_tasks:
             self._tasks.popitem(last=False)
-        nursery.start_soon(self._run, task, body)
+        nursery.start_soon(self._run, task, plan)
         return task
 
-    async def _run(self, task: LoadTask, body: LoadRequest) -> None:
+    async def _run(self, task: LoadTask, plan: LoadPlan) -> None:
         try:
             await self._fetch(task)
             task.phase = "loading"
             if task.evict is not None:
-                await self._pool.unload(task.evict)
-            snapshot = await self._pool.load(task.model, body)
+                await self._residency.unload(task.evict)
+            snapshot = await self._residency.load(task.model, plan)
             task.status = "completed"
             task.progress = 1.0
             task.gpu_memory_used_mb = snapshot.vram.mib
@@ -107,10 +121,8 @@ class LoadTasks:
 
     def _needs_fetch(self, model: str) -> bool:
         """The model has a ``source`` to pull from and no file in place yet."""
-        definition = self._pool.model(model).definition
-        return bool(definition.source) and not _present(
-            definition.model_path, self._pool.settings.base_dir
-        )
+        definition = self._residency.model(model).definition
+        return bool(definition.source) and not _present(definition.model_path, self._base_dir)
 
     async def _fetch(self, task: LoadTask) -> None:
         """Pull the model into the store first when it has a ``source`` and no file yet.
@@ -120,9 +132,9 @@ class LoadTasks:
         """
         if not self._needs_fetch(task.model):
             return
-        definition = self._pool.model(task.model).definition
+        definition = self._residency.model(task.model).definition
         task.phase = "fetching"
-        handle = self._pool.pulls.pull(task.model)
+        handle = self._pulls.pull(task.model)
         async with handle.watch() as events:
             async for event in events:
                 total = event.get("total")

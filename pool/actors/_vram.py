@@ -1,6 +1,7 @@
-"""The VRAM policy's arithmetic: room per GPU, placement, who may be evicted, and
+"""The VRAM policy's arithmetic: room per GPU, placement, what placements charge, and
 the measurement of a load. Everything here is synchronous except the meter's reads;
-the supervisor (``_supervisor.py``) runs the waiting and the evicting.
+the gate (``_gate.py``) applies it to the pool, the residency owner (``_residency.py``)
+waits and evicts, and ``_eviction.py`` chooses whom to evict.
 
 Room on one GPU for a new load::
 
@@ -17,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pool.actors._footprints import FootprintStore
 from pool.actors._gpu import GpuSource
 from pool.actors._snapshots import GpuReading, GpuView
 from pool.backends import GpuPlacement
-
-if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
 
 
 def gpu_room(
@@ -160,56 +158,6 @@ def charges(
         for index, mib in zip(placement.gpus, placement.scaled(per_replica_mib), strict=True):
             into[index] = into.get(index, 0) + mib
     return into
-
-
-def eligible_victim(
-    actor: ModelActor, *, incoming: ModelActor, now: float, min_resident_s: float
-) -> bool:
-    """The spec's filter, apart from being idle: loaded, unpinned, not more important
-    than the model that needs the room, and resident for ``min_resident_s`` at least.
-
-    Equal priority may be evicted: otherwise two models of the same rank could never
-    take turns on a GPU that holds one of them.
-    """
-    return (
-        actor is not incoming
-        and actor.state == "loaded"
-        and not actor.definition.pinned
-        and actor.definition.priority <= incoming.definition.priority
-        and now - actor.resident_since >= min_resident_s
-    )
-
-
-def is_idle(actor: ModelActor) -> bool:
-    return actor.scheduler.queue_depth == 0 and actor.scheduler.running == 0
-
-
-def eviction_order(actors: Iterable[ModelActor]) -> list[ModelActor]:
-    """Lowest priority first, then the least recently used."""
-    return sorted(actors, key=lambda a: (a.definition.priority, a.last_used_at))
-
-
-def eviction_candidates(
-    actors: Iterable[ModelActor],
-    *,
-    incoming: ModelActor,
-    now: float,
-    min_resident_s: float = 0.0,
-    busy: bool = False,
-) -> list[ModelActor]:
-    """Models that may be unloaded to make room for ``incoming``, best victim first.
-
-    Idle ones only (nothing queued or running), so an eviction never cuts a request;
-    with ``busy`` the on-demand ones that still have work instead (they are asked to
-    drain first: their new requests wait until they are reloaded).
-    """
-    chosen = [
-        a
-        for a in actors
-        if eligible_victim(a, incoming=incoming, now=now, min_resident_s=min_resident_s)
-        and (not is_idle(a) and a.definition.on_demand if busy else is_idle(a))
-    ]
-    return eviction_order(chosen)
 
 
 # -- measuring a load ------------------------------------------------------------------

@@ -8,6 +8,14 @@ CTranslate2 or vLLM.
 from __future__ import annotations
 
 from pool.backends._gguf import GgufHeader, read_gguf_header
+from pool.backends._load_request import (
+    LoadRequest,
+    apply_override,
+    load_constraints,
+    load_recommendations,
+    load_request_schema,
+    validate_load_request,
+)
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
@@ -73,6 +81,7 @@ __all__ = [
     "ImagePart",
     "LoadContext",
     "LoadOverrides",
+    "LoadRequest",
     "MemoryProfile",
     "OutputFormat",
     "PrefixCachingRuntime",
@@ -85,15 +94,20 @@ __all__ = [
     "ToolChoice",
     "ToolSpec",
     "Turn",
+    "apply_override",
     "assemble_calls",
     "backend_names",
     "context_field",
     "definition_class",
     "free_port",
     "get_backend",
+    "load_constraints",
     "load_override_models",
+    "load_recommendations",
+    "load_request_schema",
     "new_call_id",
     "read_gguf_header",
     "register_backend",
     "unregister_backend",
+    "validate_load_request",
 ]

@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from pool.backends._protocol import Backend, LoadOverrides
-from pool.config import CommonModelFields, UnknownBackendError
+from pool.config import CommonModelFields, UnknownBackendError, use_definition_classes
 
 _MODULES: dict[str, str] = {
     "stub": "pool.backends.stub",
@@ -116,3 +116,7 @@ def unregister_backend(name: str) -> None:
     """Remove a backend added by :func:`register_backend`."""
     del _MODULES[name]
     _backends.pop(name, None)
+
+
+# Settings read from now on find each backend's model class here.
+use_definition_classes(definition_class)

@@ -95,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FIELD=VALUE",
         help="a load override; VALUE is JSON where it parses, else a string (repeatable)",
     )
+    load.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what the load would do now (placement, evictions, refusal), changing nothing",
+    )
+    why = client("why", "the pool's latest residency decisions (loads, evictions), in words")
+    why.add_argument("name", nargs="?", help="only the decisions about this model")
+    why.add_argument("-n", "--limit", type=int, default=20, help="default: 20")
     unload = client("unload", "unload a model (waits until it is unloaded)")
     unload.add_argument("name")
     pull = client("pull", "pull a model from its source, with progress (Ctrl-C detaches)")
@@ -122,13 +130,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _dispatch(args: argparse.Namespace, client: PoolClient, io: Io) -> int:
-    from pool.cli import _bench, _chat, _models, _pull
+    from pool.cli import _bench, _chat, _models, _pull, _why
 
     command = "ps" if args.command == "models" else args.command
     if command == "ps":
         return await _models.ps(client, io)
     if command == "load":
-        return await _models.load(client, io, args.name, args.sets)
+        return await _models.load(client, io, args.name, args.sets, dry_run=args.dry_run)
+    if command == "why":
+        return await _why.why(client, io, args.name, args.limit)
     if command == "unload":
         return await _models.unload(client, io, args.name)
     if command == "pull":

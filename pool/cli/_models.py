@@ -90,8 +90,20 @@ def _row_line(row: dict[str, Any]) -> str:
     )
 
 
-async def load(client: PoolClient, io: Io, name: str, sets: list[str]) -> int:
+async def load(
+    client: PoolClient, io: Io, name: str, sets: list[str], *, dry_run: bool = False
+) -> int:
     body = parse_sets(sets)
+    if dry_run:
+        from pool.cli._why import preview_lines
+
+        preview = await client.call("POST", f"/v1/admin/models/{name}/load?dry_run=true", body)
+        if io.json:
+            io.emit(preview)
+        else:
+            for line in preview_lines(preview):
+                io.out.print(line, markup=False)
+        return EXIT_OK
     if not io.json:
         io.err.print(f"loading {name}…")
     # A load answers once it has finished, which may take minutes for a big model.

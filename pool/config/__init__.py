@@ -1,7 +1,10 @@
-"""Settings: models, file loading and merging, load-override validation.
+"""Settings: models, file loading and merging, the check of one load-override value.
 
 Each backend's model class, override fields and tables live in its module under
-pool/backends; what this package needs of them it looks up in the backend registry.
+pool/backends, which imports this package (never the other way round): the backend
+registry hands this package its lookup of model classes when it is imported
+(:func:`use_definition_classes`), and the load body is validated beside the registry
+(``pool.backends.LoadRequest``).
 """
 
 from pool.config._cluster import ClusterSettings
@@ -20,16 +23,7 @@ from pool.config._files import (
     resolve_model_path,
     state_dir,
 )
-from pool.config._load_request import (
-    LoadRequest,
-    apply_override,
-    check_override_value,
-    invalid_load_request,
-    load_constraints,
-    load_recommendations,
-    load_request_schema,
-    validate_load_request,
-)
+from pool.config._load_request import check_override_value, invalid_load_request
 from pool.config._models import (
     AuthSettings,
     CommonModelFields,
@@ -44,6 +38,7 @@ from pool.config._models import (
     UnknownBackendError,
     definition_class,
     model_definition,
+    use_definition_classes,
 )
 
 __all__ = [
@@ -55,7 +50,6 @@ __all__ = [
     "CommonModelFields",
     "DecodingDefaults",
     "EngineSettings",
-    "LoadRequest",
     "ModelDefinition",
     "PromptFormatName",
     "ServiceSettings",
@@ -63,7 +57,6 @@ __all__ = [
     "TenancySettings",
     "TenantLimits",
     "UnknownBackendError",
-    "apply_override",
     "build_settings",
     "cache_dir",
     "check_override_value",
@@ -72,14 +65,11 @@ __all__ = [
     "definition_class",
     "environment_settings",
     "invalid_load_request",
-    "load_constraints",
-    "load_recommendations",
-    "load_request_schema",
     "load_settings",
     "merge",
     "model_definition",
     "read_json",
     "resolve_model_path",
     "state_dir",
-    "validate_load_request",
+    "use_definition_classes",
 ]

@@ -9,7 +9,7 @@ ignored key.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -242,18 +242,27 @@ class UnknownBackendError(ValueError):
 ModelDefinition = CommonModelFields
 
 
+_definition_classes: Callable[[object], type[CommonModelFields]] | None = None
+
+
+def use_definition_classes(lookup: Callable[[object], type[CommonModelFields]]) -> None:
+    """Where :func:`definition_class` looks model classes up: the backend registry hands
+    its lookup in when it is imported (the backend modules import this package for
+    :class:`CommonModelFields`, so this package may not import them)."""
+    global _definition_classes
+    _definition_classes = lookup
+
+
 def definition_class(backend: object) -> type[CommonModelFields]:
     """The model definition class of the backend named ``backend``.
 
-    Looked up in the backend registry when called, not at import: the backend modules
-    import this module for :class:`CommonModelFields`.
-
     Raises:
         UnknownBackendError: no backend has that name; the message lists the known ones.
+        RuntimeError: no backend registry was imported (``import pool`` imports it).
     """
-    from pool.backends import definition_class as registered
-
-    return registered(backend)
+    if _definition_classes is None:
+        raise RuntimeError("no backend registry: import pool.backends before reading settings")
+    return _definition_classes(backend)
 
 
 def model_definition(raw: Mapping[str, Any], default_backend: str) -> CommonModelFields:
@@ -340,6 +349,12 @@ class EngineSettings(BaseModel):
         30.0,
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
+    )
+    eviction_policy: Literal["swap_cost", "lru"] = Field(
+        "swap_cost",
+        description="How the pool chooses whom to evict among the idle models it may evict"
+        " (lowest priority first either way): `swap_cost` the cheapest to bring back and"
+        " least asked for lately, `lru` the least recently used (docs/vram.md).",
     )
     cluster: ClusterSettings = Field(
         default_factory=ClusterSettings,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Quart, Response
+from quart import Quart, Response, request
 
 from pool.actors import Pool
-from pool.config import LoadRequest
+from pool.backends import LoadRequest
+from pool.errors import PoolError
 from pool.http._common import AppContext, json_response, read_body, require
 from pool.http._rows import gpu_memory_body, model_row
 
@@ -88,23 +89,48 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @app.post("/v1/admin/models/<name>/load")
     async def admin_load(name: str) -> Response:
-        """Load a configured model, with optional replicas and live-only overrides."""
+        """Load a configured model, with optional replicas and live-only overrides;
+        ``?dry_run=true``: what the load would do now, changing nothing."""
         require(ctx, "admin")
         pool.model(name)  # an unknown model is a 404 before the body is read
+        dry_run = _flag(request.args.get("dry_run"), "dry_run")
         body = await read_body(LoadRequest, optional=True)
-        # The pool owns the load (through its VRAM gate: placement, eviction); a client
-        # that disconnects does not cancel it.
+        if dry_run:
+            return json_response(pool.preview_load(name, body))
+        # The pool owns the load (through its residency owner: placement, eviction); a
+        # client that disconnects does not cancel it.
         return json_response(model_row(await pool.detached(pool.load, name, body)))
 
     @app.post("/v1/admin/models/<name>/unload")
     async def admin_unload(name: str) -> Response:
         """Unload: queued requests are cancelled, running ones get engine.unload_drain_s."""
         require(ctx, "admin")
-        actor = pool.model(name)
-        return json_response(model_row(await pool.detached(actor.unload)))
+        pool.model(name)
+        return json_response(model_row(await pool.detached(pool.unload, name)))
+
+    @app.get("/v1/admin/decisions")
+    async def admin_decisions() -> Response:
+        """The latest residency decisions (placements, evictions, waits, refusals) with
+        their reasons, newest first; ``?model=`` those about one model, ``?limit=``."""
+        require(ctx, "admin")
+        model = request.args.get("model") or None
+        limit = request.args.get("limit")
+        if limit is not None and not (limit.isdigit() and int(limit) > 0):
+            raise PoolError("invalid_request", "limit must be a positive integer")
+        decisions = pool.decisions(model, int(limit) if limit else None)
+        return json_response({"decisions": [d.as_json() for d in decisions]})
 
     @app.get("/v1/admin/gpu-memory")
     async def gpu_memory() -> Response:
         """GPU memory in use (NVML) and each model's VRAM estimate."""
         require(ctx, "admin")
         return json_response(gpu_memory_body(pool.gpus.view(), pool.snapshots()))
+
+
+def _flag(value: str | None, name: str) -> bool:
+    """A boolean query parameter: absent, ``false`` or ``0`` is off; ``true`` or ``1`` on."""
+    if value is None or value.lower() in ("false", "0", ""):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise PoolError("invalid_request", f"{name} must be true or false (got {value!r})")

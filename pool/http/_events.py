@@ -5,7 +5,9 @@ and get a ``state`` event whenever what they show changes. A state change of any
 (load, unload, failure, going idle) is pushed at once; counters that move without one
 (queue depth, in flight, pull progress, GPU readings) are looked at once a second. A
 busy pool still sends at most a few events a second, and an unchanged one sends only a
-keep-alive comment now and then.
+keep-alive comment now and then. Each residency decision made while the stream is open
+(a placement, eviction, wait, refusal...: ``GET /v1/admin/decisions``) follows as a
+``decision`` event of its own, oldest first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pool.http._common import AppContext, dumps, require
 from pool.http._rows import gpu_memory_body, model_row
 
 STATE_EVENT = "state"
+DECISION_EVENT = "decision"
 # Counters that move without a state change are re-read this often.
 _TICK_S = 1.0
 # However busy the pool, state events are at least this far apart.
@@ -60,6 +63,8 @@ async def state_events(pool: Pool) -> AsyncIterator[bytes]:
     yield b"retry: 2000\n\n"  # for EventSource clients: reconnect after 2 s
     sent: bytes | None = None
     sent_at = -math.inf
+    latest = pool.decisions(limit=1)
+    decided = latest[0].seq if latest else 0
     while True:
         payload = dumps(admin_state(pool))
         now = trio.current_time()
@@ -69,6 +74,9 @@ async def state_events(pool: Pool) -> AsyncIterator[bytes]:
         elif now - sent_at >= _KEEPALIVE_S:
             yield b": keep-alive\n\n"
             sent_at = now
+        for decision in reversed([d for d in pool.decisions() if d.seq > decided]):
+            yield _event(DECISION_EVENT, dumps(decision.as_json()))
+            decided = decision.seq
         if pool.shutting_down:
             return
         with trio.move_on_after(_TICK_S):

@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 
 from pool._version import __version__
 from pool.actors import STATE_DESCRIPTIONS
-from pool.config import LoadRequest
+from pool.backends import LoadRequest
 from pool.errors import STATUS_BY_CODE
 from pool.schemas import (
     CacheFlushed,
@@ -32,12 +32,14 @@ from pool.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     CompletionRequest,
+    Decisions,
     EmbeddingList,
     EmbeddingsRequest,
     Empty,
     GpuMemory,
     Health,
     InputItemList,
+    LoadAnswer,
     LoadTaskState,
     MessagesError,
     MessagesReply,
@@ -111,6 +113,8 @@ class Route:
     stream: str | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
+    # Query parameters: (name, JSON type, description).
+    query: tuple[tuple[str, str, str], ...] = ()
 
 
 _PLAIN = ("text/plain", {"type": "string"})
@@ -169,13 +173,26 @@ ROUTES: list[Route] = [
      " models it may evict (docs/vram.md) are unloaded first, else 500 `load_failed` at"
      " once. Idempotent while loaded or loading (overrides then"
      " give 400); 409 `model_unloading` while unloading. A schema failure is 422, a value the"
-     " backend does not accept is 400 `invalid_load_request`.", LoadRequest, reply=ModelRow,
-     body_required=False),
+     " backend does not accept is 400 `invalid_load_request`. With `dry_run=true` nothing"
+     " changes: 200 with what the load would do now (`LoadPreview`: `fits`, `gpus` and"
+     " `gpu_split_mib` per replica, the models it would `evict`, what it would `wait_for`,"
+     " `expected_load_s` from measurements, and the `error` with its `reason` it would"
+     " answer).", LoadRequest, reply=LoadAnswer, body_required=False,
+     query=(("dry_run", "boolean", "Answer what the load would do, changing nothing."),)),
     Route("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
      "Graceful: new requests are refused at once, queued ones get `model_unloading`, running"
      " ones finish (within `engine.unload_drain_s`; past it they end with `model_unloading`),"
      " then the runtime is released. 200 if already unloaded. The model stays unloaded"
      " (`unload_reason` `requested`), even one the pool had evicted.", reply=ModelRow),
+    Route("get", "/v1/admin/decisions", "admin", "Residency decisions, with their reasons",
+     "The latest decisions of the residency owner (docs/vram.md), newest first, at most 500"
+     " kept: `place` (a load let through, with `gpus` and `gpu_split_mib`), `evict` (whom,"
+     " `for` whom, and why the policy chose it), `wait` (a load that found no room),"
+     " `yield` (a busy model asked to make way), `refuse` (with `need_mib` and `room_mib`"
+     " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
+     " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
+     query=(("model", "string", "Only decisions about this model."),
+            ("limit", "integer", "At most this many (the newest)."))),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
@@ -186,7 +203,9 @@ ROUTES: list[Route] = [
      " most four events a second); a `: keep-alive` comment every 15 s otherwise. Each event's"
      " data is one JSON object: `models` (the rows of `/v1/admin/models`), `gpus` and"
      " `gpu_error` (as `/v1/admin/gpu-memory`), `pulls` (each model's current or last pull,"
-     " as `/api/pull/status/{model}`), `shutting_down`. The stream ends when the pool shuts"
+     " as `/api/pull/status/{model}`), `shutting_down`. Each residency decision made while"
+     " the stream is open follows as a `decision` event (one entry of `/v1/admin/decisions`)."
+     " The stream ends when the pool shuts"
      " down. The dashboard (`/ui/`) and `llm-pool events` follow it.",
      text=(SSE, {"type": "string", "description": "Server-Sent Events"})),
     Route("get", "/ui", "operations", "Dashboard (redirect)",
@@ -857,6 +876,16 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     ]
     if route.errors == "anthropic":
         parameters += _ANTHROPIC_HEADERS
+    parameters += [
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": {"type": kind},
+            "description": text,
+        }
+        for name, kind, text in route.query
+    ]
     if parameters:
         operation["parameters"] = parameters
     links = _LINKS.get(key)

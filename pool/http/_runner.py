@@ -12,8 +12,7 @@ from quart import Quart, Response
 
 from pool._version import __version__
 from pool.actors import LoadTask, ModelSnapshot, Pool, PoolHealth
-from pool.backends import context_field
-from pool.config import LoadRequest
+from pool.backends import LoadRequest, context_field
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 
 class _Reply(BaseModel):
@@ -310,6 +310,54 @@ class ModelRow(_Reply):
 
 class ModelRows(_Reply):
     models: list[ModelRow]
+
+
+# -- residency: decisions and the load preview (docs/vram.md) -------------------------------
+class DecisionRow(_Reply):
+    """One residency decision, with its reason (further fields carry its numbers)."""
+
+    seq: int = Field(description="Increases by one with each decision.")
+    action: Literal["place", "evict", "wait", "yield", "refuse", "comeback"]
+    model: str = Field(description="The model decided about.")
+    for_model: str | None = Field(
+        alias="for", description="The model it was decided for (evict, yield); else null."
+    )
+    reason: str
+    at: float = Field(description="When (seconds since the epoch).")
+
+
+class Decisions(_Reply):
+    decisions: list[DecisionRow] = Field(description="Newest first.")
+
+
+class LoadPreview(_Reply):
+    """What a load would do now (``dry_run=true``), changing nothing."""
+
+    model: str
+    state: Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+    fits: bool
+    gpus: list[list[int]] = Field(description="Per replica, the GPUs it would go to.")
+    gpu_split_mib: list[list[int]] = Field(description="Per replica, MiB on each of its GPUs.")
+    evict: list[str] = Field(description="The models it would evict first, in order.")
+    wait_for: list[str] = Field(
+        description="Models whose end it waits for (a load under way of this model), or the"
+        " busy models that could make room once idle when it is refused."
+    )
+    need_mib: int = Field(description="MiB per replica, as the estimate chain says.")
+    estimate_source: str
+    expected_load_s: float | None = Field(
+        description="How long its last load took (measured, kept across restarts); null"
+        " before the first."
+    )
+    error: str | None = Field(
+        description="The error code the load would answer (`load_failed`, `model_unloading`,"
+        " `invalid_load_request`); null when it would load."
+    )
+    reason: str
+
+
+class LoadAnswer(RootModel[ModelRow | LoadPreview]):
+    """The model's row once loaded; with ``dry_run=true``, the preview."""
 
 
 class GpuRow(_Reply):

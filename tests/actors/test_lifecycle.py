@@ -9,9 +9,8 @@ import trio
 
 import pool.actors._model as model_module
 from pool import Delta, Failed, PoolError, open_pool
-from pool.backends import LoadContext, get_backend
+from pool.backends import LoadContext, LoadRequest, get_backend
 from pool.backends.stub import StubBackend, StubRuntime
-from pool.config import LoadRequest
 from pool.errors import BackendError
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until

@@ -136,7 +136,7 @@ async def test_two_split_loads_at_once_never_hold_half_each(
         async def watch() -> None:
             while True:
                 peaks.append(max(g.used_mib for g in pool.gpus.view().gpus))
-                loaded, pending = pool._charges(exclude=None)  # type: ignore[arg-type]
+                loaded, pending = pool.residency.charges()
                 for index in (0, 1):
                     assert loaded.get(index, 0) + pending.get(index, 0) <= 8000
                 await trio.sleep(0.05)

@@ -13,8 +13,9 @@ import trio
 from llama_cpp._ggml import libggml
 
 from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool.backends import load_constraints
 from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
-from pool.config import build_settings, load_constraints
+from pool.config import build_settings
 
 from .streaming import assert_streams
 

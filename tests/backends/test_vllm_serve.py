@@ -10,9 +10,9 @@ import trio
 
 from pool import InferenceRequest, PoolError, open_pool
 from pool.actors import DecodingOverrides, EmbeddingRequest
-from pool.backends import EmbeddingJob, OutputFormat, ToolChoice, ToolSpec
+from pool.backends import EmbeddingJob, OutputFormat, ToolChoice, ToolSpec, apply_override
 from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
-from pool.config import apply_override, build_settings
+from pool.config import build_settings
 from pool.convert import cached_model
 
 from .test_process import _gone, assert_group_running

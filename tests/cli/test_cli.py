@@ -405,3 +405,32 @@ async def test_pull_cancel_stops_a_running_pull(nursery: trio.Nursery, tmp_path:
         assert (info.pool.pulls.status("m") or {})["status"] == "cancelled"
     finally:
         files.httpd.shutdown()
+
+
+async def test_load_dry_run_then_why_tells_the_decisions(nursery: trio.Nursery) -> None:
+    stub = {"backend": "stub", "stub_vram_mib": 3000}
+    models = {"a": stub, "b": stub, "c": {**stub, "stub_vram_mib": 5000}}
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000], "virtual_gpus": True}
+    )
+    for name in ("a", "b"):
+        assert (await cli(info, "load", name)).code == 0
+    preview = await cli(info, "load", "c", "--dry-run")
+    assert preview.code == 0, preview.err
+    assert preview.out.splitlines()[:2] == [
+        "c would load on GPU 0 (5000 MiB): fits once a is evicted",
+        "it would evict, in order: a",
+    ]
+    assert (await cli(info, "ps", "--json")).json_lines()[0]["models"][0]["runtime_state"] == (
+        "loaded"
+    )
+    assert (await cli(info, "load", "c")).code == 0
+    why = await cli(info, "why", "c")
+    assert why.code == 0, why.err
+    said = [line.split(" ", 1)[1] for line in why.out.splitlines()]
+    assert said[0].startswith("evicted a to make room for c: priority 0, ")
+    assert said[1].startswith("loaded c: 1 replica(s) of 5000 MiB")
+    (latest,) = (await cli(info, "why", "--json", "-n", "1")).json_lines()
+    assert (latest["action"], latest["model"]) == ("place", "c")
+    none = await cli(info, "why", "b", "-n", "0")
+    assert none.code != 0 and "limit" in none.err

@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pool.config import (
+from pool.backends import (
     LoadRequest,
     apply_override,
-    build_settings,
     load_constraints,
     load_recommendations,
     validate_load_request,
 )
+from pool.config import build_settings
 from pool.errors import PoolError
 
 MODELS = build_settings(

@@ -417,3 +417,40 @@ async def test_every_way_of_loading_logs_loading_then_loaded(
         ]
         assert f"model={name} state unloaded -> loading" in said, (name, said)
         assert f"model={name} state loading -> loaded" in said, (name, said)
+
+
+async def test_dry_run_and_the_decisions_that_follow(nursery: trio.Nursery) -> None:
+    """``?dry_run=true`` answers what the load would do, changing nothing; the load right
+    after does it, and ``/v1/admin/decisions`` says why, newest first."""
+    stub = {"backend": "stub", "stub_vram_mib": 3000}
+    models = {"a": stub, "b": stub, "c": {**stub, "stub_vram_mib": 5000}}
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000], "virtual_gpus": True}
+    )
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        for name in ("a", "b"):
+            assert (await client.post(f"/v1/admin/models/{name}/load")).status_code == 200
+        preview = await client.post("/v1/admin/models/c/load?dry_run=true", json={})
+        assert preview.status_code == 200, preview.text
+        body = preview.json()
+        assert (body["fits"], body["evict"], body["gpus"]) == (True, ["a"], [[0]])
+        assert body["error"] is None and body["need_mib"] == 5000
+        rows = (await client.get("/v1/admin/models")).json()["models"]
+        assert [r["runtime_state"] for r in rows] == ["loaded", "loaded", "unloaded"]
+
+        row = (await client.post("/v1/admin/models/c/load")).json()
+        assert row["gpus"] == body["gpus"] and row["gpu_split_mib"] == body["gpu_split_mib"]
+        decisions = (await client.get("/v1/admin/decisions")).json()["decisions"]
+        latest = [(d["action"], d["model"]) for d in decisions[:2]]
+        assert latest == [("place", "c"), ("evict", "a")]
+        assert decisions[1]["for"] == "c" and decisions[1]["reason"]
+        assert [d["seq"] for d in decisions] == sorted((d["seq"] for d in decisions), reverse=True)
+        about_b = (await client.get("/v1/admin/decisions?model=b&limit=5")).json()["decisions"]
+        assert [(d["action"], d["model"]) for d in about_b] == [("place", "b")]
+
+        bad = await client.post("/v1/admin/models/c/load?dry_run=maybe")
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        bad = await client.get("/v1/admin/decisions?limit=-1")
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        unknown = await client.get("/v1/admin/decisions?model=nope")
+        assert unknown.status_code == 404

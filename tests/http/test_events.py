@@ -19,9 +19,9 @@ MODELS = {**STUB_MODELS, "cold": {"backend": "stub", "stub_load_seconds": 0.5}}
 
 @asynccontextmanager
 async def state_stream(
-    info: ServerInfo, token: str | None = None
+    info: ServerInfo, token: str | None = None, kind: str = "state"
 ) -> AsyncIterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
-    """The decoded ``state`` events of one open stream, as a channel."""
+    """The decoded ``kind`` events of one open stream, as a channel."""
     send, receive = trio.open_memory_channel[dict[str, Any]](100)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
@@ -38,7 +38,7 @@ async def state_stream(
                 async for line in response.aiter_lines():
                     if line.startswith("event: "):
                         event = line.removeprefix("event: ")
-                    elif line.startswith("data: ") and event == "state":
+                    elif line.startswith("data: ") and event == kind:
                         await send.send(json.loads(line.removeprefix("data: ")))
 
         nursery.start_soon(read)
@@ -120,3 +120,24 @@ async def test_the_stream_ends_at_shutdown(nursery: trio.Nursery) -> None:
             async for event in events:
                 last = event
         assert last["shutting_down"] is True
+
+
+async def test_decisions_follow_as_their_own_events(nursery: trio.Nursery) -> None:
+    """A load made while the stream is open pushes its placement as a ``decision`` event
+    (decisions made before the stream opened are not replayed)."""
+    info = await start_server(
+        nursery, MODELS, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
+    async with (
+        state_stream(info, kind="decision") as decisions,
+        httpx.AsyncClient(base_url=info.url, timeout=10) as client,
+    ):
+        # The startup loads' decisions were made before: none comes now.
+        with trio.move_on_after(1.5) as quiet:
+            await decisions.receive()
+        assert quiet.cancelled_caught
+        assert (await client.post("/v1/admin/models/cold/load")).status_code == 200
+        with trio.fail_after(5):
+            placed = await decisions.receive()
+        assert (placed["action"], placed["model"]) == ("place", "cold")
+        assert placed["gpus"] == [[0]] and placed["reason"]

@@ -166,6 +166,11 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     check(await client.post("/v1/admin/models/cold/load"), "/v1/admin/models/{name}/load")
     check(await client.post("/v1/admin/models/cold/unload"), "/v1/admin/models/{name}/unload")
     check(await client.get("/v1/admin/gpu-memory"), "/v1/admin/gpu-memory")
+    check(await client.get("/v1/admin/decisions"), "/v1/admin/decisions")
+    check(
+        await client.post("/v1/admin/models/cold/load?dry_run=true"),
+        "/v1/admin/models/{name}/load",
+    )
     check(await client.get("/v1/capabilities"), "/v1/capabilities")
     task = check(await client.post("/v1/models/load", json={"modelId": "cold"}), "/v1/models/load")
     with trio.fail_after(5):

@@ -1,0 +1,76 @@
+"""Every residency decision with its reason, in a bounded in-memory log.
+
+The residency owner records each placement, eviction, wait and refusal as it makes
+it; ``GET /v1/admin/decisions`` and ``llm-pool why`` read them back, newest first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# place: a load was let through, onto these GPUs; evict: a model was unloaded to make
+# room for another; wait: a load found no room and waits for it; yield: a busy model
+# was asked to make way; refuse: a load was refused (the numbers say why); comeback: an
+# evicted enabled model is loaded again because room freed.
+Action = Literal["place", "evict", "wait", "yield", "refuse", "comeback"]
+
+# How many decisions are kept (the oldest go first).
+DECISIONS_KEPT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    seq: int
+    action: Action
+    model: str
+    reason: str
+    at: float  # wall clock (seconds since the epoch)
+    for_model: str | None = None  # the model the decision was made for (evict, yield)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "action": self.action,
+            "model": self.model,
+            "for": self.for_model,
+            "reason": self.reason,
+            "at": self.at,
+            **self.details,
+        }
+
+
+class DecisionLog:
+    """The latest ``kept`` decisions."""
+
+    def __init__(self, kept: int = DECISIONS_KEPT) -> None:
+        self._entries: deque[Decision] = deque(maxlen=kept)
+        self._seq = itertools.count(1)
+
+    def record(
+        self,
+        action: Action,
+        model: str,
+        reason: str,
+        *,
+        for_model: str | None = None,
+        **details: Any,
+    ) -> Decision:
+        decision = Decision(next(self._seq), action, model, reason, time.time(), for_model, details)
+        self._entries.append(decision)
+        return decision
+
+    def recent(self, model: str | None = None, limit: int | None = None) -> list[Decision]:
+        """Newest first; with ``model``, those about it (as the model or the one the
+        decision was made for)."""
+        chosen = [
+            d
+            for d in reversed(self._entries)
+            if model is None or d.model == model or d.for_model == model
+        ]
+        return chosen if limit is None else chosen[:limit]

@@ -1,0 +1,80 @@
+"""The pool's state taken together: health, queues and the prompt caches of every
+loaded replica (what ``/health``, ``/metrics`` and the runner API show)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from pool.actors._model import ModelActor
+from pool.actors._snapshots import FlushResult, PoolHealth, QueueStats
+from pool.actors._stats import percentile
+from pool.backends import CacheUsage
+
+
+def health(actors: Iterable[ModelActor], *, started_at: float, shutting_down: bool) -> PoolHealth:
+    """Whether the pool serves, and why not."""
+    actors = list(actors)
+    reason = None
+    if shutting_down:
+        reason = "the pool is shutting down"
+    elif actors and all(a.state == "failed" for a in actors):
+        reason = "every model failed to load"
+    return PoolHealth(
+        serving=reason is None,
+        uptime_s=time.time() - started_at,
+        models_loaded=sum(1 for a in actors if a.state == "loaded"),
+        queue_depth=sum(a.queue_depth for a in actors),
+        reason=reason,
+    )
+
+
+def queue_stats(actors: Iterable[ModelActor]) -> QueueStats:
+    """Every model's queue together; ``max_depth`` counts loaded models only."""
+    actors = list(actors)
+    waits = [w for a in actors for w in a.scheduler.stats.waits_ms]
+    return QueueStats(
+        depth=sum(a.queue_depth for a in actors),
+        max_depth=sum(a.scheduler.max_queue for a in actors if a.state == "loaded"),
+        avg_wait_ms=sum(waits) / len(waits) if waits else 0.0,
+        p95_wait_ms=percentile(waits, 0.95),
+    )
+
+
+async def flush_caches(
+    actors: Iterable[ModelActor], scope: str, *, tenant: str | None, tag: str | None
+) -> FlushResult:
+    """Flush the prompt caches of ``actors``' replicas by scope (see Pool.flush_cache)."""
+    entries = 0
+    freed_mib = 0.0
+    for actor in actors:
+        for replica in actor.replicas:
+            flush = getattr(replica.runtime, "flush_cache", None)
+            if flush is not None:
+                flushed = await flush(scope=scope, tenant=tenant, tag=tag)
+                entries += flushed.entries
+                freed_mib += flushed.memory_mib
+        actor.forget_prefixes()  # (all of them: routing only loses a hint)
+    return FlushResult(entries, freed_mib)
+
+
+def prefix_caching(actors: Iterable[ModelActor]) -> bool:
+    """Whether any loaded replica keeps a prefix cache (one the pool can flush)."""
+    return any(
+        hasattr(replica.runtime, "flush_cache") for actor in actors for replica in actor.replicas
+    )
+
+
+def cache_usage(actors: Iterable[ModelActor]) -> CacheUsage | None:
+    """The prompt caches of every loaded replica together (None: no runtime has one)."""
+    size = used = 0.0
+    found = False
+    for actor in actors:
+        for replica in actor.replicas:
+            usage_of = getattr(replica.runtime, "cache_usage", None)
+            usage = usage_of() if usage_of is not None else None
+            if usage is not None:
+                found = True
+                size += usage.size_mib
+                used += usage.used_mib
+    return CacheUsage(size, used) if found else None

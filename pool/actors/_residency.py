@@ -1,0 +1,507 @@
+"""The residency owner: the one way a model is loaded, reloaded or evicted.
+
+Every entry point (admin, runner API, startup, on-demand requests, Ollama preload,
+pulls, the cluster) hands :class:`Residency` a load request. It validates it once
+(:func:`plan_load`), places it on the GPUs (the VRAM gate: ``_gate.py``, its
+arithmetic in ``_vram.py``), evicts what the rules allow and the policy chooses
+(``_eviction.py``), claims the shared lease, waits where a load may
+wait, and hands the model actor an already validated and placed plan
+(:meth:`ModelActor.load_placed`). Each placement, eviction, wait and refusal is
+recorded with its reason (``_decisions.py``). docs/vram.md tells the rules.
+
+It reads the model actors through their narrow methods only (``holding``,
+``releases``, ``idle``, ``queue_depth``...), never their placement or replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from pool.actors._decisions import DecisionLog
+from pool.actors._events import WaitReason
+from pool.actors._eviction import eviction_candidates
+from pool.actors._gate import Gate, Placements, held_mib
+from pool.actors._gpu import GpuSource
+from pool.actors._ledger import SharedLedger
+from pool.actors._model import ModelActor
+from pool.actors._plan import LoadPlan, plan_load
+from pool.actors._snapshots import ModelSnapshot
+from pool.actors._vram import CudaContexts, LoadMeter, charges
+from pool.backends import LoadRequest
+from pool.config import Settings
+from pool.errors import PoolError
+
+log = logging.getLogger("pool")
+
+# A load waiting for room re-reads the GPUs at least this often (besides every change).
+RECHECK_S = 5.0
+# After an eviction: how long to wait for the GPU source to show the memory back, and
+# how often to look (CUDA hands memory back some time after the process lets go).
+RECLAIM_WAIT_S = 10.0
+RECLAIM_POLL_S = 0.25
+
+
+class Residency:
+    """Owns which model is where: the gate, the reservations, eviction and leases."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        models: Mapping[str, ModelActor],
+        gpus: GpuSource,
+        *,
+        contexts: CudaContexts,
+        meter: LoadMeter,
+        ledger: SharedLedger | None,
+    ) -> None:
+        self.settings = settings
+        self.models = models
+        self.gpus = gpus
+        self.contexts = contexts
+        self.meter = meter
+        self.ledger = ledger
+        self.decisions = DecisionLog()
+        self.evictions = 0
+        self._nursery: trio.Nursery | None = None
+        self._changed = trio.Event()
+        self._was_unloading = False
+        # The gate keeps the loads it let through, with the GPUs of each replica, until
+        # they are `loading` (gate.reserved).
+        self.gate = Gate(settings, models, gpus, contexts=contexts, ledger=ledger)
+        # Evictions and the decisions that lead to them, one at a time; models asked to
+        # make way (new requests wait at their door), with who asked.
+        self._room_lock = trio.Lock()
+        self._yielding: dict[ModelActor, tuple[trio.Event, ModelActor]] = {}
+        # On-demand loads that found no room and wait for it (their requests wait for VRAM).
+        self._waiting_for_room: set[ModelActor] = set()
+        # On-demand loads under way, with the overrides their first request hinted at.
+        self._on_demand: dict[ModelActor, dict[str, Any]] = {}
+
+    def model(self, name: str) -> ModelActor:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise PoolError("unknown_model", f"model {name!r} is not configured") from None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Carry out the owner's background work: evicted ``enabled`` models come back
+        when room frees."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await self._changed.wait()
+                await self._bring_back_evicted()
+
+    # -- change notices ------------------------------------------------------------------
+    def notify_change(self) -> None:
+        """A model changed state or went idle: waiting loads and requests look again."""
+        # Memory let go while a load is measured makes its delta low: an unload that
+        # starts or ends (it is "unloading" at one of the two changes) disturbs it.
+        unloading = any(a.state == "unloading" for a in self.models.values())
+        if unloading or self._was_unloading:
+            self.meter.disturb()
+        self._was_unloading = unloading
+        if self.ledger is not None:
+            self.ledger.poke()
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change (take it anew after each wait)."""
+        return self._changed
+
+    # -- the entry points ----------------------------------------------------------------
+    def plan(self, name: str, body: LoadRequest | Mapping[str, Any] | None) -> LoadPlan:
+        """Validate a load body for ``name`` (once; the plan is what is loaded).
+
+        Raises:
+            PoolError: ``unknown_model`` or ``invalid_load_request``.
+            pydantic.ValidationError: a mapping that fails the load schema.
+        """
+        return plan_load(body, self.model(name).definition)
+
+    async def load(
+        self, name: str, body: LoadPlan | LoadRequest | Mapping[str, Any] | None = None
+    ) -> ModelSnapshot:
+        """Load a configured model; its snapshot when the load has finished.
+
+        On GPUs (real or virtual) the load must fit: idle models that may be evicted for
+        it are unloaded first; if it still does not fit it fails with ``load_failed`` at
+        once rather than waiting.
+        """
+        actor = self.model(name)
+        plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
+        while True:
+            if actor.state == "unloading":
+                raise PoolError("model_unloading", f"model {name!r} is unloading; retry after")
+            resident = actor.resident_row(plan.explicit)
+            if resident is None:
+                break
+            if actor.state == "loaded":
+                return resident
+            await actor.wait_state_change()  # loading: answer once that load is over
+        try:
+            gpus = await self._make_room(actor, plan, wait=False)
+            assert gpus is not None
+            return await actor.load_placed(plan, gpus)
+        finally:
+            self._release(actor)
+
+    async def unload(self, name: str) -> ModelSnapshot:
+        """Unload as asked (admin, runner, Ollama): the model stays unloaded."""
+        return await self.model(name).unload()
+
+    async def preload(self, name: str, hint: Mapping[str, Any] | None = None) -> ModelSnapshot:
+        """Load ``name`` as a request to it would (Ollama's empty request): as
+        :meth:`load`, with ``hint`` (load overrides a client asked for) applied if this
+        call starts the load and the backend accepts it; an unsuitable hint is ignored,
+        as on an on-demand load."""
+        actor = self.model(name)
+        plan = self._hinted(actor, hint) if actor.state in ("unloaded", "failed") else None
+        return await self.load(name, plan)
+
+    async def startup(self) -> None:
+        """Load every ``enabled`` model (a failed one is logged and left ``failed``)."""
+
+        async def one(actor: ModelActor) -> None:
+            try:
+                await self.load(actor.name)
+            except PoolError as exc:
+                log.warning("model=%s startup load failed: %s", actor.name, exc.message)
+
+        async with trio.open_nursery() as loads:
+            for actor in self.models.values():
+                if actor.definition.enabled:
+                    loads.start_soon(one, actor)
+
+    def preview(
+        self, name: str, body: LoadPlan | LoadRequest | Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What :meth:`load` would do now, changing nothing: whether it fits, where
+        (``gpus``, ``gpu_split_mib`` per replica), whom it would evict (in order), what
+        it would wait for, the expected load time (None before a measured load), and the
+        refusal (``error``, ``reason``) it would answer (see Gate.preview).
+
+        Raises:
+            PoolError: ``unknown_model`` or ``invalid_load_request`` (as the load would).
+        """
+        actor = self.model(name)
+        plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
+        return self.gate.preview(actor, plan)
+
+    # -- gate views the pool passes on (virtual GPUs, the shared ledger, CUDA contexts)
+    def runtime_holdings(self) -> list[tuple[int, int]]:
+        return self.gate.runtime_holdings()
+
+    def charges(
+        self, exclude: list[ModelActor] | None = None
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        return self.gate.charges(exclude or [])
+
+    def lease_holdings(self) -> dict[str, dict[int, int]]:
+        return self.gate.lease_holdings()
+
+    def budgets(self) -> dict[int, int]:
+        return self.gate.budgets()
+
+    # -- on-demand loads (ModelActor's OnDemandLoader) ------------------------------------
+    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
+        """A request for ``actor`` (not loaded) waits: load it unless a load is pending.
+
+        The load belongs to the owner, not to the request that triggered it: a client
+        that leaves does not cancel a load other requests may be waiting for."""
+        if actor in self._on_demand or self._nursery is None:
+            return
+        self._on_demand[actor] = dict(hint or {})
+        self._nursery.start_soon(self._on_demand_load, actor)
+
+    def pending(self, actor: ModelActor) -> bool:
+        return actor in self._on_demand
+
+    async def _on_demand_load(self, actor: ModelActor) -> None:
+        try:
+            plan = self._hinted(actor, self._on_demand.get(actor)) or plan_load(
+                None, actor.definition
+            )
+            gpus = await self._make_room(actor, plan, wait=True)
+            if gpus is not None:
+                await actor.load_placed(plan, gpus)
+        except PoolError as exc:
+            log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
+            if exc.code == "load_failed" and actor.state != "failed":
+                # The gate refused it for good (it can never fit): fail the waiters now.
+                actor.reject_waiting(PoolError("model_failed", exc.message))
+        finally:
+            self._release(actor)
+            del self._on_demand[actor]
+        # Requests that arrived after a failed load was answered wait for a new one.
+        if actor.queue_depth and actor.state in ("unloaded", "failed"):
+            self.request(actor, None)
+
+    @staticmethod
+    def _hinted(actor: ModelActor, hint: Mapping[str, Any] | None) -> LoadPlan | None:
+        """``hint`` as a plan for ``actor``; None (logged) if it does not suit it."""
+        if not hint:
+            return None
+        try:
+            return plan_load(hint, actor.definition)
+        except (ValueError, PoolError) as exc:
+            log.info("model=%s ignoring load hint %s: %s", actor.name, dict(hint), exc)
+            return None
+
+    async def _bring_back_evicted(self) -> None:
+        """An ``enabled`` model the pool evicted loads again once it fits with nothing
+        evicted for it, no other load waits for room and no request waits for it."""
+        if self._on_demand or self._waiting_for_room or self.gate.reserved:
+            return
+        for actor in self.models.values():
+            if not (
+                actor.definition.enabled
+                and not actor.definition.on_demand
+                and actor.state == "unloaded"
+                and actor.unload_reason == "evicted"
+                and actor.queue_depth == 0
+            ):
+                continue
+            plan = self._hinted(actor, actor.comeback) or plan_load(None, actor.definition)
+            per_replica = self.gate.per_replica(actor, plan)[0]
+            if self.gate.fit(actor, plan, per_replica) is None:
+                continue
+            self.decisions.record(
+                "comeback", actor.name, "evicted earlier; room freed and nothing waits for it"
+            )
+            assert self._nursery is not None
+            self._nursery.start_soon(self._comeback, actor, plan)
+            return  # one at a time: the next looks again after this one is placed
+
+    async def _comeback(self, actor: ModelActor, plan: LoadPlan) -> None:
+        try:
+            await self.load(actor.name, plan)
+        except PoolError as exc:
+            log.info("model=%s did not come back: %s", actor.name, exc.message)
+
+    # -- the VRAM gate (docs/vram.md) -----------------------------------------------------
+    async def _make_room(
+        self, actor: ModelActor, plan: LoadPlan, *, wait: bool
+    ) -> Placements | None:
+        """Find room for ``plan``: the GPUs of each replica (``()`` without GPUs).
+
+        The reservation is taken under one lock, for every GPU of every replica at once
+        (all or nothing, in GPU index order): two loads that each need a split cannot
+        each hold half of what the other needs.
+
+        Evicts idle models that the rules allow, one at a time, each followed by a
+        bounded wait for the GPU source to show its memory back. ``wait`` (on-demand
+        loads): while nothing may be evicted, wait for a change (an unload, a model going
+        idle, every ``RECHECK_S``); after ``engine.warm_wait_s`` ask the best busy model
+        to make way; give up (None) once no request waits for ``actor`` any more. Without
+        ``wait`` (admin and startup loads) a load that does not fit fails.
+        ``engine.max_loaded_models`` binds on-demand loads too.
+
+        Raises:
+            PoolError: ``load_failed`` when it cannot fit, even with every model gone
+                that could be evicted for it (or, without ``wait``, now).
+        """
+        engine = self.settings.engine
+        limit = engine.max_loaded_models if wait else 0
+        per_replica, source = self.gate.per_replica(actor, plan)
+        asked_at = trio.current_time()
+        while True:
+            async with self._room_lock:
+                while True:
+                    if wait and actor.queue_depth == 0:
+                        return None
+                    gpus = self.gate.fit(actor, plan, per_replica)
+                    if gpus is not None and (not limit or self.gate.loaded_count(actor) < limit):
+                        self._waiting_for_room.discard(actor)
+                        if await self._claim_lease(actor, gpus, per_replica):
+                            self.gate.reserved[actor] = gpus
+                            self._release_yields(actor)
+                            self._record_place(actor, plan, gpus, per_replica, source)
+                            return gpus
+                        gpus = None  # another holder took the room: evict or wait as if full
+                    if gpus is None and not self.gate.could_ever_fit(actor, plan, per_replica):
+                        reason = self.gate.refusal(actor, plan, per_replica, source)
+                        self.decisions.record(
+                            "refuse",
+                            actor.name,
+                            reason,
+                            **self.gate.room_numbers(actor, per_replica),
+                        )
+                        raise PoolError("load_failed", reason)
+                    victim = self.gate.best_victim(actor, plan, per_replica, limit)
+                    if victim is None or (wait and self.gate.is_fresh(victim)):
+                        break
+                    await self._evict(victim, actor)
+            if not wait:
+                reason = self.gate.refusal(actor, plan, per_replica, source)
+                self.decisions.record(
+                    "refuse", actor.name, reason, **self.gate.room_numbers(actor, per_replica)
+                )
+                raise PoolError("load_failed", reason)
+            if actor not in self._waiting_for_room:
+                self._waiting_for_room.add(actor)
+                self.decisions.record(
+                    "wait",
+                    actor.name,
+                    "no GPU has room and no idle model may be evicted for it now; waits"
+                    " for a model to go idle or unload",
+                    **self.gate.room_numbers(actor, per_replica),
+                )
+                self.notify_change()  # its requests now know they wait for VRAM
+            now = trio.current_time()
+            warm_until = asked_at + engine.warm_wait_s
+            if now >= warm_until:
+                self._ask_to_yield(actor, now)
+            wake = [now + RECHECK_S, warm_until if warm_until > now else math.inf]
+            best = self.gate.best_victim(actor, plan, per_replica, limit)
+            if best is not None:
+                wake.append(best.resident_since + engine.min_resident_s)
+            with trio.move_on_at(min(wake)):
+                await self._changed.wait()
+
+    def _record_place(
+        self, actor: ModelActor, plan: LoadPlan, gpus: Placements, per_replica: int, source: str
+    ) -> None:
+        where = ", ".join(
+            "+".join(f"GPU {g}: {m} MiB" for g, m in zip(p.gpus, p.mib, strict=True)) for p in gpus
+        )
+        self.decisions.record(
+            "place",
+            actor.name,
+            f"{plan.replicas} replica(s) of {per_replica} MiB ({source}) fit"
+            + (f" on {where}" if where else " (no GPU to gate)"),
+            gpus=[list(p.gpus) for p in gpus],
+            gpu_split_mib=[list(p.mib) for p in gpus],
+        )
+
+    def _ask_to_yield(self, actor: ModelActor, now: float) -> None:
+        """Warm promotion is over for ``actor``: the best busy model stops taking new
+        requests (they wait at its door), serves what it has queued, then is evicted."""
+        if any(claimant is actor for _, claimant in self._yielding.values()):
+            return
+        busy = eviction_candidates(
+            self.models.values(),
+            incoming=actor,
+            now=now,
+            min_resident_s=self.settings.engine.min_resident_s,
+            busy=True,
+        )
+        busy = [b for b in busy if b not in self._yielding]
+        if busy:
+            log.info("model=%s asks busy model %s to make way", actor.name, busy[0].name)
+            self.decisions.record(
+                "yield",
+                busy[0].name,
+                f"{actor.name!r} waited engine.warm_wait_s for room; the busy model stops"
+                " taking new requests, serves its queue, then is evicted",
+                for_model=actor.name,
+            )
+            self._yielding[busy[0]] = (trio.Event(), actor)
+
+    def _release_yields(self, actor: ModelActor) -> None:
+        for victim, (door, claimant) in list(self._yielding.items()):
+            if claimant is actor:
+                del self._yielding[victim]
+                door.set()
+
+    def _release(self, actor: ModelActor) -> None:
+        self.gate.reserved.pop(actor, None)
+        self._waiting_for_room.discard(actor)
+        self._release_yields(actor)
+        if self.ledger is not None:
+            self.ledger.poke()
+
+    async def _claim_lease(self, actor: ModelActor, gpus: Placements, per_replica: int) -> bool:
+        """Take the shared ledger's lease for a load the local gate let through."""
+        wanted = {i: mib for i, mib in charges(gpus, per_replica).items() if mib > 0}
+        if self.ledger is None or not wanted:
+            return True
+        reserve = self.settings.engine.gpu_reserve_mib
+        free = {
+            g.index: g.total_mib - g.used_mib - reserve
+            for g in self.gpus.view().gpus
+            if not g.virtual
+        }
+        refused = await self.ledger.claim(actor.name, wanted, free)
+        if refused is not None:
+            log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
+        return refused is None
+
+    async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
+        """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
+        log.info(
+            "model=%s evicting model %s (priority %d, placed on %s)",
+            incoming.name,
+            victim.name,
+            victim.definition.priority,
+            victim.placed_on,
+        )
+        self.decisions.record(
+            "evict", victim.name, self.gate.why_evict(victim), for_model=incoming.name
+        )
+        # Its door closes first: a request for it that arrives now waits for the eviction
+        # to finish (and then reloads it) instead of being refused by the unload.
+        self._yielding.setdefault(victim, (trio.Event(), incoming))
+        view = self.gpus.view()
+        expected = victim.releases()
+        before = {g.index: held_mib(g) for g in view.gpus}
+        # Loads under way may finish meanwhile: what they then hold is not the victim's.
+        others_before = self.gate.charges(exclude=[victim])[0]
+        self.evictions += 1
+        try:
+            await victim.unload("evicted")
+        except PoolError as exc:
+            log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
+            return
+        if not view.gpus or not any(expected.values()):
+            return
+        with trio.move_on_after(RECLAIM_WAIT_S):
+            while True:
+                now = {g.index: held_mib(g) for g in (await self.meter.refresh()).gpus}
+                others = self.gate.charges(exclude=[victim])[0]
+                if all(
+                    now.get(i, 0) - max(0, others.get(i, 0) - others_before.get(i, 0))
+                    <= before.get(i, 0) - mib // 2
+                    for i, mib in expected.items()
+                ):
+                    return
+                await trio.sleep(RECLAIM_POLL_S)
+        log.warning(
+            "model=%s memory of evicted model %s not back after %.0fs; going on",
+            incoming.name,
+            victim.name,
+            RECLAIM_WAIT_S,
+        )
+
+    # -- what a waiting request waits for (docs/vram.md, "The client sees the wait") -----
+    def door(self, actor: ModelActor) -> trio.Event | None:
+        """Set when ``actor`` stops making way for another model; None: it does not."""
+        held = self._yielding.get(actor)
+        return None if held is None else held[0]
+
+    def door_closed(self, actor: ModelActor) -> bool:
+        """Whether new requests for ``actor`` wait at its door (it makes way for another
+        model, or an on-demand model is unloading)."""
+        unloading = actor.definition.on_demand and actor.state == "unloading"
+        return actor in self._yielding or unloading
+
+    def wait_reason(self, actor: ModelActor) -> WaitReason | None:
+        """What a queued request of ``actor`` waits for now; None while its on-demand
+        load has not been through the VRAM gate yet (room or not is not known)."""
+        if actor.state == "loaded":
+            return "replica"
+        if actor.state == "loading" or actor in self.gate.reserved:
+            return "load"
+        if self.door_closed(actor) or actor in self._waiting_for_room:
+            return "vram"
+        if actor in self._on_demand:
+            return None
+        return "load"

@@ -1,0 +1,229 @@
+"""What a request goes through in the pool: limits, intake, the wait for its model,
+the queue, a peer's relay, and the metrics of what finished (Pool.admit)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import trio
+
+from pool.actors._admission import Admission, new_request_id
+from pool.actors._events import Finished, Waiting
+from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
+from pool.actors._metrics import PoolMetrics
+from pool.actors._rate_limit import RateLimiter
+from pool.actors._relay import RELAYED, Route, Router, run_relay
+from pool.actors._request import EmbeddingRequest, InferenceRequest
+from pool.actors._residency import Residency
+from pool.actors._ticket import JobFinished, Ticket
+from pool.actors._waits import RequestWaits
+from pool.backends import ALL_THINKING_MODES, Capabilities, EmbeddingJob, GenerationRequest
+from pool.config import Settings
+from pool.errors import PoolError
+from pool.media import MediaLoader
+
+# What a request for a model this node does not have configured may ask of a peer;
+# the peer checks it against the model's own capabilities.
+RELAY_CAPABILITIES = Capabilities(
+    modalities=("text", "image"), multi_turn=True, thinking_modes=ALL_THINKING_MODES
+)
+
+
+class Serving:
+    """Admission of requests (see :meth:`admit`); the pool hands it its parts."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        residency: Residency,
+        *,
+        router: Router | None,
+        rate_limiter: RateLimiter,
+        media: MediaLoader,
+        metrics: PoolMetrics,
+        shutting_down: Callable[[], bool],
+        nursery: Callable[[], trio.Nursery | None],
+    ) -> None:
+        self.settings = settings
+        self.residency = residency
+        self.router = router
+        self.rate_limiter = rate_limiter
+        self.media = media
+        self.metrics = metrics
+        self._shutting_down = shutting_down
+        self._nursery = nursery
+        self._waits = RequestWaits(residency)
+
+    @asynccontextmanager
+    async def admit(
+        self,
+        request: InferenceRequest | EmbeddingRequest,
+        *,
+        tenant: str = "default",
+        priority: str = "normal",
+        request_id: str | None = None,
+        load_hint: dict[str, Any] | None = None,
+        report_waits: bool = False,
+        heartbeat_s: float | None = None,
+    ) -> AsyncIterator[Admission]:
+        """Validate, queue and wait for a replica slot; yields the :class:`Admission`.
+
+        With ``report_waits``, a request that must wait for VRAM or a load (an
+        on-demand model that is not loaded, or one making way for another) is yielded
+        at once instead: its :meth:`Admission.waits` reports the wait (``Queued``,
+        ``Loading``) and its events follow; a timeout then arrives as a ``Failed``
+        event. A request to a loaded model waits here as without it, unless
+        ``heartbeat_s`` is given: then a request that cannot run at once (its model's
+        replicas are busy) is yielded at once too, and its wait repeats the current
+        ``Queued``/``Loading`` at least every ``heartbeat_s`` (a surface that must show
+        a waiting client something, never a silent gap).
+
+        Leaving the block (normally, by error or by cancellation) removes the request
+        from the queue or stops its generation, so nothing runs for a departed caller.
+
+        Images are inlined under the media policy (``image_refused`` otherwise) after
+        the capability checks and before the request is queued. An
+        :class:`EmbeddingRequest` takes the same path; read it with
+        :meth:`Admission.embedded`.
+
+        Raises:
+            PoolError: for unknown models, capability or state violations, a refused
+                image, a full queue (``queue_full``) or waiting past ``queue_timeout_s``.
+        """
+        admitted_at = time.perf_counter()
+        if self._shutting_down():
+            raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
+            route = await self.router.route(request.model, self.residency.models.get(request.model))
+            if route is not None:
+                async with self._relayed(
+                    request, route, tenant, priority, request_id, admitted_at
+                ) as admission:
+                    yield admission
+                return
+        actor = self.residency.model(request.model)
+        status = "cancelled"
+        try:
+            request_id = request_id or new_request_id()
+            job: GenerationRequest | EmbeddingJob
+            if isinstance(request, EmbeddingRequest):
+                job = build_embedding_job(
+                    request, request_id=request_id, capabilities=actor.capabilities
+                )
+                self.rate_limiter.admit(tenant)
+            else:
+                job = build_generation_request(
+                    request,
+                    request_id=request_id,
+                    capabilities=actor.capabilities,
+                    decoding_defaults=self.settings.engine.decoding,
+                    tenant=tenant,
+                )
+                self.rate_limiter.admit(tenant)
+                job = await inline_images(job, self.media)
+            deadline = trio.current_time() + actor.queue_timeout_s
+            enqueue = partial(
+                actor.admit,
+                job,
+                tenant=tenant,
+                priority=priority,
+                buffer=self.settings.engine.stream_buffer_tokens,
+                keep_alive=request.keep_alive,
+                load_hint=load_hint,
+            )
+            ticket: Ticket | None = None
+            steps: AsyncGenerator[Waiting | Ticket, None] | None = None
+            door_closed = self.residency.door_closed(actor)
+            report_waits = report_waits or heartbeat_s is not None
+            if report_waits and (
+                door_closed or (actor.loads_on_request and actor.state != "loaded")
+            ):
+                # It waits for VRAM or a load: the caller gets the admission now and
+                # reads the wait from it. Queued here unless a door holds it, so a full
+                # queue is still refused before anything is sent.
+                if not door_closed:
+                    ticket = enqueue()
+                steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+            else:
+                await self._waits.at_door(actor, deadline)
+                ticket = enqueue()
+                if heartbeat_s is not None and not ticket.ready.is_set():
+                    steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+            admission = Admission(
+                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+            )
+            try:
+                if ticket is not None and steps is None:
+                    await self._waits.ready(actor, ticket, deadline)
+                yield admission
+                if admission.finished is not None or admission.embedding is not None:
+                    status = "success"
+                elif admission.failed is not None:
+                    status = admission.failed.code
+            finally:
+                queued = admission.queued_ticket
+                if queued is not None:
+                    if not queued.ready.is_set():
+                        actor.withdraw(queued)
+                    queued.abandon()
+        except PoolError as exc:
+            status = exc.code
+            raise
+        finally:
+            self.metrics.requests.labels(actor.name, tenant, status).inc()
+
+    @asynccontextmanager
+    async def _relayed(
+        self,
+        request: InferenceRequest,
+        route: Route,
+        tenant: str,
+        priority: str,
+        request_id: str | None,
+        admitted_at: float,
+    ) -> AsyncIterator[Admission]:
+        """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
+        local = self.residency.models.get(request.model)
+        request_id = request_id or new_request_id()
+        job = build_generation_request(
+            request,
+            request_id=request_id,
+            capabilities=local.capabilities if local is not None else RELAY_CAPABILITIES,
+            decoding_defaults=self.settings.engine.decoding,
+        )
+        self.rate_limiter.admit(tenant)
+        job = await inline_images(job, self.media)
+        ticket = Ticket(
+            job,
+            tenant=tenant,
+            priority=priority,  # type: ignore[arg-type]
+            buffer=self.settings.engine.stream_buffer_tokens,
+        )
+        nursery = self._nursery()
+        if nursery is None:
+            raise PoolError("shutting_down", "the pool is not running")
+        idle_s = self.settings.engine.generation_idle_timeout_s
+        nursery.start_soon(run_relay, route, ticket, request.model, idle_s)
+        try:
+            await ticket.started.wait()
+            yield Admission(ticket, request_id, request.model, admitted_at, self._record_finished)
+        finally:
+            ticket.abandon()
+
+    def _record_finished(self, admission: Admission, job: JobFinished, done: Finished) -> None:
+        model = admission.model
+        self.metrics.queue_wait.labels(model).observe(admission.queue_wait_ms / 1000.0)
+        self.metrics.inference.labels(model).observe(job.backend_wall_ms / 1000.0)
+        first_ms = done.timings.time_to_first_token_ms
+        if first_ms is not None:
+            self.metrics.first_token.labels(model).observe(first_ms / 1000.0)
+        output = done.usage.output_tokens or 0
+        prompt = done.usage.prompt_tokens or 0
+        self.metrics.tokens.labels(model).inc(output)
+        self.metrics.prompt_tokens.labels(model).inc(prompt)
+        self.metrics.record_cache(model, done.usage.cached_tokens)
+        self.rate_limiter.charge_tokens(admission.ticket.tenant, output + prompt)
