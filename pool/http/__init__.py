@@ -6,6 +6,7 @@ rendered here from the actors' typed values.
 
 from pool.http._app import create_app
 from pool.http._auth import Authenticator, NonceStore, nonce_file_path, sign_op_token
+from pool.http._openai import request_from_chat_completions
 from pool.http._responses import request_from_responses
 from pool.http._server import ServerInfo, serve
 
@@ -15,6 +16,7 @@ __all__ = [
     "ServerInfo",
     "create_app",
     "nonce_file_path",
+    "request_from_chat_completions",
     "request_from_responses",
     "serve",
     "sign_op_token",

@@ -123,6 +123,18 @@ def inference_request(body: ChatCompletionRequest) -> InferenceRequest:
     )
 
 
+def request_from_chat_completions(body: ChatCompletionRequest | dict[str, Any]) -> InferenceRequest:
+    """The neutral request of a Chat Completions body (embedded use builds them so).
+
+    Raises:
+        pydantic.ValidationError: ``body`` is a dict that fails the schema.
+        PoolError: ``invalid_request`` for a conversation that does not end with the user.
+    """
+    if not isinstance(body, ChatCompletionRequest):
+        body = ChatCompletionRequest.model_validate(body)
+    return inference_request(body)
+
+
 def openai_decoding(
     body: OpenAISampling,
     *,

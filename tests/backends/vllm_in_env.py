@@ -358,11 +358,7 @@ async def test_tools_and_structured_output_through_vllms_own_parsers() -> None:
 
     import jsonschema
 
-    from pool.http._openai import inference_request
-    from pool.schemas import ChatCompletionRequest
-
-    def request_from_chat_completions(body: dict[str, Any]) -> InferenceRequest:
-        return inference_request(ChatCompletionRequest.model_validate(body))
+    from pool.http import request_from_chat_completions
 
     settings = build_settings(
         {
