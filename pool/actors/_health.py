@@ -44,10 +44,16 @@ def queue_stats(actors: Iterable[ModelActor]) -> QueueStats:
 async def flush_caches(
     actors: Iterable[ModelActor], scope: str, *, tenant: str | None, tag: str | None
 ) -> FlushResult:
-    """Flush the prompt caches of ``actors``' replicas by scope (see Pool.flush_cache)."""
+    """Flush the prompt caches of ``actors``' replicas by scope (see Pool.flush_cache),
+    and what a model without replicas keeps of its cache on disk."""
     entries = 0
     freed_mib = 0.0
     for actor in actors:
+        if not actor.replicas:
+            stored = await actor.backend.flush_stored(
+                actor.definition, actor.settings.base_dir, scope, tenant, tag
+            )
+            entries += stored.entries
         for replica in actor.replicas:
             flush = getattr(replica.runtime, "flush_cache", None)
             if flush is not None:

@@ -396,6 +396,18 @@ class Backend(ABC, Generic[ConfigT]):
     async def load(self, definition: ConfigT, context: LoadContext) -> Runtime:
         """Load one replica; raise :class:`pool.errors.BackendError` with a clear message."""
 
+    async def flush_stored(
+        self,
+        definition: ConfigT,
+        settings_dir: str | None,
+        scope: str,
+        tenant: str | None,
+        tag: str | None,
+    ) -> CacheFlushed:
+        """Remove, by flush scope, what a model that is not loaded keeps of its prompt
+        cache outside memory (llama_cpp: its saved states on disk); most keep nothing."""
+        return CacheFlushed()
+
     def memory_profile(self, definition: ConfigT) -> MemoryProfile:
         """The memory-relevant settings of a load of ``definition`` (context by default)."""
         context = getattr(definition, self.context_field, None) if self.context_field else None

@@ -26,7 +26,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._placement import GpuPlacement
-from pool.backends._prefix_cache import LlamaPromptCache
+from pool.backends._prefix_cache import LlamaPromptCache, scope_matches
 from pool.backends._protocol import (
     Backend,
     CacheFlushed,
@@ -56,7 +56,7 @@ from pool.backends.prompt_formats import (
     get_prompt_format,
     thinking_modes,
 )
-from pool.config import CommonModelFields, state_dir
+from pool.config import CommonModelFields, resolve_model_path, state_dir
 from pool.errors import BackendError, PoolError
 
 FlashAttn = Literal["on", "off", "auto"]
@@ -626,18 +626,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         llama = await trio.to_thread.run_sync(load_blocking, limiter=limiter)
         disk = None
         if not definition.embedding and definition.prefix_cache_disk_mib > 0:
-            disk = DiskStates(
-                state_dir() / "prompt-states",
-                model_key(
-                    path,
-                    n_ctx=definition.gguf_n_ctx,
-                    type_k=definition.gguf_type_k,
-                    type_v=definition.gguf_type_v,
-                    flash_attn=definition.gguf_flash_attn,
-                ),
-                definition.prefix_cache_disk_mib * 1024 * 1024,
-            )
-            await trio.to_thread.run_sync(disk.index, limiter=limiter)
+            disk = await trio.to_thread.run_sync(_indexed_states, definition, path, limiter=limiter)
         try:
             prompt_format = _prompt_format(definition, llama)
         except (BackendError, PoolError, ValueError) as exc:
@@ -657,8 +646,48 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         )
         return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk)
 
+    async def flush_stored(
+        self,
+        definition: LlamaCppModel,
+        settings_dir: str | None,
+        scope: str,
+        tenant: str | None,
+        tag: str | None,
+    ) -> CacheFlushed:
+        if definition.embedding or definition.prefix_cache_disk_mib <= 0:
+            return CacheFlushed()
+        try:
+            path = resolve_model_path(definition.model_path or "", settings_dir)
+        except (FileNotFoundError, ValueError):
+            return CacheFlushed()  # no file: no state of it can be on disk
+
+        def flush_blocking() -> CacheFlushed:
+            disk = _indexed_states(definition, path)
+            entries, nbytes = disk.remove(lambda key: scope_matches(key, scope, tenant, tag))
+            return CacheFlushed(entries, nbytes / (1024 * 1024))
+
+        return await trio.to_thread.run_sync(flush_blocking)
+
 
 BACKEND = LlamaCppBackend()
+
+
+def _indexed_states(definition: LlamaCppModel, path: Path) -> DiskStates:
+    """The saved prompt states on disk that fit ``definition`` loaded from ``path``
+    (the KV cells follow the file and these settings), indexed."""
+    disk = DiskStates(
+        state_dir() / "prompt-states",
+        model_key(
+            path,
+            n_ctx=definition.gguf_n_ctx,
+            type_k=definition.gguf_type_k,
+            type_v=definition.gguf_type_v,
+            flash_attn=definition.gguf_flash_attn,
+        ),
+        definition.prefix_cache_disk_mib * 1024 * 1024,
+    )
+    disk.index()
+    return disk
 
 
 def _default_pooling(path: Path) -> int:
