@@ -27,12 +27,9 @@ import ctypes
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pool.backends._protocol import CacheFlushed, CacheUsage
-
-if TYPE_CHECKING:
-    from pool.backends._saved_states import DiskStates
 
 ScopeKey = tuple[str, str | None]
 _MIB = 1024 * 1024
@@ -138,6 +135,19 @@ class StateStore:
         return len(gone), sum(e.nbytes for e in gone)
 
 
+class StateArchive(Protocol):
+    """Where a closing replica's states go, and come back from after a reload (on disk:
+    pool/backends/_saved_states.py)."""
+
+    def best(self, key: ScopeKey, tokens: Sequence[int]) -> tuple[Any, int]: ...
+
+    def take(self, entry: Any) -> SavedState | None: ...
+
+    def remove(self, match: Callable[[ScopeKey], bool]) -> tuple[int, int]: ...
+
+    def write(self, states: Sequence[SavedState]) -> int: ...
+
+
 class LlamaPromptCache:
     """The prefix cache of one replica's ``llama_cpp.Llama``.
 
@@ -145,7 +155,7 @@ class LlamaPromptCache:
     context): the runtime calls them under its limiter.
     """
 
-    def __init__(self, capacity_mib: int, disk: DiskStates | None = None) -> None:
+    def __init__(self, capacity_mib: int, disk: StateArchive | None = None) -> None:
         self.store = StateStore(capacity_mib * _MIB)
         # States an earlier load of this model left on disk (indexed at load).
         self.disk = disk
