@@ -160,6 +160,8 @@ class ModelActor:
         # GPUs whose CUDA context this (in-process) load paid at a size not known yet:
         # its measured part there includes the context until an unload tells them apart.
         self.unsplit_context: set[int] = set()
+        # The CUDA context the pool process already held per GPU when the last load began.
+        self._context_before: dict[int, int] = {}
         self.placement: tuple[GpuPlacement, ...] = ()
         # How far the load under way has come (0..1), per replica, where reported.
         self._progress: dict[int, float] = {}
@@ -373,7 +375,8 @@ class ModelActor:
         held = self.holding()
         if self.observed_per_gpu is not None and self._contexts is not None:
             for gpu in self.unsplit_context:
-                held[gpu] = max(0, held.get(gpu, 0) - self._contexts.expected_mib(gpu))
+                paid = self._contexts.expected_mib(gpu) - self._context_before.get(gpu, 0)
+                held[gpu] = max(0, held.get(gpu, 0) - max(0, paid))
         return held
 
     def runtime_holdings(self) -> list[tuple[int, int]]:
@@ -493,6 +496,8 @@ class ModelActor:
         started_at = time.perf_counter()
         load_began = trio.current_time()
         mark = await self._meter.start() if self._meter is not None else None
+        if self._contexts is not None:
+            self._context_before = self._contexts.already_held(self, mark)
         capacity = max(1, self.backend.effective_target_inflight(effective))
         replicas: list[Replica] = []
         try:
@@ -699,7 +704,9 @@ class ModelActor:
             if per_gpu is None:
                 self._contexts.opened |= self._placed_gpus()  # paid, though not measured
             else:
-                per_gpu, self.unsplit_context = self._contexts.split(per_gpu, self._placed_gpus())
+                per_gpu, self.unsplit_context = self._contexts.split(
+                    per_gpu, self._placed_gpus(), self._context_before
+                )
         self.observed_per_gpu = per_gpu
         if per_gpu is None:
             return
@@ -726,8 +733,11 @@ class ModelActor:
         learned = self._contexts.learn(self, await self._meter.refresh(), gpus)
         log.info("model=%s unloaded; the pool process keeps %s MiB per GPU", self.name, learned)
         if self.unsplit_context and self.observed_per_gpu is not None:
+            # Only the context that grew during the load was in its measured delta.
             own = sum(
-                mib - learned.get(gpu, 0) if gpu in self.unsplit_context else mib
+                mib - max(0, learned.get(gpu, 0) - self._context_before.get(gpu, 0))
+                if gpu in self.unsplit_context
+                else mib
                 for gpu, mib in self.observed_per_gpu.items()
             )
             self._keep_footprint(replicas, max(0, own))

@@ -275,11 +275,23 @@ class CudaContexts:
                 held[gpu] = known
         return held
 
+    def already_held(self, actor: Any, mark: MeterMark | None) -> dict[int, int]:
+        """MiB of context the pool process held on each GPU when ``actor``'s load began
+        (its reading then, less the other loaded models): a runtime may open its CUDA
+        context before any load (llama.cpp's CUDA build does when it starts), and a load
+        that finds it open does not pay for it again."""
+        if mark is None:
+            return {}
+        others = self._others(actor)
+        return {gpu: max(0, mib - others.get(gpu, 0)) for gpu, mib in mark.held.items()}
+
     def split(
-        self, per_gpu: Mapping[int, int], gpus: Iterable[int]
+        self, per_gpu: Mapping[int, int], gpus: Iterable[int], held_before: Mapping[int, int]
     ) -> tuple[dict[int, int], set[int]]:
         """A measured in-process load on ``gpus``: the model's own MiB per GPU, and the
-        GPUs whose context it paid at a size not known yet (its part includes it)."""
+        GPUs whose context it paid at a size not known yet (its part includes it).
+        ``held_before``: what the pool process already held there (already_held); only
+        the context beyond it was paid by this load."""
         own: dict[int, int] = {}
         unsplit: set[int] = set()
         placed = set(gpus)
@@ -291,7 +303,7 @@ class CudaContexts:
                 own[gpu] = mib
                 unsplit.add(gpu)
             else:
-                own[gpu] = max(0, mib - known)
+                own[gpu] = max(0, mib - max(0, known - held_before.get(gpu, 0)))
         self.opened |= placed
         return own, unsplit
 

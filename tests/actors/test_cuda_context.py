@@ -34,9 +34,12 @@ class InProcessStub(StubBackend):
 class ScriptedGpu:
     """What NVML would show for the pool process on one GPU."""
 
-    def __init__(self) -> None:
+    def __init__(self, early_mib: int = 0) -> None:
         self.pool: Pool | None = None
         self.context_open = False
+        # Part of the context opened before any load (llama.cpp's CUDA build opens it
+        # when it starts: 480 of 584 MiB on an H100 with scripts/gpu-check vram).
+        self.early_mib = early_mib
 
     def view(self) -> GpuView:
         held = 0
@@ -46,7 +49,7 @@ class ScriptedGpu:
                 if replica.runtime is not None:
                     held += replica.runtime.vram_mib or 0
                     self.context_open |= isinstance(actor.backend, InProcessStub)
-        held += CONTEXT if self.context_open else 0
+        held += CONTEXT if self.context_open else self.early_mib
         reading = GpuReading(0, "scripted", used_mib=held, total_mib=TOTAL, pool_used_mib=held)
         return GpuView((reading,), None)
 
@@ -129,3 +132,30 @@ async def test_the_gate_counts_the_context_an_in_process_load_would_open(
             await pool.load("n")
         assert caught.value.code == "load_failed"
         assert (await pool.load("m")).state == "loaded"
+
+
+async def test_a_context_opened_before_the_first_load_is_not_taken_from_its_footprint() -> None:
+    # Measured with scripts/gpu-check vram on an H100: the pool process held 480 MiB
+    # before any load, 584 after the first model unloaded; that model (546 MiB measured)
+    # was recorded at 0 MiB, as if the whole context had been paid by its load.
+    early = 480
+    config = settings(a={"stub_vram_mib": 1000}, b={"stub_vram_mib": 2000})
+    gpu = ScriptedGpu(early_mib=early)
+    async with open_pool(config, gpus=gpu) as pool:
+        gpu.pool = pool
+        in_process(pool, "a", "b")
+        assert (await pool.load("a")).observed_load_delta_mib == 1000 + CONTEXT - early
+        await pool.unload("a")
+        assert pool.footprints.context_mib(0) == CONTEXT
+        # Only the context that grew during the load is taken out.
+        assert pool.snapshot("a").vram.mib == 1000
+
+    # A new process with the context known: its first load again finds part of it open.
+    restarted = ScriptedGpu(early_mib=early)
+    async with open_pool(config, gpus=restarted) as pool:
+        restarted.pool = pool
+        in_process(pool, "a", "b")
+        assert (await pool.load("b")).observed_load_delta_mib == 2000
+        assert pool.snapshot("b").vram.mib == 2000
+        await pool.unload("b")
+        assert pool.snapshot("b").vram.mib == 2000
