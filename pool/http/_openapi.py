@@ -497,6 +497,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/responses"): (400, 404, 409, 429),
     ("get", "/v1/responses"): (426,),
     ("get", "/v1/admin/models/{name}"): (404,),
+    ("get", "/v1/admin/decisions"): (400, 404),
     ("post", "/v1/admin/keys"): (409,),
     ("delete", "/v1/admin/keys/{name}"): (404,),
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
@@ -528,7 +529,7 @@ _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
 VALID_BODY_REFUSED = "x-refuses-valid-bodies"
 # Why a status is answered, by status (the codes are STATUS_BY_CODE's).
 _WHY: dict[int, str] = {
-    400: "The body is not JSON",
+    400: "The body is not JSON, or a query parameter is out of range",
     401: "No valid bearer token (where tokens are configured)",
     403: "`Host` or `Origin` not allowed, or `X-Tenant-ID` names another tenant than the"
     " key's (`tenant_forbidden`)",
