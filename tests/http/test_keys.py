@@ -21,7 +21,7 @@ from pool.config import AuthSettings
 from pool.errors import ConfigError, PoolError
 from pool.http._auth import Authenticator
 from pool.http._common import LeanRequest, lean_request, tenant_and_priority
-from pool.http._keys import FILE_NAME
+from pool.http._keys import FILE_NAME, KeyRing
 
 from .conftest import start_server
 
@@ -358,6 +358,38 @@ async def test_a_websocket_is_closed_within_a_second_of_its_keys_revocation(
     async with open_websocket_url(_ws_url(keyed), extra_headers=headers) as ws:
         event = json.loads(await ws.get_message())
         assert event["error"]["code"] == "unauthorized"
+
+
+async def test_a_websockets_next_message_after_a_revocation_is_refused(
+    keyed: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even where the socket was not closed first (its watcher is held back here), the
+    message that follows a revocation is refused and the socket closed."""
+
+    async def never(self: KeyRing, caller: Caller) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(KeyRing, "revoked", never)
+    headers = [("Authorization", f"Bearer {ALICE}")]
+    async with open_websocket_url(_ws_url(keyed), extra_headers=headers) as ws:
+        await _revoke(keyed, "alice")
+        await ws.send_message(json.dumps({"model": "echo", "input": "after"}))
+        with trio.fail_after(1.0):
+            event = json.loads(await ws.get_message())
+            assert event["error"]["code"] == "unauthorized"
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.get_message()
+        assert closed.value.reason.code == 1008
+
+
+async def test_a_websocket_handshake_is_bound_to_the_keys_tenant(keyed: ServerInfo) -> None:
+    headers = [("Authorization", f"Bearer {ALICE}"), ("X-Tenant-ID", "team-b")]
+    async with open_websocket_url(_ws_url(keyed), extra_headers=headers) as ws:
+        event = json.loads(await ws.get_message())
+        assert event["error"]["code"] == "tenant_forbidden"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 1008
 
 
 async def test_a_revocation_ends_the_websockets_running_generation(keyed: ServerInfo) -> None:
