@@ -117,8 +117,8 @@ class Route:
     stream: str | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
-    # Query parameters: (name, JSON type, description).
-    query: tuple[tuple[str, str, str], ...] = ()
+    # Query parameters: (name, JSON type or the whole schema, description).
+    query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
 
 
 _PLAIN = ("text/plain", {"type": "string"})
@@ -196,7 +196,8 @@ ROUTES: list[Route] = [
      " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
      " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
      query=(("model", "string", "Only decisions about this model."),
-            ("limit", "integer", "At most this many (the newest)."))),
+            ("limit", {"type": "integer", "minimum": 1},
+             "At most this many (the newest)."))),
     Route("get", "/v1/admin/keys", "admin", "List keys",
      "The keys in force, from `service.auth.keys` (`source: settings`) and added through"
      " this API (`source: runtime`), with the identity each gives its requests: `tenant`"
@@ -918,7 +919,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             "name": name,
             "in": "query",
             "required": False,
-            "schema": {"type": kind},
+            "schema": kind if isinstance(kind, dict) else {"type": kind},
             "description": text,
         }
         for name, kind, text in route.query
