@@ -184,7 +184,8 @@ class KeyRing:
         settings = [_settings_record(k) for k in configured]
         active = [r for r in settings if r.digest not in revoked] + runtime
         problems = []
-        names = {r.name for r in settings}
+        # A revoked settings key's name may have been given to a runtime key since.
+        names = {r.name for r in settings if r.digest not in revoked}
         for record in runtime:
             if record.name in names:
                 problems.append(

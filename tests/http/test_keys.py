@@ -313,10 +313,36 @@ async def test_a_revoked_settings_key_comes_back_only_with_another_secret(
             assert (await client.delete("/v1/admin/keys/alice", headers=bearer(ROOT))).is_success
         inner.cancel_scope.cancel()
     renewed = [{**KEYS[0], "key": "sk-alice-renewed"}, *KEYS[1:]]
+    # (Until then, its name may be given to a runtime key: tested below.)
     info = await start_server(nursery, MODELS, auth={"keys": renewed}, tenancy=TENANCY)
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
         assert (await respond(client, "sk-alice-renewed")).status_code == 200
         assert (await respond(client, ALICE)).status_code == 401
+
+
+async def test_a_revoked_settings_keys_name_can_go_to_a_runtime_key(
+    nursery: trio.Nursery,
+) -> None:
+    async with trio.open_nursery() as inner:
+        info = await keyed_server(inner)
+        async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+            assert (await client.delete("/v1/admin/keys/alice", headers=bearer(ROOT))).is_success
+            added = await client.post(
+                "/v1/admin/keys", json={"name": "alice", "tenant": "team-z"}, headers=bearer(ROOT)
+            )
+            assert added.status_code == 201
+            new_alice = added.json()["key"]
+        inner.cancel_scope.cancel()
+    info = await keyed_server(nursery)  # the same settings: their alice stays revoked
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        assert (await respond(client, ALICE)).status_code == 401
+        assert (await respond(client, new_alice)).status_code == 200
+        listed = (await client.get("/v1/admin/keys", headers=bearer(ROOT))).json()["keys"]
+        assert [(k["name"], k["source"], k["tenant"]) for k in listed][-1] == (
+            "alice",
+            "runtime",
+            "team-z",
+        )
 
 
 # -- WebSocket ---------------------------------------------------------------------------
