@@ -6,6 +6,7 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._caller import CALLER, Caller
 from pool.actors._details import ModelDetails
 from pool.actors._events import (
     Delta,
@@ -48,11 +49,13 @@ from pool.actors._tasks import LoadTask
 from pool.backends import ToolCallDelta
 
 __all__ = [
+    "CALLER",
     "RELAYED",
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
     "Admission",
     "CacheMode",
+    "Caller",
     "DecodingOverrides",
     "Delta",
     "Embedded",

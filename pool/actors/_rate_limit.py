@@ -1,10 +1,15 @@
-"""Per-tenant rate limits with GCRA (the generic cell rate algorithm).
+"""Per-tenant and per-key rate limits with GCRA (the generic cell rate algorithm).
 
 GCRA keeps one number per tenant and limit, the theoretical arrival time (TAT), so a
 check is O(1) and a tenant over its limit costs the others nothing: it is refused at
 admission, before it reaches any queue. Requests are charged when admitted; tokens
 (prompt plus output) when the request finishes, so a tenant that burned through its
 token budget is refused until the budget has refilled.
+
+A key's ``rate_limit_rpm`` (``service.auth.keys``) is one more request cell, kept by
+the key's name: it allows the minute's requests at once, then refills evenly. A request
+must conform to both its key's and its tenant's cells, and is charged to both only if
+it does, so a refusal by one costs nothing in the other.
 
 Times come from the Trio clock, so tests can drive the limiter with ``autojump_clock``.
 """
@@ -53,12 +58,19 @@ class _TenantState:
     limits: TenantLimits
 
 
+@dataclass(slots=True)
+class _KeyState:
+    cell: _Cell
+    per_minute: float
+
+
 class RateLimiter:
-    """Admission checks for every tenant of the pool."""
+    """Admission checks for every tenant and key of the pool."""
 
     def __init__(self, settings: TenancySettings) -> None:
         self._settings = settings
         self._states: OrderedDict[str, _TenantState] = OrderedDict()
+        self._keys: OrderedDict[str, _KeyState] = OrderedDict()
 
     def limits_for(self, tenant: str) -> TenantLimits:
         return self._settings.tenants.get(tenant, self._settings.default)
@@ -83,13 +95,54 @@ class RateLimiter:
             self._states.move_to_end(tenant)
         return state
 
-    def admit(self, tenant: str) -> None:
-        """Charge one request to ``tenant`` or refuse it.
+    def _key_cell(self, name: str, per_minute: float) -> _Cell:
+        state = self._keys.get(name)
+        if state is None or state.per_minute != per_minute:
+            # A minute's requests at once (at least one), then one every 60/rpm seconds.
+            # A key re-added under the same name with another limit starts afresh.
+            interval = 60.0 / per_minute
+            state = _KeyState(_Cell(interval, max(0.0, 60.0 - interval)), per_minute)
+            self._keys[name] = state
+            if len(self._keys) > self._settings.max_tenants_tracked:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(name)
+        return state.cell
+
+    def admit(self, tenant: str, key: tuple[str, float] | None = None) -> None:
+        """Charge one request to ``tenant`` (and to ``key``) or refuse it.
+
+        Args:
+            key: the name and requests-per-minute limit of the key that sent it.
 
         Raises:
             PoolError: ``rate_limit_exceeded`` (429) with ``Retry-After`` and the
-                ``limit``, ``remaining`` and ``resetAt`` (epoch seconds) fields.
+                ``limit``, ``remaining`` and ``resetAt`` (epoch seconds) fields, and
+                ``key`` or ``tenant``: whose limit it is.
         """
+        key_cell = None
+        if key is not None:
+            name, limit = key
+            key_cell = self._key_cell(name, limit)
+            now = trio.current_time()
+            wait = key_cell.delay(now)
+            if wait > 0:
+                raise PoolError(
+                    "rate_limit_exceeded",
+                    f"key {name!r} exceeded {limit:g} requests per minute",
+                    retry_after_s=wait,
+                    details={
+                        "limit": limit,
+                        "remaining": 0,
+                        "reset_at": math.ceil(time.time() + key_cell.reset_after(now)),
+                        "key": name,
+                    },
+                )
+        self._admit_tenant(tenant)
+        if key_cell is not None:
+            key_cell.charge(trio.current_time(), 1)
+
+    def _admit_tenant(self, tenant: str) -> None:
         state = self._state(tenant)
         if state.requests is None and state.tokens is None:
             return

@@ -60,6 +60,10 @@ class InferenceRequest:
     # within the tenant); the tenant itself comes with the admission.
     cache_mode: CacheMode = "auto"
     cache_tag: str | None = None
+    # The name of the key that sent it (service.auth.keys), for whoever accounts per
+    # key: admission sets it from the authenticated caller (pool/actors/_caller.py);
+    # an embedded user of the pool may name one itself.
+    key_name: str | None = None
 
     @classmethod
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:
@@ -82,3 +86,4 @@ class EmbeddingRequest:
     truncate: bool = True
     allow_remote: bool = False
     keep_alive: float | str | None = None
+    key_name: str | None = None  # as InferenceRequest.key_name

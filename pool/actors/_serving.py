@@ -3,6 +3,7 @@ the queue, a peer's relay, and the metrics of what finished (Pool.admit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from typing import Any
 import trio
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._caller import CALLER
 from pool.actors._events import Finished, Waiting
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
 from pool.actors._metrics import PoolMetrics
@@ -97,11 +99,18 @@ class Serving:
         admitted_at = time.perf_counter()
         if self._shutting_down():
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+        # The key that sent it names the request and brings its own rate limit.
+        caller = CALLER.get()
+        key_limit = None
+        if caller is not None:
+            request = dataclasses.replace(request, key_name=caller.key_name)
+            if caller.rate_limit_rpm is not None:
+                key_limit = (caller.key_name, caller.rate_limit_rpm)
         if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
             route = await self.router.route(request.model, self.residency.models.get(request.model))
             if route is not None:
                 async with self._relayed(
-                    request, route, tenant, priority, request_id, admitted_at
+                    request, route, tenant, priority, request_id, admitted_at, key_limit
                 ) as admission:
                     yield admission
                 return
@@ -114,7 +123,7 @@ class Serving:
                 job = build_embedding_job(
                     request, request_id=request_id, capabilities=actor.capabilities
                 )
-                self.rate_limiter.admit(tenant)
+                self.rate_limiter.admit(tenant, key_limit)
             else:
                 job = build_generation_request(
                     request,
@@ -123,7 +132,7 @@ class Serving:
                     decoding_defaults=self.settings.engine.decoding,
                     tenant=tenant,
                 )
-                self.rate_limiter.admit(tenant)
+                self.rate_limiter.admit(tenant, key_limit)
                 job = await inline_images(job, self.media)
             deadline = trio.current_time() + actor.queue_timeout_s
             enqueue = partial(
@@ -185,6 +194,7 @@ class Serving:
         priority: str,
         request_id: str | None,
         admitted_at: float,
+        key_limit: tuple[str, float] | None,
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
         local = self.residency.models.get(request.model)
@@ -195,7 +205,7 @@ class Serving:
             capabilities=local.capabilities if local is not None else RELAY_CAPABILITIES,
             decoding_defaults=self.settings.engine.decoding,
         )
-        self.rate_limiter.admit(tenant)
+        self.rate_limiter.admit(tenant, key_limit)
         job = await inline_images(job, self.media)
         ticket = Ticket(
             job,

@@ -18,7 +18,7 @@ from typing import TextIO
 
 import trio
 
-from pool.cli import _lease
+from pool.cli import _keys, _lease
 from pool.cli._client import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -126,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     bench.add_argument("--max-tokens", type=int, default=64, help="default: 64")
     _lease.add_parser(commands, common)
+    _keys.add_parser(commands, common)
     return parser
 
 
@@ -151,6 +152,8 @@ async def _dispatch(args: argparse.Namespace, client: PoolClient, io: Io) -> int
         return await _models.events(client, io, args.interval, args.count)
     if command == "lease":
         return await _lease.run(args, io)
+    if command == "keys":
+        return await _keys.run(client, io, args)
     if command == "bench":
         return await _bench.bench(
             client, io, args.name, args.requests, args.prompt, args.max_tokens

@@ -66,6 +66,61 @@ class TenancySettings(_Strict):
     )
 
 
+KeyRole = Literal["inference", "admin"]
+PriorityName = Literal["high", "normal", "low"]
+# A key's name is part of admin URLs (DELETE /v1/admin/keys/{name}) and log lines.
+KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Printable ASCII without leading or trailing blanks: what an X-Tenant-ID (stripped) can
+# carry, so a client of another key can name the same tenant.
+TENANT_PATTERN = r"^[!-~]([ -~]{0,126}[!-~])?$"
+SHA256_HEX_PATTERN = r"^[0-9a-fA-F]{64}$"
+
+
+class KeyFields(_Strict):
+    """What a key says about its caller (shared by the settings and the admin API)."""
+
+    name: str = Field(pattern=KEY_NAME_PATTERN, description="The key's name (unique).")
+    tenant: str | None = Field(
+        None,
+        pattern=TENANT_PATTERN,
+        description="The tenant of its requests; a request naming another one with"
+        " `X-Tenant-ID` is refused (403 `tenant_forbidden`). None: `X-Tenant-ID` decides.",
+    )
+    role: KeyRole = Field(
+        "inference", description="`inference`: the inference routes; `admin`: every route."
+    )
+    priority: PriorityName | None = Field(
+        None,
+        description="The default and highest priority of its requests (`X-Priority` may"
+        " lower it). None: `X-Priority` decides, as without a key.",
+    )
+    rate_limit_rpm: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = Field(
+        None,
+        description="Requests per minute this key may send (up to that many at once, then"
+        " evenly refilled); past it 429 `rate_limit_exceeded`. None: no limit of its own.",
+    )
+
+
+class KeySettings(KeyFields):
+    """One entry of ``service.auth.keys``: a key with an identity, given in the clear or
+    as the SHA-256 of the clear key (so the secret need not sit in the settings)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        None, description="The key in the clear."
+    )
+    key_sha256: str | None = Field(
+        None, pattern=SHA256_HEX_PATTERN, description="SHA-256 of the key, 64 hex digits."
+    )
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> KeySettings:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError(f"key {self.name!r}: give exactly one of `key` and `key_sha256`")
+        if self.key is not None and self.key != self.key.strip():
+            raise ValueError(f"key {self.name!r}: `key` has leading or trailing blanks")
+        return self
+
+
 class AuthSettings(_Strict):
     """``service.auth``: bearer tokens and signed operation tokens (all optional).
 
@@ -91,6 +146,20 @@ class AuthSettings(_Strict):
     op_token_signers: list[str] | None = Field(
         None, description="If set, only these signers count towards the minimum."
     )
+    keys: list[KeySettings] = Field(
+        default_factory=list,
+        description="Keys with identities (name, tenant, role, priority, rate limit);"
+        " more can be added and any revoked at runtime (`/v1/admin/keys`).",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _unique_keys(cls, keys: list[KeySettings]) -> list[KeySettings]:
+        names = [k.name for k in keys]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"key names must be unique: {', '.join(twice)} given twice")
+        return keys
 
 
 class ServiceSettings(_Strict):

@@ -14,6 +14,7 @@ from pool.config import Settings
 from pool.errors import PoolError
 from pool.http import (
     _admin,
+    _admin_keys,
     _events,
     _messages,
     _ollama,
@@ -122,6 +123,7 @@ def create_app(
         _messages,
         _ollama,
         _admin,
+        _admin_keys,
         _events,
         _runner,
         _ui,

@@ -1,4 +1,5 @@
-"""Who may call what: bearer tokens and the runner API's signed operation tokens.
+"""Who may call what: bearer tokens, keys with identities (``pool/http/_keys.py``) and
+the runner API's signed operation tokens.
 
 Every comparison of a secret goes through :func:`hmac.compare_digest`, and every
 token is compared against every configured token (no early exit on a match), so
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pool.actors import Caller
 from pool.config import ENV_OP_TOKEN_KEY_PATH, AuthSettings, state_dir
 from pool.errors import ConfigError, PoolError
+from pool.http._keys import FILE_NAME, KeyFile, KeyRing
 
 Access = Literal["inference", "admin"]
 
@@ -158,11 +161,17 @@ def _read_op_key(path: str | None, named_by: str) -> bytes | None:
 
 
 class Authenticator:
-    """Checks bearer tokens per access level and verifies operation tokens."""
+    """Checks bearer tokens and keys per access level and verifies operation tokens.
+
+    Args:
+        environ: where the token variables and the state directory (the key file,
+            op-token nonces) come from; default the process environment.
+    """
 
     def __init__(self, settings: AuthSettings, *, environ: dict[str, str] | None = None) -> None:
         env = dict(os.environ if environ is None else environ)
         self.settings = settings
+        self.keys = KeyRing(settings.keys, KeyFile(state_dir(env) / FILE_NAME))
         inference = [t for t in settings.inference_tokens if t]
         inference += [t.strip() for t in env.get(ENV_API_TOKENS, "").split(",") if t.strip()]
         admin = settings.admin_token or env.get(ENV_ADMIN_TOKEN) or None
@@ -191,46 +200,73 @@ class Authenticator:
     def enabled(self) -> bool:
         """True when any token or key is configured (the service is not open)."""
         k = self._keys
-        return bool(k.inference or k.admin or k.op_key)
+        return bool(k.inference or k.admin or k.op_key or self.keys)
 
     @property
     def has_admin_token(self) -> bool:
-        return bool(self._keys.admin)
+        return bool(self._keys.admin) or self.keys.grants(admin=True)
 
     @property
     def op_tokens_enabled(self) -> bool:
         return self._keys.op_key is not None
 
     def guards(self, access: Access) -> bool:
-        """Whether ``access`` needs a bearer token (else :meth:`check_bearer` lets all in)."""
+        """Whether ``access`` needs a token or key (else :meth:`authenticate` lets all in).
+
+        Keys count as tokens do: any key guards the inference routes, an admin key the
+        admin routes; keys added or revoked at runtime change this at once.
+        """
         keys = self._keys
-        return bool(keys.admin if access == "admin" else keys.inference + keys.admin)
+        if access == "admin":
+            return bool(keys.admin) or self.keys.grants(admin=True)
+        return bool(keys.inference or keys.admin) or self.keys.grants(admin=False)
+
+    def authenticate(
+        self, authorization: str | None, access: Access, *, api_key: str | None = None
+    ) -> Caller | None:
+        """The caller that the credentials make, for ``access``; ``unauthorized`` if none.
+
+        Inference routes are open unless a token or key exists; admin routes are open
+        only when no admin token or admin key exists. A key grants its role (an admin
+        key every route, an inference key the inference routes) and names its caller;
+        a plain token names none.
+
+        Args:
+            api_key: an ``x-api-key`` header, where the route takes one (Anthropic's
+                Messages API): a token or key as the bearer token is; either one that
+                matches grants access (a key before a plain token).
+
+        Returns:
+            The key's caller; None for a plain token or an open route.
+        """
+        if not self.guards(access):
+            return None
+        tokens = self._keys.admin if access == "admin" else self._keys.inference + self._keys.admin
+        presented = [t for t in (_bearer(authorization), _api_key(api_key)) if t is not None]
+        # Both checks run in full whatever they find, so the time says nothing.
+        matched = [_matches_any(t.encode(), tokens) for t in presented]
+        record = self.keys.match(presented)
+        if record is not None and (access != "admin" or record.caller.role == "admin"):
+            return record.caller
+        if any(matched):
+            return None
+        if record is not None:
+            raise _unauthorized(
+                f"key {record.name!r} has the inference role; this route needs an admin"
+                " key or the admin token"
+            )
+        raise _unauthorized(
+            "a valid admin bearer token is required"
+            if access == "admin"
+            else "a valid bearer token is required"
+        )
 
     def check_bearer(
         self, authorization: str | None, access: Access, *, api_key: str | None = None
     ) -> None:
-        """Raise ``unauthorized`` unless the header grants ``access``.
-
-        Inference routes are open unless inference or admin tokens exist; admin routes
-        are open only when no admin token is configured.
-
-        Args:
-            api_key: an ``x-api-key`` header, where the route takes one (Anthropic's
-                Messages API): a token as the bearer token is; either one that
-                matches grants access.
-        """
-        keys = self._keys
-        allowed = keys.admin if access == "admin" else keys.inference + keys.admin
-        if not allowed:
-            return
-        tokens = [_bearer(authorization), _api_key(api_key)]
-        matched = [t is not None and _matches_any(t.encode(), allowed) for t in tokens]
-        if not any(matched):
-            raise _unauthorized(
-                "a valid admin bearer token is required"
-                if access == "admin"
-                else "a valid bearer token is required"
-            )
+        """Raise ``unauthorized`` unless the credentials grant ``access``
+        (:meth:`authenticate`, for a caller that needs no identity)."""
+        self.authenticate(authorization, access, api_key=api_key)
 
     def verify_op_token(
         self, raw: Any, *, operation: str, model: str | None, now: float | None = None

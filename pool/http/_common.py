@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from quart import Response, g, has_request_context, request, websocket
 from werkzeug.datastructures import Headers
 
-from pool.actors import CacheMode, InferenceRequest
+from pool.actors import CALLER, CacheMode, Caller, InferenceRequest
 from pool.backends import Turn
 from pool.errors import PoolError
 
@@ -231,21 +231,63 @@ def request_id() -> str:
     return rid
 
 
+_PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+
+
 def tenant_and_priority() -> tuple[str, str]:
-    """``X-Tenant-ID`` and ``X-Priority`` (400 when malformed)."""
-    tenant = headers().get("x-tenant-id", "default").strip() or "default"
-    if len(tenant) > 128 or not tenant.isprintable():
+    """The request's tenant and priority: ``X-Tenant-ID`` and ``X-Priority`` (400 when
+    malformed), within what the caller's key allows (:func:`require` found it).
+
+    A key that names a tenant makes it the request's tenant; ``X-Tenant-ID`` may repeat
+    it, and naming another is 403 ``tenant_forbidden``. A key's priority is the default
+    and the ceiling: ``X-Priority`` may lower it, and a higher one is lowered to it.
+    """
+    sent = headers().get("x-tenant-id", "").strip()
+    if len(sent) > 128 or not sent.isprintable():
         raise PoolError(
             "invalid_request", "X-Tenant-ID must be printable and at most 128 characters"
         )
-    priority = headers().get("x-priority", "normal").strip().lower() or "normal"
-    if priority not in ("high", "normal", "low"):
+    asked = headers().get("x-priority", "").strip().lower()
+    if asked not in ("", "high", "normal", "low"):
         raise PoolError("invalid_request", "X-Priority must be high, normal or low")
+    caller = CALLER.get()
+    tenant = sent or "default"
+    priority = asked or "normal"
+    if caller is not None and caller.tenant is not None:
+        if sent and sent != caller.tenant:
+            raise PoolError(
+                "tenant_forbidden",
+                f"key {caller.key_name!r} belongs to tenant {caller.tenant!r};"
+                " X-Tenant-ID may not name another",
+            )
+        tenant = caller.tenant
+    if caller is not None and caller.priority is not None:
+        ceiling = caller.priority
+        priority = min(asked or ceiling, ceiling, key=_PRIORITY_RANK.__getitem__)
     return tenant, priority
 
 
-def require(ctx: AppContext, access: Access) -> None:
-    ctx.auth.check_bearer(headers().get("authorization"), access)
+def require(ctx: AppContext, access: Access, *, api_key: bool = False) -> Caller | None:
+    """Authenticate the request for ``access`` (401 ``unauthorized`` otherwise) and
+    attach its caller, for every later step of the request (:data:`CALLER`).
+
+    Args:
+        api_key: the route also takes the key in ``x-api-key`` (Anthropic's Messages).
+
+    Returns:
+        The caller its key makes; None for a plain token or an open route.
+    """
+    sent = headers()
+    caller = ctx.auth.authenticate(
+        sent.get("authorization"), access, api_key=sent.get("x-api-key") if api_key else None
+    )
+    # Set on every authenticated request, so nothing carries over from another.
+    CALLER.set(caller)
+    return caller
+
+
+def revoked_error(caller: Caller) -> PoolError:
+    return PoolError("unauthorized", f"key {caller.key_name!r} was revoked")
 
 
 _CACHE_MODES: dict[str, CacheMode] = {"prefix": "prefix", "none": "none", "auto": "auto"}

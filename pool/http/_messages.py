@@ -40,11 +40,11 @@ from pool.http._common import (
     cache_headers_in,
     chat_request,
     dumps,
-    headers,
     inference_headers,
     json_response,
     read_body,
     request_id,
+    require,
     retry_after,
     tenant_and_priority,
     with_cache,
@@ -461,8 +461,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     blueprint = Blueprint("messages", __name__)
 
     def authorize() -> None:
-        sent = headers()
-        ctx.auth.check_bearer(sent.get("authorization"), "inference", api_key=sent.get("x-api-key"))
+        require(ctx, "inference", api_key=True)
 
     @blueprint.errorhandler(PoolError)
     async def pool_error(exc: PoolError) -> Response:

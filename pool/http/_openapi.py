@@ -39,6 +39,10 @@ from pool.schemas import (
     GpuMemory,
     Health,
     InputItemList,
+    KeyCreated,
+    KeyCreateRequest,
+    KeyList,
+    KeyRevoked,
     LoadAnswer,
     LoadTaskState,
     MessagesError,
@@ -113,8 +117,8 @@ class Route:
     stream: str | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
-    # Query parameters: (name, JSON type, description).
-    query: tuple[tuple[str, str, str], ...] = ()
+    # Query parameters: (name, JSON type or the whole schema, description).
+    query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
 
 
 _PLAIN = ("text/plain", {"type": "string"})
@@ -192,7 +196,24 @@ ROUTES: list[Route] = [
      " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
      " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
      query=(("model", "string", "Only decisions about this model."),
-            ("limit", "integer", "At most this many (the newest)."))),
+            ("limit", {"type": "integer", "minimum": 1},
+             "At most this many (the newest)."))),
+    Route("get", "/v1/admin/keys", "admin", "List keys",
+     "The keys in force, from `service.auth.keys` (`source: settings`) and added through"
+     " this API (`source: runtime`), with the identity each gives its requests: `tenant`"
+     " (null: `X-Tenant-ID` decides), `role`, `priority`, `rate_limit_rpm`, `created_at`."
+     " Never a key nor its digest.", reply=KeyList),
+    Route("post", "/v1/admin/keys", "admin", "Add a key",
+     "Adds a key, in force at once and kept across restarts (`keys.json` in the state"
+     " directory, which holds only SHA-256 digests). Without `key_sha256` the pool"
+     " generates the key (`sk-pool-` and 43 random characters) and answers it in `key` this"
+     " once: it cannot be shown again. 409 `key_exists` when a key of that name or with"
+     " that secret is in force.", KeyCreateRequest, status=201, reply=KeyCreated),
+    Route("delete", "/v1/admin/keys/{name}", "admin", "Revoke a key",
+     "Revokes a key, a settings key too (kept across restarts, until the settings give the"
+     " name another key). From the answer on, the key is refused (401) on every route, and"
+     " a WebSocket opened with it is closed with code 1008 after an `error` event. 404"
+     " `unknown_key` when no key of that name is in force.", reply=KeyRevoked),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
@@ -449,14 +470,17 @@ _SECURITY_SCHEMES = {
     "inferenceToken": {
         "type": "http",
         "scheme": "bearer",
-        "description": "One of `service.auth.inference_tokens` (or `$LLM_POOL_API_TOKENS`)."
-        " The admin token is accepted wherever an inference token is.",
+        "description": "One of `service.auth.inference_tokens` (or `$LLM_POOL_API_TOKENS`),"
+        " or a key of `service.auth.keys` or `/v1/admin/keys` (any role; a key with a"
+        " `tenant` fixes the request's tenant). The admin token is accepted wherever an"
+        " inference token is.",
     },
     "adminToken": {
         "type": "http",
         "scheme": "bearer",
-        "description": "`service.auth.admin_token` (or `$LLM_POOL_ADMIN_TOKEN`). The runner"
-        " API's lifecycle routes also accept a signed `verifiedOpToken` in the body instead.",
+        "description": "`service.auth.admin_token` (or `$LLM_POOL_ADMIN_TOKEN`), or a key"
+        " with the `admin` role. The runner API's lifecycle routes also accept a signed"
+        " `verifiedOpToken` in the body instead.",
     },
     "apiKey": {
         "type": "apiKey",
@@ -474,6 +498,9 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/responses"): (400, 404, 409, 429),
     ("get", "/v1/responses"): (426,),
     ("get", "/v1/admin/models/{name}"): (404,),
+    ("get", "/v1/admin/decisions"): (400, 404),
+    ("post", "/v1/admin/keys"): (409,),
+    ("delete", "/v1/admin/keys/{name}"): (404,),
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
     ("post", "/v1/models/load"): (400, 404, 409),
@@ -503,10 +530,11 @@ _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
 VALID_BODY_REFUSED = "x-refuses-valid-bodies"
 # Why a status is answered, by status (the codes are STATUS_BY_CODE's).
 _WHY: dict[int, str] = {
-    400: "The body is not JSON",
+    400: "The body is not JSON, or a query parameter is out of range",
     401: "No valid bearer token (where tokens are configured)",
-    403: "`Host` or `Origin` not allowed",
-    404: "Unknown model, task or pull",
+    403: "`Host` or `Origin` not allowed, or `X-Tenant-ID` names another tenant than the"
+    " key's (`tenant_forbidden`)",
+    404: "Unknown model, task, pull or key",
     408: "The body arrived slower than `service.body_timeout_s`",
     409: "The model's state forbids the request",
     413: "The body is larger than `service.max_body_bytes`",
@@ -530,6 +558,13 @@ _SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
 _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/responses"): {"model": "{model}", "input": "Say hello."},
     ("post", "/v1/admin/models/{name}/load"): {},
+    ("post", "/v1/admin/keys"): {
+        "name": "ci-runner",
+        "tenant": "team-a",
+        "role": "inference",
+        "priority": "normal",
+        "rate_limit_rpm": 60,
+    },
     ("post", "/v1/models/load"): {"modelId": "{model}"},
     ("post", "/v1/models/unload"): {"modelId": "{model}"},
     ("post", "/v1/cache/flush"): {"scope": "model", "modelId": "{model}"},
@@ -592,6 +627,9 @@ _LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str], Any]]] = {
         "ChatCompletion": ("post_v1_chat_completions", {},
                            {"model": "$response.body#/data/0/id"}),
         "OllamaChat": ("post_api_chat", {}, {"model": "$response.body#/data/0/id"}),
+    },
+    ("post", "/v1/admin/keys"): {
+        "Revoke": ("delete_v1_admin_keys_name", {"name": "$response.body#/name"}, None),
     },
     ("get", "/v1/admin/models"): {
         "ModelRow": ("get_v1_admin_models_name", {"name": "$response.body#/models/0/name"},
@@ -881,7 +919,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             "name": name,
             "in": "query",
             "required": False,
-            "schema": {"type": kind},
+            "schema": kind if isinstance(kind, dict) else {"type": kind},
             "description": text,
         }
         for name, kind, text in route.query

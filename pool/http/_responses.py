@@ -12,6 +12,7 @@ from quart import Quart, Response, websocket
 
 from pool.actors import (
     Admission,
+    Caller,
     DecodingOverrides,
     Delta,
     Failed,
@@ -38,6 +39,7 @@ from pool.http._common import (
     read_body,
     request_id,
     require,
+    revoked_error,
     schema_error_body,
     schema_error_response,
     tenant_and_priority,
@@ -415,7 +417,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def responses_socket() -> None:
         """Request bodies in, the same events as SSE out; ``response.cancel`` cancels."""
         try:
-            require(ctx, "inference")
+            caller = require(ctx, "inference")
             tenant, priority = tenant_and_priority()
         except PoolError as exc:
             await websocket.accept()
@@ -423,15 +425,40 @@ def register(app: Quart, ctx: AppContext) -> None:
             await websocket.close(1008)
             return
         await websocket.accept()
-        await _socket_session(ctx, tenant, priority)
+        revoked = await _socket_session(ctx, tenant, priority, caller)
+        if revoked is not None:
+            # Policy violation: the key this socket was opened with is no longer valid.
+            with trio.move_on_after(_CLOSE_S, shield=True):
+                await websocket.send(json.dumps(error_event(revoked)))
+                await websocket.close(1008, revoked.message[:_CLOSE_REASON_CHARS])
 
 
-async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
-    """One connection: a reader, a writer and at most one running request."""
+# Bounds on the closing words to a client whose key was revoked.
+_CLOSE_S = 1.0
+_CLOSE_REASON_CHARS = 120  # a close frame's reason holds at most 123 bytes
+
+
+async def _socket_session(
+    ctx: AppContext, tenant: str, priority: str, caller: Caller | None
+) -> PoolError | None:
+    """One connection: a reader, a writer and at most one running request.
+
+    Returns:
+        The error to close with when the caller's key was revoked meanwhile (the
+        session, its running request included, has ended then); None otherwise.
+    """
     outgoing_send, outgoing_recv = trio.open_memory_channel[str](
         ctx.settings.engine.stream_buffer_tokens
     )
     running: list[trio.CancelScope] = []
+    revoked: list[PoolError] = []
+
+    async def end_on_revocation(caller: Caller, scope: trio.CancelScope) -> None:
+        # A revocation wakes this at once (an idle socket is closed then, not at its
+        # next message).
+        await ctx.auth.keys.revoked(caller)
+        revoked.append(revoked_error(caller))
+        scope.cancel()
 
     async def writer() -> None:
         async with outgoing_recv:
@@ -488,6 +515,11 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
     async def reader(nursery: trio.Nursery) -> None:
         while True:
             frame = await websocket.receive()
+            if caller is not None and not ctx.auth.keys.in_force(caller):
+                # Its next message after a revocation is refused, whatever it is.
+                revoked.append(revoked_error(caller))
+                nursery.cancel_scope.cancel()
+                return
             try:
                 data = parse_json(frame)
                 if isinstance(data, dict) and data.get("type") == "response.cancel":
@@ -513,6 +545,8 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer)
+            if caller is not None:
+                nursery.start_soon(end_on_revocation, caller, nursery.cancel_scope)
             await reader(nursery)
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
@@ -521,3 +555,4 @@ async def _socket_session(ctx: AppContext, tenant: str, priority: str) -> None:
         for scope in running:
             scope.cancel()
         outgoing_send.close()
+    return revoked[0] if revoked else None

@@ -16,6 +16,7 @@ from pool.schemas._compat import (
     OllamaStoreRequest,
     OpenAISampling,
 )
+from pool.schemas._keys import KeyCreated, KeyCreateRequest, KeyList, KeyRevoked, KeyRow
 from pool.schemas._messages import (
     MessagesBlock,
     MessagesError,
@@ -170,6 +171,11 @@ __all__ = [
     "Health",
     "ImageContent",
     "InputItemList",
+    "KeyCreateRequest",
+    "KeyCreated",
+    "KeyList",
+    "KeyRevoked",
+    "KeyRow",
     "LoadAnswer",
     "LoadPreview",
     "LoadTaskState",
