@@ -60,6 +60,9 @@ class InferenceRequest:
     # within the tenant); the tenant itself comes with the admission.
     cache_mode: CacheMode = "auto"
     cache_tag: str | None = None
+    # The authenticated key's name (service.auth.keys), for usage records and budgets;
+    # None where the request came without a named key.
+    key_name: str | None = None
 
     @classmethod
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:
@@ -82,3 +85,5 @@ class EmbeddingRequest:
     truncate: bool = True
     allow_remote: bool = False
     keep_alive: float | str | None = None
+    # As InferenceRequest.key_name: who to record the usage and budget against.
+    key_name: str | None = None

@@ -26,6 +26,7 @@ from pool.config._files import (
 from pool.config._load_request import check_override_value, invalid_load_request
 from pool.config._models import (
     AuthSettings,
+    BudgetRule,
     CommonModelFields,
     DecodingDefaults,
     EngineSettings,
@@ -36,6 +37,7 @@ from pool.config._models import (
     TenancySettings,
     TenantLimits,
     UnknownBackendError,
+    UsageSettings,
     definition_class,
     model_definition,
     use_definition_classes,
@@ -46,6 +48,7 @@ __all__ = [
     "LOCAL_SETTINGS_ENV",
     "SETTINGS_ENV",
     "AuthSettings",
+    "BudgetRule",
     "ClusterSettings",
     "CommonModelFields",
     "DecodingDefaults",
@@ -57,6 +60,7 @@ __all__ = [
     "TenancySettings",
     "TenantLimits",
     "UnknownBackendError",
+    "UsageSettings",
     "build_settings",
     "cache_dir",
     "check_override_value",

@@ -22,6 +22,7 @@ from pool.http import (
     _responses,
     _runner,
     _ui,
+    _usage,
 )
 from pool.http._auth import Authenticator
 from pool.http._common import (
@@ -122,6 +123,7 @@ def create_app(
         _messages,
         _ollama,
         _admin,
+        _usage,
         _events,
         _runner,
         _ui,

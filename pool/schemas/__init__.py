@@ -105,6 +105,8 @@ from pool.schemas._replies import (
     RunnerUnloaded,
     TextCompletion,
     TextCompletionChoice,
+    UsageReport,
+    UsageRow,
 )
 from pool.schemas._responses import (
     Content,
@@ -256,4 +258,6 @@ __all__ = [
     "TextCompletionChoice",
     "TextContent",
     "TextFormat",
+    "UsageReport",
+    "UsageRow",
 ]
