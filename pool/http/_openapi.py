@@ -586,6 +586,12 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
 }
 _PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
+# Routes whose query parameters can be refused (400) in a shape the schema allows, and
+# why; the 400 carries VALID_BODY_REFUSED as a body's would.
+_REFUSED_VALID_QUERIES: dict[tuple[str, str], str] = {
+    ("get", "/v1/admin/usage"): "A parameter is not one of its values or times, or `until` is"
+    " before `since` (`invalid_request`, naming it)",
+}
 # Query parameters with a closed set of values, and examples: (path, name) -> ...
 _QUERY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/admin/usage", "group_by"): {"enum": ["key", "tenant", "model"], "default": "tenant"},
@@ -594,7 +600,7 @@ _QUERY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
 _QUERY_EXAMPLES: dict[tuple[str, str], str] = {
     ("/v1/admin/usage", "group_by"): "tenant",
     ("/v1/admin/usage", "since"): "2026-11-01T00:00:00Z",
-    ("/v1/admin/usage", "until"): "1767225600",
+    ("/v1/admin/usage", "until"): "1798761600",
     ("/v1/admin/usage", "bucket"): "day",
 }
 
@@ -846,7 +852,10 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
         answer: dict[str, Any] = {"description": _WHY[status], "content": error}
-        if status == 400 and _refuses_valid_bodies(route):
+        if status == 400 and (route.method, route.path) in _REFUSED_VALID_QUERIES:
+            answer["description"] = _REFUSED_VALID_QUERIES[(route.method, route.path)]
+            answer[VALID_BODY_REFUSED] = True
+        elif status == 400 and _refuses_valid_bodies(route):
             answer["description"] += (
                 ", or a value valid in its shape is refused for the model it names, its"
                 " backend or its state (the codes of 400)"
