@@ -131,7 +131,11 @@ class Pool:
         if settings.service.usage.enabled:
             self.usage_store = UsageStore(state_dir() / USAGE_FILE_NAME)
             self.usage = UsageRecorder(
-                settings.service.usage, usage_sink or self.usage_store, self.metrics, clock
+                settings.service.usage,
+                usage_sink or self.usage_store,
+                self.metrics,
+                clock,
+                limiter=None if usage_sink else self.usage_store.write_limiter,
             )
         self.serving = Serving(
             settings,
@@ -411,4 +415,4 @@ async def open_pool(
             nursery.cancel_scope.cancel()
     if pool.usage_store is not None:
         with trio.move_on_after(5.0, shield=True):
-            await trio.to_thread.run_sync(pool.usage_store.close, abandon_on_cancel=True)
+            await pool.usage_store.aclose()

@@ -50,6 +50,7 @@ class UsageRecorder:
     Args:
         sink: the blocking store its worker thread writes to.
         clock: seconds since the epoch (for the retention cut-off).
+        limiter: the limiter of ``sink``'s connection (``UsageStore.write_limiter``).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class UsageRecorder:
         sink: UsageSink,
         metrics: PoolMetrics,
         clock: Callable[[], float] = time.time,
+        limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.sink = sink
@@ -65,8 +67,10 @@ class UsageRecorder:
         # When records are stamped and the retention counted from (tests move it).
         self.clock = clock
         self._send, self._receive = trio.open_memory_channel[UsageRecord](settings.queue_size)
-        # One worker thread at a time; abandoned (at shutdown) rather than waited for.
-        self._limiter = trio.CapacityLimiter(1)
+        # One worker thread at a time (the store's own limiter where it has one, so
+        # its connection is never closed under a write); a write that stalls is
+        # abandoned at shutdown rather than waited for, and keeps the limiter until it ends.
+        self._limiter = limiter or trio.CapacityLimiter(1)
         self.written = 0
         self.dropped = 0
         self._unlogged_drops = 0

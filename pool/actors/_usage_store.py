@@ -92,7 +92,11 @@ class UsageStore:
         self.path = path
         self._connections: dict[str, sqlite3.Connection] = {}
         self._opening = threading.Lock()
-        self._write_limiter = trio.CapacityLimiter(1)
+        # Each connection is used by one thread at a time: the writer's thread holds
+        # write_limiter (UsageRecorder is given it), queries hold the read limiter, and
+        # closing holds both, so no connection is ever closed under a running statement
+        # (sqlite3 can crash the process then), even one whose caller stopped waiting.
+        self.write_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(1)
 
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -187,12 +191,21 @@ class UsageStore:
         ]
 
     def close(self) -> None:
+        """Close both connections (blocking: only when no other thread uses them; from
+        Trio, :meth:`aclose`)."""
         with self._opening:
             connections, self._connections = self._connections, {}
         for db in connections.values():
             db.close()
 
     # -- the same from Trio -------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Close both connections once no statement runs on them. A caller cancelled
+        while a stalled write still runs leaves them open (to be collected later)
+        rather than close them under it."""
+        async with self._read_limiter:
+            await trio.to_thread.run_sync(self.close, limiter=self.write_limiter)
+
     async def query(self, group_by: GroupBy, **window: Any) -> list[UsageTotal]:
         """:meth:`totals` in a worker thread."""
         return await trio.to_thread.run_sync(
