@@ -414,5 +414,6 @@ async def open_pool(
             pool.shutting_down = True
             nursery.cancel_scope.cancel()
     if pool.usage_store is not None:
-        with trio.move_on_after(5.0, shield=True):
+        # Bounded: behind a stalled disk the close is skipped rather than waited for.
+        with trio.move_on_after(2.0, shield=True):
             await pool.usage_store.aclose()
