@@ -491,6 +491,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
     ("get", "/v1/admin/usage"): (400, 409),
+    ("get", "/v1/admin/decisions"): (400,),
     ("post", "/v1/models/load"): (400, 404, 409),
     ("get", "/v1/models/load/{task_id}"): (404,),
     ("post", "/v1/models/unload"): (404,),
@@ -596,6 +597,7 @@ _REFUSED_VALID_QUERIES: dict[tuple[str, str], str] = {
 _QUERY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/admin/usage", "group_by"): {"enum": ["key", "tenant", "model"], "default": "tenant"},
     ("/v1/admin/usage", "bucket"): {"enum": ["hour", "day"]},
+    ("/v1/admin/decisions", "limit"): {"type": "integer", "minimum": 1},
 }
 _QUERY_EXAMPLES: dict[tuple[str, str], str] = {
     ("/v1/admin/usage", "group_by"): "tenant",
