@@ -491,7 +491,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
     ("get", "/v1/admin/usage"): (400, 409),
-    ("get", "/v1/admin/decisions"): (400,),
+    ("get", "/v1/admin/decisions"): (400, 404),
     ("post", "/v1/models/load"): (400, 404, 409),
     ("get", "/v1/models/load/{task_id}"): (404,),
     ("post", "/v1/models/unload"): (404,),
