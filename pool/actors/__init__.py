@@ -6,6 +6,7 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._budgets import BudgetCounters, Budgets, LocalCounters
 from pool.actors._caller import CALLER, Caller
 from pool.actors._details import ModelDetails
 from pool.actors._events import (
@@ -46,6 +47,12 @@ from pool.actors._snapshots import (
 )
 from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
+from pool.actors._usage import UsageRecorder, UsageSink
+from pool.actors._usage_store import BUCKETS as USAGE_BUCKETS
+from pool.actors._usage_store import GROUPS as USAGE_GROUPS
+from pool.actors._usage_store import Bucket as UsageBucket
+from pool.actors._usage_store import GroupBy as UsageGroupBy
+from pool.actors._usage_store import UsageRecord, UsageStore, UsageTotal
 from pool.backends import ToolCallDelta
 
 __all__ = [
@@ -53,7 +60,11 @@ __all__ = [
     "RELAYED",
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
+    "USAGE_BUCKETS",
+    "USAGE_GROUPS",
     "Admission",
+    "BudgetCounters",
+    "Budgets",
     "CacheMode",
     "Caller",
     "DecodingOverrides",
@@ -72,6 +83,7 @@ __all__ = [
     "LedgerBinding",
     "LoadTask",
     "Loading",
+    "LocalCounters",
     "ModelActor",
     "ModelDetails",
     "ModelSnapshot",
@@ -88,6 +100,13 @@ __all__ = [
     "ToolCallDelta",
     "UnloadReason",
     "Usage",
+    "UsageBucket",
+    "UsageGroupBy",
+    "UsageRecord",
+    "UsageRecorder",
+    "UsageSink",
+    "UsageStore",
+    "UsageTotal",
     "VirtualGpus",
     "VramEstimate",
     "WaitReason",

@@ -211,6 +211,38 @@ class PoolMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.tenant_prompt_tokens = Counter(
+            "llm_pool_tenant_prompt_tokens",
+            "Prompt tokens of finished requests by tenant (see tenant_label)",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_output_tokens = Counter(
+            "llm_pool_tenant_output_tokens",
+            "Output tokens of finished requests by tenant (see tenant_label)",
+            ["tenant"],
+            registry=r,
+        )
+        self.max_tenant_labels = 100
+        self._tenant_labels: set[str] = set()
+        self.usage_written = Counter(
+            "llm_pool_usage_records_written",
+            "Usage records written to the usage database",
+            registry=r,
+        )
+        self.usage_dropped = Counter(
+            "llm_pool_usage_records_dropped",
+            "Usage records dropped (queue_full: the writer fell behind; write_failed: the"
+            " database refused a batch; closed, shutdown: the pool was stopping)",
+            ["reason"],
+            registry=r,
+        )
+        self.budget_refusals = Counter(
+            "llm_pool_budget_refusals",
+            "Requests refused because a budget was spent, by the budget's subject",
+            ["subject"],
+            registry=r,
+        )
         r.register(_LiveState(models, gpus or list))
 
     def record_cache(self, model: str, cached_tokens: int | None) -> None:
@@ -220,6 +252,24 @@ class PoolMetrics:
         self.cache_lookups.labels(model, "hit" if cached_tokens > 0 else "miss").inc()
         self.cache_reused_tokens.labels(model).inc(cached_tokens)
         self._hit_rate.record(model, cached_tokens)
+
+    def tenant_label(self, tenant: str) -> str:
+        """The label of ``tenant`` in the per-tenant counters: its name for the first
+        ``max_tenant_labels`` tenants seen, ``other`` after that, so a client that makes
+        up tenant ids cannot grow the metrics without bound."""
+        if tenant in self._tenant_labels:
+            return tenant
+        if len(self._tenant_labels) < self.max_tenant_labels:
+            self._tenant_labels.add(tenant)
+            return tenant
+        return "other"
+
+    def record_tenant_tokens(self, tenant: str, prompt: int, output: int) -> None:
+        label = self.tenant_label(tenant)
+        if prompt:
+            self.tenant_prompt_tokens.labels(label).inc(prompt)
+        if output:
+            self.tenant_output_tokens.labels(label).inc(output)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

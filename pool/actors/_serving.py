@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._budgets import Budgets
 from pool.actors._caller import CALLER
 from pool.actors._events import Finished, Waiting
 from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
@@ -22,6 +23,8 @@ from pool.actors._relay import RELAYED, Route, Router, run_relay
 from pool.actors._request import EmbeddingRequest, InferenceRequest
 from pool.actors._residency import Residency
 from pool.actors._ticket import JobFinished, Ticket
+from pool.actors._usage import UsageRecorder
+from pool.actors._usage_store import UsageRecord
 from pool.actors._waits import RequestWaits
 from pool.backends import ALL_THINKING_MODES, Capabilities, EmbeddingJob, GenerationRequest
 from pool.config import Settings
@@ -49,6 +52,8 @@ class Serving:
         metrics: PoolMetrics,
         shutting_down: Callable[[], bool],
         nursery: Callable[[], trio.Nursery | None],
+        budgets: Budgets | None = None,
+        usage: UsageRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.residency = residency
@@ -59,6 +64,9 @@ class Serving:
         self._shutting_down = shutting_down
         self._nursery = nursery
         self._waits = RequestWaits(residency)
+        self.budgets = budgets or Budgets(())
+        # None: usage recording is off (service.usage.enabled).
+        self.usage = usage
 
     @asynccontextmanager
     async def admit(
@@ -106,16 +114,19 @@ class Serving:
             request = dataclasses.replace(request, key_name=caller.key_name)
             if caller.rate_limit_rpm is not None:
                 key_limit = (caller.key_name, caller.rate_limit_rpm)
+        # Before routing: a spent budget is refused here, not relayed to a peer.
+        self._check_budget(tenant, request.key_name)
         if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
             route = await self.router.route(request.model, self.residency.models.get(request.model))
             if route is not None:
                 async with self._relayed(
                     request, route, tenant, priority, request_id, admitted_at, key_limit
-                ) as admission:
-                    yield admission
+                ) as relayed:
+                    yield relayed
                 return
         actor = self.residency.model(request.model)
         status = "cancelled"
+        admission: Admission | None = None
         try:
             request_id = request_id or new_request_id()
             job: GenerationRequest | EmbeddingJob
@@ -184,6 +195,7 @@ class Serving:
             raise
         finally:
             self.metrics.requests.labels(actor.name, tenant, status).inc()
+            self._account(actor.name, tenant, request.key_name, admission, status)
 
     @asynccontextmanager
     async def _relayed(
@@ -223,6 +235,61 @@ class Serving:
             yield Admission(ticket, request_id, request.model, admitted_at, self._record_finished)
         finally:
             ticket.abandon()
+
+    def _check_budget(self, tenant: str, key: str | None) -> None:
+        try:
+            self.budgets.check(tenant, key)
+        except PoolError as exc:
+            budget = exc.details.get("budget", {})
+            self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
+            raise
+
+    def _account(
+        self,
+        model: str,
+        tenant: str,
+        key: str | None,
+        admission: Admission | None,
+        status: str,
+    ) -> None:
+        """The one place where every request that reached a model is accounted for when
+        it ends, on every route: its usage record, per-tenant tokens, budgets.
+
+        Relayed requests are left to the peer that ran them (it records and charges
+        them), so a request is never counted twice in a cluster.
+        """
+        prompt = cached = output = 0
+        queue_ms = 0.0
+        generation_ms: float | None = None
+        if admission is not None:
+            queue_ms = admission.queue_wait_ms
+            done = admission.finished or admission.embedding
+            if done is not None:
+                prompt = done.usage.prompt_tokens or 0
+                cached = done.usage.cached_tokens or 0
+                output = done.usage.output_tokens or 0
+                timings = done.timings
+                generation_ms = (
+                    timings.generate_ms if timings.generate_ms is not None else timings.backend_ms
+                )
+        if prompt or output:
+            self.metrics.record_tenant_tokens(tenant, prompt, output)
+            self.budgets.charge(tenant, key, prompt + output)
+        if self.usage is not None:
+            self.usage.record(
+                UsageRecord(
+                    at=self.usage.clock(),
+                    key=key,
+                    tenant=tenant,
+                    model=model,
+                    prompt_tokens=prompt,
+                    cached_tokens=cached,
+                    output_tokens=output,
+                    queue_ms=round(queue_ms, 3),
+                    generation_ms=None if generation_ms is None else round(generation_ms, 3),
+                    status=status,
+                )
+            )
 
     def _record_finished(self, admission: Admission, job: JobFinished, done: Finished) -> None:
         model = admission.model

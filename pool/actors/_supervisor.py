@@ -24,6 +24,7 @@ import trio
 
 from pool.actors import _health
 from pool.actors._admission import Admission
+from pool.actors._budgets import BudgetCounters, Budgets
 from pool.actors._decisions import Decision
 from pool.actors._events import Embedded, Event, Finished
 from pool.actors._footprints import FootprintStore, default_path
@@ -39,9 +40,12 @@ from pool.actors._residency import Residency
 from pool.actors._serving import Serving
 from pool.actors._snapshots import FlushResult, ModelSnapshot, PoolHealth, QueueStats
 from pool.actors._tasks import LoadTask, LoadTasks
+from pool.actors._usage import UsageRecorder, UsageSink
+from pool.actors._usage_store import FILE_NAME as USAGE_FILE_NAME
+from pool.actors._usage_store import Bucket, GroupBy, UsageStore, UsageTotal
 from pool.actors._vram import CudaContexts, LoadMeter
 from pool.backends import CacheUsage, LoadRequest
-from pool.config import Settings
+from pool.config import Settings, state_dir
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
@@ -67,6 +71,9 @@ class Pool:
         media: MediaLoader | None = None,
         ledger: SharedLedger | None = None,
         router: Router | None = None,
+        budget_counters: BudgetCounters | None = None,
+        usage_sink: UsageSink | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         # Sends requests for models that peers serve to them (pool.cluster).
@@ -115,6 +122,21 @@ class Pool:
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
         self.rate_limiter = RateLimiter(settings.service.tenancy)
+        self.metrics.max_tenant_labels = settings.service.usage.metrics_max_tenants
+        self.budgets = Budgets(settings.service.budgets, budget_counters, clock)
+        # The usage database (None: service.usage.enabled is off); the recorder writes
+        # to it, or to the sink a test gives.
+        self.usage_store: UsageStore | None = None
+        self.usage: UsageRecorder | None = None
+        if settings.service.usage.enabled:
+            self.usage_store = UsageStore(state_dir() / USAGE_FILE_NAME)
+            self.usage = UsageRecorder(
+                settings.service.usage,
+                usage_sink or self.usage_store,
+                self.metrics,
+                clock,
+                limiter=None if usage_sink else self.usage_store.write_limiter,
+            )
         self.serving = Serving(
             settings,
             self.residency,
@@ -124,6 +146,8 @@ class Pool:
             metrics=self.metrics,
             shutting_down=lambda: self.shutting_down,
             nursery=lambda: self._nursery,
+            budgets=self.budgets,
+            usage=self.usage,
         )
         self.pulls = PullManager(settings, self.models)
         self.load_tasks = LoadTasks(
@@ -259,6 +283,27 @@ class Pool:
             raise outcome["error"]
         return outcome["value"]  # type: ignore[no-any-return]
 
+    async def usage_totals(
+        self,
+        group_by: GroupBy,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        bucket: Bucket | None = None,
+    ) -> list[UsageTotal]:
+        """Recorded usage summed by key, tenant or model over ``[since, until)`` (epoch
+        seconds), per UTC hour or day with ``bucket``. Records still queued for the
+        writer (at most ``service.usage.flush_ms`` old) are not in it yet.
+
+        Raises:
+            PoolError: ``usage_disabled`` when ``service.usage.enabled`` is off.
+        """
+        if self.usage_store is None:
+            raise PoolError(
+                "usage_disabled", "usage recording is off (service.usage.enabled is false)"
+            )
+        return await self.usage_store.query(group_by, since=since, until=until, bucket=bucket)
+
     # -- runner API -------------------------------------------------------------------
     def start_load_task(
         self, name: str, body: LoadBody = None, evict: str | None = None
@@ -319,6 +364,9 @@ async def open_pool(
     media: MediaLoader | None = None,
     ledger: SharedLedger | None = None,
     router: Router | None = None,
+    budget_counters: BudgetCounters | None = None,
+    usage_sink: UsageSink | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -333,11 +381,27 @@ async def open_pool(
             one with their own resolver).
         ledger: a lease ledger shared with other GPU users (``pool.cluster``).
         router: sends requests for models that peers serve to them (``pool.cluster``).
+        budget_counters: where budgets count (``pool.cluster`` shares them through
+            Redis); by default in this process.
+        usage_sink: where usage batches are written instead of ``usage.sqlite3``
+            (tests give one that fails or stalls).
+        clock: seconds since the epoch, for budget windows and usage retention.
     """
-    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger, router=router)
+    pool = Pool(
+        settings,
+        gpus=gpus,
+        media=media,
+        ledger=ledger,
+        router=router,
+        budget_counters=budget_counters,
+        usage_sink=usage_sink,
+        clock=clock,
+    )
     await trio.to_thread.run_sync(pool.footprints.read)
     async with trio.open_nursery() as nursery:
         pool._nursery = nursery
+        if pool.usage is not None:
+            await nursery.start(pool.usage.run)
         for actor in pool.models.values():
             await nursery.start(actor.run)
         await nursery.start(pool.residency.run)
@@ -349,3 +413,7 @@ async def open_pool(
         finally:
             pool.shutting_down = True
             nursery.cancel_scope.cancel()
+    if pool.usage_store is not None:
+        # Bounded: behind a stalled disk the close is skipped rather than waited for.
+        with trio.move_on_after(2.0, shield=True):
+            await pool.usage_store.aclose()

@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     why = client("why", "the pool's latest residency decisions (loads, evictions), in words")
     why.add_argument("name", nargs="?", help="only the decisions about this model")
     why.add_argument("-n", "--limit", type=int, default=20, help="default: 20")
+    usage = client("usage", "recorded token usage by key, tenant or model")
+    usage.add_argument(
+        "--group-by", choices=("key", "tenant", "model"), default="tenant", help="default: tenant"
+    )
+    usage.add_argument("--since", help="from this time: RFC 3339 or seconds since the epoch")
+    usage.add_argument("--until", help="before this time: RFC 3339 or seconds since the epoch")
+    usage.add_argument("--bucket", choices=("hour", "day"), help="one line per UTC hour or day")
     unload = client("unload", "unload a model (waits until it is unloaded)")
     unload.add_argument("name")
     pull = client("pull", "pull a model from its source, with progress (Ctrl-C detaches)")
@@ -131,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _dispatch(args: argparse.Namespace, client: PoolClient, io: Io) -> int:
-    from pool.cli import _bench, _chat, _models, _pull, _why
+    from pool.cli import _bench, _chat, _models, _pull, _usage, _why
 
     command = "ps" if args.command == "models" else args.command
     if command == "ps":
@@ -142,6 +149,8 @@ async def _dispatch(args: argparse.Namespace, client: PoolClient, io: Io) -> int
         return await _why.why(client, io, args.name, args.limit)
     if command == "unload":
         return await _models.unload(client, io, args.name)
+    if command == "usage":
+        return await _usage.usage(client, io, args.group_by, args.since, args.until, args.bucket)
     if command == "pull":
         if args.cancel:
             return await _pull.cancel(client, io, args.name)

@@ -4,6 +4,7 @@ Turned on by ``engine.cluster.redis_url`` (docs/cluster.md). Needs the ``cluster
 extra (the coredis client); the pool runs without it when the setting is unset.
 """
 
+from pool.cluster._budgets import SharedBudgetCounters
 from pool.cluster._keys import Keys
 from pool.cluster._ledger import (
     Lease,
@@ -31,6 +32,7 @@ __all__ = [
     "PeerRoute",
     "PoolLeases",
     "RedisUnavailable",
+    "SharedBudgetCounters",
     "Usage",
     "hold_lease",
     "missing_client_reason",

@@ -46,6 +46,11 @@ class Keys:
         """A node's boot counter (INCR at every start)."""
         return f"{self.prefix}:epoch:{node_id}"
 
+    def tokens_spent(self, counter: str) -> str:
+        """Tokens one budget window has counted, cluster-wide (INCRBY; expires after
+        the window): ``counter`` is ``key|tenant:<name>:day|month:<window>``."""
+        return f"{self.prefix}:tokens:{counter}"
+
     def load_lock(self, model: str) -> str:
         """Held (with expiry) by the one node that loads ``model`` for the cluster."""
         return f"{self.prefix}:loadlock:{model}"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pool.cluster._budgets import SharedBudgetCounters
 from pool.cluster._keys import Keys
 from pool.cluster._ledger import LeaseLedger
 from pool.cluster._pool_leases import PoolLeases
@@ -76,6 +77,10 @@ class ClusterNode:
             node_ttl_s=cluster.node_ttl_s,
         )
         self.router = ClusterRouter(self)
+        # Budgets count in Redis so every pool of the cluster enforces the same ones.
+        self.budget_counters = SharedBudgetCounters(
+            ledger.client, ledger.keys, cluster.budget_refresh_s
+        )
         self._changed = trio.Event()
 
     def attach(self, pool: Pool, url: str) -> None:
@@ -176,6 +181,7 @@ async def open_cluster(
         async with trio.open_nursery() as nursery:
             await nursery.start(node.leases.run)
             await nursery.start(node.registry.run)
+            await nursery.start(node.budget_counters.run)
             nursery.start_soon(node.settle_load_locks)
             try:
                 yield node

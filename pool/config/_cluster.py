@@ -59,6 +59,12 @@ class ClusterSettings(BaseModel):
         " a peer's request (renewed while the load runs).",
     )
 
+    budget_refresh_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        1.0,
+        description="How often a pool reads the cluster's shared budget counters (what the"
+        " other pools spent); its own spending is added at once.",
+    )
+
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> ClusterSettings:
         if self.lease_renew_s >= self.lease_ttl_s:

@@ -162,6 +162,54 @@ class AuthSettings(_Strict):
         return keys
 
 
+class UsageSettings(_Strict):
+    """``service.usage``: the usage database (``usage.sqlite3`` in the state directory).
+
+    Records are written in batches by one writer task, off the request path; when its
+    queue is full (a slow or failing disk) records are dropped and counted, never waited for.
+    """
+
+    enabled: bool = Field(True, description="Record every finished request's usage.")
+    retention_days: Annotated[int, Field(ge=1, le=36_500)] = Field(
+        90, description="Usage records older than this many days are deleted by the writer."
+    )
+    queue_size: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        4096, description="Records waiting for the writer; past it new records are dropped."
+    )
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        256, description="The writer flushes once this many records wait."
+    )
+    flush_ms: Annotated[float, Field(gt=0.0, le=60_000.0)] = Field(
+        500.0, description="The writer flushes a partial batch after this many milliseconds."
+    )
+    metrics_max_tenants: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        100,
+        description="Distinct tenants labelled in the per-tenant token counters; later"
+        ' tenants are counted under `tenant="other"`.',
+    )
+
+
+class BudgetRule(_Strict):
+    """One budget: the tokens a key or a tenant may spend per UTC day and/or month."""
+
+    key: str | None = Field(None, description="The name of the key the budget binds.")
+    tenant: str | None = Field(None, description="The tenant the budget binds.")
+    tokens_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Prompt plus output tokens per UTC day."
+    )
+    tokens_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Prompt plus output tokens per UTC calendar month."
+    )
+
+    @model_validator(mode="after")
+    def _one_subject_and_a_limit(self) -> BudgetRule:
+        if (self.key is None) == (self.tenant is None):
+            raise ValueError("a budget names exactly one of key and tenant")
+        if self.tokens_per_day is None and self.tokens_per_month is None:
+            raise ValueError("a budget sets tokens_per_day, tokens_per_month or both")
+        return self
+
+
 class ServiceSettings(_Strict):
     """The ``service`` section: how the HTTP server runs."""
 
@@ -238,6 +286,13 @@ class ServiceSettings(_Strict):
     )
     responses_max_stored: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
         10_000, description="Most stored responses kept, all tenants together; the oldest go."
+    )
+    # Issue #29: usage records and token budgets (docs/operations.md).
+    usage: UsageSettings = Field(default_factory=UsageSettings)
+    budgets: list[BudgetRule] = Field(
+        default_factory=list,
+        description="Token budgets per key or tenant and UTC day/month; past one, 429"
+        " `budget_exceeded` until the window resets.",
     )
 
 

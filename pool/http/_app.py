@@ -23,6 +23,7 @@ from pool.http import (
     _responses,
     _runner,
     _ui,
+    _usage,
 )
 from pool.http._auth import Authenticator
 from pool.http._common import (
@@ -124,6 +125,7 @@ def create_app(
         _ollama,
         _admin,
         _admin_keys,
+        _usage,
         _events,
         _runner,
         _ui,

@@ -83,6 +83,7 @@ from pool.schemas import (
     RunnerUnloaded,
     RunnerUnloadRequest,
     TextCompletion,
+    UsageReport,
 )
 
 ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
@@ -214,6 +215,19 @@ ROUTES: list[Route] = [
      " name another key). From the answer on, the key is refused (401) on every route, and"
      " a WebSocket opened with it is closed with code 1008 after an `error` event. 404"
      " `unknown_key` when no key of that name is in force.", reply=KeyRevoked),
+    Route("get", "/v1/admin/usage", "admin", "Token usage by key, tenant or model",
+     "Sums of the usage database (`usage.sqlite3` in the state directory; docs/operations.md):"
+     " one row per `group_by` value (`key`, `tenant` or `model`; default `tenant`) with"
+     " `requests` (finished requests of any status), `prompt_tokens`, `cached_tokens` and"
+     " `output_tokens`, over the requests that finished in `[since, until)`; with `bucket`,"
+     " one row per group and UTC hour or day, whose start is `bucket` (RFC 3339). Times are"
+     " RFC 3339 or seconds since the epoch; either bound may be left out. Records reach the"
+     " database within `service.usage.flush_ms`. 400 `invalid_request` for a bad parameter,"
+     " 409 `usage_disabled` when `service.usage.enabled` is off.", reply=UsageReport,
+     query=(("group_by", "string", "`key`, `tenant` (default) or `model`."),
+            ("since", "string", "From this time on (RFC 3339 or epoch seconds)."),
+            ("until", "string", "Before this time (RFC 3339 or epoch seconds)."),
+            ("bucket", "string", "`hour` or `day`: one row per UTC hour or day."))),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
@@ -503,6 +517,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/v1/admin/keys/{name}"): (404,),
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
+    ("get", "/v1/admin/usage"): (400, 409),
     ("post", "/v1/models/load"): (400, 404, 409),
     ("get", "/v1/models/load/{task_id}"): (404,),
     ("post", "/v1/models/unload"): (404,),
@@ -536,11 +551,13 @@ _WHY: dict[int, str] = {
     " key's (`tenant_forbidden`)",
     404: "Unknown model, task, pull or key",
     408: "The body arrived slower than `service.body_timeout_s`",
-    409: "The model's state forbids the request",
+    409: "The model's state forbids the request (on `/v1/admin/usage`: usage recording is"
+    " off, `usage_disabled`)",
     413: "The body is larger than `service.max_body_bytes`",
     422: "The body does not match the schema",
     426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
-    429: "Tenant over its rate limit (`Retry-After` set)",
+    429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
+    " token budget (`budget_exceeded`); `Retry-After` set",
 }
 _BODY_LIMITS = (408, 413)  # answered before any route runs: the pool's error shape
 
@@ -604,6 +621,24 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
 }
 _PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
+# Routes whose query parameters can be refused (400) in a shape the schema allows, and
+# why; the 400 carries VALID_BODY_REFUSED as a body's would.
+_REFUSED_VALID_QUERIES: dict[tuple[str, str], str] = {
+    ("get", "/v1/admin/usage"): "A parameter is not one of its values or times, or `until` is"
+    " before `since` (`invalid_request`, naming it)",
+}
+# Query parameters with a closed set of values, and examples: (path, name) -> ...
+_QUERY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/admin/usage", "group_by"): {"enum": ["key", "tenant", "model"], "default": "tenant"},
+    ("/v1/admin/usage", "bucket"): {"enum": ["hour", "day"]},
+    ("/v1/admin/decisions", "limit"): {"type": "integer", "minimum": 1},
+}
+_QUERY_EXAMPLES: dict[tuple[str, str], str] = {
+    ("/v1/admin/usage", "group_by"): "tenant",
+    ("/v1/admin/usage", "since"): "2026-11-01T00:00:00Z",
+    ("/v1/admin/usage", "until"): "1798761600",
+    ("/v1/admin/usage", "bucket"): "day",
+}
 
 # OpenAPI links: the sequences clients run, so a stateful client (schemathesis) follows
 # them: operation -> {link name: (target operation, parameters, request body)}.
@@ -856,7 +891,10 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
         answer: dict[str, Any] = {"description": _WHY[status], "content": error}
-        if status == 400 and _refuses_valid_bodies(route):
+        if status == 400 and (route.method, route.path) in _REFUSED_VALID_QUERIES:
+            answer["description"] = _REFUSED_VALID_QUERIES[(route.method, route.path)]
+            answer[VALID_BODY_REFUSED] = True
+        elif status == 400 and _refuses_valid_bodies(route):
             answer["description"] += (
                 ", or a value valid in its shape is refused for the model it names, its"
                 " backend or its state (the codes of 400)"
@@ -919,8 +957,15 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             "name": name,
             "in": "query",
             "required": False,
-            "schema": kind if isinstance(kind, dict) else {"type": kind},
+            "schema": kind
+            if isinstance(kind, dict)
+            else _QUERY_SCHEMAS.get((route.path, name), {"type": kind}),
             "description": text,
+            **(
+                {"example": _QUERY_EXAMPLES[(route.path, name)]}
+                if (route.path, name) in _QUERY_EXAMPLES
+                else {}
+            ),
         }
         for name, kind, text in route.query
     ]
@@ -979,7 +1024,8 @@ def openapi_document(
             + '\n\nErrors are `{"error": {"code", "message"}}` (OpenAI\'s error object on the'
             ' OpenAI routes, `{"error": message}` on the Ollama routes, Anthropic\'s'
             ' `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`); a full'
-            " queue (503) and a rate limit (429) carry `Retry-After`. Codes and statuses: "
+            " queue (503), a rate limit and a spent budget (429) carry `Retry-After`. Codes and"
+            " statuses: "
             + ", ".join(
                 f"`{c}` {s}" for c, s in sorted(STATUS_BY_CODE.items(), key=lambda x: x[1])
             ),

@@ -107,6 +107,7 @@ async def serve(
                     gpus=gpus,
                     ledger=cluster,
                     router=cluster.router if cluster is not None else None,
+                    budget_counters=cluster.budget_counters if cluster is not None else None,
                 ) as pool,
             ):
                 config.bind = [f"fd://{sock.detach()}" for sock in listening]

@@ -106,6 +106,8 @@ from pool.schemas._replies import (
     RunnerUnloaded,
     TextCompletion,
     TextCompletionChoice,
+    UsageReport,
+    UsageRow,
 )
 from pool.schemas._responses import (
     Content,
@@ -262,4 +264,6 @@ __all__ = [
     "TextCompletionChoice",
     "TextContent",
     "TextFormat",
+    "UsageReport",
+    "UsageRow",
 ]

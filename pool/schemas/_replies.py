@@ -330,6 +330,55 @@ class Decisions(_Reply):
     decisions: list[DecisionRow] = Field(description="Newest first.")
 
 
+# -- usage (docs/operations.md, "Keys, usage and budgets") ----------------------------------
+class UsageRow(_Reply):
+    """The sums of one key, tenant or model (the one ``group_by`` named), and with
+    ``bucket`` of one UTC hour or day."""
+
+    key: str | None = Field(
+        None, description="With group_by=key: the key's name (null: requests without one)."
+    )
+    tenant: str | None = Field(None, description="With group_by=tenant: the tenant.")
+    model: str | None = Field(None, description="With group_by=model: the model.")
+    bucket: str | None = Field(
+        None, description="With bucket=hour|day: the start of the UTC hour or day (RFC 3339)."
+    )
+    requests: int = Field(description="Finished requests, whatever their status.")
+    prompt_tokens: int
+    cached_tokens: int = Field(description="Prompt tokens a prefix cache served.")
+    output_tokens: int
+
+
+class UsageReport(_Reply):
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "usage": [
+                        {
+                            "tenant": "default",
+                            "requests": 12,
+                            "prompt_tokens": 3400,
+                            "cached_tokens": 1200,
+                            "output_tokens": 980,
+                        },
+                        {
+                            "tenant": "team-a",
+                            "requests": 3,
+                            "prompt_tokens": 410,
+                            "cached_tokens": 0,
+                            "output_tokens": 150,
+                        },
+                    ]
+                }
+            ]
+        },
+    )
+
+    usage: list[UsageRow] = Field(description="Ordered by bucket, then group.")
+
+
 class LoadPreview(_Reply):
     """What a load would do now (``dry_run=true``), changing nothing."""
 

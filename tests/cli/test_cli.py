@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 
-from pool import ServerInfo
+from pool import InferenceRequest, ServerInfo
 from pool.cli import run_command
 from tests.http.conftest import STUB_MODELS, start_server
 from tests.pulls.test_pulls import FileServer
@@ -434,3 +434,30 @@ async def test_load_dry_run_then_why_tells_the_decisions(nursery: trio.Nursery) 
     assert (latest["action"], latest["model"]) == ("place", "c")
     none = await cli(info, "why", "b", "-n", "0")
     assert none.code != 0 and "limit" in none.err
+
+
+async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, STUB_MODELS, usage={"flush_ms": 10})
+    for tenant, text in (("team-a", "a b c"), ("team-b", "d")):
+        await info.pool.respond(InferenceRequest.prompt("echo", text), tenant=tenant)
+    assert info.pool.usage is not None
+    await info.pool.usage.wait_settled(2)
+    by_tenant = await cli(info, "usage")
+    assert by_tenant.code == 0, by_tenant.err
+    header, *rows = by_tenant.out.splitlines()
+    assert header.split() == ["TENANT", "REQUESTS", "PROMPT", "CACHED", "OUTPUT"]
+    assert [row.split() for row in rows] == [
+        ["team-a", "1", "3", "0", "3"],
+        ["team-b", "1", "1", "0", "1"],
+    ]
+    daily = await cli(info, "usage", "--group-by", "model", "--bucket", "day", "--since", "0")
+    assert daily.code == 0, daily.err
+    (row,) = daily.out.splitlines()[1:]
+    assert row.split()[0].endswith("T00:00:00Z") and row.split()[1:3] == ["echo", "2"]
+    as_json = await cli(info, "usage", "--group-by", "key", "--json")
+    row = {"key": None, "requests": 2, "prompt_tokens": 4, "cached_tokens": 0, "output_tokens": 4}
+    assert as_json.json_lines() == [{"usage": [row]}]
+    none = await cli(info, "usage", "--until", "2000-01-01T00:00:00Z")
+    assert none.code == 0 and none.out.strip() == "no usage recorded in this range"
+    bad = await cli(info, "usage", "--since", "last week")
+    assert bad.code == 1 and "invalid_request (400)" in bad.err and "since" in bad.err

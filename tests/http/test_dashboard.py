@@ -293,6 +293,33 @@ async def test_typing_in_a_form_survives_live_updates(nursery: trio.Nursery) -> 
 
 
 @browser_test
+async def test_the_usage_panel_shows_tokens_per_tenant(nursery: trio.Nursery) -> None:
+    info = await start_server(nursery, auth={"admin_token": "s3cret"}, usage={"flush_ms": 10})
+    admin = {"Authorization": "Bearer s3cret"}
+    async with httpx.AsyncClient(base_url=info.url, headers=admin, timeout=10) as client:
+        for tenant, text in (("team-a", "a b c d"), ("team-a", "e f"), ("team-b", "g")):
+            body = {"model": "echo", "input": text}
+            reply = await client.post("/v1/responses", json=body, headers={"X-Tenant-ID": tenant})
+            assert reply.status_code == 200
+        with trio.fail_after(10):  # the records reach the database within a flush
+            while len((await client.get("/v1/admin/usage")).json()["usage"]) < 2:
+                await trio.sleep(0.02)
+
+    def scenario(page: Page) -> None:
+        page.fill("#token", "s3cret")
+        page.click("#token-form button[type=submit]")
+        rows = page.locator("#usage-rows tr")
+        expect(rows).to_have_count(2)
+        # The tenant that spent most comes first: 6 prompt + 6 output tokens.
+        expect(rows.nth(0)).to_have_attribute("data-tenant", "team-a")
+        expect(rows.nth(0).locator("td")).to_have_text(["2", "6", "6", ""])
+        expect(rows.nth(1).locator("td")).to_have_text(["1", "1", "1", ""])
+        expect(rows.nth(0).get_by_role("img")).to_have_attribute("aria-label", "team-a: 12 tokens")
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_a_shutdown_is_shown_and_the_page_retries(nursery: trio.Nursery) -> None:
     info = await start_server(nursery)
 

@@ -180,6 +180,7 @@ function render(next) {
   renderModels(next.models);
   renderPulls(next.pulls);
   renderChatModels(next.models);
+  refreshUsage();
 }
 
 // -- GPU memory -----------------------------------------------------------------------------
@@ -815,6 +816,64 @@ async function sendChat() {
   // A failed turn leaves no trace in the history; a stopped one keeps what came.
   if (answer.node.classList.contains("error")) chat.history.pop();
   else chat.history.push({ role: "assistant", content: reply });
+}
+
+// -- usage ----------------------------------------------------------------------------------
+// Tokens per tenant over the last day (GET /v1/admin/usage). Usage is not part of the
+// state stream: it is read again when a state event arrives, at most every USAGE_EVERY_MS,
+// so a busy pool costs one small query per ten seconds and an idle one none.
+const USAGE_EVERY_MS = 10000;
+let usageReadAt = 0;
+let usageReading = false;
+
+async function refreshUsage() {
+  const now = Date.now();
+  if (usageReading || now - usageReadAt < USAGE_EVERY_MS) return;
+  usageReading = true;
+  usageReadAt = now;
+  const since = Math.floor(now / 1000) - 86400;
+  try {
+    const body = await call("GET", `../v1/admin/usage?group_by=tenant&since=${since}`);
+    renderUsage(body.usage);
+  } catch (err) {
+    // 409 usage_disabled: recording is off (service.usage.enabled).
+    const text = err.status === 409 ? "usage recording is off" : `usage unavailable: ${err.message}`;
+    $("usage-rows").replaceChildren(el("tr", {}, el("td", { colspan: 5, class: "muted", text })));
+  } finally {
+    usageReading = false;
+  }
+}
+
+function renderUsage(usage) {
+  if (!usage.length) {
+    $("usage-rows").replaceChildren(el("tr", {}, el("td", { colspan: 5, class: "muted", text: "no request in the last 24 hours" })));
+    return;
+  }
+  const total = (row) => row.prompt_tokens + row.output_tokens;
+  const most = Math.max(...usage.map(total), 1);
+  const sorted = [...usage].sort((a, b) => total(b) - total(a));
+  $("usage-rows").replaceChildren(
+    ...sorted.map((row) =>
+      el(
+        "tr",
+        { "data-tenant": row.tenant },
+        el("th", { scope: "row", text: row.tenant }),
+        el("td", { class: "num", text: row.requests.toLocaleString() }),
+        el("td", { class: "num", text: row.prompt_tokens.toLocaleString() }),
+        el("td", { class: "num", text: row.output_tokens.toLocaleString() }),
+        el(
+          "td",
+          {},
+          el(
+            "div",
+            { class: "bar", role: "img", "aria-label": `${row.tenant}: ${total(row)} tokens` },
+            el("div", { class: "seg measured", width: `${(100 * row.prompt_tokens) / most}%`, title: `prompt: ${row.prompt_tokens}` }),
+            el("div", { class: "seg estimate", width: `${(100 * row.output_tokens) / most}%`, title: `output: ${row.output_tokens}` }),
+          ),
+        ),
+      ),
+    ),
+  );
 }
 
 // -- start ----------------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""Token budgets per key and tenant, per UTC day and month, with a clock the test moves."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pool import PoolError, open_pool
+from pool.actors import Budgets, InferenceRequest
+from pool.actors._budgets import window
+from pool.config import BudgetRule, build_settings
+
+from .helpers import ask as plain_ask
+
+
+class Clock:
+    """Seconds since the epoch, moved by the test."""
+
+    def __init__(self, at: datetime) -> None:
+        self.now = at.timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ask(text: str, key_name: str | None = None) -> InferenceRequest:
+    # The echo stub answers with the prompt: N words cost N prompt + N output tokens.
+    return dataclasses.replace(plain_ask("m", text), key_name=key_name)
+
+
+def words(n: int) -> str:
+    return " ".join(["w"] * n)
+
+
+def _settings(budgets: list[dict[str, object]]) -> object:
+    return build_settings(
+        {
+            "service": {"budgets": budgets},
+            "engine": {"models": {"m": {"backend": "stub", "enabled": True}}},
+        }
+    )
+
+
+async def test_a_daily_tenant_budget_is_hit_and_resets_at_utc_midnight() -> None:
+    clock = Clock(datetime(2026, 3, 14, 23, 0, tzinfo=UTC))
+    settings = _settings([{"tenant": "acme", "tokens_per_day": 50}])
+    async with open_pool(settings, clock=clock) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask(words(20)), tenant="acme")  # 40 tokens
+        await pool.respond(ask(words(5)), tenant="acme")  # 50: the budget is spent
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(ask("x"), tenant="acme")
+        error = refused.value
+        assert error.code == "budget_exceeded" and error.status == 429
+        assert error.retry_after_s == 3600  # until 2026-03-15T00:00:00Z
+        assert error.details["budget"] == {
+            "tenant": "acme",
+            "period": "day",
+            "window": "2026-03-14",
+            "limit_tokens": 50,
+            "spent_tokens": 50,
+            "resets_at": int(datetime(2026, 3, 15, tzinfo=UTC).timestamp()),
+        }
+        # Another tenant is not affected.
+        await pool.respond(ask(words(30)), tenant="beta")
+        clock.now += 1800
+        with pytest.raises(PoolError) as again:
+            await pool.respond(ask("x"), tenant="acme")
+        assert again.value.retry_after_s == 1800
+        clock.now += 1800  # midnight UTC: a new day, a new budget
+        await pool.respond(ask(words(20)), tenant="acme")
+        refusals = _sample(pool, "llm_pool_budget_refusals_total", subject="tenant")
+        assert refusals == 2
+
+
+async def test_a_monthly_key_budget_waits_for_the_next_month() -> None:
+    clock = Clock(datetime(2026, 12, 31, 12, 0, tzinfo=UTC))
+    settings = _settings([{"key": "ci", "tokens_per_month": 10}])
+    async with open_pool(settings, clock=clock) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask(words(6), key_name="ci"))  # 12 tokens: over, counted whole
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(ask("x", key_name="ci"))
+        assert refused.value.retry_after_s == 12 * 3600  # until 2027-01-01T00:00:00Z
+        assert refused.value.details["budget"]["key"] == "ci"
+        assert refused.value.details["budget"]["window"] == "2026-12"
+        # The same tenant with another key, or with none, is not bound by the key's budget.
+        await pool.respond(ask("x", key_name="other"))
+        await pool.respond(ask("x"))
+        clock.now = datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+        await pool.respond(ask("x", key_name="ci"))
+
+
+async def test_of_several_spent_budgets_the_longest_wait_is_given() -> None:
+    clock = Clock(datetime(2026, 5, 10, 6, 0, tzinfo=UTC))
+    rules = [
+        {"tenant": "acme", "tokens_per_day": 10, "tokens_per_month": 10},
+        {"key": "k", "tokens_per_day": 1000},
+    ]
+    async with open_pool(_settings(rules), clock=clock) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask(words(5), key_name="k"), tenant="acme")
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(ask("x", key_name="k"), tenant="acme")
+        month_end = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
+        assert refused.value.retry_after_s == month_end - clock.now
+        assert refused.value.details["budget"]["period"] == "month"
+
+
+async def test_failed_requests_cost_nothing() -> None:
+    clock = Clock(datetime(2026, 5, 10, tzinfo=UTC))
+    settings = build_settings(
+        {
+            "service": {"budgets": [{"tenant": "acme", "tokens_per_day": 5}]},
+            "engine": {"models": {"m": {"backend": "stub"}}},  # not loaded
+        }
+    )
+    async with open_pool(settings, clock=clock) as pool:
+        for _ in range(3):
+            with pytest.raises(PoolError) as info:
+                await pool.respond(ask(words(10)), tenant="acme")
+            assert info.value.code == "model_not_loaded"
+
+
+def test_windows_follow_utc_calendar_boundaries() -> None:
+    leap = datetime(2028, 2, 29, 23, 59, 59, tzinfo=UTC).timestamp()
+    assert window("day", leap).id == "2028-02-29"
+    assert window("day", leap).ends_at == datetime(2028, 3, 1, tzinfo=UTC).timestamp()
+    assert window("month", leap).id == "2028-02"
+    assert window("month", leap).ends_at == datetime(2028, 3, 1, tzinfo=UTC).timestamp()
+    new_year = datetime(2026, 12, 31, 23, 0, tzinfo=UTC).timestamp()
+    assert window("month", new_year).ends_at == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+
+
+def test_a_rule_names_one_subject_and_a_limit() -> None:
+    with pytest.raises(ValueError, match="exactly one of key and tenant"):
+        BudgetRule(key="a", tenant="b", tokens_per_day=1)
+    with pytest.raises(ValueError, match="tokens_per_day, tokens_per_month"):
+        BudgetRule(tenant="b")
+    assert not Budgets(()).enabled
+
+
+def _sample(pool: object, name: str, **labels: str) -> float:
+    text = pool.metrics.render().decode()  # type: ignore[attr-defined]
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0

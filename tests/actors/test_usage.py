@@ -1,0 +1,240 @@
+"""The usage database: what every finished request records, off the request path."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from pool import PoolError, open_pool
+from pool.actors import EmbeddingRequest, InferenceRequest, UsageRecord, UsageStore
+from pool.actors._usage_store import FILE_NAME
+from pool.config import build_settings
+
+from .helpers import ask as plain_ask
+from .helpers import wait_until
+
+
+def ask(model: str, text: str = "hello world", key_name: str | None = None) -> InferenceRequest:
+    """A request as one made with the key named ``key_name`` arrives at the pool."""
+    return dataclasses.replace(plain_ask(model, text), key_name=key_name)
+
+
+def _settings(**usage: object) -> object:
+    return build_settings(
+        {
+            "service": {"usage": {"flush_ms": 10, **usage}},
+            "engine": {
+                "models": {
+                    "m": {"backend": "stub", "enabled": True, "target_inflight": 64},
+                    "slow": {
+                        "backend": "stub",
+                        "enabled": True,
+                        "stub_reply": " ".join(["w"] * 50),
+                        "stub_tokens_per_second": 20,
+                    },
+                    "cold": {"backend": "stub"},
+                }
+            },
+        }
+    )
+
+
+def _metric(pool: object, name: str, **labels: str) -> float:
+    text = pool.metrics.render().decode()  # type: ignore[attr-defined]
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def _rows(state: Path) -> list[tuple[object, ...]]:
+    with sqlite3.connect(state / FILE_NAME) as db:
+        return db.execute(
+            "SELECT key, tenant, model, prompt_tokens, cached_tokens, output_tokens,"
+            " queue_ms, generation_ms, status FROM usage ORDER BY rowid"
+        ).fetchall()
+
+
+async def test_every_ending_is_recorded_with_its_status(private_state: Path) -> None:
+    async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask("m", "one two three", key_name="ci"), tenant="acme")
+        with pytest.raises(PoolError):
+            await pool.respond(ask("cold"), tenant="acme")  # model_not_loaded
+        with trio.move_on_after(0.3):  # cancelled mid-generation
+            await pool.respond(ask("slow"), tenant="beta")
+        await wait_until(lambda: pool.usage.written == 3)  # type: ignore[union-attr]
+    rows = _rows(private_state)
+    assert rows[0][:6] == ("ci", "acme", "m", 3, 0, 3)
+    assert rows[0][8] == "success"
+    assert isinstance(rows[0][6], float) and isinstance(rows[0][7], float)
+    assert rows[1][1:3] == ("acme", "cold") and rows[1][8] == "model_not_loaded"
+    assert rows[1][3:6] == (0, 0, 0) and rows[1][7] is None
+    assert rows[2][0] is None and rows[2][1:3] == ("beta", "slow")
+    assert rows[2][8] == "cancelled"
+
+
+async def test_usage_sums_survive_a_restart(private_state: Path) -> None:
+    for run in range(2):
+        async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
+            for _ in range(3):
+                await pool.respond(ask("m", "a b", key_name=f"k{run}"), tenant="acme")
+        # Leaving the pool flushes what was still queued.
+    async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
+        by_tenant = await pool.usage_totals("tenant")
+        by_key = await pool.usage_totals("key")
+    assert [(t.group, t.requests, t.prompt_tokens, t.output_tokens) for t in by_tenant] == [
+        ("acme", 6, 12, 12)
+    ]
+    assert [(t.group, t.requests) for t in by_key] == [("k0", 3), ("k1", 3)]
+
+
+async def test_embedded_requests_record_their_prompt(private_state: Path) -> None:
+    settings = build_settings(
+        {
+            "service": {"usage": {"flush_ms": 10}},
+            "engine": {"models": {"e": {"backend": "stub", "enabled": True, "embedding": True}}},
+        }
+    )
+    async with open_pool(settings) as pool:
+        await pool.embed(EmbeddingRequest("e", ("x y z", "w"), key_name="k"), tenant="t")
+    rows = _rows(private_state)
+    assert rows[0][:3] == ("k", "t", "e") and rows[0][3] > 0 and rows[0][5] == 0
+    assert rows[0][8] == "success"
+
+
+class _BrokenDisk:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def append(self, records: Sequence[UsageRecord]) -> None:
+        self.calls += 1
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def prune(self, before: float) -> int:
+        return 0
+
+
+async def test_a_failing_disk_drops_counted_records_and_requests_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = _BrokenDisk()
+    with caplog.at_level(logging.WARNING, logger="pool.usage"):
+        async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
+            for _ in range(5):
+                await pool.respond(ask("m"), tenant="acme")
+            await wait_until(lambda: pool.usage.dropped == 5)  # type: ignore[union-attr]
+            assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="write_failed") == 5
+            assert pool.usage.written == 0  # type: ignore[union-attr]
+    assert sink.calls >= 1
+    lines = [r.getMessage() for r in caplog.records if "usage records dropped" in r.getMessage()]
+    # Rate-limited: the first drop is reported at once, the rest wait for the next line.
+    assert len(lines) == 1 and "write_failed" in lines[0] and "disk is full" in lines[0]
+
+
+class _StalledDisk:
+    """A disk whose writes hang until released (a full NFS mount, a dying drive)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def append(self, records: Sequence[UsageRecord]) -> None:
+        self.entered.set()
+        self.release.wait(30)
+
+    def prune(self, before: float) -> int:
+        return 0
+
+
+async def test_a_stalled_disk_never_stalls_requests() -> None:
+    sink = _StalledDisk()
+    try:
+        async with open_pool(  # type: ignore[arg-type]
+            _settings(queue_size=4, batch_size=1), usage_sink=sink
+        ) as pool:
+            await pool.respond(ask("m"), tenant="acme")
+            await trio.to_thread.run_sync(sink.entered.wait, 10)
+            # The writer hangs in the disk; the queue (4) fills; the rest are dropped.
+            with trio.fail_after(10):
+                for _ in range(50):
+                    await pool.respond(ask("m"), tenant="acme")
+            assert pool.usage.dropped >= 50 - 4  # type: ignore[union-attr]
+            assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="queue_full") >= 46
+            # Shutting down does not wait on the hung write past its bound either.
+            started = time.monotonic()
+    finally:
+        sink.release.set()
+    assert time.monotonic() - started < 10
+
+
+async def test_retention_prunes_old_records(private_state: Path) -> None:
+    store = UsageStore(private_state / FILE_NAME)
+    now = 2_000_000_000.0
+    old = UsageRecord(now - 40 * 86400, None, "t", "m", 1, 0, 1, 0.0, None, "success")
+    recent = UsageRecord(now - 10 * 86400, None, "t", "m", 2, 0, 2, 0.0, None, "success")
+    store.append([old, recent])
+    store.close()
+    async with open_pool(_settings(retention_days=30), clock=lambda: now) as pool:  # type: ignore[arg-type]
+        await wait_until(lambda: len(_rows(private_state)) == 1)
+        totals = await pool.usage_totals("tenant")
+    assert [(t.requests, t.prompt_tokens) for t in totals] == [(1, 2)]
+
+
+async def test_turned_off_nothing_is_written(private_state: Path) -> None:
+    async with open_pool(_settings(enabled=False)) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask("m"), tenant="acme")
+        assert pool.usage is None
+        with pytest.raises(PoolError) as info:
+            await pool.usage_totals("tenant")
+        assert info.value.code == "usage_disabled"
+    assert not (private_state / FILE_NAME).exists()
+
+
+async def test_tenant_token_counters_have_bounded_labels() -> None:
+    async with open_pool(_settings(metrics_max_tenants=2)) as pool:  # type: ignore[arg-type]
+        for tenant in ("a", "b", "c", "d"):
+            await pool.respond(ask("m", "one two"), tenant=tenant)
+        assert _metric(pool, "llm_pool_tenant_prompt_tokens_total", tenant="a") == 2
+        assert _metric(pool, "llm_pool_tenant_output_tokens_total", tenant="b") == 2
+        # c and d came after the first two tenants: one "other" series for both.
+        assert _metric(pool, "llm_pool_tenant_prompt_tokens_total", tenant="c") == 0
+        assert _metric(pool, "llm_pool_tenant_prompt_tokens_total", tenant="other") == 4
+
+
+def test_store_groups_and_buckets(tmp_path: Path) -> None:
+    store = UsageStore(tmp_path / FILE_NAME)
+    day = 1_764_115_200.0  # 2025-11-26T00:00:00Z
+    records = [
+        UsageRecord(day + 60, "k1", "acme", "m1", 10, 4, 5, 1.0, 2.0, "success"),
+        UsageRecord(day + 3700, "k1", "acme", "m2", 20, 0, 6, 1.0, 2.0, "success"),
+        UsageRecord(day + 3800, "k2", "beta", "m1", 30, 0, 7, 1.0, None, "queue_full"),
+        UsageRecord(day + 86400 + 5, None, "acme", "m1", 40, 0, 8, 1.0, 2.0, "success"),
+    ]
+    store.append(records)
+    by_model = store.totals("model", since=day, until=day + 86400)
+    assert [(t.group, t.requests, t.prompt_tokens, t.cached_tokens, t.output_tokens)
+            for t in by_model] == [("m1", 2, 40, 4, 12), ("m2", 1, 20, 0, 6)]  # fmt: skip
+    hourly = store.totals("tenant", bucket="hour", until=day + 86400)
+    assert [(t.bucket, t.group, t.requests) for t in hourly] == [
+        (day, "acme", 1),
+        (day + 3600, "acme", 1),
+        (day + 3600, "beta", 1),
+    ]
+    daily = store.totals("key", bucket="day")
+    assert [(t.bucket, t.group, t.output_tokens) for t in daily] == [
+        (day, "k1", 11),
+        (day, "k2", 7),
+        (day + 86400, None, 8),
+    ]
+    assert store.prune(day + 86400) == 3
+    store.close()
