@@ -25,6 +25,7 @@ from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors._rate_limit import RateLimiter
 from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
 from pool.actors._request import (
     CacheMode,
@@ -77,6 +78,7 @@ __all__ = [
     "PoolHealth",
     "QueueStats",
     "Queued",
+    "RateLimiter",
     "Route",
     "Router",
     "RuntimeState",

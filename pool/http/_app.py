@@ -27,9 +27,11 @@ from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
     SchemaError,
+    acting_tenant,
     error_response,
     headers,
     json_response,
+    rate_limit_headers,
     request_id,
     schema_error_response,
 )
@@ -129,6 +131,7 @@ def create_app(
         module.register(app, ctx)
     # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
     app.extensions["pool.hot_routes"] = ctx.hot_routes
+    app.extensions["pool.rate_limiter"] = pool.rate_limiter
     document = openapi_document(served=served_by(settings, ctx.auth))
 
     @app.get("/openapi.json")
@@ -157,6 +160,7 @@ def create_app(
     @app.after_request
     async def add_request_id(response: Response) -> Response:
         response.headers["X-Request-Id"] = request_id()
+        response.headers.update(rate_limit_headers(pool.rate_limiter, acting_tenant()))
         return response
 
     @app.errorhandler(PoolError)

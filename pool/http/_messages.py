@@ -499,7 +499,6 @@ def register(app: Quart, ctx: AppContext) -> None:
             out = inference_headers(
                 admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
             )
-            out.update(pool.rate_limiter.headers(tenant))
             out["request-id"] = rid
             return json_response(
                 message_body(message_id(admission), body.model, finished, stops), headers=out
@@ -541,7 +540,6 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         out = inference_headers(admission.queue_wait_ms, None)
         out.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "request-id": rid})
-        out.update(pool.rate_limiter.headers(tenant))
         response = Response(chunks, content_type="text/event-stream", headers=out)
         response.timeout = None
         return response

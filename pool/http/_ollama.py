@@ -368,6 +368,8 @@ class _Routes:
     async def chat(self) -> Response:
         """Ollama chat: NDJSON stream by default, ``stream: false`` for one object."""
         require(self.ctx, "inference")
+        # Read first, so that every answer (a 404 too) carries the tenant's rate limit.
+        tenant_priority = tenant_and_priority()
         body = await read_body(OllamaChatRequest)
         actor = self.pool.model(body.model)
         if not body.messages:
@@ -375,17 +377,23 @@ class _Routes:
                 actor, body.keep_alive, body.options, message={"role": "assistant", "content": ""}
             )
         request = chat_inference_request(body)
-        return await self._run(request, actor, body.options, body.stream, _chat_piece)
+        return await self._run(
+            request, tenant_priority, actor, body.options, body.stream, _chat_piece
+        )
 
     async def generate(self) -> Response:
         """Ollama completion of one prompt (with an optional system prompt)."""
         require(self.ctx, "inference")
+        # Read first, so that every answer (a 404 too) carries the tenant's rate limit.
+        tenant_priority = tenant_and_priority()
         body = await read_body(OllamaGenerateRequest)
         actor = self.pool.model(body.model)
         if not body.prompt and not body.images:
             return await self._load_or_unload(actor, body.keep_alive, body.options, response="")
         request = generate_inference_request(body)
-        return await self._run(request, actor, body.options, body.stream, _generate_piece)
+        return await self._run(
+            request, tenant_priority, actor, body.options, body.stream, _generate_piece
+        )
 
     async def _load_or_unload(
         self,
@@ -419,12 +427,13 @@ class _Routes:
     async def _run(
         self,
         request: InferenceRequest,
+        tenant_priority: tuple[str, str],
         actor: ModelActor,
         options: OllamaOptions,
         stream: bool,
         piece: Callable[[str], dict[str, Any]],
     ) -> Response:
-        tenant, priority = tenant_and_priority()
+        tenant, priority = tenant_priority
         hint = _load_hint(actor, options)
         if not stream:
             async with self.pool.admit(

@@ -414,7 +414,6 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = await read_body(EmbeddingsRequest)
         done = await pool.embed(embedding_request(body), tenant=tenant, priority=priority)
         headers = inference_headers(done.timings.queue_wait_ms or 0.0, done.timings.backend_ms)
-        headers.update(pool.rate_limiter.headers(tenant))
         return json_response(embeddings_body(body, done), headers=headers)
 
     @blueprint.post("/v1/completions")
@@ -449,7 +448,6 @@ def register(app: Quart, ctx: AppContext) -> None:
                 queue_wait_ms += admission.queue_wait_ms
                 gpu_ms += finished.timings.backend_ms or 0.0
             headers = inference_headers(queue_wait_ms, gpu_ms, cached_tokens)
-            headers.update(pool.rate_limiter.headers(tenant))
             return json_response(
                 {
                     "id": completion_id,
@@ -512,7 +510,6 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        headers.update(pool.rate_limiter.headers(tenant))
         response = Response(chunks, content_type="text/event-stream", headers=headers)
         response.timeout = None
         return response

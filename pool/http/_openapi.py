@@ -789,6 +789,31 @@ _MORE: dict[tuple[str, str], Callable[[], str]] = {
 }
 
 
+# The routes that run a model: their answers carry the X-RateLimit-* headers of a tenant
+# with a request limit (pool/http/_common.py, rate_limit_headers).
+_DIALECTS = ("inference", "openai", "anthropic", "ollama")
+_RUN_NO_MODEL = {"/api/pull", "/api/copy", "/api/show"}
+_RATE_LIMIT_HEADERS = {
+    "X-RateLimit-Limit": {
+        "description": "The tenant's requests per minute (a tenant with a request limit).",
+        "schema": {"type": "string"},
+    },
+    "X-RateLimit-Remaining": {
+        "description": "Requests that would be admitted now, this one counted.",
+        "schema": {"type": "string"},
+    },
+    "X-RateLimit-Reset": {
+        "description": "Unix time at which the full burst is available again.",
+        "schema": {"type": "string"},
+    },
+}
+
+
+def runs_a_model(route: Route) -> bool:
+    """Whether ``route`` is an inference route (one that runs a model for a tenant)."""
+    return route.method == "post" and route.tag in _DIALECTS and route.path not in _RUN_NO_MODEL
+
+
 def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str, Any]:
     key = (route.method, route.path)
     more = _MORE.get(key)
@@ -814,6 +839,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         success["description"] = "Switching Protocols: the WebSocket is open"
     elif route.status == 308:
         success["headers"] = {"Location": {"schema": {"type": "string"}}}
+    if runs_a_model(route):
+        success["headers"] = dict(_RATE_LIMIT_HEADERS)
     responses: dict[str, Any] = {str(route.status): success}
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
@@ -832,6 +859,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             }
         elif status == 429:
             answer["headers"] = {"Retry-After": {"schema": {"type": "string"}, "required": True}}
+            if runs_a_model(route):
+                answer["headers"].update(_RATE_LIMIT_HEADERS)
         responses[str(status)] = answer
     server_reply = _SERVER_REPLIES.get(key)
     if server_reply is not None:
