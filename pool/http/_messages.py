@@ -49,7 +49,7 @@ from pool.http._common import (
     tenant_and_priority,
     with_cache,
 )
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream
 from pool.http._tools import (
     arguments_object,
     check_schema,
@@ -73,7 +73,7 @@ from pool.schemas import (
 log = logging.getLogger("pool.http")
 
 # A waiting stream shows a ping at least this often (docs/api.md, "Messages").
-PING_INTERVAL_S = 5.0
+PING_INTERVAL_S = HEARTBEAT_S
 
 # Anthropic's error types by status; the status itself stays the pool's.
 _ERROR_TYPES = {

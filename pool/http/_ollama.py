@@ -37,6 +37,7 @@ from pool.actors import (
     InferenceRequest,
     ModelActor,
     ModelSnapshot,
+    Waiting,
     parse_keep_alive,
 )
 from pool.backends import (
@@ -62,7 +63,7 @@ from pool.http._common import (
     tenant_and_priority,
 )
 from pool.http._rows import definition_body
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream
 from pool.http._tools import arguments_text, chat_tools, ollama_call, ollama_output_format
 from pool.media import sniff_image_type
 from pool.pulls import FileDigests
@@ -486,6 +487,12 @@ class _Routes:
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             return dumps({"error": exc.message}) + b"\n"
 
+        def keep_alive(admission: Admission, waiting: Waiting) -> bytes:
+            # NDJSON has no comment: Ollama's client parses every line as a chunk (a
+            # blank one raises), so a wait is shown as a chunk with nothing in it.
+            line = {"model": actor.name, "created_at": _now(), **piece(""), "done": False}
+            return dumps(line) + b"\n"
+
         _, chunks = await admitted_stream(
             self.pool,
             request,
@@ -493,6 +500,8 @@ class _Routes:
             priority=priority,
             render=render,
             render_error=render_error,
+            render_wait=keep_alive,
+            heartbeat_s=HEARTBEAT_S,
         )
         response = Response(chunks, content_type=NDJSON)
         response.timeout = None
