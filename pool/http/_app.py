@@ -21,6 +21,7 @@ from pool.http import (
     _openai_responses,
     _responses,
     _runner,
+    _status,
     _ui,
 )
 from pool.http._auth import Authenticator
@@ -126,6 +127,7 @@ def create_app(
         _admin,
         _events,
         _runner,
+        _status,
         _ui,
     ):
         module.register(app, ctx)

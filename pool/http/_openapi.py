@@ -69,6 +69,7 @@ from pool.schemas import (
     OpenAIError,
     OpenAIResponse,
     OpenAIResponseRequest,
+    PoolStatus,
     PullCancelled,
     PullState,
     ResponseDeleted,
@@ -412,9 +413,15 @@ ROUTES: list[Route] = [
      "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
      " not in the store.", OllamaStoreRequest, reply=Empty, errors="ollama"),
     Route("get", "/health", "operations", "Health",
-     "200 while serving; 503 with `reason` when every model failed or on shutdown. In a"
+     "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
+     " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
+     " model); 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
      " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
      " the node serves on by itself), `error`, `peers`.", reply=Health),
+    Route("get", "/api/status", "operations", "Full status",
+     "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
+     " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
+     " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
     Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
