@@ -114,11 +114,13 @@ class Route:
     stream: str | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
-    # Query parameters: (name, JSON type, description).
+    # Query parameters: (name, JSON type or a kind of _QUERY_SCHEMAS, description).
     query: tuple[tuple[str, str, str], ...] = ()
 
 
 _PLAIN = ("text/plain", {"type": "string"})
+# Query parameter kinds beyond JSON's own types.
+_QUERY_SCHEMAS: dict[str, dict[str, Any]] = {"positive integer": {"type": "integer", "minimum": 1}}
 ROUTES: list[Route] = [
     Route("post", "/v1/responses", "inference", "Run a request",
      "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
@@ -193,7 +195,7 @@ ROUTES: list[Route] = [
      " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
      " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
      query=(("model", "string", "Only decisions about this model."),
-            ("limit", "integer", "At most this many (the newest)."))),
+            ("limit", "positive integer", "At most this many (the newest)."))),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
@@ -750,6 +752,8 @@ def _refusal_statuses(route: Route) -> list[int]:
         # Not JSON (400); too slow or too large (408, 413); not the schema (422; 400 on
         # the Ollama routes, as Ollama answers).
         statuses |= {400, 408, 413, 400 if route.errors == "ollama" else 422}
+    elif route.query:
+        statuses.add(400)  # a query parameter out of its range
     statuses.discard(route.status)
     return sorted(statuses)
 
@@ -851,7 +855,10 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     responses: dict[str, Any] = {str(route.status): success}
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
-        answer: dict[str, Any] = {"description": _WHY[status], "content": error}
+        why = _WHY[status]
+        if status == 400 and route.request is None:
+            why = "A query parameter is not valid"
+        answer: dict[str, Any] = {"description": why, "content": error}
         if status == 400 and _refuses_valid_bodies(route):
             answer["description"] += (
                 ", or a value valid in its shape is refused for the model it names, its"
@@ -917,7 +924,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             "name": name,
             "in": "query",
             "required": False,
-            "schema": {"type": kind},
+            "schema": _QUERY_SCHEMAS.get(kind, {"type": kind}),
             "description": text,
         }
         for name, kind, text in route.query
