@@ -27,6 +27,7 @@ from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._ledger import LedgerBinding, SharedLedger
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors._rate_limit import RateLimiter
 from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
 from pool.actors._request import (
     CacheMode,
@@ -38,7 +39,9 @@ from pool.actors._snapshots import (
     FlushResult,
     GpuReading,
     GpuView,
+    HealthIssue,
     ModelSnapshot,
+    OutOfMemory,
     PoolHealth,
     QueueStats,
     RuntimeState,
@@ -79,6 +82,7 @@ __all__ = [
     "GpuReading",
     "GpuSource",
     "GpuView",
+    "HealthIssue",
     "InferenceRequest",
     "LedgerBinding",
     "LoadTask",
@@ -88,10 +92,12 @@ __all__ = [
     "ModelDetails",
     "ModelSnapshot",
     "NoGpus",
+    "OutOfMemory",
     "Pool",
     "PoolHealth",
     "QueueStats",
     "Queued",
+    "RateLimiter",
     "Route",
     "Router",
     "RuntimeState",

@@ -3,17 +3,30 @@ loaded replica (what ``/health``, ``/metrics`` and the runner API show)."""
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+import trio
 
 from pool.actors._model import ModelActor
-from pool.actors._snapshots import FlushResult, PoolHealth, QueueStats
+from pool.actors._snapshots import FlushResult, HealthIssue, PoolHealth, QueueStats
 from pool.actors._stats import percentile
 from pool.backends import CacheUsage
 
+# A queue this full of its max_queue is saturated: the next few requests get queue_full.
+SATURATED_SHARE = 0.9
 
-def health(actors: Iterable[ModelActor], *, started_at: float, shutting_down: bool) -> PoolHealth:
-    """Whether the pool serves, and why not."""
+
+def health(
+    actors: Iterable[ModelActor],
+    *,
+    started_at: float,
+    shutting_down: bool,
+    oom_window_s: float,
+) -> PoolHealth:
+    """Whether the pool serves, and why not; what degrades it while it serves
+    (:func:`issues`)."""
     actors = list(actors)
     reason = None
     if shutting_down:
@@ -26,7 +39,31 @@ def health(actors: Iterable[ModelActor], *, started_at: float, shutting_down: bo
         models_loaded=sum(1 for a in actors if a.state == "loaded"),
         queue_depth=sum(a.queue_depth for a in actors),
         reason=reason,
+        issues=tuple(issues(actors, oom_window_s)),
     )
+
+
+def issues(actors: Iterable[ModelActor], oom_window_s: float) -> Iterator[HealthIssue]:
+    """Per model: a queue at or near its ``max_queue``, a GPU out-of-memory its runtime
+    reported within ``oom_window_s`` (one per GPU), a ``failed`` state."""
+    now = trio.current_time()
+    for actor in actors:
+        limit = actor.scheduler.max_queue
+        depth = actor.queue_depth
+        if limit > 0 and depth >= max(1, math.ceil(SATURATED_SHARE * limit)):
+            yield HealthIssue(
+                "queue_saturated", actor.name, {"queueDepth": depth, "maxQueue": limit}
+            )
+        oom = actor.out_of_memory
+        if oom is not None and now - oom.clock <= oom_window_s:
+            for gpu in oom.gpus or (None,):
+                yield HealthIssue(
+                    "gpu_oom",
+                    actor.name,
+                    {"gpu": gpu, "at": round(oom.at), "message": oom.message},
+                )
+        if actor.state == "failed":
+            yield HealthIssue("model_failed", actor.name, {"error": actor.last_error})
 
 
 def queue_stats(actors: Iterable[ModelActor]) -> QueueStats:

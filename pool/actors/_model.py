@@ -31,7 +31,13 @@ from pool.actors._metrics import PoolMetrics
 from pool.actors._plan import LoadPlan
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
-from pool.actors._snapshots import ModelSnapshot, RuntimeState, UnloadReason, VramEstimate
+from pool.actors._snapshots import (
+    ModelSnapshot,
+    OutOfMemory,
+    RuntimeState,
+    UnloadReason,
+    VramEstimate,
+)
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
 from pool.actors._vram import CudaContexts, LoadMeter, charges
@@ -43,6 +49,7 @@ from pool.backends import (
     GpuPlacement,
     LoadContext,
     get_backend,
+    out_of_memory,
 )
 from pool.config import EngineSettings, ModelDefinition, Settings
 from pool.errors import PoolError
@@ -119,6 +126,9 @@ class ModelActor:
         self.backend: Backend = get_backend(definition.backend)
         self.state: RuntimeState = "unloaded"
         self.last_error: str | None = None
+        # The latest GPU out-of-memory its runtime reported (a load, a request, a crash);
+        # /health reports it for service.health_oom_window_s.
+        self.out_of_memory: OutOfMemory | None = None
         # Why the model was last unloaded, until it loads again (docs/vram.md): a model
         # the pool evicted comes back on its next request, with the load it had.
         self.unload_reason: UnloadReason | None = None
@@ -517,6 +527,7 @@ class ModelActor:
                     idle_timeout_s=self.engine.generation_idle_timeout_s,
                     on_job_done=self.scheduler.job_finished,
                     on_failure=self._replica_failed,
+                    on_out_of_memory=self._replica_out_of_memory,
                 )
                 await self._nursery.start(replica.run)
                 replicas.append(replica)
@@ -535,6 +546,8 @@ class ModelActor:
             await self._stop_replicas(replicas)
             self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
             log.warning("model=%s load failed: %s", self.name, self.last_error)
+            if out_of_memory(leaf):
+                self._note_out_of_memory(self._placed_gpus(), self.last_error)
             self.unload_reason, self._comeback = None, None
             self._set_state("failed")
             if self.metrics is not None:
@@ -752,6 +765,16 @@ class ModelActor:
         log.info("model=%s model_path=%s", self.name, command.model_path)
         return self.snapshot()
 
+    def _replica_out_of_memory(self, replica: Replica, message: str) -> None:
+        placement = replica.context.placement
+        self._note_out_of_memory(set(placement.gpus) if placement else set(), message)
+
+    def _note_out_of_memory(self, gpus: set[int], message: str) -> None:
+        log.warning("model=%s GPU out of memory on %s: %s", self.name, sorted(gpus), message)
+        self.out_of_memory = OutOfMemory(
+            tuple(sorted(gpus)), time.time(), trio.current_time(), message
+        )
+
     def _replica_failed(self, replica: Replica, reason: str) -> None:
         command = _Command("replica_failed", reason=reason, replica=replica)
         try:
@@ -765,6 +788,8 @@ class ModelActor:
             return  # already unloaded or reloaded since: nothing to fail
         log.warning("model=%s replica failed: %s", self.name, command.reason)
         self.last_error = command.reason
+        if out_of_memory(command.reason) and command.replica is not None:
+            self._replica_out_of_memory(command.replica, command.reason)
         self._set_state("failed")
         self.scheduler.fail_queued(
             PoolError("model_failed", f"model {self.name!r} failed: {command.reason}")

@@ -177,7 +177,18 @@ class RateLimiter:
     def headers(self, tenant: str) -> dict[str, str]:
         """``X-RateLimit-*`` headers describing the request limit of ``tenant``."""
         state = self._states.get(tenant)
-        if state is None or state.requests is None:
+        if state is None:
+            # Not charged yet (or forgotten): its whole burst is left. Read without
+            # tracking it, so an answer that charged nothing (a 404) evicts no one.
+            limits = self.limits_for(tenant)
+            if not limits.requests_per_minute:
+                return {}
+            return {
+                "X-RateLimit-Limit": f"{limits.requests_per_minute:g}",
+                "X-RateLimit-Remaining": str(limits.burst),
+                "X-RateLimit-Reset": str(math.ceil(time.time())),
+            }
+        if state.requests is None:
             return {}
         now = trio.current_time()
         return {

@@ -13,7 +13,7 @@ import trio
 
 from pool.actors._events import Delta
 from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
-from pool.backends import EmbeddingJob, ToolCallDelta
+from pool.backends import EmbeddingJob, ToolCallDelta, out_of_memory
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class Replica:
         idle_timeout_s: float = math.inf,
         on_job_done: Callable[[], None],
         on_failure: Callable[[Replica, str], None] | None = None,
+        on_out_of_memory: Callable[[Replica, str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.definition = definition
@@ -114,6 +115,9 @@ class Replica:
         self._idle_timeout_s = idle_timeout_s
         self._on_job_done = on_job_done
         self._on_failure = on_failure
+        # A job that failed for want of GPU memory fails alone (the next may fit), but
+        # the model hears of it: /health reports it (docs/api.md, "Health").
+        self._on_out_of_memory = on_out_of_memory
         self._running: set[Ticket] = set()
         self._jobs: trio.Nursery | None = None
         self._stop = trio.Event()
@@ -180,6 +184,10 @@ class Replica:
             ticket.error = error
         if self._on_failure is not None:
             self._on_failure(self, reason)
+
+    def _note_if_out_of_memory(self, exc: Exception) -> None:
+        if self._on_out_of_memory is not None and out_of_memory(exc):
+            self._on_out_of_memory(self, str(exc) or type(exc).__name__)
 
     def stop(self) -> None:
         self._stop.set()
@@ -271,12 +279,13 @@ class Replica:
                         )
                     )
             except BackendError as exc:
+                self._note_if_out_of_memory(exc)
                 return JobFailed(PoolError("backend_error", str(exc)))
             except PoolError as exc:
                 return JobFailed(exc)
             except trio.Cancelled:
                 raise
-            except Exception:
+            except Exception as exc:
                 # A backend bug fails this request only, not the replica's other jobs.
                 # The client gets a clean error: the exception (a TypeError, say) and its
                 # traceback are the operator's, in the log under the request id.
@@ -286,6 +295,7 @@ class Replica:
                     self.context.model_name,
                     self.index,
                 )
+                self._note_if_out_of_memory(exc)
                 return JobFailed(
                     PoolError(
                         "internal_error",

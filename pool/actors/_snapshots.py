@@ -106,12 +106,42 @@ class QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """A GPU out-of-memory that a model's runtime reported (on a load or a request)."""
+
+    gpus: tuple[int, ...]  # the GPUs the model was placed on; () where it was not placed
+    at: float  # Unix time, for people
+    clock: float  # Trio clock, for how long /health keeps reporting it
+    message: str
+
+
+# Why a serving pool is degraded (docs/api.md, "Health"): a model's queue is at or near
+# its max_queue, a GPU ran out of memory lately, a model failed.
+HealthCode = Literal["queue_saturated", "gpu_oom", "model_failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthIssue:
+    code: HealthCode
+    model: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolHealth:
     serving: bool
     uptime_s: float
     models_loaded: int
     queue_depth: int
     reason: str | None
+    issues: tuple[HealthIssue, ...] = ()
+
+    @property
+    def status(self) -> Literal["healthy", "degraded", "unhealthy"]:
+        """``unhealthy`` while not serving; ``degraded``: serving, with issues."""
+        if not self.serving:
+            return "unhealthy"
+        return "degraded" if self.issues else "healthy"
 
 
 @dataclass(frozen=True, slots=True)

@@ -347,7 +347,10 @@ class Pool:
     def health(self) -> PoolHealth:
         """Whether the pool serves, and why not."""
         return _health.health(
-            self.models.values(), started_at=self.started_at, shutting_down=self.shutting_down
+            self.models.values(),
+            started_at=self.started_at,
+            shutting_down=self.shutting_down,
+            oom_window_s=self.settings.service.health_oom_window_s,
         )
 
     def queue_stats(self) -> QueueStats:

@@ -16,6 +16,7 @@ from pool.backends._load_request import (
     load_request_schema,
     validate_load_request,
 )
+from pool.backends._oom import out_of_memory
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
@@ -106,6 +107,7 @@ __all__ = [
     "load_recommendations",
     "load_request_schema",
     "new_call_id",
+    "out_of_memory",
     "read_gguf_header",
     "register_backend",
     "unregister_backend",

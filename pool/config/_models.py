@@ -250,6 +250,11 @@ class ServiceSettings(_Strict):
     stats_window: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
         1024, description="Recent requests per model kept for queue-wait and drain-rate figures."
     )
+    health_oom_window_s: Annotated[float, Field(gt=0.0, le=7 * 86400.0)] = Field(
+        600.0,
+        description="/health reports `degraded` (`gpu_oom`) for this long after a runtime"
+        " reported a GPU out of memory.",
+    )
     # Issue #19: the Host/Origin allow-list (DNS rebinding) and the image policy.
     allowed_hosts: list[
         # "*", a name or IPv4 address, or a bracketed IPv6 address; an optional port.

@@ -22,6 +22,7 @@ from pool.http import (
     _openai_responses,
     _responses,
     _runner,
+    _status,
     _ui,
     _usage,
 )
@@ -29,9 +30,11 @@ from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
     SchemaError,
+    acting_tenant,
     error_response,
     headers,
     json_response,
+    rate_limit_headers,
     request_id,
     schema_error_response,
 )
@@ -128,11 +131,13 @@ def create_app(
         _usage,
         _events,
         _runner,
+        _status,
         _ui,
     ):
         module.register(app, ctx)
     # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
     app.extensions["pool.hot_routes"] = ctx.hot_routes
+    app.extensions["pool.rate_limiter"] = pool.rate_limiter
     document = openapi_document(served=served_by(settings, ctx.auth))
 
     @app.get("/openapi.json")
@@ -161,6 +166,7 @@ def create_app(
     @app.after_request
     async def add_request_id(response: Response) -> Response:
         response.headers["X-Request-Id"] = request_id()
+        response.headers.update(rate_limit_headers(pool.rate_limiter, acting_tenant()))
         return response
 
     @app.errorhandler(PoolError)

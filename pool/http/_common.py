@@ -22,7 +22,7 @@ from pool.backends import Turn
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors import Pool
+    from pool.actors import Pool, RateLimiter
     from pool.config import Settings
     from pool.http._auth import Access, Authenticator
 
@@ -61,6 +61,7 @@ class LeanRequest:
     headers: dict[str, str]  # names in lower case
     body: bytes
     request_id: str
+    tenant: str | None = None  # see acting_tenant()
 
 
 # Set by the lean layer around a view: the accessors below read it instead of Quart's.
@@ -264,6 +265,7 @@ def tenant_and_priority() -> tuple[str, str]:
     if caller is not None and caller.priority is not None:
         ceiling = caller.priority
         priority = min(asked or ceiling, ceiling, key=_PRIORITY_RANK.__getitem__)
+    _act_for(tenant)
     return tenant, priority
 
 
@@ -288,6 +290,37 @@ def require(ctx: AppContext, access: Access, *, api_key: bool = False) -> Caller
 
 def revoked_error(caller: Caller) -> PoolError:
     return PoolError("unauthorized", f"key {caller.key_name!r} was revoked")
+
+
+def _act_for(tenant: str) -> None:
+    lean = lean_request.get()
+    if lean is not None:
+        lean.tenant = tenant
+    elif has_request_context():
+        g.acting_tenant = tenant
+
+
+def acting_tenant() -> str | None:
+    """The tenant the current HTTP request acts for, once its route read it with
+    :func:`tenant_and_priority` (None before, and for routes that act for none)."""
+    lean = lean_request.get()
+    if lean is not None:
+        return lean.tenant
+    if not has_request_context():
+        return None
+    tenant: str | None = g.get("acting_tenant")
+    return tenant
+
+
+def rate_limit_headers(limiter: RateLimiter, tenant: str | None) -> dict[str, str]:
+    """The ``X-RateLimit-*`` headers of an answer to ``tenant`` (docs/api.md).
+
+    Every answer of a route that acts for a tenant carries them, JSON or streamed,
+    success or error: both request pipelines (pool/http/_app.py's after-request hook
+    and pool/http/_lean.py) add them here, after the view, so the figures include the
+    request itself. None where the tenant has no request limit.
+    """
+    return {} if tenant is None else limiter.headers(tenant)
 
 
 _CACHE_MODES: dict[str, CacheMode] = {"prefix": "prefix", "none": "none", "auto": "auto"}

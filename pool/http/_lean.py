@@ -8,7 +8,7 @@ request, docs/performance.md). This layer calls the very same view functions (so
 routes keep one implementation), with what Quart's hooks did done here in the same
 order: the ``Host``/``Origin`` check, the whole body read (413 past
 ``service.max_body_bytes``, 408 past ``service.body_timeout_s``), the view, its
-blueprint's error shapes, ``X-Request-Id``.
+blueprint's error shapes, ``X-Request-Id`` and the ``X-RateLimit-*`` headers.
 The views read the request through the accessors of ``pool/http/_common.py``, which
 look at :data:`lean_request` first. Only ``POST`` is served here: any other method on
 a hot path goes on to Quart, so its 405 (with ``Allow``) and the WebSocket route's 426
@@ -38,7 +38,7 @@ from quart import Response
 from quart.wrappers.response import DataBody
 from quart_trio import QuartTrio
 
-from pool.actors import RELAY_HEADER, RELAYED
+from pool.actors import RELAY_HEADER, RELAYED, RateLimiter
 from pool.config import ServiceSettings
 from pool.errors import PoolError
 from pool.http._common import (
@@ -48,6 +48,7 @@ from pool.http._common import (
     dumps,
     lean_request,
     new_request_id,
+    rate_limit_headers,
 )
 from pool.http._hosts import HostAllowList
 
@@ -69,9 +70,11 @@ class LeanRoutes:
         hosts: HostAllowList,
         max_body_bytes: int,
         body_timeout_s: float,
+        rate_limiter: RateLimiter,
     ) -> None:
         self.app = app
         self.routes = routes
+        self.rate_limiter = rate_limiter
         self.hosts = hosts
         self.max_body_bytes = max_body_bytes
         # As Quart's BODY_TIMEOUT for the other routes (pool/http/_app.py).
@@ -176,6 +179,7 @@ class LeanRoutes:
                 }
                 await self._send_bytes(500, dumps(error), rid, send)
                 return
+            response.headers.update(rate_limit_headers(self.rate_limiter, request.tenant))
             await self._send(response, rid, send)
         finally:
             lean_request.reset(token)
@@ -250,4 +254,5 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
 def lean_app(app: QuartTrio, hosts: HostAllowList, service: ServiceSettings) -> LeanRoutes:
     """``app`` behind the lean layer for the hot routes its route modules registered."""
     routes: dict[str, HotRoute] = app.extensions["pool.hot_routes"]
-    return LeanRoutes(app, routes, hosts, service.max_body_bytes, service.body_timeout_s)
+    limiter: RateLimiter = app.extensions["pool.rate_limiter"]
+    return LeanRoutes(app, routes, hosts, service.max_body_bytes, service.body_timeout_s, limiter)

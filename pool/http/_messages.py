@@ -49,7 +49,7 @@ from pool.http._common import (
     tenant_and_priority,
     with_cache,
 )
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream
 from pool.http._tools import (
     arguments_object,
     check_schema,
@@ -73,7 +73,7 @@ from pool.schemas import (
 log = logging.getLogger("pool.http")
 
 # A waiting stream shows a ping at least this often (docs/api.md, "Messages").
-PING_INTERVAL_S = 5.0
+PING_INTERVAL_S = HEARTBEAT_S
 
 # Anthropic's error types by status; the status itself stays the pool's.
 _ERROR_TYPES = {
@@ -498,7 +498,6 @@ def register(app: Quart, ctx: AppContext) -> None:
             out = inference_headers(
                 admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
             )
-            out.update(pool.rate_limiter.headers(tenant))
             out["request-id"] = rid
             return json_response(
                 message_body(message_id(admission), body.model, finished, stops), headers=out
@@ -540,7 +539,6 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         out = inference_headers(admission.queue_wait_ms, None)
         out.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "request-id": rid})
-        out.update(pool.rate_limiter.headers(tenant))
         response = Response(chunks, content_type="text/event-stream", headers=out)
         response.timeout = None
         return response

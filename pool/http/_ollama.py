@@ -37,6 +37,7 @@ from pool.actors import (
     InferenceRequest,
     ModelActor,
     ModelSnapshot,
+    Waiting,
     parse_keep_alive,
 )
 from pool.backends import (
@@ -62,7 +63,7 @@ from pool.http._common import (
     tenant_and_priority,
 )
 from pool.http._rows import definition_body
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream
 from pool.http._tools import arguments_text, chat_tools, ollama_call, ollama_output_format
 from pool.media import sniff_image_type
 from pool.pulls import FileDigests
@@ -368,6 +369,8 @@ class _Routes:
     async def chat(self) -> Response:
         """Ollama chat: NDJSON stream by default, ``stream: false`` for one object."""
         require(self.ctx, "inference")
+        # Read first, so that every answer (a 404 too) carries the tenant's rate limit.
+        tenant_priority = tenant_and_priority()
         body = await read_body(OllamaChatRequest)
         actor = self.pool.model(body.model)
         if not body.messages:
@@ -375,17 +378,23 @@ class _Routes:
                 actor, body.keep_alive, body.options, message={"role": "assistant", "content": ""}
             )
         request = chat_inference_request(body)
-        return await self._run(request, actor, body.options, body.stream, _chat_piece)
+        return await self._run(
+            request, tenant_priority, actor, body.options, body.stream, _chat_piece
+        )
 
     async def generate(self) -> Response:
         """Ollama completion of one prompt (with an optional system prompt)."""
         require(self.ctx, "inference")
+        # Read first, so that every answer (a 404 too) carries the tenant's rate limit.
+        tenant_priority = tenant_and_priority()
         body = await read_body(OllamaGenerateRequest)
         actor = self.pool.model(body.model)
         if not body.prompt and not body.images:
             return await self._load_or_unload(actor, body.keep_alive, body.options, response="")
         request = generate_inference_request(body)
-        return await self._run(request, actor, body.options, body.stream, _generate_piece)
+        return await self._run(
+            request, tenant_priority, actor, body.options, body.stream, _generate_piece
+        )
 
     async def _load_or_unload(
         self,
@@ -419,12 +428,13 @@ class _Routes:
     async def _run(
         self,
         request: InferenceRequest,
+        tenant_priority: tuple[str, str],
         actor: ModelActor,
         options: OllamaOptions,
         stream: bool,
         piece: Callable[[str], dict[str, Any]],
     ) -> Response:
-        tenant, priority = tenant_and_priority()
+        tenant, priority = tenant_priority
         hint = _load_hint(actor, options)
         if not stream:
             async with self.pool.admit(
@@ -477,6 +487,12 @@ class _Routes:
         def render_error(admission: Admission, exc: PoolError) -> bytes:
             return dumps({"error": exc.message}) + b"\n"
 
+        def keep_alive(admission: Admission, waiting: Waiting) -> bytes:
+            # NDJSON has no comment: Ollama's client parses every line as a chunk (a
+            # blank one raises), so a wait is shown as a chunk with nothing in it.
+            line = {"model": actor.name, "created_at": _now(), **piece(""), "done": False}
+            return dumps(line) + b"\n"
+
         _, chunks = await admitted_stream(
             self.pool,
             request,
@@ -484,6 +500,8 @@ class _Routes:
             priority=priority,
             render=render,
             render_error=render_error,
+            render_wait=keep_alive,
+            heartbeat_s=HEARTBEAT_S,
         )
         response = Response(chunks, content_type=NDJSON)
         response.timeout = None

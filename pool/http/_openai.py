@@ -47,7 +47,7 @@ from pool.http._common import (
     tenant_and_priority,
     with_cache,
 )
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream, sse_keep_alive
 from pool.http._tools import chat_call, chat_output_format, chat_tools, tool_choice
 from pool.schemas import (
     ChatCompletionRequest,
@@ -390,6 +390,9 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_error=render_error,
             opening=lambda _: chunk({"role": "assistant", "content": ""}, None),
             render_tool_call=render_tool_call,
+            # While it waits for a load or a slot: SSE comments, which clients skip.
+            render_wait=sse_keep_alive,
+            heartbeat_s=HEARTBEAT_S,
         )
         response = Response(
             chunks,
@@ -414,7 +417,6 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = await read_body(EmbeddingsRequest)
         done = await pool.embed(embedding_request(body), tenant=tenant, priority=priority)
         headers = inference_headers(done.timings.queue_wait_ms or 0.0, done.timings.backend_ms)
-        headers.update(pool.rate_limiter.headers(tenant))
         return json_response(embeddings_body(body, done), headers=headers)
 
     @blueprint.post("/v1/completions")
@@ -449,7 +451,6 @@ def register(app: Quart, ctx: AppContext) -> None:
                 queue_wait_ms += admission.queue_wait_ms
                 gpu_ms += finished.timings.backend_ms or 0.0
             headers = inference_headers(queue_wait_ms, gpu_ms, cached_tokens)
-            headers.update(pool.rate_limiter.headers(tenant))
             return json_response(
                 {
                     "id": completion_id,
@@ -509,10 +510,11 @@ def register(app: Quart, ctx: AppContext) -> None:
             priority=priority,
             render=render,
             render_error=render_error,
+            render_wait=sse_keep_alive,
+            heartbeat_s=HEARTBEAT_S,
         )
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        headers.update(pool.rate_limiter.headers(tenant))
         response = Response(chunks, content_type="text/event-stream", headers=headers)
         response.timeout = None
         return response

@@ -357,7 +357,6 @@ def register(app: Quart, ctx: AppContext) -> None:
                 response.finished.timings.backend_ms,
                 response.finished.usage.cached_tokens,
             )
-            headers.update(pool.rate_limiter.headers(tenant))
             logged(str(builder.response["status"] if builder.response else "?"))
             return json_response(builder.response, headers=headers)
 
@@ -404,7 +403,6 @@ def register(app: Quart, ctx: AppContext) -> None:
 
         headers = inference_headers(admission.queue_wait_ms, None)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        headers.update(pool.rate_limiter.headers(tenant))
         streamed = Response(events(), content_type="text/event-stream", headers=headers)
         streamed.timeout = None
         return streamed

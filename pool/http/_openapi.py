@@ -73,6 +73,7 @@ from pool.schemas import (
     OpenAIError,
     OpenAIResponse,
     OpenAIResponseRequest,
+    PoolStatus,
     PullCancelled,
     PullState,
     ResponseDeleted,
@@ -447,9 +448,15 @@ ROUTES: list[Route] = [
      "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
      " not in the store.", OllamaStoreRequest, reply=Empty, errors="ollama"),
     Route("get", "/health", "operations", "Health",
-     "200 while serving; 503 with `reason` when every model failed or on shutdown. In a"
+     "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
+     " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
+     " model); 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
      " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
      " the node serves on by itself), `error`, `peers`.", reply=Health),
+    Route("get", "/api/status", "operations", "Full status",
+     "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
+     " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
+     " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
     Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
@@ -816,6 +823,8 @@ def _refusal_statuses(route: Route) -> list[int]:
         # Not JSON (400); too slow or too large (408, 413); not the schema (422; 400 on
         # the Ollama routes, as Ollama answers).
         statuses |= {400, 408, 413, 400 if route.errors == "ollama" else 422}
+    elif route.query:
+        statuses.add(400)  # a query parameter out of its range
     statuses.discard(route.status)
     return sorted(statuses)
 
@@ -862,6 +871,31 @@ _MORE: dict[tuple[str, str], Callable[[], str]] = {
 }
 
 
+# The routes that run a model: their answers carry the X-RateLimit-* headers of a tenant
+# with a request limit (pool/http/_common.py, rate_limit_headers).
+_DIALECTS = ("inference", "openai", "anthropic", "ollama")
+_RUN_NO_MODEL = {"/api/pull", "/api/copy", "/api/show"}
+_RATE_LIMIT_HEADERS = {
+    "X-RateLimit-Limit": {
+        "description": "The tenant's requests per minute (a tenant with a request limit).",
+        "schema": {"type": "string"},
+    },
+    "X-RateLimit-Remaining": {
+        "description": "Requests that would be admitted now, this one counted.",
+        "schema": {"type": "string"},
+    },
+    "X-RateLimit-Reset": {
+        "description": "Unix time at which the full burst is available again.",
+        "schema": {"type": "string"},
+    },
+}
+
+
+def runs_a_model(route: Route) -> bool:
+    """Whether ``route`` is an inference route (one that runs a model for a tenant)."""
+    return route.method == "post" and route.tag in _DIALECTS and route.path not in _RUN_NO_MODEL
+
+
 def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str, Any]:
     key = (route.method, route.path)
     more = _MORE.get(key)
@@ -887,6 +921,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         success["description"] = "Switching Protocols: the WebSocket is open"
     elif route.status == 308:
         success["headers"] = {"Location": {"schema": {"type": "string"}}}
+    if runs_a_model(route):
+        success["headers"] = dict(_RATE_LIMIT_HEADERS)
     responses: dict[str, Any] = {str(route.status): success}
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
@@ -908,6 +944,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             }
         elif status == 429:
             answer["headers"] = {"Retry-After": {"schema": {"type": "string"}, "required": True}}
+            if runs_a_model(route):
+                answer["headers"].update(_RATE_LIMIT_HEADERS)
         responses[str(status)] = answer
     server_reply = _SERVER_REPLIES.get(key)
     if server_reply is not None:

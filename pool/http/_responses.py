@@ -341,7 +341,6 @@ def register(app: Quart, ctx: AppContext) -> None:
             headers = inference_headers(
                 admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
             )
-            headers.update(pool.rate_limiter.headers(tenant))
             log.info(
                 "request_id=%s model=%s tenant=%s status=200 ms=%.1f",
                 rid,

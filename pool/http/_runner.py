@@ -64,17 +64,24 @@ def authorize_lifecycle(ctx: AppContext, token: Any, operation: str, model: str 
 
 def health_body(health: PoolHealth, cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "status": "healthy" if health.serving else "unhealthy",
+        "status": health.status,
         "uptime": round(health.uptime_s),
         "modelsLoaded": health.models_loaded,
         "queueDepth": health.queue_depth,
     }
     if health.reason is not None:
         body["reason"] = health.reason
+    if health.issues:
+        body["reasons"] = issue_bodies(health)
     if cluster is not None:
         # A node that cannot reach Redis still serves its own models: it says so here.
         body["cluster"] = dict(cluster)
     return body
+
+
+def issue_bodies(health: PoolHealth) -> list[dict[str, Any]]:
+    """What degrades the pool, one ``{"code", "model", ...}`` per issue (docs/api.md)."""
+    return [{"code": issue.code, "model": issue.model, **issue.details} for issue in health.issues]
 
 
 def cluster_status(pool: Pool) -> Mapping[str, Any] | None:
@@ -180,7 +187,7 @@ def capabilities_body(ctx: AppContext) -> dict[str, Any]:
             "structuredOutput": any(s.capabilities.structured_output for s in snapshots),
             "embeddings": any(s.capabilities.embeddings for s in snapshots),
         },
-        "health": "healthy" if health.serving else "unhealthy",
+        "health": health.status,
         "healthReason": health.reason,
     }
     cluster = cluster_status(pool)
@@ -197,7 +204,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         """What this runner serves and how busy it is."""
         require(ctx, "inference")
         body = capabilities_body(ctx)
-        return json_response(body, 200 if body["health"] == "healthy" else 503)
+        return json_response(body, 503 if body["health"] == "unhealthy" else 200)
 
     @app.post("/v1/models/load")
     async def runner_load() -> Response:
@@ -277,7 +284,8 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @app.get("/health")
     async def health() -> Response:
-        """200 while serving; 503 with the reason when every model failed or on shutdown."""
+        """200 while serving (``healthy``, or ``degraded`` with its ``reasons``); 503 with
+        the reason when every model failed or on shutdown."""
         health = pool.health()
         body = health_body(health, cluster_status(pool))
         return json_response(body, 200 if health.serving else 503)

@@ -15,7 +15,10 @@ longer pays a write per token. Each token stays its own SSE event.
 With ``render_wait``, a request that has to wait for VRAM or a load is the exception:
 its 200 goes out at once and the wait is rendered before the first delta (a timeout
 then ends the stream as an error event). A request that does not wait for either
-streams exactly as without it.
+streams exactly as without it. With ``heartbeat_s`` too, so is a request that waits
+for a busy replica, and a wait that reports nothing new is rendered again every
+``heartbeat_s``: the keep-alive of a stream (a Messages ``ping``, an SSE comment),
+so that no proxy with an idle timeout cuts a client that waits.
 """
 
 from __future__ import annotations
@@ -41,6 +44,20 @@ RenderToolCall = Callable[[Admission, ToolCallDelta], bytes | None]
 RenderError = Callable[[Admission, PoolError], bytes]
 RenderWait = Callable[[Admission, Waiting], bytes]
 Frame = Callable[[Admission], bytes | None]
+
+# How often a waiting stream shows its client it is alive: well inside the idle timeouts
+# of the proxies in front of clients (nginx's proxy_read_timeout and most load
+# balancers: 60 s; some 30 s), and what Anthropic's API spaces its pings by.
+HEARTBEAT_S = 5.0
+
+# An SSE comment line: every SSE parser skips it (OpenAI's clients included), and it is
+# bytes on the wire for the proxies in between.
+SSE_KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def sse_keep_alive(admission: Admission, waiting: Waiting) -> bytes:
+    """The ``render_wait`` of an SSE dialect without an event of its own for a wait."""
+    return SSE_KEEP_ALIVE
 
 
 async def _batches(

@@ -177,6 +177,10 @@ class PullManager:
         handle = self._pulls.get(model)
         return None if handle is None else handle.status()
 
+    def running(self) -> dict[str, dict[str, Any]]:
+        """The state of every pull under way, by model (see :meth:`PullHandle.status`)."""
+        return {model: h.status() for model, h in self._pulls.items() if not h.done}
+
     @asynccontextmanager
     async def watch(self, model: str) -> AsyncIterator[PullEvents]:
         """Follow the current or last pull of ``model`` (see :class:`PullEvents`).

@@ -498,7 +498,9 @@ class RunnerDescriptor(_Reply):
     resources: RunnerResources
     queue: RunnerQueue
     capabilities: RunnerFlags
-    health: Literal["healthy", "unhealthy"]
+    health: Literal["healthy", "degraded", "unhealthy"] = Field(
+        description="As /health's `status`: 503 only while unhealthy."
+    )
     healthReason: str | None
 
 
@@ -529,9 +531,148 @@ class CacheFlushed(_Reply):
     memoryFreedMB: int
 
 
+class HealthReason(_Reply):
+    """One thing that degrades the pool; the fields beside ``code`` and ``model`` depend
+    on the code."""
+
+    code: Literal["queue_saturated", "gpu_oom", "model_failed"] = Field(
+        description="queue_saturated: the model's queue is at or near its max_queue;"
+        " gpu_oom: its runtime reported a GPU out of memory within"
+        " service.health_oom_window_s; model_failed: the model is `failed`."
+    )
+    model: str
+    queueDepth: int | None = Field(None, description="queue_saturated: requests waiting.")
+    maxQueue: int | None = Field(None, description="queue_saturated: the model's max_queue.")
+    gpu: int | None = Field(
+        None, description="gpu_oom: the GPU's index (null where the model had no placement)."
+    )
+    at: int | None = Field(None, description="gpu_oom: when, as a Unix time.")
+    message: str | None = Field(None, description="gpu_oom: what the runtime said.")
+    error: str | None = Field(None, description="model_failed: the model's last_error.")
+
+
 class Health(_Reply):
-    status: Literal["healthy", "unhealthy"]
+    status: Literal["healthy", "degraded", "unhealthy"] = Field(
+        description="degraded: serving, with `reasons`; unhealthy (503): not serving."
+    )
     uptime: int = Field(description="Seconds since the pool started.")
     modelsLoaded: int
     queueDepth: int
-    reason: str | None = None
+    reason: str | None = Field(None, description="Why the pool is unhealthy.")
+    reasons: list[HealthReason] | None = Field(
+        None, description="What degrades the pool; left out when nothing does."
+    )
+
+
+class EngineModelStatus(_Reply):
+    name: str
+    backend: str
+    state: Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+    keep_alive: float = Field(
+        description="Seconds an idle model stays loaded after its last request; -1: forever."
+    )
+    idle_seconds: float | None = Field(
+        description="Loaded with nothing to do: seconds since its last request; else null."
+    )
+    will_unload_in: float | None = Field(
+        description="Seconds until the keep-alive unloads it; null when not counting down."
+    )
+    error: str | None = Field(description="The last load or runtime error, while it stands.")
+    queue_depth: int
+    running: int
+    max_queue: int
+    replicas: int = Field(description="Loaded replicas.")
+    gpus: list[list[int]] = Field(description="The GPUs of each replica, while placed.")
+    vram_mib: int | None = Field(description="What the loaded model holds (or is estimated to).")
+
+
+class EngineStatus(_Reply):
+    models: list[EngineModelStatus]
+
+
+class GpuMemoryReading(_Reply):
+    index: int
+    name: str
+    used_mib: int
+    total_mib: int
+    free_mib: int
+    pool_used_mib: int | None = Field(description="Held by this pool's processes, where known.")
+    virtual: bool = Field(description="A budget of engine.gpu_budget_mib, not a device.")
+
+
+class GpuMemoryStatus(_Reply):
+    gpus: list[GpuMemoryReading]
+    error: str | None = Field(description="Why there are no readings (no NVIDIA driver).")
+
+
+_STATUS_EXAMPLE: dict[str, Any] = {
+    "status": "degraded",
+    "reason": None,
+    "reasons": [
+        {"code": "queue_saturated", "model": "qwen", "queueDepth": 9, "maxQueue": 10},
+        {
+            "code": "gpu_oom",
+            "model": "llama",
+            "gpu": 0,
+            "at": 1764170000,
+            "message": "CUDA error: out of memory",
+        },
+    ],
+    "uptime": 3600,
+    "engine": {
+        "models": [
+            {
+                "name": "qwen",
+                "backend": "llama_cpp",
+                "state": "loaded",
+                "keep_alive": 300.0,
+                "idle_seconds": None,
+                "will_unload_in": None,
+                "error": None,
+                "queue_depth": 9,
+                "running": 4,
+                "max_queue": 10,
+                "replicas": 1,
+                "gpus": [[0]],
+                "vram_mib": 5120,
+            }
+        ]
+    },
+    "pulls": {
+        "llama": {
+            "model": "llama",
+            "source": "org/llama-gguf",
+            "status": "downloading",
+            "completed": 1048576,
+            "total": 4194304,
+        }
+    },
+    "gpu_memory": {
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA L4",
+                "used_mib": 20000,
+                "total_mib": 23034,
+                "free_mib": 3034,
+                "pool_used_mib": 19500,
+                "virtual": False,
+            }
+        ],
+        "error": None,
+    },
+}
+
+
+class PoolStatus(_Reply):
+    """``GET /api/status``: health, engine, pulls and GPU memory at once."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_STATUS_EXAMPLE]})
+
+    status: Literal["healthy", "degraded", "unhealthy"] = Field(description="As /health's.")
+    reason: str | None = Field(description="Why the pool is unhealthy.")
+    reasons: list[HealthReason] = Field(description="What degrades the pool, as in /health.")
+    uptime: int = Field(description="Seconds since the pool started.")
+    engine: EngineStatus
+    pulls: dict[str, PullState] = Field(description="The pulls under way, by model.")
+    gpu_memory: GpuMemoryStatus

@@ -258,6 +258,7 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     )  # 404: not pulled
     check(await client.post("/api/pull", json={"model": "echo"}), "/api/pull")  # no source
     check(await client.get("/health"), "/health")
+    check(await client.get("/api/status"), "/api/status")
     check(await client.get("/metrics"), "/metrics")
     check(await client.get("/openapi.json"), "/openapi.json")
     check(await client.get("/docs"), "/docs")
