@@ -6,6 +6,7 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._affinity import AFFINITY_MIN_SHARE, longest_held
 from pool.actors._details import ModelDetails
 from pool.actors._events import (
     Delta,
@@ -48,6 +49,7 @@ from pool.actors._tasks import LoadTask
 from pool.backends import ToolCallDelta
 
 __all__ = [
+    "AFFINITY_MIN_SHARE",
     "RELAYED",
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
@@ -89,6 +91,7 @@ __all__ = [
     "VramEstimate",
     "WaitReason",
     "Waiting",
+    "longest_held",
     "new_request_id",
     "open_pool",
     "parse_keep_alive",

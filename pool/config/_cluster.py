@@ -59,6 +59,20 @@ class ClusterSettings(BaseModel):
         " a peer's request (renewed while the load runs).",
     )
 
+    affinity_keys: Annotated[int, Field(ge=0, le=1024)] = Field(
+        64,
+        description="Recent prompts per loaded model a node names in its registry record"
+        " (one 16-character hex key each, about 19 bytes of the record), so that a peer"
+        " sends a conversation's next turn where its prefix is cached; 0: none (routing"
+        " by load alone). Needs engine.prefix_affinity.",
+    )
+    affinity_max_queue: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        0,
+        description="A node is preferred for the prompt prefix it holds only while a"
+        " request would take at most this place in its queue for the model; 0: only while"
+        " it has a free slot, so affinity makes no request wait.",
+    )
+
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> ClusterSettings:
         if self.lease_renew_s >= self.lease_ttl_s:
