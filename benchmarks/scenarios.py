@@ -35,6 +35,7 @@ from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
 from benchmarks.vram_swap import vram_swap
+from benchmarks.warm_conversations import warm_conversations
 from pool.config import resolve_model_path
 
 
@@ -559,4 +560,5 @@ SCENARIOS = {
     "relay-capacity": relay_capacity,
     "cluster-relay": cluster_relay,
     "prefix-cache": prefix_cache,
+    "warm-conversations": warm_conversations,
 }
