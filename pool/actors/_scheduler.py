@@ -256,7 +256,9 @@ class Scheduler:
             # that holds the fewest prompts first, so conversations spread over replicas.
             chosen = min(free, key=lambda r: (r.inflight, len(self._prefixes[r])))
         self._prefixes[chosen].record(keys)
-        if keys:
+        if request.cache.enabled:
+            # Even a prompt shorter than a block: with its answer it may fill one, and
+            # the next turn then finds its way back.
             ticket.reply = ReplyRecorder(request, self._prefixes[chosen])
         return chosen
 

@@ -39,7 +39,8 @@ class _Replica:
 
 
 def _request(*texts: str, tenant: str = "default", tag: str | None = None,
-             cached: bool = True, rid: str = "r") -> GenerationRequest:  # fmt: skip
+             cached: bool = True, rid: str = "r",
+             instructions: str = SYSTEM) -> GenerationRequest:  # fmt: skip
     turns = tuple(
         Turn("user" if i % 2 == 0 else "assistant", (TextPart(t),)) for i, t in enumerate(texts)
     )
@@ -48,7 +49,7 @@ def _request(*texts: str, tenant: str = "default", tag: str | None = None,
         model="m",
         turns=turns,
         decoding=Decoding(),
-        instructions=SYSTEM,
+        instructions=instructions,
         multi_turn=len(turns) > 1,
         cache=CacheScope(tenant=tenant, tag=tag, enabled=cached),
     )
@@ -229,3 +230,16 @@ async def test_in_a_cluster_one_replica_tells_its_prompts_hashed_once() -> None:
         assert scheduler.next_position == 2
         scheduler.set_replicas(())
         assert recent.newest() == []  # unloaded: nothing is cached any more
+
+
+async def test_a_first_turn_shorter_than_a_block_still_draws_the_next() -> None:
+    scheduler = Scheduler(max_queue=10)
+    replicas = [_Replica("a"), _Replica("b")]
+    scheduler.set_replicas(replicas)
+    REPLICAS[:] = replicas
+    question, answer = "hello " * 20, "an answer of some length " * 20
+    assert prefix_keys(_request(question, instructions="")) == ()
+    assert _send(scheduler, _request(question, instructions="")) == "a"
+    replicas[0].finish(scheduler, answer)  # the prompt and its answer fill a block
+    replicas[0].inflight += 1  # a is busier than b now, but holds the conversation
+    assert _send(scheduler, _request(question, answer, "and?", instructions="")) == "a"
