@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         and value
         and isinstance(value[0], dict)
     }
-    report.pop("cdf", None)
+    if files:
+        report.pop("cdf", None)  # drawn; the raw summaries keep what matters
+    # else kept, so `python -m benchmarks plot` can draw it where matplotlib is installed
     full = {
         "scenario": name,
         "command": command,
