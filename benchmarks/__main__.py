@@ -97,6 +97,8 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=90)
         files.append("throughput.png")
+    if name == "warm-conversations":
+        files.append(_evaluated_plot(report["rows"], out, plt))
     if name == "replicas":
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for model in dict.fromkeys(r["model"] for r in report["rows"]):
@@ -112,6 +114,24 @@ def _plots(name: str, report: dict[str, Any], out: Path) -> list[str]:
         files.append("throughput.png")
     plt.close("all")
     return files
+
+
+def _evaluated_plot(rows: list[dict[str, Any]], out: Path, plt: Any) -> str:
+    """Prompt tokens evaluated against those sent, per side, one panel per part."""
+    parts = list(dict.fromkeys(row["part"] for row in rows))
+    fig, axes = plt.subplots(1, len(parts), figsize=(4.5 * len(parts), 3.5))
+    for ax, part in zip(list(getattr(axes, "flat", [axes])), parts, strict=True):
+        mine = [row for row in rows if row["part"] == part]
+        sides = [row["side"] for row in mine]
+        ax.bar(sides, [row["prompt_tokens"] for row in mine], color="lightgrey", label="sent")
+        ax.bar(sides, [row["evaluated_tokens"] for row in mine], label="evaluated")
+        ax.set_title(part, fontsize=9)
+        ax.set_ylabel("prompt tokens")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "prompt_tokens.png", dpi=90)
+    return "prompt_tokens.png"
 
 
 def _soak_plot(report: dict[str, Any], out: Path, plt: Any) -> str:
@@ -171,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         and value
         and isinstance(value[0], dict)
     }
-    report.pop("cdf", None)
+    if files:
+        report.pop("cdf", None)  # drawn; the raw summaries keep what matters
+    # else kept, so `python -m benchmarks plot` can draw it where matplotlib is installed
     full = {
         "scenario": name,
         "command": command,

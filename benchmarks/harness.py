@@ -52,9 +52,17 @@ class Server:
 
 
 @contextmanager
-def run_server(name: str, command: list[str], timeout_s: float = 120.0) -> Iterator[Server]:
-    """Start ``command`` (which prints ``listening on URL``) and stop it afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+def run_server(
+    name: str, command: list[str], timeout_s: float = 120.0, environ: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """Start ``command`` (which prints ``listening on URL``) and stop it afterwards;
+    ``environ`` adds to the environment it inherits."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **environ} if environ else None,
+    )
     try:
         assert process.stdout is not None
         deadline = time.monotonic() + timeout_s
@@ -85,8 +93,13 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def pool_server(
-    models: dict[str, dict[str, Any]], service: dict[str, Any] | None = None, **engine: Any
+    models: dict[str, dict[str, Any]],
+    service: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+    **engine: Any,
 ) -> Iterator[Server]:
+    """A pool serving ``models`` (``engine`` settings beside them; ``environ`` adds to
+    its environment, e.g. ``LLM_POOL_STATE_DIR``)."""
     settings = {
         "service": {"log_level": "warning", "shutdown_grace_s": 1, **(service or {})},
         "engine": {"max_queue": 4096, **engine, "models": models},
@@ -106,7 +119,7 @@ def pool_server(
             "--log-level",
             "warning",
         ]
-        with run_server("pool", command) as server:
+        with run_server("pool", command, environ=environ) as server:
             yield server
 
 

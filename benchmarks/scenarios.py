@@ -36,6 +36,7 @@ from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
 from benchmarks.usage_cost import usage_cost
 from benchmarks.vram_swap import vram_swap
+from benchmarks.warm_conversations import warm_conversations
 from pool.config import resolve_model_path
 
 
@@ -561,4 +562,5 @@ SCENARIOS = {
     "cluster-relay": cluster_relay,
     "prefix-cache": prefix_cache,
     "usage-cost": usage_cost,
+    "warm-conversations": warm_conversations,
 }

@@ -6,6 +6,7 @@ rendered from these in ``pool.http``.
 """
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._affinity import AFFINITY_MIN_SHARE, longest_held
 from pool.actors._budgets import BudgetCounters, Budgets, LocalCounters
 from pool.actors._caller import CALLER, Caller
 from pool.actors._details import ModelDetails
@@ -59,6 +60,7 @@ from pool.actors._usage_store import UsageRecord, UsageStore, UsageTotal
 from pool.backends import ToolCallDelta
 
 __all__ = [
+    "AFFINITY_MIN_SHARE",
     "CALLER",
     "RELAYED",
     "RELAY_HEADER",
@@ -117,6 +119,7 @@ __all__ = [
     "VramEstimate",
     "WaitReason",
     "Waiting",
+    "longest_held",
     "new_request_id",
     "open_pool",
     "parse_keep_alive",

@@ -11,24 +11,44 @@ request's cache scope (as vLLM names its KV blocks), so one key stands for a who
 prefix and two scopes never share a key: one tenant's prompts never attract another's
 requests. Each replica remembers the keys of the prompts it was given, newest last, up
 to a bound; a request goes to the free replica that holds the longest run of its keys.
+
+Across a cluster (pool/cluster/_routing.py) a node tells its peers what each model was
+given in a few keys: the last key of each recent prompt (:class:`RecentPrompts`), which
+stands for the whole prompt, so one key per conversation is enough for its next turn
+to find the node.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
+from typing import Protocol, TypeVar
 
-from pool.backends import GenerationRequest, ImagePart, TextPart
+from pool.backends import CacheScope, GenerationRequest, ImagePart, TextPart, Turn
 
 # Characters per block: a turn of chat is a few blocks; a 100k-character prompt is 200.
 BLOCK_CHARS = 512
+# The part of a prompt a replica (or node) must hold more than for affinity to choose
+# it over balance (as SGLang's cache-aware router does); otherwise the least loaded.
+AFFINITY_MIN_SHARE = 0.5
 # Keys a replica remembers (8 bytes each, plus the dict's own): about a megabyte, or
 # 4 million characters of distinct prompts.
 SUMMARY_KEYS = 16_384
 
 
-def _canonical(request: GenerationRequest) -> str:
+class Prompt(Protocol):
+    """What the keys are made of: a :class:`GenerationRequest`, or the neutral request
+    before it is built (the cluster's router hashes that, once, for the whole way)."""
+
+    @property
+    def instructions(self) -> str | None: ...
+
+    @property
+    def turns(self) -> tuple[Turn, ...]: ...
+
+
+def _canonical(request: Prompt) -> str:
     """The prompt as text, in the order a prompt format renders it. Separators are
     control characters no API text field carries, so two requests share a prefix here
     only where the runtime's prompt does too."""
@@ -51,12 +71,17 @@ def prefix_keys(request: GenerationRequest, reply: str | None = None) -> tuple[b
     """The chained block keys of ``request``'s prompt within its cache scope (with
     ``reply``: of the prompt followed by that answer, as the next turn will send it);
     none when the request may reuse no cached state (``X-Cache-Mode: none``)."""
-    if not request.cache.enabled:
+    return prompt_keys(request, request.cache, reply)
+
+
+def prompt_keys(prompt: Prompt, cache: CacheScope, reply: str | None = None) -> tuple[bytes, ...]:
+    """:func:`prefix_keys` of a prompt whose cache scope comes apart from it."""
+    if not cache.enabled:
         return ()
-    text = _canonical(request)
+    text = _canonical(prompt)
     if reply:
         text += f"assistant\x1f{reply}\x1e"
-    scope = f"{request.cache.tenant}\x00{request.cache.tag or ''}".encode()
+    scope = f"{cache.tenant}\x00{cache.tag or ''}".encode()
     key = hashlib.blake2b(scope, digest_size=8).digest()
     keys = []
     # Whole blocks only: a key names a prefix that a later prompt can share entirely.
@@ -67,11 +92,88 @@ def prefix_keys(request: GenerationRequest, reply: str | None = None) -> tuple[b
     return tuple(keys)
 
 
-class PrefixSummary:
-    """The prompt-block keys one replica was given, least recently used first out."""
+class PendingKeys:
+    """A request's prompt keys, hashed the first time someone asks (the cluster's router
+    asks only where a peer names prompts; the scheduler then reuses them)."""
 
-    def __init__(self, capacity: int = SUMMARY_KEYS) -> None:
+    __slots__ = ("_cache", "_prompt", "value")
+
+    def __init__(self, prompt: Prompt, cache: CacheScope) -> None:
+        self._prompt = prompt
+        self._cache = cache
+        self.value: tuple[bytes, ...] | None = None
+
+    def __call__(self) -> tuple[bytes, ...]:
+        if self.value is None:
+            self.value = prompt_keys(self._prompt, self._cache)
+        return self.value
+
+
+Key = TypeVar("Key", bytes, str)
+
+
+def longest_held(keys: Sequence[Key], held: Container[Key]) -> int:
+    """How many leading blocks of ``keys`` a holder of the keys in ``held`` was given:
+    the deepest of them it holds, since a chained key stands for its whole prefix (the
+    keys as bytes, or as the registry's hex)."""
+    for depth in range(len(keys), 0, -1):
+        if keys[depth - 1] in held:
+            return depth
+    return 0
+
+
+class RecentPrompts:
+    """The last key of each prompt a model was given (and of each prompt with its
+    answer), newest first out: what a node tells its peers about the model.
+
+    A key a newer prompt extends is dropped, so a conversation takes one place however
+    many turns it has: ``capacity`` keys name that many recent conversations.
+    ``on_change`` is called when the list changed (the node then rewrites its record).
+    """
+
+    def __init__(self, capacity: int, on_change: Callable[[], None] | None = None) -> None:
         self.capacity = capacity
+        self._on_change = on_change
+        self._tips: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._tips)
+
+    def record(self, keys: Sequence[bytes]) -> None:
+        if not keys or self.capacity <= 0:
+            return
+        tip = keys[-1]
+        if next(reversed(self._tips), None) == tip:
+            return  # the newest already (the answer filled no new block)
+        for key in keys[:-1]:
+            self._tips.pop(key, None)
+        self._tips[tip] = None
+        self._tips.move_to_end(tip)
+        while len(self._tips) > self.capacity:
+            self._tips.popitem(last=False)
+        if self._on_change is not None:
+            self._on_change()
+
+    def newest(self) -> list[bytes]:
+        """The keys, newest first."""
+        return list(reversed(self._tips))
+
+    def clear(self) -> None:
+        if self._tips:
+            self._tips.clear()
+            if self._on_change is not None:
+                self._on_change()
+
+
+class PrefixSummary:
+    """The prompt-block keys one replica was given, least recently used first out.
+
+    ``recent``, where given, is told of every prompt too (the model's
+    :class:`RecentPrompts`, shared by its replicas)."""
+
+    def __init__(self, capacity: int = SUMMARY_KEYS, recent: RecentPrompts | None = None) -> None:
+        self.capacity = capacity
+        self.recent = recent
         self._keys: OrderedDict[bytes, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -85,6 +187,8 @@ class PrefixSummary:
             self._keys.move_to_end(key)
         while len(self._keys) > self.capacity:
             self._keys.popitem(last=False)
+        if self.recent is not None:
+            self.recent.record(keys)
 
     def match(self, keys: tuple[bytes, ...]) -> int:
         """How many leading blocks of ``keys`` this replica was given. A chained key

@@ -198,8 +198,13 @@ def build_generation_request(
         tool_choice=request.tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         output_format=request.output_format,
-        cache=CacheScope(tenant, request.cache_tag, request.cache_mode != "none"),
+        cache=cache_scope(request, tenant),
     )
+
+
+def cache_scope(request: InferenceRequest, tenant: str) -> CacheScope:
+    """Whose cached prompt state ``request`` may reuse (``X-Cache-Mode``, ``X-Cache-Tag``)."""
+    return CacheScope(tenant, request.cache_tag, request.cache_mode != "none")
 
 
 async def inline_images(request: GenerationRequest, media: MediaLoader) -> GenerationRequest:

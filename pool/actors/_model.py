@@ -118,6 +118,7 @@ class ModelActor:
         meter: LoadMeter | None = None,
         footprints: FootprintStore | None = None,
         contexts: CudaContexts | None = None,
+        on_recent_prompts: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -145,6 +146,11 @@ class ModelActor:
             on_idle=self._on_idle,
             stats=RecentStats(settings.service.stats_window),
             affinity=self.engine.prefix_affinity,
+            # Told to peers only where there are peers (engine.cluster).
+            recent_prompts=self.engine.cluster.affinity_keys
+            if self.engine.cluster.redis_url
+            else 0,
+            on_recent_prompts=on_recent_prompts,
         )
         self.metrics = metrics
         self.queue_timeout_s = (
@@ -292,11 +298,13 @@ class ModelActor:
         buffer: int,
         keep_alive: float | str | None = None,
         load_hint: dict[str, Any] | None = None,
+        prefix_keys: tuple[bytes, ...] | None = None,
     ) -> Ticket:
         """Queue a request if the state allows it; raises the state's error otherwise.
 
         An ``on_demand`` model that is not loaded starts loading and the request waits
         in the queue (bounded by ``queue_timeout_s``) instead of failing.
+        ``prefix_keys``: the prompt's keys where the cluster's router already hashed them.
         """
         on_demand_wait = self.loads_on_request and self.state in (
             "unloaded",
@@ -309,6 +317,7 @@ class ModelActor:
         if keep_alive is not None and not self.definition.keep_alive_pinned:
             keep_alive_s = parse_keep_alive(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
+        ticket.prefix_keys = prefix_keys
         log.debug(
             "request_id=%s model=%s queued tenant=%s priority=%s state=%s ahead=%d",
             request.request_id,
@@ -367,6 +376,12 @@ class ModelActor:
     def forget_prefixes(self) -> None:
         """The replicas' prompt caches were flushed: routing forgets what they held."""
         self.scheduler.forget_prefixes()
+
+    def recent_prompts(self) -> list[bytes]:
+        """The last keys of the prompts the model was given lately, newest first (what
+        the cluster's registry record says of it; pool/actors/_affinity.py)."""
+        recent = self.scheduler.recent_prompts
+        return recent.newest() if recent is not None and self.state == "loaded" else []
 
     def holding(self) -> dict[int, int]:
         """MiB per GPU this model holds (loaded or unloading: as measured, else as

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,9 +47,19 @@ class Router(Protocol):
         """This node's name in the cluster."""
         ...
 
-    async def route(self, model: str, local: ModelActor | None) -> Route | None:
+    async def route(
+        self,
+        model: str,
+        local: ModelActor | None,
+        prefix_keys: Callable[[], tuple[bytes, ...]] | None = None,
+    ) -> Route | None:
         """Where a request for ``model`` goes: a peer, or None to serve it here
-        (``local`` is this node's actor for the model, if it has one)."""
+        (``local`` is this node's actor for the model, if it has one; ``prefix_keys``
+        gives the request's prompt keys, pool/actors/_affinity.py; None: no affinity)."""
+        ...
+
+    def prompts_changed(self) -> None:
+        """A model's recent prompts changed: peers should hear of them soon."""
         ...
 
     def peer_models(self) -> Sequence[Mapping[str, Any]]:

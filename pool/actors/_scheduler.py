@@ -12,6 +12,10 @@ arrival order within a tenant. The request next in that order goes to the free r
 holding the longest part of its prompt (pool/actors/_affinity.py) when that is more
 than half of it, else to the least loaded (and least filled) free replica: affinity chooses
 among free slots only, so it never makes a request wait.
+
+In a cluster (``recent_prompts`` above 0) the scheduler also keeps the model's
+:class:`RecentPrompts`, which the node's registry record carries to its peers; it hashes
+every prompt then, with one replica too.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import trio
 
-from pool.actors._affinity import PrefixSummary, ReplyRecorder, prefix_keys
+from pool.actors._affinity import (
+    AFFINITY_MIN_SHARE,
+    PrefixSummary,
+    RecentPrompts,
+    ReplyRecorder,
+    prefix_keys,
+)
 from pool.actors._stats import RecentStats
 from pool.backends import GenerationRequest
 from pool.errors import PoolError
@@ -35,10 +45,6 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 # Tenants whose last service is remembered; a forgotten one counts as never served.
 _SERVED_MEMORY = 4096
-# The part of a prompt a replica must hold more than for affinity to choose it over
-# balance (as SGLang's cache-aware router does); otherwise the least loaded and least
-# filled replica.
-AFFINITY_MIN_SHARE = 0.5
 
 
 class Slots(Protocol):
@@ -58,6 +64,9 @@ class Scheduler:
         on_idle: called when nothing is queued or running any more (drain waits on it).
         affinity: send a request to the free replica that was given most of its prompt
             (``engine.prefix_affinity``); otherwise to the least loaded one.
+        recent_prompts: with ``affinity``, how many recent prompts to keep for the
+            cluster's registry (``engine.cluster.affinity_keys``; 0: none).
+        on_recent_prompts: called when those changed.
     """
 
     def __init__(
@@ -66,9 +75,16 @@ class Scheduler:
         on_idle: Callable[[], None] | None = None,
         stats: RecentStats | None = None,
         affinity: bool = True,
+        recent_prompts: int = 0,
+        on_recent_prompts: Callable[[], None] | None = None,
     ) -> None:
         self.max_queue = max_queue
         self.affinity = affinity
+        self.recent_prompts: RecentPrompts | None = (
+            RecentPrompts(recent_prompts, on_recent_prompts)
+            if affinity and recent_prompts > 0
+            else None
+        )
         self._prefixes: dict[Slots, PrefixSummary] = {}
         self.stats = stats or RecentStats(1024)
         self._queues: dict[Priority, OrderedDict[str, deque[Ticket]]] = {
@@ -98,13 +114,34 @@ class Scheduler:
     def set_replicas(self, replicas: Sequence[Slots]) -> None:
         self._replicas = tuple(replicas)
         # A replica that stays keeps what it was given; a new one starts empty.
-        self._prefixes = {r: self._prefixes.get(r) or PrefixSummary() for r in self._replicas}
+        self._prefixes = {
+            r: self._prefixes.get(r) or PrefixSummary(recent=self.recent_prompts)
+            for r in self._replicas
+        }
+        if not self._replicas and self.recent_prompts is not None:
+            self.recent_prompts.clear()  # unloaded: its caches are gone with it
         self.dispatch()
 
     def forget_prefixes(self) -> None:
         """The replicas' caches were flushed: no replica holds any prompt now."""
         for summary in self._prefixes.values():
             summary.clear()
+        if self.recent_prompts is not None:
+            self.recent_prompts.clear()
+
+    def prefix_held(self, keys: tuple[bytes, ...]) -> int:
+        """The most leading blocks of ``keys`` one replica was given (0 without affinity)."""
+        if not self.affinity:
+            return 0
+        return max((s.match(keys) for s in self._prefixes.values()), default=0)
+
+    @property
+    def next_position(self) -> int:
+        """The place in the queue a request that came now would take: 0 when a slot is
+        free (it would start at once), 1 first in line, and so on."""
+        if self._depth == 0 and any(r.inflight < r.capacity for r in self._replicas):
+            return 0
+        return self._depth + 1
 
     # -- admission ---------------------------------------------------------------
     def enqueue(self, ticket: Ticket) -> None:
@@ -200,11 +237,12 @@ class Scheduler:
 
     def _choose(self, ticket: Ticket, free: list[Slots]) -> Slots:
         """The free replica for ``ticket``: most of its prompt held, then least loaded
-        (the first of equals). With one replica nothing is hashed or remembered."""
+        (the first of equals). With one replica nothing is hashed or remembered, unless
+        the cluster is told of the model's recent prompts."""
         request = ticket.request
         if (
             not self.affinity
-            or len(self._replicas) < 2
+            or (len(self._replicas) < 2 and self.recent_prompts is None)
             or not isinstance(request, GenerationRequest)
         ):
             return min(free, key=lambda r: r.inflight)
@@ -218,7 +256,9 @@ class Scheduler:
             # that holds the fewest prompts first, so conversations spread over replicas.
             chosen = min(free, key=lambda r: (r.inflight, len(self._prefixes[r])))
         self._prefixes[chosen].record(keys)
-        if keys:
+        if request.cache.enabled:
+            # Even a prompt shorter than a block: with its answer it may fill one, and
+            # the next turn then finds its way back.
             ticket.reply = ReplyRecorder(request, self._prefixes[chosen])
         return chosen
 

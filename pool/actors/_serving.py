@@ -13,10 +13,16 @@ from typing import Any
 import trio
 
 from pool.actors._admission import Admission, new_request_id
+from pool.actors._affinity import PendingKeys
 from pool.actors._budgets import Budgets
 from pool.actors._caller import CALLER
 from pool.actors._events import Finished, Waiting
-from pool.actors._intake import build_embedding_job, build_generation_request, inline_images
+from pool.actors._intake import (
+    build_embedding_job,
+    build_generation_request,
+    cache_scope,
+    inline_images,
+)
 from pool.actors._metrics import PoolMetrics
 from pool.actors._rate_limit import RateLimiter
 from pool.actors._relay import RELAYED, Route, Router, run_relay
@@ -116,8 +122,13 @@ class Serving:
                 key_limit = (caller.key_name, caller.rate_limit_rpm)
         # Before routing: a spent budget is refused here, not relayed to a peer.
         self._check_budget(tenant, request.key_name)
+        prefix_keys: PendingKeys | None = None
         if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
-            route = await self.router.route(request.model, self.residency.models.get(request.model))
+            if self.settings.engine.prefix_affinity:
+                prefix_keys = PendingKeys(request, cache_scope(request, tenant))
+            route = await self.router.route(
+                request.model, self.residency.models.get(request.model), prefix_keys
+            )
             if route is not None:
                 async with self._relayed(
                     request, route, tenant, priority, request_id, admitted_at, key_limit
@@ -154,6 +165,8 @@ class Serving:
                 buffer=self.settings.engine.stream_buffer_tokens,
                 keep_alive=request.keep_alive,
                 load_hint=load_hint,
+                # Hashed once: what the router hashed, the scheduler uses.
+                prefix_keys=prefix_keys.value if prefix_keys is not None else None,
             )
             ticket: Ticket | None = None
             steps: AsyncGenerator[Waiting | Ticket, None] | None = None
@@ -216,6 +229,8 @@ class Serving:
             request_id=request_id,
             capabilities=local.capabilities if local is not None else RELAY_CAPABILITIES,
             decoding_defaults=self.settings.engine.decoding,
+            # The peer serves it in the tenant's own cache scope (the relay sends it).
+            tenant=tenant,
         )
         self.rate_limiter.admit(tenant, key_limit)
         job = await inline_images(job, self.media)

@@ -117,6 +117,7 @@ class Pool:
                 meter=self.meter,
                 footprints=self.footprints,
                 contexts=self.contexts,
+                on_recent_prompts=router.prompts_changed if router is not None else None,
             )
         self.started_at = time.time()
         self.shutting_down = False

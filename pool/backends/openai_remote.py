@@ -103,6 +103,10 @@ class OpenAIRemoteRuntime:
             body["thinking"] = {"type": thinking}
         return body
 
+    def headers(self, request: GenerationRequest) -> dict[str, str] | None:
+        """The headers of ``request``'s call (a relay to a peer pool adds its own)."""
+        return self._headers
+
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         counting = _CountingSink(sink)
         attempts = 0
@@ -115,7 +119,7 @@ class OpenAIRemoteRuntime:
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=self._headers,
+                        headers=self.headers(request),
                         what="remote API",
                     )
             except trio.TooSlowError:

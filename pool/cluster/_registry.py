@@ -93,7 +93,8 @@ class NodeIdInUse(ConfigError):
 
 
 def describe(pool: Pool) -> dict[str, Any]:
-    """What peers need to know of ``pool``: its GPUs and its models' states and load."""
+    """What peers need to know of ``pool``: its GPUs, and its models' states, load and
+    recent prompts (at most ``engine.cluster.affinity_keys`` keys each)."""
     engine = pool.settings.engine
     caps = engine.gpu_budget_mib or []
     models = []
@@ -103,10 +104,13 @@ def describe(pool: Pool) -> dict[str, Any]:
                 "name": snap.name,
                 "state": snap.state,
                 "replicas": snap.loaded_replicas,
+                "slots": snap.loaded_replicas * snap.effective_target_inflight,
                 "in_flight": snap.running,
                 "queue_depth": snap.queue_depth,
                 "on_demand": snap.definition.on_demand,
                 "vram_mib": snap.vram.mib,
+                # The cluster's prefix affinity (docs/cluster.md, "Routing").
+                "prefixes": [key.hex() for key in pool.models[snap.name].recent_prompts()],
             }
         )
     gpus = [

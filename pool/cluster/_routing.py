@@ -2,9 +2,14 @@
 
 The choice, from the node registry's records (docs/cluster.md, "Routing"):
 
-1. Loaded here: served here.
-2. Loaded on peers: the one with the fewest requests in flight and queued.
-3. Loaded nowhere: one node loads it for the cluster. The candidates are this node and
+1. Prefix affinity: among the nodes that have the model loaded (this one included),
+   the one whose recent prompts hold the longest part of the request's prompt in its
+   cache scope, when that is more than half of it and the node would not queue the
+   request past ``engine.cluster.affinity_max_queue``; then the least loaded of equals,
+   this node first.
+2. Loaded here: served here.
+3. Loaded on peers: the one with the fewest requests in flight and queued.
+4. Loaded nowhere: one node loads it for the cluster. The candidates are this node and
    the peers that have the model configured on demand; the one with the most room on a
    GPU (room for the model first) and the fewest requests wins. The load lock
    ``P:loadlock:MODEL`` (a Lua script: taken when free or when its holder is no longer
@@ -18,10 +23,11 @@ The relay is the ``openai_remote`` backend's runtime pointed at the peer's
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from pool.actors import RELAY_HEADER
+from pool.actors import AFFINITY_MIN_SHARE, RELAY_HEADER, longest_held
 from pool.backends.openai_remote import OpenAIRemoteModel, OpenAIRemoteRuntime
 from pool.cluster._redis import RedisUnavailable, call
 
@@ -76,11 +82,30 @@ class PeerRoute:
 
 
 class _RelayRuntime(OpenAIRemoteRuntime):
-    """The remote runtime, marking its requests as relayed."""
+    """The remote runtime, marking its requests as relayed and sending their cache
+    scope: the peer serves a request in its tenant's own scope (its prefix cache, its
+    recent prompts), never in one shared by every relayed request."""
 
     def __init__(self, definition: OpenAIRemoteModel) -> None:
         super().__init__(definition, api_key=None)
-        self._headers = {RELAY_HEADER: "1"}
+
+    def headers(self, request: GenerationRequest) -> dict[str, str]:
+        cache = request.cache
+        headers = {RELAY_HEADER: "1", "X-Tenant-ID": _header_safe(cache.tenant)}
+        if cache.tag is not None:
+            headers["X-Cache-Tag"] = _header_safe(cache.tag)
+        if not cache.enabled:
+            headers["X-Cache-Mode"] = "none"
+        return headers
+
+
+def _header_safe(value: str) -> str:
+    """``value`` as a header value, one to one: as it is when it is plain text (as every
+    value that came in a header is), else percent-encoded (then with a ``%``, which the
+    plain values have none of), so two tenants never become one on the peer."""
+    if "%" not in value and value.isprintable() and value.isascii():
+        return value
+    return quote(value, safe="")
 
 
 def _load(record: Mapping[str, Any]) -> int:
@@ -129,18 +154,32 @@ class ClusterRouter:
                 return
             self._locks.discard(model)
 
-    async def route(self, model: str, local: ModelActor | None) -> PeerRoute | None:
-        if local is not None and local.state in ("loaded", "loading"):
-            return None
+    async def route(
+        self,
+        model: str,
+        local: ModelActor | None,
+        prefix_keys: Callable[[], tuple[bytes, ...]] | None = None,
+    ) -> PeerRoute | None:
+        here = local is not None and local.state in ("loaded", "loading")
         peers = self.node.registry.peers
         loaded = [
-            (_model_load(m), node_id, record)
+            (node_id, record, m)
             for node_id, record in peers.items()
             for m in record.get("models", ())
             if m["name"] == model and m["state"] == "loaded" and record.get("url")
         ]
+        if prefix_keys is not None and any(m.get("prefixes") for _, _, m in loaded):
+            holder = self._prefix_holder(prefix_keys(), local, loaded)
+            if holder is not None:
+                return (
+                    None
+                    if holder == self.node_id
+                    else self._route(holder, peers[holder]["url"], model)
+                )
+        if here:
+            return None
         if loaded:
-            _, node_id, record = min(loaded, key=lambda c: (c[0], c[1]))
+            node_id, record, _ = min(loaded, key=lambda c: (_model_load(c[2]), c[0]))
             return self._route(node_id, record["url"], model)
         if not self.node.online:
             return None  # no cluster view to trust: serve (or refuse) locally
@@ -148,6 +187,33 @@ class ClusterRouter:
         if loader is None or loader == self.node.node_id:
             return None
         return self._route(loader, peers[loader]["url"], model)
+
+    def _prefix_holder(
+        self,
+        keys: tuple[bytes, ...],
+        local: ModelActor | None,
+        loaded: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    ) -> str | None:
+        """The node whose cache holds most of the prompt of ``keys`` (rule 1), or None
+        when no node that could start it soon holds more than half of it."""
+        bound = self.node.settings.engine.cluster.affinity_max_queue
+        # (blocks held, this node first, least loaded first, node id)
+        candidates: list[tuple[int, bool, int, str]] = []
+        if local is not None and local.state == "loaded":
+            scheduler = local.scheduler
+            if scheduler.next_position <= bound:
+                load = scheduler.running + scheduler.queue_depth
+                candidates.append((scheduler.prefix_held(keys), True, -load, self.node_id))
+        wanted = [key.hex() for key in keys]
+        for node_id, _, m in loaded:
+            prefixes = m.get("prefixes")
+            if prefixes and _next_position(m) <= bound:
+                held = longest_held(wanted, set(prefixes))
+                candidates.append((held, False, -_model_load(m), node_id))
+        if not candidates:
+            return None
+        held, _, _, node_id = max(candidates, key=lambda c: c[:3])
+        return node_id if held > len(keys) * AFFINITY_MIN_SHARE else None
 
     async def _pick_loader(self, model: str, local: ModelActor | None) -> str | None:
         """The node that loads ``model`` for the cluster (the lock's holder)."""
@@ -183,6 +249,10 @@ class ClusterRouter:
     def node_id(self) -> str:
         return self.node.node_id
 
+    def prompts_changed(self) -> None:
+        # The record is rewritten within the registry's coalescing delay (20 ms).
+        self.node.registry.poke()
+
     def peer_models(self) -> list[dict[str, Any]]:
         return [
             {"node": node_id, **m}
@@ -205,3 +275,13 @@ class ClusterRouter:
 
 def _model_load(model: Mapping[str, Any]) -> int:
     return int(model.get("in_flight", 0)) + int(model.get("queue_depth", 0))
+
+
+def _next_position(model: Mapping[str, Any]) -> int:
+    """The place a request sent now would take in a peer's queue for ``model`` (as
+    :attr:`pool.actors.Scheduler.next_position`), by its record: 0 with a free slot."""
+    queued = int(model.get("queue_depth", 0))
+    # A record without "slots" (an older pool) counts as having no free slot.
+    if queued == 0 and int(model.get("in_flight", 0)) < int(model.get("slots", 0)):
+        return 0
+    return queued + 1

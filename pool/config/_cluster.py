@@ -58,11 +58,23 @@ class ClusterSettings(BaseModel):
         description="Expiry of the cluster-wide lock that lets one node load a model for"
         " a peer's request (renewed while the load runs).",
     )
-
     budget_refresh_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         1.0,
         description="How often a pool reads the cluster's shared budget counters (what the"
         " other pools spent); its own spending is added at once.",
+    )
+    affinity_keys: Annotated[int, Field(ge=0, le=1024)] = Field(
+        64,
+        description="Recent prompts per loaded model a node names in its registry record"
+        " (one 16-character hex key each, about 19 bytes of the record), so that a peer"
+        " sends a conversation's next turn where its prefix is cached; 0: none (routing"
+        " by load alone). Needs engine.prefix_affinity.",
+    )
+    affinity_max_queue: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        0,
+        description="A node is preferred for the prompt prefix it holds only while a"
+        " request would take at most this place in its queue for the model; 0: only while"
+        " it has a free slot, so affinity makes no request wait.",
     )
 
     @model_validator(mode="after")

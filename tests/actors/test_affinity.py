@@ -3,7 +3,13 @@ prompt, within its cache scope, and never waits for it."""
 
 from __future__ import annotations
 
-from pool.actors._affinity import BLOCK_CHARS, PrefixSummary, prefix_keys
+from pool.actors._affinity import (
+    BLOCK_CHARS,
+    PrefixSummary,
+    RecentPrompts,
+    longest_held,
+    prefix_keys,
+)
 from pool.actors._scheduler import Scheduler
 from pool.actors._ticket import Ticket
 from pool.backends import CacheScope, Decoding, GenerationRequest, TextPart, Turn
@@ -33,7 +39,8 @@ class _Replica:
 
 
 def _request(*texts: str, tenant: str = "default", tag: str | None = None,
-             cached: bool = True, rid: str = "r") -> GenerationRequest:  # fmt: skip
+             cached: bool = True, rid: str = "r",
+             instructions: str = SYSTEM) -> GenerationRequest:  # fmt: skip
     turns = tuple(
         Turn("user" if i % 2 == 0 else "assistant", (TextPart(t),)) for i, t in enumerate(texts)
     )
@@ -42,7 +49,7 @@ def _request(*texts: str, tenant: str = "default", tag: str | None = None,
         model="m",
         turns=turns,
         decoding=Decoding(),
-        instructions=SYSTEM,
+        instructions=instructions,
         multi_turn=len(turns) > 1,
         cache=CacheScope(tenant=tenant, tag=tag, enabled=cached),
     )
@@ -169,3 +176,70 @@ async def test_off_or_flushed_means_least_loaded() -> None:
         # least loaded picks b.
         expected = "a" if mode == "on" else "b"
         assert _send(scheduler, _request(*texts[:3])) == expected, mode
+
+
+def test_recent_prompts_name_each_conversation_once_newest_first_within_the_cap() -> None:
+    changes: list[None] = []
+    recent = RecentPrompts(2, on_change=lambda: changes.append(None))
+    chats = {n: _conversation(n) for n in range(3)}
+    for n in (0, 1):
+        recent.record(prefix_keys(_request(chats[n][0])))
+        recent.record(prefix_keys(_request(chats[n][0]), reply=chats[n][1]))
+    # The answer's key stands for the prompt's too: one key per conversation.
+    assert len(recent) == 2
+    second_turn = prefix_keys(_request(*chats[0][:3]))
+    assert longest_held(second_turn, set(recent.newest())) > len(second_turn) / 2
+    recent.record(prefix_keys(_request(chats[2][0]), reply=chats[2][1]))
+    # Conversation 2 is the newest; conversation 0, the oldest, is gone.
+    assert recent.newest()[0] == prefix_keys(_request(chats[2][0]), reply=chats[2][1])[-1]
+    assert longest_held(second_turn, set(recent.newest())) == 0
+    assert len(recent) == 2
+    # Another tenant's copy of conversation 1 matches nothing of it.
+    other = prefix_keys(_request(*chats[1][:3], tenant="t2"))
+    assert longest_held(other, set(recent.newest())) == 0
+    assert longest_held(prefix_keys(_request(*chats[1][:3])), set(recent.newest())) > 0
+    told = len(changes)
+    recent.clear()
+    assert (len(recent), len(changes)) == (0, told + 1)
+
+
+async def test_in_a_cluster_one_replica_tells_its_prompts_hashed_once() -> None:
+    for cluster in (False, True):
+        scheduler = Scheduler(max_queue=10, recent_prompts=8 if cluster else 0)
+        only = _Replica("a", capacity=1)
+        scheduler.set_replicas([only])
+        REPLICAS[:] = [only]
+        assert scheduler.next_position == 0
+        texts = _conversation(0)
+        # Keys the router hashed already: the scheduler keeps them as they are.
+        ticket = Ticket(_request(*texts[:1]), tenant="default")
+        hashed = prefix_keys(ticket.request)  # type: ignore[arg-type]
+        ticket.prefix_keys = hashed
+        scheduler.enqueue(ticket)
+        assert ticket.prefix_keys is hashed
+        recent = scheduler.recent_prompts
+        if not cluster:
+            # One replica, no cluster: nothing is remembered (or answered into).
+            assert recent is None and ticket.reply is None
+            continue
+        assert recent is not None and recent.newest() == [hashed[-1]]
+        assert scheduler.prefix_held(hashed) == len(hashed)
+        # Its one slot is taken: a request now would be first in line, then second.
+        assert scheduler.next_position == 1
+        scheduler.enqueue(Ticket(_request("another"), tenant="default"))
+        assert scheduler.next_position == 2
+        scheduler.set_replicas(())
+        assert recent.newest() == []  # unloaded: nothing is cached any more
+
+
+async def test_a_first_turn_shorter_than_a_block_still_draws_the_next() -> None:
+    scheduler = Scheduler(max_queue=10)
+    replicas = [_Replica("a"), _Replica("b")]
+    scheduler.set_replicas(replicas)
+    REPLICAS[:] = replicas
+    question, answer = "hello " * 20, "an answer of some length " * 20
+    assert prefix_keys(_request(question, instructions="")) == ()
+    assert _send(scheduler, _request(question, instructions="")) == "a"
+    replicas[0].finish(scheduler, answer)  # the prompt and its answer fill a block
+    replicas[0].inflight += 1  # a is busier than b now, but holds the conversation
+    assert _send(scheduler, _request(question, answer, "and?", instructions="")) == "a"
