@@ -167,6 +167,9 @@ class ModelActor:
         self.resident_since = 0.0
         self.loaded_at: float | None = None
         self.loaded_at_wall: float | None = None
+        # When the latest load ended (perf_counter): a request's trace ends its load wait
+        # there (pool/tracing).
+        self.ready_at: float | None = None
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
@@ -297,6 +300,7 @@ class ModelActor:
         if keep_alive is not None and not self.definition.keep_alive_pinned:
             keep_alive_s = parse_keep_alive(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
+        ticket.waits_for_load = on_demand_wait
         log.debug(
             "request_id=%s model=%s queued tenant=%s priority=%s state=%s ahead=%d",
             request.request_id,
@@ -555,6 +559,7 @@ class ModelActor:
         self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()
         self.loaded_at_wall = time.time()
+        self.ready_at = time.perf_counter()
         self.last_used_at = self.loaded_at
         self.load_count += 1
         if self.metrics is not None:

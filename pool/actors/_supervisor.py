@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -45,8 +45,15 @@ from pool.config import Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
+from pool.tracing import open_tracing
+
+if TYPE_CHECKING:
+    from pool.tracing._spans import Tracing
 
 log = logging.getLogger("pool")
+
+# How long a shutdown waits for the last spans to reach the collector.
+TRACE_FLUSH_S = 10.0
 
 T = TypeVar("T")
 
@@ -67,8 +74,11 @@ class Pool:
         media: MediaLoader | None = None,
         ledger: SharedLedger | None = None,
         router: Router | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        # Where the spans of requests go (pool/tracing); None: the pool does not trace.
+        self.tracing = tracing
         # Sends requests for models that peers serve to them (pool.cluster).
         self.router = router
         budgets = settings.engine.gpu_budget_mib
@@ -124,6 +134,7 @@ class Pool:
             metrics=self.metrics,
             shutting_down=lambda: self.shutting_down,
             nursery=lambda: self._nursery,
+            tracing=tracing,
         )
         self.pulls = PullManager(settings, self.models)
         self.load_tasks = LoadTasks(
@@ -334,18 +345,28 @@ async def open_pool(
         ledger: a lease ledger shared with other GPU users (``pool.cluster``).
         router: sends requests for models that peers serve to them (``pool.cluster``).
     """
-    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger, router=router)
-    await trio.to_thread.run_sync(pool.footprints.read)
-    async with trio.open_nursery() as nursery:
-        pool._nursery = nursery
-        for actor in pool.models.values():
-            await nursery.start(actor.run)
-        await nursery.start(pool.residency.run)
-        await nursery.start(pool.pulls.run)
-        if startup_loads:
-            await pool.residency.startup()
-        try:
-            yield pool
-        finally:
-            pool.shutting_down = True
-            nursery.cancel_scope.cancel()
+    # Before anything starts: tracing asked for without its packages is a ConfigError.
+    tracing = open_tracing(settings.service.tracing)
+    pool = Pool(settings, gpus=gpus, media=media, ledger=ledger, router=router, tracing=tracing)
+    try:
+        await trio.to_thread.run_sync(pool.footprints.read)
+        async with trio.open_nursery() as nursery:
+            pool._nursery = nursery
+            for actor in pool.models.values():
+                await nursery.start(actor.run)
+            await nursery.start(pool.residency.run)
+            await nursery.start(pool.pulls.run)
+            if startup_loads:
+                await pool.residency.startup()
+            try:
+                yield pool
+            finally:
+                pool.shutting_down = True
+                nursery.cancel_scope.cancel()
+    finally:
+        if tracing is not None:
+            # Every request has ended, so has its span: export what is queued. Bounded
+            # (a collector that is down must not hold the shutdown), as the exporter's
+            # own timeout is; a thread left behind then is the SDK's daemon thread.
+            with trio.move_on_after(TRACE_FLUSH_S, shield=True):
+                await trio.to_thread.run_sync(tracing.shutdown, abandon_on_cancel=True)

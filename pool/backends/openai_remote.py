@@ -103,6 +103,13 @@ class OpenAIRemoteRuntime:
             body["thinking"] = {"type": thinking}
         return body
 
+    def _request_headers(self, request: GenerationRequest) -> dict[str, str] | None:
+        """The headers of every call, with the request's ``traceparent`` where it is traced
+        (the upstream's spans, or a relaying peer's, then join the pool's trace)."""
+        if request.trace_parent is None:
+            return self._headers
+        return {**(self._headers or {}), "traceparent": request.trace_parent}
+
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         counting = _CountingSink(sink)
         attempts = 0
@@ -115,7 +122,7 @@ class OpenAIRemoteRuntime:
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=self._headers,
+                        headers=self._request_headers(request),
                         what="remote API",
                     )
             except trio.TooSlowError:
