@@ -27,7 +27,7 @@ from pool.errors import PoolError
 from pool.media import MediaLoader
 
 if TYPE_CHECKING:
-    from pool.tracing._spans import RequestTrace, Tracing
+    from pool.tracing import RequestTrace, Tracing
 
 # What a request for a model this node does not have configured may ask of a peer;
 # the peer checks it against the model's own capabilities.

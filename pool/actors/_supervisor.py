@@ -48,7 +48,7 @@ from pool.pulls import PullManager
 from pool.tracing import open_tracing
 
 if TYPE_CHECKING:
-    from pool.tracing._spans import Tracing
+    from pool.tracing import Tracing
 
 log = logging.getLogger("pool")
 

@@ -12,14 +12,28 @@ from pool.tracing._incoming import (
     answering_with_trace,
     incoming_trace,
 )
+from pool.tracing._protocol import (
+    FIRST_TOKEN_EVENT,
+    GENERATION_SPAN,
+    LOAD_SPAN,
+    QUEUE_SPAN,
+    RequestTrace,
+    Tracing,
+)
 from pool.tracing._setup import INSTALL_HINT, TracingTarget, open_tracing, tracing_target
 
 __all__ = [
+    "FIRST_TOKEN_EVENT",
+    "GENERATION_SPAN",
     "INCOMING_TRACE",
     "INSTALL_HINT",
+    "LOAD_SPAN",
+    "QUEUE_SPAN",
     "TRACEPARENT",
     "TRACESTATE",
     "IncomingTrace",
+    "RequestTrace",
+    "Tracing",
     "TracingTarget",
     "answering_with_trace",
     "incoming_trace",

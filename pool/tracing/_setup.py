@@ -16,7 +16,7 @@ from pool.config import TracingSettings
 from pool.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pool.tracing._spans import Tracing
+    from pool.tracing._protocol import Tracing
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -79,7 +79,7 @@ def open_tracing(
     if target is None:
         return None
     try:
-        from pool.tracing._spans import Tracing
+        from pool.tracing._spans import OtelTracing
     except ImportError as exc:
         raise ConfigError(
             [
@@ -87,4 +87,4 @@ def open_tracing(
                 f" installed ({exc.name or exc}): {INSTALL_HINT}, or unset {target.asked_by}"
             ]
         ) from exc
-    return Tracing(target)
+    return OtelTracing(target)

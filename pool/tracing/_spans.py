@@ -38,22 +38,17 @@ from opentelemetry.util.types import AttributeValue
 from pool._version import __version__
 from pool.errors import PoolError
 from pool.tracing._incoming import INCOMING_TRACE, TRACEPARENT, TRACESTATE
+from pool.tracing._protocol import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
 from pool.tracing._setup import TracingTarget
 
 if TYPE_CHECKING:
     from pool.actors import Admission, EmbeddingRequest, InferenceRequest, ModelActor
 
-# Span names of a request's phases (the request span itself is "{operation} {model}",
-# as the GenAI semantic conventions name an inference span).
-QUEUE_SPAN = "llm_pool.queue_wait"
-LOAD_SPAN = "llm_pool.load_wait"
-GENERATION_SPAN = "llm_pool.generation"
-FIRST_TOKEN_EVENT = "llm_pool.first_token"
 
-
-class Tracing:
-    """The pool's tracer: its own provider (several pools in one process never share
-    one), sampling, and the batch exporter; :meth:`shutdown` flushes what is queued."""
+class OtelTracing:
+    """A :class:`pool.tracing.Tracing` on the OpenTelemetry SDK: its own provider
+    (several pools in one process never share one), sampling, and the batch exporter;
+    :meth:`shutdown` flushes what is queued."""
 
     def __init__(self, target: TracingTarget) -> None:
         self.target = target
@@ -71,7 +66,7 @@ class Tracing:
 
     def request(
         self, request: InferenceRequest | EmbeddingRequest, tenant: str, admitted_at: float
-    ) -> RequestTrace:
+    ) -> OtelRequestTrace:
         """Open the span of ``request``, admitted at ``admitted_at`` (``perf_counter``)."""
         incoming = INCOMING_TRACE.get()
         parent: Context | None = None
@@ -84,7 +79,7 @@ class Tracing:
                     carrier[TRACESTATE] = incoming.tracestate
                 # An invalid traceparent is ignored (a new trace), as the W3C spec asks.
                 parent = self._propagator.extract(carrier)
-        trace = RequestTrace(self, request, tenant, admitted_at, parent, kind)
+        trace = OtelRequestTrace(self, request, tenant, admitted_at, parent, kind)
         if incoming is not None:
             incoming.answer = trace.traceparent
         return trace
@@ -130,13 +125,9 @@ def _error_code(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class RequestTrace:
-    """The spans of one admitted request: the request span, open from admission, and
-    its phases, recorded by :meth:`end` (see the module's docstring).
-
-    The pool sets :attr:`admission` (and :attr:`actor`, :attr:`relayed_to`) as it
-    learns them, and :meth:`fail` with what ended the request early.
-    """
+class OtelRequestTrace:
+    """A :class:`pool.tracing.RequestTrace`: the request span, open from admission, and
+    its phases, recorded by :meth:`end` (see the module's docstring)."""
 
     __slots__ = (
         "_error",
@@ -152,7 +143,7 @@ class RequestTrace:
 
     def __init__(
         self,
-        tracing: Tracing,
+        tracing: OtelTracing,
         request: InferenceRequest | EmbeddingRequest,
         tenant: str,
         admitted_at: float,

@@ -23,7 +23,7 @@ from trio_websocket import open_websocket_url
 from pool import ServerInfo
 from pool.backends import Decoding, GenerationRequest, TextPart, ToolCallDelta, Turn
 from pool.cluster import PeerRoute
-from pool.tracing._spans import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
+from pool.tracing import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
 
 from ..http.conftest import STUB_MODELS, WAITING_MODELS, start_server
 from .otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
