@@ -311,6 +311,7 @@ class ModelActor:
             self.scheduler.queue_depth,
         )
         self.scheduler.enqueue(ticket)  # (which may start it at once)
+        ticket.waited = ticket.dispatched_at is None
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
         self._uses.append(trio.current_time())

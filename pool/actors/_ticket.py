@@ -65,8 +65,10 @@ class Ticket:
     prefix_keys: tuple[bytes, ...] | None = None
     reply: ReplyRecorder | None = None
     error: PoolError | None = None
-    # What a request's trace reads (pool/tracing): whether it was queued for a load of
-    # its model, the replica that ran it, and when its job began (perf_counter).
+    # What a request's trace reads (pool/tracing): whether it waited in the queue (found
+    # no free replica on arrival), whether for a load of its model, the replica that ran
+    # it, and when its job began (perf_counter).
+    waited: bool = False
     waits_for_load: bool = False
     replica: int | None = None
     started_at: float | None = None

@@ -233,7 +233,10 @@ class OtelRequestTrace:
         waited_until = now if dispatched is None else dispatched
         # A request that never left the queue ended there: its error is the queue's.
         queue_error = error if dispatched is None else None
-        self._phase(QUEUE_SPAN, parent, ticket.enqueued_at, waited_until, queue_error)
+        if ticket.waited:
+            # One that found a free replica on arrival has no queue span: a span of a
+            # few microseconds says nothing, and each costs CPU (benchmarks/tracing.py).
+            self._phase(QUEUE_SPAN, parent, ticket.enqueued_at, waited_until, queue_error)
         if ticket.waits_for_load:
             ready_at = self.actor.ready_at if self.actor is not None else None
             loaded = ready_at is not None and ticket.enqueued_at <= ready_at <= waited_until

@@ -122,11 +122,10 @@ async def test_a_request_span_has_its_phases_and_the_caller_as_parent(
     assert attributes["llm_pool.tenant"] == "team-a"
     assert attributes["gen_ai.response.id"]
 
-    phases = children(receiver, request)
-    assert set(phases) == {QUEUE_SPAN, GENERATION_SPAN}  # the model was loaded already
-    queue, generation = phases[QUEUE_SPAN], phases[GENERATION_SPAN]
-    assert request.start_ns <= queue.start_ns <= queue.end_ns <= generation.start_ns
-    assert generation.end_ns <= request.end_ns
+    # A free replica took it on arrival: no queue wait, no load wait, only the generation.
+    (generation,) = children(receiver, request).values()
+    assert generation.name == GENERATION_SPAN
+    assert request.start_ns <= generation.start_ns <= generation.end_ns <= request.end_ns
     assert generation.attributes["llm_pool.replica"] == 0
     ((event, at),) = generation.events
     assert event == FIRST_TOKEN_EVENT and generation.start_ns <= at <= generation.end_ns
@@ -167,10 +166,36 @@ async def test_every_surface_traces_its_requests(receiver: Receiver) -> None:
         assert span.trace_id == TRACE_ID and span.parent_span_id == CALLER_SPAN
         assert span.kind == "SPAN_KIND_SERVER" and span.error is None
         assert span.attributes["gen_ai.usage.output_tokens"] == 2
-        assert set(children(receiver, span)) == {QUEUE_SPAN, GENERATION_SPAN}
+        assert set(children(receiver, span)) == {GENERATION_SPAN}
     # Each HTTP answer named its own request's span; the socket's turns are spans of their own.
     assert set(answered) <= {s.span_id for s in spans}
     assert len({s.span_id for s in spans} - set(answered)) == 2
+
+
+async def test_a_request_that_waited_for_a_replica_has_a_queue_wait(receiver: Receiver) -> None:
+    body = {"model": "slow", "input": "x"}  # 40 words at 20 a second, one at a time
+    async with (
+        traced_server(receiver) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        answers: list[httpx.Response] = []
+
+        async def ask() -> None:
+            answers.append(await client.post("/v1/responses", json=body))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            nursery.start_soon(ask)
+        assert [a.status_code for a in answers] == [200, 200]
+    first, second = requests_of(receiver)
+    assert set(children(receiver, first)) == {GENERATION_SPAN}
+    phases = children(receiver, second)
+    assert set(phases) == {QUEUE_SPAN, GENERATION_SPAN}
+    queue, generation = phases[QUEUE_SPAN], phases[GENERATION_SPAN]
+    assert second.start_ns <= queue.start_ns <= queue.end_ns <= generation.start_ns
+    # It waited for the first one's generation to end.
+    ahead = children(receiver, first)[GENERATION_SPAN]
+    assert queue.end_ns >= ahead.end_ns
 
 
 async def test_a_request_that_waited_for_a_load_has_a_load_wait(receiver: Receiver) -> None:
