@@ -34,6 +34,7 @@ from benchmarks.prefix_cache import prefix_cache as run_prefix_cache
 from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
+from benchmarks.tracing import tracing_cost
 from benchmarks.vram_swap import vram_swap
 from pool.config import resolve_model_path
 
@@ -559,4 +560,5 @@ SCENARIOS = {
     "relay-capacity": relay_capacity,
     "cluster-relay": cluster_relay,
     "prefix-cache": prefix_cache,
+    "tracing": tracing_cost,
 }
