@@ -34,6 +34,7 @@ from benchmarks.prefix_cache import prefix_cache as run_prefix_cache
 from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
 from benchmarks.stub_bodies import stub_text
+from benchmarks.tracing import tracing_cost
 from benchmarks.usage_cost import usage_cost
 from benchmarks.vram_swap import vram_swap
 from benchmarks.warm_conversations import warm_conversations
@@ -563,4 +564,5 @@ SCENARIOS = {
     "prefix-cache": prefix_cache,
     "usage-cost": usage_cost,
     "warm-conversations": warm_conversations,
+    "tracing": tracing_cost,
 }

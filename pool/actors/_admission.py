@@ -105,6 +105,8 @@ class Admission:
         self.finished: Finished | None = None
         self.failed: PoolError | None = None
         self.embedding: Embedded | None = None
+        # The replica's report of a finished job (its timestamps are the trace's).
+        self.job: JobFinished | JobEmbedded | None = None
         self._on_finished = on_finished
 
     @property
@@ -211,6 +213,7 @@ class Admission:
         self, item: Output, pieces: list[str], call_pieces: list[ToolCallDelta]
     ) -> Finished | Failed:
         if isinstance(item, JobFinished):
+            self.job = item
             timings, usage = build_timings(self.ticket, item, self.admitted_at)
             calls = assemble_calls(call_pieces)
             reason = item.stats.finish_reason
@@ -242,6 +245,7 @@ class Admission:
             raise error
         async for item in self.ticket.receive_channel:
             if isinstance(item, JobEmbedded):
+                self.job = item
                 assert self.ticket.dispatched_at is not None
                 engine_ms = (item.finished_at - self.ticket.dispatched_at) * 1000.0
                 timings = Timings(

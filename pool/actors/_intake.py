@@ -151,8 +151,11 @@ def build_generation_request(
     capabilities: Capabilities,
     decoding_defaults: DecodingDefaults,
     tenant: str = "default",
+    trace_parent: str | None = None,
 ) -> GenerationRequest:
     """Check ``request`` against the model's capabilities and build the backend request.
+
+    ``trace_parent`` is the ``traceparent`` of the request's span where the pool traces.
 
     Raises:
         PoolError: ``generation_unsupported``, ``remote_not_allowed``,
@@ -199,6 +202,7 @@ def build_generation_request(
         parallel_tool_calls=request.parallel_tool_calls,
         output_format=request.output_format,
         cache=cache_scope(request, tenant),
+        trace_parent=trace_parent,
     )
 
 

@@ -185,6 +185,9 @@ class ModelActor:
         self.resident_since = 0.0
         self.loaded_at: float | None = None
         self.loaded_at_wall: float | None = None
+        # When the latest load ended (perf_counter): a request's trace ends its load wait
+        # there (pool/tracing).
+        self.ready_at: float | None = None
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
@@ -318,6 +321,7 @@ class ModelActor:
             keep_alive_s = parse_keep_alive(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
         ticket.prefix_keys = prefix_keys
+        ticket.waits_for_load = on_demand_wait
         log.debug(
             "request_id=%s model=%s queued tenant=%s priority=%s state=%s ahead=%d",
             request.request_id,
@@ -328,6 +332,7 @@ class ModelActor:
             self.scheduler.queue_depth,
         )
         self.scheduler.enqueue(ticket)  # (which may start it at once)
+        ticket.waited = ticket.dispatched_at is None
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
         self._uses.append(trio.current_time())
@@ -588,6 +593,7 @@ class ModelActor:
         self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()
         self.loaded_at_wall = time.time()
+        self.ready_at = time.perf_counter()
         self.last_used_at = self.loaded_at
         self.load_count += 1
         if self.metrics is not None:

@@ -90,7 +90,7 @@ async def _relay_generate(
     request = ticket.request
     assert not hasattr(request, "texts"), "embeddings are not relayed"
     with ticket.scope:
-        started = time.perf_counter()
+        started = ticket.started_at = time.perf_counter()
         try:
             with idle:
                 stats = await route.generate(request, sink)

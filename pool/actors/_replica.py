@@ -202,6 +202,7 @@ class Replica:
             return
         self.inflight += 1
         self._running.add(ticket)
+        ticket.replica = self.index
         log.debug(
             "request_id=%s model=%s replica=%d started inflight=%d",
             ticket.request.request_id,
@@ -248,7 +249,7 @@ class Replica:
         sink = _TicketSink(ticket, idle, self._idle_timeout_s)
         request = ticket.request
         with ticket.scope:
-            started = time.perf_counter()
+            started = ticket.started_at = time.perf_counter()
             try:
                 if isinstance(request, EmbeddingJob):
                     runtime: EmbeddingRuntime = self.runtime  # type: ignore[assignment]

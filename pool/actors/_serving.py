@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -37,6 +37,9 @@ from pool.config import Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 
+if TYPE_CHECKING:
+    from pool.tracing import RequestTrace, Tracing
+
 # What a request for a model this node does not have configured may ask of a peer;
 # the peer checks it against the model's own capabilities.
 RELAY_CAPABILITIES = Capabilities(
@@ -60,6 +63,7 @@ class Serving:
         nursery: Callable[[], trio.Nursery | None],
         budgets: Budgets | None = None,
         usage: UsageRecorder | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.residency = residency
@@ -67,6 +71,8 @@ class Serving:
         self.rate_limiter = rate_limiter
         self.media = media
         self.metrics = metrics
+        # The spans of each request where the pool traces (pool/tracing), else None.
+        self.tracing = tracing
         self._shutting_down = shutting_down
         self._nursery = nursery
         self._waits = RequestWaits(residency)
@@ -111,104 +117,121 @@ class Serving:
                 image, a full queue (``queue_full``) or waiting past ``queue_timeout_s``.
         """
         admitted_at = time.perf_counter()
-        if self._shutting_down():
-            raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
-        # The key that sent it names the request and brings its own rate limit.
-        caller = CALLER.get()
-        key_limit = None
-        if caller is not None:
-            request = dataclasses.replace(request, key_name=caller.key_name)
-            if caller.rate_limit_rpm is not None:
-                key_limit = (caller.key_name, caller.rate_limit_rpm)
-        # Before routing: a spent budget is refused here, not relayed to a peer.
-        self._check_budget(tenant, request.key_name)
-        prefix_keys: PendingKeys | None = None
-        if self.router is not None and isinstance(request, InferenceRequest) and not RELAYED.get():
-            if self.settings.engine.prefix_affinity:
-                prefix_keys = PendingKeys(request, cache_scope(request, tenant))
-            route = await self.router.route(
-                request.model, self.residency.models.get(request.model), prefix_keys
-            )
-            if route is not None:
-                async with self._relayed(
-                    request, route, tenant, priority, request_id, admitted_at, key_limit
-                ) as relayed:
-                    yield relayed
-                return
-        actor = self.residency.model(request.model)
-        status = "cancelled"
-        admission: Admission | None = None
+        # Tracing off: this None check is all it costs (pool/tracing).
+        trace = None if self.tracing is None else self.tracing.request(request, tenant, admitted_at)
         try:
-            request_id = request_id or new_request_id()
-            job: GenerationRequest | EmbeddingJob
-            if isinstance(request, EmbeddingRequest):
-                job = build_embedding_job(
-                    request, request_id=request_id, capabilities=actor.capabilities
-                )
-                self.rate_limiter.admit(tenant, key_limit)
-            else:
-                job = build_generation_request(
-                    request,
-                    request_id=request_id,
-                    capabilities=actor.capabilities,
-                    decoding_defaults=self.settings.engine.decoding,
-                    tenant=tenant,
-                )
-                self.rate_limiter.admit(tenant, key_limit)
-                job = await inline_images(job, self.media)
-            deadline = trio.current_time() + actor.queue_timeout_s
-            enqueue = partial(
-                actor.admit,
-                job,
-                tenant=tenant,
-                priority=priority,
-                buffer=self.settings.engine.stream_buffer_tokens,
-                keep_alive=request.keep_alive,
-                load_hint=load_hint,
-                # Hashed once: what the router hashed, the scheduler uses.
-                prefix_keys=prefix_keys.value if prefix_keys is not None else None,
-            )
-            ticket: Ticket | None = None
-            steps: AsyncGenerator[Waiting | Ticket, None] | None = None
-            door_closed = self.residency.door_closed(actor)
-            report_waits = report_waits or heartbeat_s is not None
-            if report_waits and (
-                door_closed or (actor.loads_on_request and actor.state != "loaded")
+            if self._shutting_down():
+                raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+            # The key that sent it names the request and brings its own rate limit.
+            caller = CALLER.get()
+            key_limit = None
+            if caller is not None:
+                request = dataclasses.replace(request, key_name=caller.key_name)
+                if caller.rate_limit_rpm is not None:
+                    key_limit = (caller.key_name, caller.rate_limit_rpm)
+            # Before routing: a spent budget is refused here, not relayed to a peer.
+            self._check_budget(tenant, request.key_name)
+            prefix_keys: PendingKeys | None = None
+            if (
+                self.router is not None
+                and isinstance(request, InferenceRequest)
+                and not RELAYED.get()
             ):
-                # It waits for VRAM or a load: the caller gets the admission now and
-                # reads the wait from it. Queued here unless a door holds it, so a full
-                # queue is still refused before anything is sent.
-                if not door_closed:
-                    ticket = enqueue()
-                steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
-            else:
-                await self._waits.at_door(actor, deadline)
-                ticket = enqueue()
-                if heartbeat_s is not None and not ticket.ready.is_set():
-                    steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
-            admission = Admission(
-                ticket, request_id, request.model, admitted_at, self._record_finished, steps
-            )
+                if self.settings.engine.prefix_affinity:
+                    prefix_keys = PendingKeys(request, cache_scope(request, tenant))
+                route = await self.router.route(
+                    request.model, self.residency.models.get(request.model), prefix_keys
+                )
+                if route is not None:
+                    async with self._relayed(
+                        request, route, tenant, priority, request_id, admitted_at, key_limit, trace
+                    ) as relayed:
+                        yield relayed
+                    return
+            actor = self.residency.model(request.model)
+            status = "cancelled"
+            admission: Admission | None = None
             try:
-                if ticket is not None and steps is None:
-                    await self._waits.ready(actor, ticket, deadline)
-                yield admission
-                if admission.finished is not None or admission.embedding is not None:
-                    status = "success"
-                elif admission.failed is not None:
-                    status = admission.failed.code
+                request_id = request_id or new_request_id()
+                job: GenerationRequest | EmbeddingJob
+                if isinstance(request, EmbeddingRequest):
+                    job = build_embedding_job(
+                        request, request_id=request_id, capabilities=actor.capabilities
+                    )
+                    self.rate_limiter.admit(tenant, key_limit)
+                else:
+                    job = build_generation_request(
+                        request,
+                        request_id=request_id,
+                        capabilities=actor.capabilities,
+                        decoding_defaults=self.settings.engine.decoding,
+                        tenant=tenant,
+                        trace_parent=None if trace is None else trace.traceparent,
+                    )
+                    self.rate_limiter.admit(tenant, key_limit)
+                    job = await inline_images(job, self.media)
+                deadline = trio.current_time() + actor.queue_timeout_s
+                enqueue = partial(
+                    actor.admit,
+                    job,
+                    tenant=tenant,
+                    priority=priority,
+                    buffer=self.settings.engine.stream_buffer_tokens,
+                    keep_alive=request.keep_alive,
+                    load_hint=load_hint,
+                    # Hashed once: what the router hashed, the scheduler uses.
+                    prefix_keys=prefix_keys.value if prefix_keys is not None else None,
+                )
+                ticket: Ticket | None = None
+                steps: AsyncGenerator[Waiting | Ticket, None] | None = None
+                door_closed = self.residency.door_closed(actor)
+                report_waits = report_waits or heartbeat_s is not None
+                if report_waits and (
+                    door_closed or (actor.loads_on_request and actor.state != "loaded")
+                ):
+                    # It waits for VRAM or a load: the caller gets the admission now and
+                    # reads the wait from it. Queued here unless a door holds it, so a full
+                    # queue is still refused before anything is sent.
+                    if not door_closed:
+                        ticket = enqueue()
+                    steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+                else:
+                    await self._waits.at_door(actor, deadline)
+                    ticket = enqueue()
+                    if heartbeat_s is not None and not ticket.ready.is_set():
+                        steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+                admission = Admission(
+                    ticket, request_id, request.model, admitted_at, self._record_finished, steps
+                )
+                if trace is not None:
+                    trace.admission, trace.actor = admission, actor
+                try:
+                    if ticket is not None and steps is None:
+                        await self._waits.ready(actor, ticket, deadline)
+                    yield admission
+                    if admission.finished is not None or admission.embedding is not None:
+                        status = "success"
+                    elif admission.failed is not None:
+                        status = admission.failed.code
+                finally:
+                    queued = admission.queued_ticket
+                    if queued is not None:
+                        if not queued.ready.is_set():
+                            actor.withdraw(queued)
+                        queued.abandon()
+            except PoolError as exc:
+                status = exc.code
+                raise
             finally:
-                queued = admission.queued_ticket
-                if queued is not None:
-                    if not queued.ready.is_set():
-                        actor.withdraw(queued)
-                    queued.abandon()
-        except PoolError as exc:
-            status = exc.code
+                self.metrics.requests.labels(actor.name, tenant, status).inc()
+                self._account(actor.name, tenant, request.key_name, admission, status)
+        except BaseException as exc:
+            if trace is not None:
+                trace.fail(exc)
             raise
         finally:
-            self.metrics.requests.labels(actor.name, tenant, status).inc()
-            self._account(actor.name, tenant, request.key_name, admission, status)
+            if trace is not None:
+                trace.end()
 
     @asynccontextmanager
     async def _relayed(
@@ -220,6 +243,7 @@ class Serving:
         request_id: str | None,
         admitted_at: float,
         key_limit: tuple[str, float] | None,
+        trace: RequestTrace | None,
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
         local = self.residency.models.get(request.model)
@@ -231,6 +255,7 @@ class Serving:
             decoding_defaults=self.settings.engine.decoding,
             # The peer serves it in the tenant's own cache scope (the relay sends it).
             tenant=tenant,
+            trace_parent=None if trace is None else trace.traceparent,
         )
         self.rate_limiter.admit(tenant, key_limit)
         job = await inline_images(job, self.media)
@@ -247,7 +272,12 @@ class Serving:
         nursery.start_soon(run_relay, route, ticket, request.model, idle_s)
         try:
             await ticket.started.wait()
-            yield Admission(ticket, request_id, request.model, admitted_at, self._record_finished)
+            admission = Admission(
+                ticket, request_id, request.model, admitted_at, self._record_finished
+            )
+            if trace is not None:
+                trace.admission, trace.relayed_to = admission, route.node
+            yield admission
         finally:
             ticket.abandon()
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -49,8 +49,15 @@ from pool.config import Settings, state_dir
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
+from pool.tracing import open_tracing
+
+if TYPE_CHECKING:
+    from pool.tracing import Tracing
 
 log = logging.getLogger("pool")
+
+# How long a shutdown waits for the last spans to reach the collector.
+TRACE_FLUSH_S = 10.0
 
 T = TypeVar("T")
 
@@ -74,8 +81,11 @@ class Pool:
         budget_counters: BudgetCounters | None = None,
         usage_sink: UsageSink | None = None,
         clock: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        # Where the spans of requests go (pool/tracing); None: the pool does not trace.
+        self.tracing = tracing
         # Sends requests for models that peers serve to them (pool.cluster).
         self.router = router
         budgets = settings.engine.gpu_budget_mib
@@ -149,6 +159,7 @@ class Pool:
             nursery=lambda: self._nursery,
             budgets=self.budgets,
             usage=self.usage,
+            tracing=tracing,
         )
         self.pulls = PullManager(settings, self.models)
         self.load_tasks = LoadTasks(
@@ -391,6 +402,8 @@ async def open_pool(
             (tests give one that fails or stalls).
         clock: seconds since the epoch, for budget windows and usage retention.
     """
+    # Before anything starts: tracing asked for without its packages is a ConfigError.
+    tracing = open_tracing(settings.service.tracing)
     pool = Pool(
         settings,
         gpus=gpus,
@@ -400,24 +413,33 @@ async def open_pool(
         budget_counters=budget_counters,
         usage_sink=usage_sink,
         clock=clock,
+        tracing=tracing,
     )
-    await trio.to_thread.run_sync(pool.footprints.read)
-    async with trio.open_nursery() as nursery:
-        pool._nursery = nursery
-        if pool.usage is not None:
-            await nursery.start(pool.usage.run)
-        for actor in pool.models.values():
-            await nursery.start(actor.run)
-        await nursery.start(pool.residency.run)
-        await nursery.start(pool.pulls.run)
-        if startup_loads:
-            await pool.residency.startup()
-        try:
-            yield pool
-        finally:
-            pool.shutting_down = True
-            nursery.cancel_scope.cancel()
-    if pool.usage_store is not None:
-        # Bounded: behind a stalled disk the close is skipped rather than waited for.
-        with trio.move_on_after(2.0, shield=True):
-            await pool.usage_store.aclose()
+    try:
+        await trio.to_thread.run_sync(pool.footprints.read)
+        async with trio.open_nursery() as nursery:
+            pool._nursery = nursery
+            if pool.usage is not None:
+                await nursery.start(pool.usage.run)
+            for actor in pool.models.values():
+                await nursery.start(actor.run)
+            await nursery.start(pool.residency.run)
+            await nursery.start(pool.pulls.run)
+            if startup_loads:
+                await pool.residency.startup()
+            try:
+                yield pool
+            finally:
+                pool.shutting_down = True
+                nursery.cancel_scope.cancel()
+    finally:
+        if pool.usage_store is not None:
+            # Bounded: behind a stalled disk the close is skipped rather than waited for.
+            with trio.move_on_after(2.0, shield=True):
+                await pool.usage_store.aclose()
+        if tracing is not None:
+            # Every request has ended, so has its span: export what is queued. Bounded
+            # (a collector that is down must not hold the shutdown), as the exporter's
+            # own timeout is; a thread left behind then is the SDK's daemon thread.
+            with trio.move_on_after(TRACE_FLUSH_S, shield=True):
+                await trio.to_thread.run_sync(tracing.shutdown, abandon_on_cancel=True)

@@ -65,6 +65,13 @@ class Ticket:
     prefix_keys: tuple[bytes, ...] | None = None
     reply: ReplyRecorder | None = None
     error: PoolError | None = None
+    # What a request's trace reads (pool/tracing): whether it waited in the queue (found
+    # no free replica on arrival), whether for a load of its model, the replica that ran
+    # it, and when its job began (perf_counter).
+    waited: bool = False
+    waits_for_load: bool = False
+    replica: int | None = None
+    started_at: float | None = None
     ready: trio.Event = field(default_factory=trio.Event)
     # Set by the job when it begins (or on rejection): the requester waits for it, so
     # the backend starts working before the client is told anything.

@@ -180,6 +180,9 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     output_format: OutputFormat | None = None
     cache: CacheScope = CacheScope()
+    # The W3C ``traceparent`` of the request's span where the pool traces (pool/tracing):
+    # a runtime that calls another server over HTTP sends it on, so the trace continues.
+    trace_parent: str | None = None
 
     @property
     def offers_tools(self) -> bool:

@@ -119,7 +119,7 @@ class OpenAIRemoteRuntime:
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=self.headers(request),
+                        headers=_with_trace(self.headers(request), request.trace_parent),
                         what="remote API",
                     )
             except trio.TooSlowError:
@@ -208,3 +208,11 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
 
 
 BACKEND = OpenAIRemoteBackend()
+
+
+def _with_trace(headers: dict[str, str] | None, trace_parent: str | None) -> dict[str, str] | None:
+    """``headers`` with the request's ``traceparent`` where it is traced (the upstream's
+    spans, or a relaying peer's, then join the pool's trace)."""
+    if trace_parent is None:
+        return headers
+    return {**(headers or {}), "traceparent": trace_parent}

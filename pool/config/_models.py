@@ -210,6 +210,31 @@ class BudgetRule(_Strict):
         return self
 
 
+class TracingSettings(_Strict):
+    """``service.tracing``: OpenTelemetry traces over OTLP/HTTP (docs/operations.md, "Tracing").
+
+    Tracing is on when ``endpoint`` is set here or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+    / ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set in the environment, and off (no cost) otherwise.
+    """
+
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="OTLP/HTTP base URL of the collector (`/v1/traces` is appended, as for"
+        " $OTEL_EXPORTER_OTLP_ENDPOINT); unset: the OTEL_* variables decide, else tracing off.",
+    )
+    service_name: str | None = Field(
+        None,
+        min_length=1,
+        description="`service.name` of the spans (default: $OTEL_SERVICE_NAME, else llm-pool).",
+    )
+    sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        1.0,
+        description="Share of new traces recorded; a request with a `traceparent` follows"
+        " its caller's sampling decision.",
+    )
+
+
 class ServiceSettings(_Strict):
     """The ``service`` section: how the HTTP server runs."""
 
@@ -243,6 +268,7 @@ class ServiceSettings(_Strict):
     )
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")
     max_load_tasks: Annotated[int, Field(ge=1, le=100_000)] = Field(
         256, description="Finished async load tasks kept for polling."

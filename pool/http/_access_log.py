@@ -2,7 +2,9 @@
 
 Hypercorn reports each exchange when it ends (a stream when its last chunk is sent); the
 line carries the same ``key=value`` facts as the pool's other lines, so ``LOG_FORMAT=json``
-gives them as fields. Routes that know more (the model, the tenant) log their own line.
+gives them as fields. Where the pool traces, an admitted request's line ends with its
+``trace_id`` (read from the ``traceparent`` response header), to find its trace by.
+Routes that know more (the model, the tenant) log their own line.
 """
 
 from __future__ import annotations
@@ -33,11 +35,22 @@ class AccessLog(Logger):
             log.debug("method=%s path=%s closed before the answer ended", method, request["path"])
             return
         sent = {bytes(name).lower(): bytes(value) for name, value in response.get("headers", ())}
+        rid = sent.get(b"x-request-id", b"-").decode("latin-1")
+        path, status, ms = request["path"], response["status"], request_time * 1000.0
+        # A traced request answers with its span's traceparent: version-trace_id-span_id-flags.
+        traceparent = sent.get(b"traceparent")
+        if traceparent is None:
+            log.info(
+                "request_id=%s method=%s path=%s status=%s ms=%.1f", rid, method, path, status, ms
+            )
+            return
+        trace_id = traceparent.decode("latin-1").split("-")[1:2] or ["-"]
         log.info(
-            "request_id=%s method=%s path=%s status=%s ms=%.1f",
-            sent.get(b"x-request-id", b"-").decode("latin-1"),
+            "request_id=%s method=%s path=%s status=%s ms=%.1f trace_id=%s",
+            rid,
             method,
-            request["path"],
-            response["status"],
-            request_time * 1000.0,
+            path,
+            status,
+            ms,
+            trace_id[0],
         )

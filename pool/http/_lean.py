@@ -51,6 +51,7 @@ from pool.http._common import (
     rate_limit_headers,
 )
 from pool.http._hosts import HostAllowList
+from pool.tracing import INCOMING_TRACE, answering_with_trace, incoming_trace
 
 log = logging.getLogger("pool.http")
 
@@ -71,6 +72,7 @@ class LeanRoutes:
         max_body_bytes: int,
         body_timeout_s: float,
         rate_limiter: RateLimiter,
+        traced: bool = False,
     ) -> None:
         self.app = app
         self.routes = routes
@@ -80,6 +82,9 @@ class LeanRoutes:
         # As Quart's BODY_TIMEOUT for the other routes (pool/http/_app.py).
         self.body_timeout_s = body_timeout_s
         self.active = 0  # HTTP requests being answered, Quart's included
+        # The pool traces: every request's W3C trace headers are read here, for all routes
+        # (the pool's admission makes its span their child: pool/tracing/_incoming.py).
+        self.traced = traced
         self._settled = trio.Event()
 
     async def drained(self) -> None:
@@ -89,6 +94,21 @@ class LeanRoutes:
             await self._settled.wait()
 
     async def __call__(
+        self, asgi_scope: Scope, asgi_receive: ASGIReceiveCallable, asgi_send: ASGISendCallable
+    ) -> None:
+        scope = cast(dict[str, Any], asgi_scope)
+        if self.traced and scope["type"] != "lifespan":
+            incoming = incoming_trace(scope["headers"])
+            token = INCOMING_TRACE.set(incoming)
+            try:
+                traced_send = cast(ASGISendCallable, answering_with_trace(asgi_send, incoming))
+                await self._answer(asgi_scope, asgi_receive, traced_send)
+            finally:
+                INCOMING_TRACE.reset(token)
+            return
+        await self._answer(asgi_scope, asgi_receive, asgi_send)
+
+    async def _answer(
         self, asgi_scope: Scope, asgi_receive: ASGIReceiveCallable, asgi_send: ASGISendCallable
     ) -> None:
         scope = cast(dict[str, Any], asgi_scope)
@@ -251,8 +271,19 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     scope.cancel()
 
 
-def lean_app(app: QuartTrio, hosts: HostAllowList, service: ServiceSettings) -> LeanRoutes:
-    """``app`` behind the lean layer for the hot routes its route modules registered."""
+def lean_app(
+    app: QuartTrio, hosts: HostAllowList, service: ServiceSettings, *, traced: bool = False
+) -> LeanRoutes:
+    """``app`` behind the lean layer for the hot routes its route modules registered
+    (``traced``: the pool traces, so every request's trace headers are read)."""
     routes: dict[str, HotRoute] = app.extensions["pool.hot_routes"]
     limiter: RateLimiter = app.extensions["pool.rate_limiter"]
-    return LeanRoutes(app, routes, hosts, service.max_body_bytes, service.body_timeout_s, limiter)
+    return LeanRoutes(
+        app,
+        routes,
+        hosts,
+        service.max_body_bytes,
+        service.body_timeout_s,
+        limiter,
+        traced=traced,
+    )

@@ -896,10 +896,28 @@ def runs_a_model(route: Route) -> bool:
     return route.method == "post" and route.tag in _DIALECTS and route.path not in _RUN_NO_MODEL
 
 
+# Inference POSTs that never reach a model (so never carry a request span's header).
+_NOT_ADMITTED = {"/api/show", "/v1/messages/count_tokens"}
+_TRACE_HEADER = {
+    "description": 'Where the pool traces (docs/operations.md, "Tracing"): the W3C'
+    " `traceparent` of this request's span, `00-<trace id>-<span id>-<flags>`.",
+    "schema": {"type": "string", "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"},
+}
+
+
+def _traced(route: Route) -> bool:
+    """Whether the route's answer carries ``traceparent`` where the pool traces."""
+    return (
+        route.method == "post" and _access(route) == "inference" and route.path not in _NOT_ADMITTED
+    )
+
+
 def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str, Any]:
     key = (route.method, route.path)
     more = _MORE.get(key)
     success: dict[str, Any] = {"description": "Success"}
+    if _traced(route):
+        success["headers"] = {"traceparent": _TRACE_HEADER}
     content: dict[str, Any] = {}
     if route.reply is not None:
         content["application/json"] = {"schema": keyed[(route.reply, "serialization")]}
@@ -1059,6 +1077,10 @@ def openapi_document(
             " an empty requirement where this pool needs none): 401 `unauthorized` comes"
             " before anything about the body. A method a route does not serve is 405 with"
             " `Allow`."
+            '\n\nWhere the pool traces (OpenTelemetry; docs/operations.md, "Tracing"), an'
+            " inference request's W3C `traceparent` and `tracestate` request headers make its"
+            " span a child of the caller's, and the answer's `traceparent` header names the"
+            " request's own span."
             + '\n\nErrors are `{"error": {"code", "message"}}` (OpenAI\'s error object on the'
             ' OpenAI routes, `{"error": message}` on the Ollama routes, Anthropic\'s'
             ' `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`); a full'

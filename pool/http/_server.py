@@ -132,7 +132,12 @@ async def _serve_pool(
         info_box: list[ServerInfo] = []
         hosts = HostAllowList(settings.service.allowed_hosts, bound_host=host, port=port)
 
-        app = lean_app(create_app(pool, settings, auth, hosts), hosts, settings.service)
+        app = lean_app(
+            create_app(pool, settings, auth, hosts),
+            hosts,
+            settings.service,
+            traced=pool.tracing is not None,
+        )
 
         async def shutdown_trigger() -> None:
             await info_box[0].stopping.wait()

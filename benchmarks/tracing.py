@@ -1,0 +1,114 @@
+"""What tracing costs: the same stub requests to a pool with tracing off and one with it on.
+
+Two pool processes serve one zero-work stub model; the traced one exports every span
+(OTLP/HTTP, batch processor) to a receiver in this process that counts what arrives and
+keeps nothing. Phases alternate off, on, off, on... with the same closed-loop load, and
+each phase's server CPU time (``/proc``, user plus system, the exporter's thread
+included) is divided by its answered requests. The issue's bar (#29): tracing adds at
+most 0.1 ms CPU per request and loses none.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from benchmarks.harness import closed_loop, measure, pool_server, progress
+
+# Two spans a request that finds a free replica: the request and its generation.
+SPANS_PER_REQUEST = 2
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.exports = 0
+        self.spans = 0
+        self.lock = threading.Lock()
+
+
+@contextmanager
+def discarding_receiver() -> Iterator[tuple[str, _Counts]]:
+    """An OTLP/HTTP endpoint on 127.0.0.1 that answers every export and counts its spans."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    counts = _Counts()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            export = ExportTraceServiceRequest()
+            export.ParseFromString(self.rfile.read(int(self.headers.get("content-length", 0))))
+            spans = sum(len(s.spans) for r in export.resource_spans for s in r.scope_spans)
+            with counts.lock:
+                counts.exports += 1
+                counts.spans += spans
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", counts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _body(index: int) -> tuple[dict[str, Any], dict[str, str]]:
+    return {"model": "stub", "input": "x", "decoding": {"max_tokens": 4}}, {}
+
+
+async def tracing_cost(quick: bool) -> dict[str, Any]:
+    """Server CPU per request with tracing off and on, interleaved phases."""
+    rounds = 2 if quick else 7
+    requests = 200 if quick else 2000
+    concurrency = 4
+    stub = {"backend": "stub", "enabled": True, "stub_reply": "a b c d", "target_inflight": 8}
+    phases: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    with discarding_receiver() as (url, counts):
+        with (
+            pool_server({"stub": stub}) as off,
+            pool_server({"stub": stub}, {"tracing": {"endpoint": url}}) as on,
+        ):
+            for server in (off, on):  # warm-up (imports, first allocations)
+                await closed_loop(server, concurrency, 200, _body)
+            warmup_spans = SPANS_PER_REQUEST * 200
+            for round_index in range(rounds):
+                for side, server in (("off", off), ("on", on)):
+                    progress(f"tracing round {round_index + 1}/{rounds} {side}")
+                    summary = await measure(
+                        server, lambda s=server: closed_loop(s, concurrency, requests, _body)
+                    )
+                    summary.pop("latencies_ms")
+                    phases[side].append(summary)
+        # Both pools have shut down here: the traced one flushed its last spans.
+        exported = counts.spans - warmup_spans
+    cpu = {side: [p["server_cpu_ms_per_request"] for p in runs] for side, runs in phases.items()}
+    added = [b - a for a, b in zip(cpu["off"], cpu["on"], strict=True)]
+    answered = {side: sum(p["ok"] for p in runs) for side, runs in phases.items()}
+    sent = {side: sum(p["requests"] for p in runs) for side, runs in phases.items()}
+    row = {
+        "requests_per_phase": requests,
+        "rounds": rounds,
+        "off_cpu_ms_per_request": statistics.median(cpu["off"]),
+        "on_cpu_ms_per_request": statistics.median(cpu["on"]),
+        "added_cpu_ms_per_request": statistics.median(added),
+        "off_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases["off"]),
+        "on_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases["on"]),
+        "off_lost": sent["off"] - answered["off"],
+        "on_lost": sent["on"] - answered["on"],
+        "spans_expected": SPANS_PER_REQUEST * answered["on"],
+        "spans_received": exported,
+    }
+    return {"rows": [row], "raw": phases, "added_by_round": added}
