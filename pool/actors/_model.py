@@ -174,6 +174,9 @@ class ModelActor:
         # and how long the latest load took (the cost of bringing the model back).
         self._uses: deque[float] = deque(maxlen=USES_KEPT)
         self.load_seconds: float | None = None
+        # Trio clock time the loaded model last finished its requests (went idle): its
+        # stay-warm window runs from there (docs/vram.md, "Stay warm"); None since its load.
+        self.served_at: float | None = None
         # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
         # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
@@ -408,6 +411,25 @@ class ModelActor:
             return 0.0
         return len(self._uses) / max(now - self._uses[0], RATE_FLOOR_S)
 
+    @property
+    def stay_warm_s(self) -> float:
+        """This load's stay-warm window: the definition's (or load override's), else
+        its kind's default (``Backend.default_stay_warm_s``)."""
+        window = self.active_definition.stay_warm_s
+        if window is None:
+            return self.backend.default_stay_warm_s(self.active_definition)
+        return window
+
+    def warm_until(self) -> float | None:
+        """Trio clock time at which the stay-warm window of this loaded model ends, while
+        it is in it; None when it is not (it has not served since its load, has no
+        window, or the window is over)."""
+        if self.state != "loaded" or self.served_at is None:
+            return None
+        # The same sum as the owner's wake-up time: it wakes when this turns None.
+        until = self.served_at + self.stay_warm_s
+        return until if trio.current_time() < until else None
+
     def expected_load_s(self, definition: ModelDefinition | None = None) -> float | None:
         """How long a load of this model took last (kept across restarts beside its
         footprint, per memory settings); None before the first measured load."""
@@ -550,6 +572,7 @@ class ModelActor:
         if self._meter is not None:
             self._record_footprint(await self._meter.finish(mark))
         self.resident_since = trio.current_time()
+        self.served_at = None
         self._keep_load_time(self.resident_since - load_began)
         self.last_error = None
         self.unload_reason, self._comeback = None, None
@@ -780,6 +803,8 @@ class ModelActor:
 
     def _on_idle(self) -> None:
         self._idle.set()
+        if self.state == "loaded":
+            self.served_at = trio.current_time()
         if self.definition.on_demand and self.state == "loaded":
             self._arm_keep_alive()
         if self._on_change is not None:

@@ -387,6 +387,8 @@ class VllmBackend(Backend[VllmModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    # Slow to load (30-240 s measured on CPU; CUDA graphs on a GPU): the seed's longest window.
+    stay_warm_s = 900.0
 
     def capabilities(self, definition: VllmModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)

@@ -339,6 +339,10 @@ class LoadPreview(_Reply):
     gpus: list[list[int]] = Field(description="Per replica, the GPUs it would go to.")
     gpu_split_mib: list[list[int]] = Field(description="Per replica, MiB on each of its GPUs.")
     evict: list[str] = Field(description="The models it would evict first, in order.")
+    spared_warm: list[str] = Field(
+        description="Models it leaves loaded because they are in their stay-warm windows"
+        " (`stay_warm_s`) while others can make the room; `reason` says for how long."
+    )
     wait_for: list[str] = Field(
         description="Models whose end it waits for (a load under way of this model), or the"
         " busy models that could make room once idle when it is refused."
