@@ -30,6 +30,7 @@ from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
+from pool.actors._sleep import read_host_ram, sleep_verdict
 from pool.actors._snapshots import ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges
 from pool.backends import LoadRequest
@@ -474,9 +475,12 @@ class Residency:
             victim.definition.priority,
             victim.placed_on,
         )
-        self.decisions.record(
-            "evict", victim.name, self.gate.why_evict(victim, spared), for_model=incoming.name
-        )
+        # A model that can sleep keeps its weights in host RAM where the host has it.
+        need = victim.sleep_ram_mib()
+        ram = await trio.to_thread.run_sync(read_host_ram) if need is not None else None
+        sleep, how = sleep_verdict(need, ram)
+        why = self.gate.why_evict(victim, spared) + (f"; {how}" if how else "")
+        self.decisions.record("evict", victim.name, why, for_model=incoming.name, sleep=sleep)
         # Its door closes first: a request for it that arrives now waits for the eviction
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
@@ -487,7 +491,7 @@ class Residency:
         others_before = self.gate.charges(exclude=[victim])[0]
         self.evictions += 1
         try:
-            await victim.unload("evicted")
+            await victim.unload("evicted", sleep=sleep)
         except PoolError as exc:
             log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
             return

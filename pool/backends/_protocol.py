@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
@@ -283,6 +283,35 @@ class PrefixCachingRuntime(Runtime, Protocol):
 
     def cache_usage(self) -> CacheUsage | None:
         """The cache's size and use now (None where the runtime cannot tell)."""
+        ...
+
+
+@runtime_checkable
+class SleepingRuntime(Runtime, Protocol):
+    """A runtime that can sleep instead of unloading (vLLM's sleep mode, level 1): its
+    weights move to host RAM and its KV cache is dropped, so its GPU memory is free
+    while it sleeps, and waking it takes a fraction of a load (docs/vram.md)."""
+
+    @property
+    def sleep_ram_mib(self) -> int | None:
+        """Host RAM a sleep would hold (its weights); None: it cannot sleep (started
+        without sleep mode, or its weights' size is not known)."""
+        ...
+
+    async def sleep(self) -> None:
+        """Go to sleep: GPU memory handed back, weights kept in host RAM.
+
+        Raises:
+            BackendError: the engine would not sleep (it is then closed, not kept).
+        """
+        ...
+
+    async def wake(self) -> None:
+        """Wake from :meth:`sleep`: weights back on the GPU, a fresh KV cache.
+
+        Raises:
+            BackendError: the engine would not wake (it is then closed and loaded anew).
+        """
         ...
 
 

@@ -290,6 +290,11 @@ class ModelRow(_Reply):
         " (an unload was asked for; it stays unloaded), `keep_alive` (idle past its"
         " keep_alive); null if it never was."
     )
+    asleep_ram_mib: int | None = Field(
+        description="Host RAM its sleeping replicas hold: an eviction put its engines to"
+        " sleep (vLLM's sleep mode, level 1) and its next request wakes them instead of"
+        " loading; null when none sleeps (docs/vram.md)."
+    )
     vram_estimate_mib: int | None
     vram_estimate_replica_count: int
     vram_estimate_source: str
