@@ -434,3 +434,23 @@ async def test_load_dry_run_then_why_tells_the_decisions(nursery: trio.Nursery) 
     assert (latest["action"], latest["model"]) == ("place", "c")
     none = await cli(info, "why", "b", "-n", "0")
     assert none.code != 0 and "limit" in none.err
+
+
+def test_a_preview_says_which_models_it_spares() -> None:
+    from pool.cli._why import preview_lines
+
+    preview = {
+        "model": "c",
+        "error": None,
+        "gpus": [[0]],
+        "gpu_split_mib": [[3000]],
+        "evict": ["b"],
+        "spared_warm": ["a"],
+        "wait_for": [],
+        "expected_load_s": None,
+        "reason": "fits once b is evicted; spares 'a' served 2s ago, in its stay-warm window",
+    }
+    assert preview_lines(preview)[1:3] == [
+        "it would evict, in order: b",
+        "it would spare (in their stay-warm windows): a",
+    ]
