@@ -193,7 +193,8 @@ ROUTES: list[Route] = [
      " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
      " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
      query=(("model", "string", "Only decisions about this model."),
-            ("limit", "integer", "At most this many (the newest)."))),
+            ("limit", "integer", "At most this many (the newest): a positive integer, else"
+             " 400 `invalid_request`."))),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
      " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
@@ -475,6 +476,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/responses"): (400, 404, 409, 429),
     ("get", "/v1/responses"): (426,),
     ("get", "/v1/admin/models/{name}"): (404,),
+    ("get", "/v1/admin/decisions"): (400,),
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
     ("post", "/v1/models/load"): (400, 404, 409),
@@ -819,6 +821,9 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
         answer: dict[str, Any] = {"description": _WHY[status], "content": error}
+        if status == 400 and route.request is None:
+            # A route without a body refuses a query parameter out of its range.
+            answer["description"] = "A query parameter is not valid (`invalid_request`)"
         if status == 400 and _refuses_valid_bodies(route):
             answer["description"] += (
                 ", or a value valid in its shape is refused for the model it names, its"
