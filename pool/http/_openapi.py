@@ -887,7 +887,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             "name": name,
             "in": "query",
             "required": False,
-            "schema": {"type": kind},
+            # The integer query parameters are counts (`limit`): 0 is refused with a 400.
+            "schema": {"type": kind, "minimum": 1} if kind == "integer" else {"type": kind},
             "description": text,
         }
         for name, kind, text in route.query
