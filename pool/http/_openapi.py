@@ -476,7 +476,7 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/responses"): (400, 404, 409, 429),
     ("get", "/v1/responses"): (426,),
     ("get", "/v1/admin/models/{name}"): (404,),
-    ("get", "/v1/admin/decisions"): (400,),
+    ("get", "/v1/admin/decisions"): (400, 404),
     ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
     ("post", "/v1/admin/models/{name}/unload"): (404,),
     ("post", "/v1/models/load"): (400, 404, 409),
