@@ -10,6 +10,9 @@ is asked for lately (its request rate, which falls while it sits idle). The chea
 to bring back and least likely to be needed goes first; among models whose eviction
 alone makes the room, one of them is taken rather than a bigger one. ``lru``: the
 least recently used, as before.
+
+A model in its stay-warm window (``stay_warm_s`` seconds since it last served) is
+chosen only when the models out of theirs cannot make the room (``Gate.choose``).
 """
 
 from __future__ import annotations
@@ -88,11 +91,30 @@ class SwapCost:
         return f"reloads in {self.reload_s:.2f}s ({how}), {self.rate:.3f} requests/s lately"
 
 
+def reload_s(actor: ModelActor, mib: int) -> tuple[float, bool]:
+    """How long a load of ``actor`` (``mib`` on the GPUs) takes: measured where it was
+    (True), else assumed from its size (False)."""
+    measured = actor.expected_load_s()
+    seconds = measured if measured is not None else mib / ASSUMED_LOAD_MIB_PER_S
+    return max(MIN_RELOAD_S, seconds), measured is not None
+
+
 def swap_cost(actor: ModelActor, now: float) -> SwapCost:
     mib = sum(actor.releases().values())
-    measured = actor.expected_load_s()
-    reload_s = measured if measured is not None else mib / ASSUMED_LOAD_MIB_PER_S
-    return SwapCost(max(MIN_RELOAD_S, reload_s), measured is not None, actor.request_rate(now), mib)
+    seconds, measured = reload_s(actor, mib)
+    return SwapCost(seconds, measured, actor.request_rate(now), mib)
+
+
+def warm_note(actor: ModelActor, now: float) -> str:
+    """Where ``actor`` stands in its stay-warm window, for decisions."""
+    until = actor.warm_until()
+    if until is None:
+        return f"{actor.name!r} is past its stay-warm window"
+    served = now - (actor.served_at if actor.served_at is not None else now)
+    return (
+        f"{actor.name!r} served {served:.0f}s ago, in its stay-warm window"
+        f" (stay_warm_s {actor.stay_warm_s:g}) for {max(0.0, until - now):.0f}s more"
+    )
 
 
 def choose_victim(

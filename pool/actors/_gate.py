@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from pool.actors._eviction import choose_victim, eviction_candidates, swap_cost
+from pool.actors._eviction import choose_victim, eviction_candidates, swap_cost, warm_note
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
@@ -42,6 +43,15 @@ def _without(view: GpuView, gone: Mapping[int, int]) -> GpuView:
         used = max(0, gpu.used_mib - mib)
         gpus.append(dataclasses.replace(gpu, used_mib=used, pool_used_mib=pool_used))
     return dataclasses.replace(view, gpus=tuple(gpus))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The model to evict (None: none may go now), and the models spared because they
+    are in their stay-warm windows (docs/vram.md, "Stay warm")."""
+
+    victim: ModelActor | None
+    spared: tuple[ModelActor, ...] = ()
 
 
 class Gate:
@@ -192,39 +202,82 @@ class Gate:
         per_replica: int,
         limit: int,
         gone: list[ModelActor] | None = None,
+        *,
+        evict_warm: bool = True,
     ) -> ModelActor | None:
-        """The idle model the policy picks for ``actor``, however fresh."""
+        """The idle model the policy picks for ``actor``, however fresh (see
+        :meth:`choose`)."""
+        return self.choose(actor, plan, per_replica, limit, gone, evict_warm=evict_warm).victim
+
+    def choose(
+        self,
+        actor: ModelActor,
+        plan: LoadPlan,
+        per_replica: int,
+        limit: int,
+        gone: list[ModelActor] | None = None,
+        *,
+        evict_warm: bool = True,
+    ) -> Choice:
+        """The idle model the policy picks for ``actor`` (``gone`` evicted already),
+        however fresh, and the models spared for their stay-warm windows.
+
+        A model in its stay-warm window is picked only when the models out of theirs
+        cannot make the room together; then, with ``evict_warm`` False, none is picked
+        (the load waits for a window to end) and ``spared`` names the warm ones.
+        """
         gone = gone or []
+        now = trio.current_time()
         candidates = eviction_candidates(
-            (a for a in self.models.values() if a not in gone),
-            incoming=actor,
-            now=trio.current_time(),
+            (a for a in self.models.values() if a not in gone), incoming=actor, now=now
         )
 
-        def suffices(victim: ModelActor) -> bool:
-            after = [*gone, victim]
+        def fits_after(after: list[ModelActor]) -> bool:
             if limit and self.loaded_count(actor, after) >= limit:
                 return False
             return self.fit(actor, plan, per_replica, after) is not None
 
-        return choose_victim(
+        warm = [c for c in candidates if c.warm_until() is not None]
+        spared: tuple[ModelActor, ...] = ()
+        if warm:
+            cold = [c for c in candidates if c.warm_until() is None]
+            if cold and fits_after([*gone, *cold]):
+                candidates, spared = cold, tuple(warm)
+            elif not evict_warm:
+                return Choice(None, tuple(warm))
+        victim = choose_victim(
             candidates,
-            now=trio.current_time(),
+            now=now,
             policy=self.settings.engine.eviction_policy,
-            suffices=suffices,
+            suffices=lambda victim: fits_after([*gone, victim]),
         )
+        return Choice(victim, spared)
 
     def is_fresh(self, victim: ModelActor) -> bool:
         # The same sum as the wake-up time below: a difference may round the other way,
         # and a load would then wake at once, again and again, without the clock moving.
         return trio.current_time() < victim.resident_since + self.settings.engine.min_resident_s
 
-    def why_evict(self, victim: ModelActor) -> str:
+    def why_evict(self, victim: ModelActor, spared: Iterable[ModelActor] = ()) -> str:
+        now = trio.current_time()
         rank = f"priority {victim.definition.priority}"
         if self.settings.engine.eviction_policy == "lru":
-            return f"{rank}, least recently used of the idle models that may be evicted"
-        cost = swap_cost(victim, trio.current_time())
-        return f"{rank}, cheapest to lose of the idle models that may be evicted: {cost.describe()}"
+            why = f"{rank}, least recently used of the idle models that may be evicted"
+        else:
+            cost = swap_cost(victim, now)
+            why = (
+                f"{rank}, cheapest to lose of the idle models that may be evicted:"
+                f" {cost.describe()}"
+            )
+        if victim.warm_until() is not None:
+            why += (
+                f"; {warm_note(victim, now)}, but the models out of their stay-warm windows"
+                " cannot make the room"
+            )
+        kept = [warm_note(a, now) for a in spared]
+        if kept:
+            why += "; spared: " + "; ".join(kept)
+        return why
 
     def refusal(self, actor: ModelActor, plan: LoadPlan, per_replica: int, source: str) -> str:
         if not self.could_ever_fit(actor, plan, per_replica):
@@ -259,6 +312,7 @@ class Gate:
             "gpu_split_mib": [],
             "evict": [],
             "wait_for": [],
+            "spared_warm": [],
             "need_mib": per_replica,
             "estimate_source": source,
             "expected_load_s": actor.expected_load_s(plan.effective(actor.definition)),
@@ -287,26 +341,35 @@ class Gate:
             )
             return answer
         gone: list[ModelActor] = []
+        spared: dict[str, ModelActor] = {}
         while True:
             gpus = self.fit(actor, plan, per_replica, gone)
             if gpus is not None:
+                now = trio.current_time()
+                warm = [v for v in gone if v.warm_until() is not None]
+                kept = [m for name, m in spared.items() if m not in gone]
                 answer.update(
                     fits=True,
                     gpus=[list(p.gpus) for p in gpus],
                     gpu_split_mib=[list(p.mib) for p in gpus],
                     evict=[v.name for v in gone],
+                    spared_warm=[m.name for m in kept],
                     reason="fits"
                     + (
                         f" once {', '.join(v.name for v in gone)}"
                         f" {'is' if len(gone) == 1 else 'are'} evicted"
                         if gone
                         else ""
-                    ),
+                    )
+                    + "".join(f"; evicts {warm_note(v, now)}" for v in warm)
+                    + "".join(f"; spares {warm_note(m, now)}" for m in kept),
                 )
                 return answer
             victim = None
             if self.could_ever_fit(actor, plan, per_replica):
-                victim = self.best_victim(actor, plan, per_replica, 0, gone)
+                choice = self.choose(actor, plan, per_replica, 0, gone)
+                victim = choice.victim
+                spared.update((m.name, m) for m in choice.spared)
             if victim is None:
                 busy = [
                     a.name

@@ -48,11 +48,12 @@ from pool.backends import (
     GenerationRequest,
     GpuPlacement,
     LoadContext,
+    SleepingRuntime,
     get_backend,
     out_of_memory,
 )
 from pool.config import EngineSettings, ModelDefinition, Settings
-from pool.errors import PoolError
+from pool.errors import BackendError, PoolError
 
 log = logging.getLogger("pool.model")
 
@@ -82,11 +83,36 @@ class _Command:
     plan: LoadPlan | None = None
     reason: str = ""
     unload_reason: UnloadReason = "requested"
+    # An eviction that puts the replicas to sleep instead of closing them.
+    sleep: bool = False
     replica: Replica | None = None
     model_path: str | None = None
     # The GPUs of each replica, chosen by the pool's VRAM gate.
     gpus: tuple[GpuPlacement, ...] = ()
     reply: trio.MemorySendChannel[ModelSnapshot | PoolError] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleepers:
+    """Replicas an eviction put to sleep: their GPU memory is free (the pool counts the
+    model as unloaded there), their weights are in host RAM (``ram_mib``). A load of
+    the same definition and replica count placed on the same GPUs wakes them; any
+    other load closes them first."""
+
+    replicas: list[Replica]
+    definition: ModelDefinition
+    placement: tuple[GpuPlacement, ...]
+    observed_per_gpu: dict[int, int] | None
+    ram_mib: int
+
+    def fits(
+        self, definition: ModelDefinition, replicas: int, gpus: tuple[GpuPlacement, ...]
+    ) -> bool:
+        return (
+            definition == self.definition
+            and replicas == len(self.replicas)
+            and [p.gpus for p in gpus] == [p.gpus for p in self.placement]
+        )
 
 
 class OnDemandLoader(Protocol):
@@ -195,6 +221,13 @@ class ModelActor:
         # and how long the latest load took (the cost of bringing the model back).
         self._uses: deque[float] = deque(maxlen=USES_KEPT)
         self.load_seconds: float | None = None
+        # Trio clock time the loaded model last finished its requests (went idle): its
+        # stay-warm window runs from there (docs/vram.md, "Stay warm"); None since its load.
+        self.served_at: float | None = None
+        # Replicas asleep since an eviction (their GPU memory handed back, weights in
+        # host RAM), woken by the next load of the same plan; how often that happened.
+        self._asleep: Sleepers | None = None
+        self.wake_count = 0
         # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
         # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
@@ -255,14 +288,18 @@ class ModelActor:
         """
         return await self._call(_Command("load", plan, gpus=gpus))
 
-    async def unload(self, reason: UnloadReason = "requested") -> ModelSnapshot:
+    async def unload(
+        self, reason: UnloadReason = "requested", *, sleep: bool = False
+    ) -> ModelSnapshot:
         """Unload gracefully; returns the snapshot once the model is ``unloaded``.
 
         ``reason``: ``evicted`` only from the pool's VRAM gate (the model then loads
         again on its next request); an asked-for unload of an evicted model makes it
-        stay unloaded.
+        stay unloaded. ``sleep`` (an eviction, runtimes that can sleep): the replicas
+        sleep instead of closing, and a load of the same plan on the same GPUs wakes
+        them (see :class:`Sleepers`); a replica that will not sleep closes them all.
         """
-        return await self._call(_Command("unload", unload_reason=reason))
+        return await self._call(_Command("unload", unload_reason=reason, sleep=sleep))
 
     @property
     def loads_on_request(self) -> bool:
@@ -424,6 +461,20 @@ class ModelActor:
                 held.append((0, mib))
         return held
 
+    def sleep_ram_mib(self) -> int | None:
+        """Host RAM a sleep of every loaded replica would hold; None when one of them
+        cannot sleep (not a SleepingRuntime, or started without sleep mode)."""
+        runtimes = [r.runtime for r in self.replicas]
+        if not runtimes or not all(isinstance(rt, SleepingRuntime) for rt in runtimes):
+            return None
+        held = [rt.sleep_ram_mib for rt in runtimes if isinstance(rt, SleepingRuntime)]
+        return None if any(mib is None for mib in held) else sum(m or 0 for m in held)
+
+    @property
+    def asleep_ram_mib(self) -> int | None:
+        """Host RAM the sleeping replicas hold; None when none sleeps."""
+        return None if self._asleep is None else self._asleep.ram_mib
+
     @property
     def comeback(self) -> dict[str, Any] | None:
         """The load body an evicted model comes back with (the load it had)."""
@@ -440,6 +491,25 @@ class ModelActor:
         if not self._uses:
             return 0.0
         return len(self._uses) / max(now - self._uses[0], RATE_FLOOR_S)
+
+    @property
+    def stay_warm_s(self) -> float:
+        """This load's stay-warm window: the definition's (or load override's), else
+        its kind's default (``Backend.default_stay_warm_s``)."""
+        window = self.active_definition.stay_warm_s
+        if window is None:
+            return self.backend.default_stay_warm_s(self.active_definition)
+        return window
+
+    def warm_until(self) -> float | None:
+        """Trio clock time at which the stay-warm window of this loaded model ends, while
+        it is in it; None when it is not (it has not served since its load, has no
+        window, or the window is over)."""
+        if self.state != "loaded" or self.served_at is None:
+            return None
+        # The same sum as the owner's wake-up time: it wakes when this turns None.
+        until = self.served_at + self.stay_warm_s
+        return until if trio.current_time() < until else None
 
     def expected_load_s(self, definition: ModelDefinition | None = None) -> float | None:
         """How long a load of this model took last (kept across restarts beside its
@@ -466,7 +536,7 @@ class ModelActor:
             if command.kind == "load":
                 result: ModelSnapshot | PoolError = await self._do_load(command)
             elif command.kind == "unload":
-                result = await self._do_unload(command.unload_reason)
+                result = await self._do_unload(command.unload_reason, sleep=command.sleep)
             elif command.kind == "set_model_path":
                 result = await self._do_set_model_path(command)
             else:
@@ -516,6 +586,15 @@ class ModelActor:
             return resident
         assert self._nursery is not None
         effective = plan.effective(self.definition)
+        asleep, self._asleep = self._asleep, None
+        if asleep is not None:
+            if asleep.fits(effective, plan.replicas, command.gpus):
+                woken = await self._wake(asleep, plan)
+                if woken is not None:
+                    return woken
+            else:
+                log.info("model=%s loads anew: the sleeping replicas do not match", self.name)
+                await self._stop_replicas(asleep.replicas)
         self.load_override = dict(plan.patch)
         self.active_definition = effective
         self.selected_replicas = plan.replicas
@@ -588,6 +667,7 @@ class ModelActor:
         if self._meter is not None:
             self._record_footprint(await self._meter.finish(mark))
         self.resident_since = trio.current_time()
+        self.served_at = None
         self._keep_load_time(self.resident_since - load_began)
         self.last_error = None
         self.unload_reason, self._comeback = None, None
@@ -611,6 +691,88 @@ class ModelActor:
         )
         return self.snapshot()
 
+    async def _wake(self, asleep: Sleepers, plan: LoadPlan) -> ModelSnapshot | None:
+        """Wake the sleeping replicas as this load; None when one would not wake (they
+        are closed then, and the load goes on as a fresh one)."""
+        self.load_override = dict(plan.patch)
+        self.active_definition = asleep.definition
+        self.selected_replicas = len(asleep.replicas)
+        self.placement = asleep.placement
+        self._progress = {}
+        self._set_state("loading")
+        began = trio.current_time()
+        try:
+            with trio.fail_after(self.engine.unload_timeout_s):
+                for replica in asleep.replicas:
+                    assert isinstance(replica.runtime, SleepingRuntime)
+                    await replica.runtime.wake()
+        except (Exception, trio.TooSlowError) as exc:  # noqa: BLE001 - a fresh load follows
+            log.warning("model=%s did not wake (%s); loading it anew", self.name, exc)
+            await self._stop_replicas(asleep.replicas)
+            return None
+        self.replicas = asleep.replicas
+        # Its footprint is the one measured at its load; its load time stays the cold one.
+        self.observed_per_gpu = asleep.observed_per_gpu
+        self.resident_since = trio.current_time()
+        self.served_at = None
+        self.last_error = None
+        self.unload_reason, self._comeback = None, None
+        self.loaded_at = time.monotonic()
+        self.loaded_at_wall = time.time()
+        self.last_used_at = self.loaded_at
+        self.load_count += 1
+        self.wake_count += 1
+        if self.metrics is not None:
+            self.metrics.loads.labels(self.name, "loaded").inc()
+        self._set_state("loaded")
+        self.scheduler.set_replicas(self.replicas)
+        if self.definition.on_demand and self._idle.is_set():
+            self._arm_keep_alive()
+        log.info(
+            "model=%s woke %d replica(s) in %.2f s",
+            self.name,
+            len(self.replicas),
+            trio.current_time() - began,
+        )
+        return self.snapshot()
+
+    async def _put_to_sleep(self, replicas: list[Replica]) -> bool:
+        """Put every replica to sleep (bounded by ``engine.unload_timeout_s``); False
+        (logged) when one would not: the caller then closes them all."""
+        try:
+            with trio.fail_after(self.engine.unload_timeout_s):
+                for replica in replicas:
+                    runtime = replica.runtime
+                    if not isinstance(runtime, SleepingRuntime):
+                        raise BackendError("its runtime cannot sleep")
+                    await runtime.sleep()
+        except (Exception, trio.TooSlowError) as exc:  # noqa: BLE001 - it unloads instead
+            log.warning("model=%s did not go to sleep (%s); unloading it", self.name, exc)
+            return False
+        ram = self.sleep_ram_mib_of(replicas)
+        self._asleep = Sleepers(
+            replicas, self.active_definition, self.placement, self.observed_per_gpu, ram
+        )
+        log.info(
+            "model=%s asleep: %d replica(s), %s MiB in host RAM", self.name, len(replicas), ram
+        )
+        return True
+
+    @staticmethod
+    def sleep_ram_mib_of(replicas: list[Replica]) -> int:
+        return sum(
+            r.runtime.sleep_ram_mib or 0 for r in replicas if isinstance(r.runtime, SleepingRuntime)
+        )
+
+    async def _drop_sleepers(self) -> None:
+        """Close the sleeping replicas (an operator's unload, new files, shutdown)."""
+        asleep, self._asleep = self._asleep, None
+        if asleep is not None:
+            log.info("model=%s closing its sleeping replicas", self.name)
+            await self._stop_replicas(asleep.replicas)
+            if self._on_change is not None:
+                self._on_change()
+
     def _progress_reporter(self, index: int) -> Callable[[float], None]:
         def report(fraction: float) -> None:
             if self.state == "loading":
@@ -629,9 +791,10 @@ class ModelActor:
             return None
         return sum(self._progress.values()) / max(1, self.selected_replicas)
 
-    async def _do_unload(self, reason: UnloadReason) -> ModelSnapshot:
+    async def _do_unload(self, reason: UnloadReason, *, sleep: bool = False) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):
             if self.state == "unloaded" and reason == "requested":
+                await self._drop_sleepers()
                 self._forget_unload(reason)  # an evicted model asked to stay unloaded
             return self.snapshot()
         self._set_state("unloading")
@@ -644,8 +807,9 @@ class ModelActor:
         await self._drain()
         replicas, self.replicas = self.replicas, []
         self.scheduler.set_replicas(())
-        await self._stop_replicas(replicas)
-        await self._learn_context(len(replicas))
+        if not (sleep and reason == "evicted" and await self._put_to_sleep(replicas)):
+            await self._stop_replicas(replicas)
+            await self._learn_context(len(replicas))
         self._forget_unload(reason)
         if reason == "evicted":
             body = {**self.load_override}
@@ -781,6 +945,7 @@ class ModelActor:
         self.unsplit_context = set()
 
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
+        await self._drop_sleepers()  # they hold the old files' weights
         await self._read_artifact(command.model_path)
         self.definition = self.definition.model_copy(update={"model_path": command.model_path})
         log.info("model=%s model_path=%s", self.name, command.model_path)
@@ -836,6 +1001,8 @@ class ModelActor:
 
     def _on_idle(self) -> None:
         self._idle.set()
+        if self.state == "loaded":
+            self.served_at = trio.current_time()
         if self.definition.on_demand and self.state == "loaded":
             self._arm_keep_alive()
         if self._on_change is not None:
@@ -957,4 +1124,5 @@ class ModelActor:
             observed_load_delta_mib=self.observed_load_delta_mib,
             placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
             unload_reason=self.unload_reason,
+            asleep_ram_mib=self.asleep_ram_mib,
         )

@@ -24,12 +24,13 @@ import trio
 
 from pool.actors._decisions import DecisionLog
 from pool.actors._events import WaitReason
-from pool.actors._eviction import eviction_candidates
-from pool.actors._gate import Gate, Placements, held_mib
+from pool.actors._eviction import eviction_candidates, reload_s, warm_note
+from pool.actors._gate import Choice, Gate, Placements, held_mib
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
+from pool.actors._sleep import read_host_ram, sleep_verdict
 from pool.actors._snapshots import ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges
 from pool.backends import LoadRequest
@@ -313,6 +314,14 @@ class Residency:
         limit = engine.max_loaded_models if wait else 0
         per_replica, source = self.gate.per_replica(actor, plan)
         asked_at = trio.current_time()
+        # How long this load leaves models in their stay-warm windows alone when only
+        # they could make the room. No starvation: never past engine.warm_wait_s, nor past
+        # half of what its first request's queue_timeout_s leaves after its own load.
+        own_load_s, _ = reload_s(actor, per_replica * plan.replicas)
+        spare_warm_until = asked_at + min(
+            engine.warm_wait_s, max(0.0, actor.queue_timeout_s - own_load_s) / 2
+        )
+        choice = Choice(None)
         while True:
             async with self._room_lock:
                 while True:
@@ -336,36 +345,56 @@ class Residency:
                             **self.gate.room_numbers(actor, per_replica),
                         )
                         raise PoolError("load_failed", reason)
-                    victim = self.gate.best_victim(actor, plan, per_replica, limit)
+                    spare_warm = wait and trio.current_time() < spare_warm_until
+                    choice = self.gate.choose(
+                        actor, plan, per_replica, limit, evict_warm=not spare_warm
+                    )
+                    victim = choice.victim
                     if victim is None or (wait and self.gate.is_fresh(victim)):
                         break
-                    await self._evict(victim, actor)
+                    await self._evict(victim, actor, choice.spared)
             if not wait:
                 reason = self.gate.refusal(actor, plan, per_replica, source)
                 self.decisions.record(
                     "refuse", actor.name, reason, **self.gate.room_numbers(actor, per_replica)
                 )
                 raise PoolError("load_failed", reason)
+            now = trio.current_time()
+            held_warm = choice.spared if choice.victim is None else ()
             if actor not in self._waiting_for_room:
                 self._waiting_for_room.add(actor)
                 self.decisions.record(
                     "wait",
                     actor.name,
-                    "no GPU has room and no idle model may be evicted for it now; waits"
-                    " for a model to go idle or unload",
+                    self._why_wait(held_warm, now, spare_warm_until),
                     **self.gate.room_numbers(actor, per_replica),
                 )
                 self.notify_change()  # its requests now know they wait for VRAM
-            now = trio.current_time()
-            warm_until = asked_at + engine.warm_wait_s
-            if now >= warm_until:
+            yield_at = asked_at + engine.warm_wait_s
+            if now >= yield_at:
                 self._ask_to_yield(actor, now)
-            wake = [now + RECHECK_S, warm_until if warm_until > now else math.inf]
+            wake = [now + RECHECK_S, yield_at if yield_at > now else math.inf]
+            if held_warm:
+                ends = [until for m in held_warm if (until := m.warm_until()) is not None]
+                wake.append(min([spare_warm_until, *ends]))
             best = self.gate.best_victim(actor, plan, per_replica, limit)
-            if best is not None:
+            if best is not None and self.gate.is_fresh(best):
                 wake.append(best.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
                 await self._changed.wait()
+
+    @staticmethod
+    def _why_wait(held_warm: tuple[ModelActor, ...], now: float, spare_until: float) -> str:
+        if not held_warm:
+            return (
+                "no GPU has room and no idle model may be evicted for it now; waits"
+                " for a model to go idle or unload"
+            )
+        return (
+            "only models in their stay-warm windows could make the room; waits for a window"
+            f" to end, {max(0.0, spare_until - now):.0f}s at most, then evicts: "
+            + "; ".join(warm_note(m, now) for m in held_warm)
+        )
 
     def _record_place(
         self, actor: ModelActor, plan: LoadPlan, gpus: Placements, per_replica: int, source: str
@@ -435,7 +464,9 @@ class Residency:
             log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
         return refused is None
 
-    async def _evict(self, victim: ModelActor, incoming: ModelActor) -> None:
+    async def _evict(
+        self, victim: ModelActor, incoming: ModelActor, spared: tuple[ModelActor, ...] = ()
+    ) -> None:
         """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
         log.info(
             "model=%s evicting model %s (priority %d, placed on %s)",
@@ -444,9 +475,12 @@ class Residency:
             victim.definition.priority,
             victim.placed_on,
         )
-        self.decisions.record(
-            "evict", victim.name, self.gate.why_evict(victim), for_model=incoming.name
-        )
+        # A model that can sleep keeps its weights in host RAM where the host has it.
+        need = victim.sleep_ram_mib()
+        ram = await trio.to_thread.run_sync(read_host_ram) if need is not None else None
+        sleep, how = sleep_verdict(need, ram)
+        why = self.gate.why_evict(victim, spared) + (f"; {how}" if how else "")
+        self.decisions.record("evict", victim.name, why, for_model=incoming.name, sleep=sleep)
         # Its door closes first: a request for it that arrives now waits for the eviction
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
@@ -457,7 +491,7 @@ class Residency:
         others_before = self.gate.charges(exclude=[victim])[0]
         self.evictions += 1
         try:
-            await victim.unload("evicted")
+            await victim.unload("evicted", sleep=sleep)
         except PoolError as exc:
             log.warning("model=%s eviction of %s failed: %s", incoming.name, victim.name, exc)
             return

@@ -76,6 +76,8 @@ class ModelSnapshot:
     placement: tuple[GpuPlacement, ...] = ()
     # Why the model was last unloaded, until it loads again; None if it never was.
     unload_reason: UnloadReason | None = None
+    # Host RAM its sleeping replicas hold (an eviction put them to sleep); None: none.
+    asleep_ram_mib: int | None = None
     # Family, size, quantization and trained context from the artifact's metadata.
     details: ModelDetails = field(default_factory=ModelDetails)
 

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    NonNegativeFloat,
     PositiveInt,
     create_model,
     model_validator,
@@ -39,6 +40,17 @@ class _LoadRequestFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     replicas: PositiveInt | None = Field(None, description="Replica count for this load only.")
+    stay_warm_s: NonNegativeFloat | None = Field(
+        None,
+        description="The model's stay-warm window for this load only (null: its kind's"
+        ' default); every backend takes it (docs/vram.md, "Stay warm").',
+    )
+
+
+# Load overrides of the pool's own model fields, which every backend takes: kept in the
+# override patch (and the row's ``load_override``) beside the backend's, never checked
+# against a backend's table.
+POOL_OVERRIDES = ("stay_warm_s",)
 
 
 class LoadRequest(_LoadRequestFields):
@@ -69,8 +81,12 @@ class LoadRequest(_LoadRequestFields):
         return handler(load_request_schema().__pydantic_core_schema__)
 
     def override_patch(self) -> dict[str, Any]:
-        """The backend fields that were present in the body, ``null`` values included."""
-        return dict(self.model_extra or {})
+        """The override fields that were present in the body (the backend's and the
+        pool's own, ``replicas`` aside), ``null`` values included."""
+        own = {
+            name: getattr(self, name) for name in POOL_OVERRIDES if name in self.model_fields_set
+        }
+        return {**own, **(self.model_extra or {})}
 
 
 def load_request_schema() -> type[BaseModel]:
@@ -110,7 +126,7 @@ def validate_load_request(
         PoolError: ``invalid_load_request`` naming the first offending field.
     """
     patch = body.override_patch()
-    get_backend(definition.backend).check_load_override(patch)
+    get_backend(definition.backend).check_load_override(_backend_part(patch))
     replicas = body.replicas if body.replicas is not None else definition.replicas
     if replicas > definition.effective_replica_max:
         raise invalid_load_request(
@@ -123,9 +139,14 @@ def validate_load_request(
 def apply_override(definition: ModelDefinition, patch: dict[str, Any]) -> ModelDefinition:
     """The effective definition of one load: ``patch`` over ``definition`` by key presence."""
     effective: ModelDefinition = get_backend(definition.backend).apply_load_override(
-        definition, patch
+        definition, _backend_part(patch)
     )
-    return effective
+    own = {name: patch[name] for name in POOL_OVERRIDES if name in patch}
+    return effective.model_copy(update=own) if own else effective
+
+
+def _backend_part(patch: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in patch.items() if name not in POOL_OVERRIDES}
 
 
 def load_constraints(backend: str) -> dict[str, dict[str, Any]]:

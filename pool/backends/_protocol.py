@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
@@ -33,6 +33,10 @@ from pool.errors import BackendError
 # A backend's config class. The default lets code that holds any backend (the model
 # actor, which looked it up by name) write plain ``Backend``.
 ConfigT = TypeVar("ConfigT", bound=CommonModelFields, default=CommonModelFields)
+
+# The stay-warm window of an embedding model that sets none (the seed's vision encoders:
+# small, quick to load again).
+EMBEDDING_STAY_WARM_S = 60.0
 
 ThinkingMode = Literal["default", "enabled", "disabled"]
 # The request's `thinking` values of a model that can switch thinking per request.
@@ -285,6 +289,35 @@ class PrefixCachingRuntime(Runtime, Protocol):
         ...
 
 
+@runtime_checkable
+class SleepingRuntime(Runtime, Protocol):
+    """A runtime that can sleep instead of unloading (vLLM's sleep mode, level 1): its
+    weights move to host RAM and its KV cache is dropped, so its GPU memory is free
+    while it sleeps, and waking it takes a fraction of a load (docs/vram.md)."""
+
+    @property
+    def sleep_ram_mib(self) -> int | None:
+        """Host RAM a sleep would hold (its weights); None: it cannot sleep (started
+        without sleep mode, or its weights' size is not known)."""
+        ...
+
+    async def sleep(self) -> None:
+        """Go to sleep: GPU memory handed back, weights kept in host RAM.
+
+        Raises:
+            BackendError: the engine would not sleep (it is then closed, not kept).
+        """
+        ...
+
+    async def wake(self) -> None:
+        """Wake from :meth:`sleep`: weights back on the GPU, a fresh KV cache.
+
+        Raises:
+            BackendError: the engine would not wake (it is then closed and loaded anew).
+        """
+        ...
+
+
 class EmbeddingRuntime(Runtime, Protocol):
     """A runtime of an embedding model (``Capabilities.embeddings``)."""
 
@@ -373,6 +406,9 @@ class Backend(ABC, Generic[ConfigT]):
             ``maxContextLength``, Ollama's ``num_ctx``); None where there is none.
         even_gpu_split: a replica split over several GPUs takes the same share of each
             (tensor parallelism), not shares in proportion to each GPU's free memory.
+        stay_warm_s: the stay-warm window of this backend's generation models when the
+            definition sets none (docs/vram.md, "Stay warm"); embedding models take
+            ``EMBEDDING_STAY_WARM_S``.
     """
 
     config: type[ConfigT]
@@ -381,6 +417,10 @@ class Backend(ABC, Generic[ConfigT]):
     load_recommendations: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     context_field: str | None = None
     even_gpu_split: bool = False
+    # The seed's per-kind windows (spec: coordinator-architecture, "Per-category
+    # stay_warm"): an LLM 300 s; the slow loaders get the seed's longest (900 s, its
+    # diffusion pipelines); small encoders the shortest (60 s, its vision models).
+    stay_warm_s: float = 300.0
 
     @property
     def name(self) -> str:
@@ -431,6 +471,12 @@ class Backend(ABC, Generic[ConfigT]):
         """VRAM per replica that the definition itself declares, for a backend whose
         runtime has no artifact to read (the stub); None for the others."""
         return None
+
+    def default_stay_warm_s(self, definition: ConfigT) -> float:
+        """The stay-warm window of a model of ``definition`` that sets none: its kind's."""
+        if getattr(definition, "embedding", False):
+            return min(self.stay_warm_s, EMBEDDING_STAY_WARM_S)
+        return self.stay_warm_s
 
     def check_load_override(self, patch: Mapping[str, Any]) -> None:
         """Check one load's override values against this backend's table.

@@ -445,6 +445,40 @@ class EngineHost:
         future = asyncio.run_coroutine_threadsafe(call(), loop)
         return await trio.to_thread.run_sync(future.result)
 
+    async def sleep(self) -> None:
+        """Put the engine to sleep, level 1 (vLLM's ``AsyncLLM.sleep``): its weights go
+        to host RAM and its KV cache is dropped, freeing their GPU memory. The engine
+        must have been started with ``enable_sleep_mode``.
+
+        Raises:
+            BackendError: vLLM refused or failed.
+        """
+
+        async def sleep(engine: Any) -> None:
+            await engine.sleep(level=1)
+
+        await self._engine_call("sleep", sleep)
+
+    async def wake(self) -> None:
+        """Wake the engine from :meth:`sleep` (``AsyncLLM.wake_up``, every tag).
+
+        Raises:
+            BackendError: vLLM refused or failed.
+        """
+
+        async def wake(engine: Any) -> None:
+            await engine.wake_up()
+
+        await self._engine_call("wake_up", wake)
+
+    async def _engine_call(self, what: str, work: Callable[[Any], Awaitable[None]]) -> None:
+        try:
+            await self.run_on_engine(work)
+        except BackendError:
+            raise
+        except Exception as exc:  # vLLM's own errors, whatever their type
+            raise BackendError(f"vLLM's {what} failed: {type(exc).__name__}: {exc}") from exc
+
     async def wait_failed(self) -> str:
         await self._failed.wait()
         return self.failure or "vLLM's engine failed"

@@ -158,6 +158,8 @@ class OpenAIRemoteRuntime:
 
 class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
     config = OpenAIRemoteModel
+    # Holds no GPU memory: never evicted, nothing to keep warm.
+    stay_warm_s = 0.0
 
     def capabilities(self, definition: OpenAIRemoteModel) -> Capabilities:
         return Capabilities(

@@ -156,6 +156,8 @@ class StubRuntime:
 
 class StubBackend(Backend[StubModel]):
     config = StubModel
+    # A test double: its reload cost is whatever a test sets, so is its window.
+    stay_warm_s = 0.0
 
     def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(

@@ -25,6 +25,10 @@ model's chat template marks where each one goes and vLLM's processor expands the
 into the image's tokens. ``vllm_limit_mm_per_prompt`` is vLLM's own check: a request
 with more images than it allows is refused with 400 ``invalid_request``.
 
+On a real GPU the engine starts with vLLM's sleep mode (``vllm_sleep_mode``), so the
+pool can evict the model by putting the engine to sleep, level 1, and wake it for its
+next load (:class:`~pool.backends.SleepingRuntime`; the rules in docs/vram.md).
+
 Tools and structured output go through vLLM's own machinery, as under ``vllm serve``
 (:mod:`pool.backends._vllm_tools`): the prompt format shows the model the tools (a
 format with no tool convention refuses them), vLLM's tool parser (``vllm_tool_call_parser``,
@@ -40,9 +44,11 @@ import io
 import itertools
 import logging
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
+from pydantic import Field
 
 from pool.backends._managed import SERVER_SAMPLING
 from pool.backends._protocol import (
@@ -117,7 +123,9 @@ _FIELD_OF_ARGUMENT = {
     "mm_processor_kwargs": "vllm_mm_processor_kwargs",
     "speculative": "vllm_speculative_method",
     "dtype": "vllm_dtype",
+    "sleep_mode": "vllm_sleep_mode",
 }
+_MIB = 1024 * 1024
 _request_numbers = itertools.count()
 
 
@@ -125,6 +133,34 @@ class VllmModel(VllmFields):
     """vLLM's async engine in-process on its own event-loop thread."""
 
     backend: Literal["vllm"] = "vllm"
+    vllm_sleep_mode: bool = Field(
+        True,
+        description="On a GPU, start the engine with vLLM's sleep mode (enable_sleep_mode),"
+        " so that an eviction puts it to sleep (level 1: weights to host RAM, KV cache"
+        " dropped) where the host has the RAM, and its next request wakes it instead of"
+        " loading it (docs/vram.md); false: evictions unload it.",
+    )
+
+
+def _on_a_gpu(context: LoadContext) -> bool:
+    """Whether the replica was placed on a real GPU (vLLM's sleep mode needs CUDA)."""
+    return context.placement is not None and not context.placement.virtual
+
+
+# The files of a checkpoint's weights: what a level-1 sleep copies to host RAM.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weights_mib(model: str) -> int | None:
+    """The size of the weights in a local model folder (or file); None for a Hugging
+    Face id, whose files vLLM keeps in its own cache."""
+    path = Path(model)
+    if path.is_file():
+        return -(-path.stat().st_size // _MIB)
+    if not path.is_dir():
+        return None
+    total = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(_WEIGHT_SUFFIXES))
+    return -(-total // _MIB) if total else None
 
 
 def _model_to_load(definition: VllmModel, context: LoadContext) -> str:
@@ -234,8 +270,12 @@ class VllmRuntime:
         prompt_format: PromptFormat,
         limiter: trio.CapacityLimiter,
         rss_before_engine_mib: float,
+        sleep_ram_mib: int | None = None,
     ) -> None:
         self._host = host
+        # Set when the engine runs with sleep mode and its weights' size is known.
+        self._sleep_ram_mib = sleep_ram_mib
+        self.asleep = False
         self._definition = definition
         self._format = prompt_format
         # Rendering (a model's template can be slow) takes turns on this thread limiter.
@@ -276,9 +316,30 @@ class VllmRuntime:
         """``request`` as this replica's prompt format renders it."""
         return self._render(request)
 
+    @property
+    def sleep_ram_mib(self) -> int | None:
+        """Host RAM a level-1 sleep holds (the weights); None without sleep mode."""
+        return self._sleep_ram_mib
+
+    async def sleep(self) -> None:
+        """Sleep, level 1: the engine's GPU memory is handed back, its weights kept in
+        host RAM (the pool evicts the model this way; see SleepingRuntime)."""
+        if self._sleep_ram_mib is None:
+            raise BackendError("the engine was started without sleep mode")
+        await self._host.sleep()
+        self.asleep = True
+        log.info("vllm %s: asleep (level 1), weights in host RAM", self._host.name)
+
+    async def wake(self) -> None:
+        await self._host.wake()
+        self.asleep = False
+        log.info("vllm %s: awake", self._host.name)
+
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
             raise BackendError("the vllm runtime is closed")
+        if self.asleep:
+            raise BackendError("the vllm engine is asleep")
         rendered, images = await trio.to_thread.run_sync(
             self._prepare, request, limiter=self._limiter
         )
@@ -387,6 +448,8 @@ class VllmBackend(Backend[VllmModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    # Slow to load (30-240 s measured on CPU; CUDA graphs on a GPU): the seed's longest window.
+    stay_warm_s = 900.0
 
     def capabilities(self, definition: VllmModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
@@ -408,6 +471,10 @@ class VllmBackend(Backend[VllmModel]):
         arguments = engine_arguments(definition)
         # The engine is sized to what the pool admits, unless configured.
         arguments.setdefault("max_num_seqs", replica_concurrency(definition))
+        # Sleep mode exists on CUDA only; it lets an eviction keep the weights in RAM.
+        sleep_mode = definition.vllm_sleep_mode and _on_a_gpu(context)
+        if sleep_mode:
+            arguments["enable_sleep_mode"] = True
         limiter = trio.CapacityLimiter(1)
         await trio.to_thread.run_sync(import_vllm, limiter=limiter)
         rss_before = rss_mib()
@@ -422,7 +489,8 @@ class VllmBackend(Backend[VllmModel]):
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await host.close()
             raise
-        return VllmRuntime(host, definition, prompt_format, limiter, rss_before)
+        weights = await trio.to_thread.run_sync(weights_mib, model) if sleep_mode else None
+        return VllmRuntime(host, definition, prompt_format, limiter, rss_before, weights)
 
 
 BACKEND = VllmBackend()

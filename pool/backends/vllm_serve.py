@@ -121,6 +121,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
+    stay_warm_s = 900.0
 
     def capabilities(self, definition: VllmServeModel) -> Capabilities:
         return Capabilities(

@@ -57,6 +57,10 @@ def preview_lines(preview: dict[str, Any]) -> list[str]:
         ]
     if preview.get("evict"):
         lines.append(f"it would evict, in order: {', '.join(preview['evict'])}")
+    if preview.get("spared_warm"):
+        lines.append(
+            f"it would spare (in their stay-warm windows): {', '.join(preview['spared_warm'])}"
+        )
     if preview.get("wait_for"):
         lines.append(f"waiting for: {', '.join(preview['wait_for'])}")
     expected = preview.get("expected_load_s")

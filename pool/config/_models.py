@@ -363,6 +363,13 @@ class CommonModelFields(_Strict):
     source: str | None = None
     pinned: bool = False
     priority: int = 0
+    stay_warm_s: NonNegativeFloat | None = Field(
+        None,
+        description="Seconds after the model last served during which it is evicted only when"
+        ' no model outside its own window can make the room (docs/vram.md, "Stay warm");'
+        " default by kind: 300 for generation models, 900 for vLLM's, 60 for embedding"
+        " models, 0 for the stub and remote models. Also a load override.",
+    )
     vram_mb: PositiveInt | None = Field(
         None,
         description="MiB of VRAM one replica needs; first in the estimate chain (docs/vram.md).",

@@ -173,15 +173,16 @@ ROUTES: list[Route] = [
     Route("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.",
      reply=ModelRow),
     Route("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
-     "Optional body: `replicas` and the backend's live-only load overrides (see the row's"
-     " `load_constraints`). Answers when the load has finished: 200 with the row, or 500"
-     " `load_failed` with `last_error`. On GPUs the load must fit its VRAM budget: idle"
-     " models it may evict (docs/vram.md) are unloaded first, else 500 `load_failed` at"
-     " once. Idempotent while loaded or loading (overrides then"
-     " give 400); 409 `model_unloading` while unloading. A schema failure is 422, a value the"
+     "Optional body: `replicas`, `stay_warm_s` and the backend's live-only load overrides"
+     " (see the row's `load_constraints`). Answers when the load has finished: 200 with"
+     " the row, or 500 `load_failed` with `last_error`. On GPUs the load must fit its VRAM"
+     " budget: idle models it may evict (docs/vram.md) are unloaded first, else 500"
+     " `load_failed` at once. Idempotent while loaded or loading (overrides then give 400);"
+     " 409 `model_unloading` while unloading. A schema failure is 422, a value the"
      " backend does not accept is 400 `invalid_load_request`. With `dry_run=true` nothing"
      " changes: 200 with what the load would do now (`LoadPreview`: `fits`, `gpus` and"
-     " `gpu_split_mib` per replica, the models it would `evict`, what it would `wait_for`,"
+     " `gpu_split_mib` per replica, the models it would `evict`, those it spares for their"
+     " stay-warm windows (`spared_warm`), what it would `wait_for`,"
      " `expected_load_s` from measurements, and the `error` with its `reason` it would"
      " answer).", LoadRequest, reply=LoadAnswer, body_required=False,
      query=(("dry_run", "boolean", "Answer what the load would do, changing nothing."),)),

@@ -54,6 +54,7 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         "last_error": snapshot.last_error,
         # Why it is unloaded: evicted (its next request loads it), requested, keep_alive.
         "unload_reason": snapshot.unload_reason,
+        "asleep_ram_mib": snapshot.asleep_ram_mib,
         "vram_estimate_mib": snapshot.vram.mib,
         "vram_estimate_replica_count": snapshot.vram.replica_count,
         "vram_estimate_source": snapshot.vram.source,

@@ -290,6 +290,11 @@ class ModelRow(_Reply):
         " (an unload was asked for; it stays unloaded), `keep_alive` (idle past its"
         " keep_alive); null if it never was."
     )
+    asleep_ram_mib: int | None = Field(
+        description="Host RAM its sleeping replicas hold: an eviction put its engines to"
+        " sleep (vLLM's sleep mode, level 1) and its next request wakes them instead of"
+        " loading; null when none sleeps (docs/vram.md)."
+    )
     vram_estimate_mib: int | None
     vram_estimate_replica_count: int
     vram_estimate_source: str
@@ -388,6 +393,10 @@ class LoadPreview(_Reply):
     gpus: list[list[int]] = Field(description="Per replica, the GPUs it would go to.")
     gpu_split_mib: list[list[int]] = Field(description="Per replica, MiB on each of its GPUs.")
     evict: list[str] = Field(description="The models it would evict first, in order.")
+    spared_warm: list[str] = Field(
+        description="Models it leaves loaded because they are in their stay-warm windows"
+        " (`stay_warm_s`) while others can make the room; `reason` says for how long."
+    )
     wait_for: list[str] = Field(
         description="Models whose end it waits for (a load under way of this model), or the"
         " busy models that could make room once idle when it is refused."

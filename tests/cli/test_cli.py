@@ -461,3 +461,23 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     assert none.code == 0 and none.out.strip() == "no usage recorded in this range"
     bad = await cli(info, "usage", "--since", "last week")
     assert bad.code == 1 and "invalid_request (400)" in bad.err and "since" in bad.err
+
+
+def test_a_preview_says_which_models_it_spares() -> None:
+    from pool.cli._why import preview_lines
+
+    preview = {
+        "model": "c",
+        "error": None,
+        "gpus": [[0]],
+        "gpu_split_mib": [[3000]],
+        "evict": ["b"],
+        "spared_warm": ["a"],
+        "wait_for": [],
+        "expected_load_s": None,
+        "reason": "fits once b is evicted; spares 'a' served 2s ago, in its stay-warm window",
+    }
+    assert preview_lines(preview)[1:3] == [
+        "it would evict, in order: b",
+        "it would spare (in their stay-warm windows): a",
+    ]

@@ -22,7 +22,7 @@ ROW_FIELDS = {
     "replica_max", "loaded_replicas", "inflight_requests", "queue_depth", "runtime_inflight",
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
     "vram_estimate_replica_count", "vram_estimate_source", "observed_load_delta", "gpus",
-    "gpu_split_mib", "unload_reason",
+    "gpu_split_mib", "unload_reason", "asleep_ram_mib",
     "load_constraints",
     "load_recommendations", "load_override", "capabilities", "details", "definition",
 }  # fmt: skip

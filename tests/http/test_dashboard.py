@@ -185,6 +185,44 @@ async def test_load_from_the_form_see_it_live_then_unload(nursery: trio.Nursery)
 
 
 @browser_test
+async def test_decisions_show_and_an_eviction_appears_live(nursery: trio.Nursery) -> None:
+    """The decisions made before the page opened come from the ring; an eviction made
+    while it is open arrives as a ``decision`` event and shows on top, with no reload."""
+    stub = {"backend": "stub", "stub_vram_mib": 3000}
+    models = {"first": stub, "second": stub}
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [4096], "virtual_gpus": True}
+    )
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        await client.post("/v1/admin/models/first/load")
+
+    def scenario(page: Page) -> None:
+        rows = page.locator("#decision-rows tr")
+        expect(rows).to_have_count(1)
+        placed = rows.nth(0)
+        expect(placed).to_have_attribute("data-action", "place")
+        expect(placed.locator(".model")).to_have_text("first")
+        expect(placed.locator(".reason")).to_contain_text("fit on GPU 0: 3000 MiB")
+        expect(page.locator("#decisions-empty")).to_be_hidden()
+        page.evaluate("window.sameDocument = true")  # gone if the page reloads
+        httpx.post(f"{info.url}/v1/admin/models/second/load", timeout=10)
+        # Newest first: the eviction of first for second, then second's placement.
+        expect(rows).to_have_count(3)
+        evicted = page.locator('#decision-rows tr[data-action="evict"]')
+        expect(evicted.locator(".model")).to_have_text("first")
+        expect(evicted.locator(".for")).to_have_text("second")
+        expect(evicted.locator(".reason")).to_contain_text("cheapest to lose")
+        expect(rows.nth(0)).to_have_attribute("data-action", "place")
+        expect(rows.nth(0).locator(".model")).to_have_text("second")
+        expect(rows.nth(1)).to_have_attribute("data-action", "evict")
+        expect(rows.nth(2).locator(".model")).to_have_text("first")
+        assert page.evaluate("window.sameDocument") is True
+
+    await in_browser(info, scenario)
+    assert info.pool.snapshot("first").unload_reason == "evicted"
+
+
+@browser_test
 async def test_a_split_replica_shows_on_both_gpus(nursery: trio.Nursery) -> None:
     # 12 GB on two 8 GB GPUs beside a 4 GB model: split 4000 + 8000 (docs/vram.md).
     stub = {"backend": "stub", "on_demand": True}

@@ -160,8 +160,12 @@ async function connect() {
     setLive("live");
     showNotice("");
     retryMs = 1000;
+    // The stream brings the decisions made from now on; the ones before come from the ring.
+    resetDecisions();
+    loadDecisions(abort.signal);
     for await (const event of sseEvents(response)) {
       if (event.event === "state") render(JSON.parse(event.data));
+      else if (event.event === "decision") addDecision(JSON.parse(event.data));
     }
   } catch (err) {
     if (abort.signal.aborted) return;
@@ -628,6 +632,58 @@ function setControl(field, value) {
   } else {
     field.control.value = value === null || value === undefined ? "" : String(value);
   }
+}
+
+// -- decisions ------------------------------------------------------------------------------
+// The residency owner's decisions (docs/vram.md): the latest from GET /v1/admin/decisions
+// when the stream (re)connects, then each new one as a `decision` event. Newest first, by
+// `seq`, each shown once however it arrived.
+const DECISIONS_SHOWN = 50;
+const shownDecisions = new Set(); // seq of every row shown
+
+function resetDecisions() {
+  shownDecisions.clear(); // a restarted pool counts seq from 1 again
+  $("decision-rows").replaceChildren();
+  $("decisions-empty").hidden = false;
+}
+
+async function loadDecisions(signal) {
+  try {
+    const data = await call("GET", `../v1/admin/decisions?limit=${DECISIONS_SHOWN}`);
+    if (!signal.aborted) for (const decision of data.decisions) addDecision(decision);
+  } catch (err) {
+    if (!signal.aborted) showNotice(`the decisions could not be read: ${err.message}`);
+  }
+}
+
+function clock(at) {
+  const when = new Date(at * 1000);
+  return [when.getHours(), when.getMinutes(), when.getSeconds()]
+    .map((n) => String(n).padStart(2, "0"))
+    .join(":");
+}
+
+function addDecision(decision) {
+  if (shownDecisions.has(decision.seq)) return;
+  shownDecisions.add(decision.seq);
+  const row = el(
+    "tr",
+    { "data-seq": decision.seq, "data-action": decision.action },
+    el("td", { class: "num at", text: clock(decision.at), title: new Date(decision.at * 1000).toISOString() }),
+    el("td", {}, el("span", { class: "action", text: decision.action })),
+    el("td", { class: "model", text: decision.model }),
+    el("td", { class: "for", text: decision.for || "" }),
+    el("td", { class: "reason", text: decision.reason }),
+  );
+  const body = $("decision-rows");
+  const after = [...body.rows].find((r) => Number(r.dataset.seq) < decision.seq);
+  body.insertBefore(row, after || null);
+  while (body.rows.length > DECISIONS_SHOWN) {
+    const last = body.rows[body.rows.length - 1];
+    shownDecisions.delete(Number(last.dataset.seq));
+    last.remove();
+  }
+  $("decisions-empty").hidden = true;
 }
 
 // -- pulls ----------------------------------------------------------------------------------
