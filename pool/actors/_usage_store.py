@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 import trio
 
+from pool._sqlite import open_database
+
 FILE_NAME = "usage.sqlite3"
-_BUSY_TIMEOUT_S = 10.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     at REAL NOT NULL,
@@ -103,16 +104,7 @@ class UsageStore:
         with self._opening:
             db = self._connections.get(role)
             if db is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(
-                    self.path,
-                    timeout=_BUSY_TIMEOUT_S,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.executescript(_SCHEMA)
+                db = open_database(self.path, _SCHEMA)
                 self._connections[role] = db
             return db
 

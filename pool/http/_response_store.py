@@ -29,10 +29,11 @@ from typing import Any
 
 import trio
 
+from pool._sqlite import open_database
+
 FILE_NAME = "responses.sqlite3"
 # A chain longer than this is cut at its oldest end (a guard, not a policy).
 MAX_CHAIN = 10_000
-_BUSY_TIMEOUT_S = 10.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     tenant TEXT NOT NULL,
@@ -81,17 +82,7 @@ class ResponseStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(
-                self.path,
-                timeout=_BUSY_TIMEOUT_S,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            self._db = db
+            self._db = open_database(self.path, _SCHEMA)
         return self._db
 
     async def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
