@@ -1,9 +1,10 @@
-"""What tracing costs: the same stub requests to a pool with tracing off and one with it on.
+"""What tracing costs: the same stub requests to pools with tracing off, on, and sampled.
 
-Two pool processes serve one zero-work stub model; the traced one exports every span
+Three pool processes serve one zero-work stub model: one with tracing off, one that
+traces every request and one that samples a tenth of them, each traced one exporting
 (OTLP/HTTP, batch processor) to a receiver in this process that counts what arrives and
-keeps nothing. Phases alternate off, on, off, on... with the same closed-loop load, and
-each phase's server CPU time (``/proc``, user plus system, the exporter's thread
+keeps nothing. Phases alternate off, on, sampled, off... with the same closed-loop load,
+and each phase's server CPU time (``/proc``, user plus system, the exporter's thread
 included) is divided by its answered requests. The issue's bar (#29): tracing adds at
 most 0.1 ms CPU per request and loses none.
 """
@@ -14,10 +15,15 @@ import statistics
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import closed_loop, measure, pool_server, progress
+from benchmarks.harness import CLK_TCK, Server, closed_loop, measure, pool_server, progress
+
+# The traced pool that records a share of its traces only (service.tracing.sample_ratio).
+SAMPLED_RATIO = 0.1
 
 # Two spans a request that finds a free replica: the request and its generation.
 SPANS_PER_REQUEST = 2
@@ -65,6 +71,14 @@ def discarding_receiver() -> Iterator[tuple[str, _Counts]]:
         server.server_close()
 
 
+def main_thread_cpu_seconds(server: Server) -> float:
+    """User plus system CPU time of the server's main thread (the Trio loop) so far:
+    the rest of its CPU is other threads', the span exporter's above all."""
+    pid = server.process.pid
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def _body(index: int) -> tuple[dict[str, Any], dict[str, str]]:
     return {"model": "stub", "input": "x", "decoding": {"max_tokens": 4}}, {}
 
@@ -75,40 +89,71 @@ async def tracing_cost(quick: bool) -> dict[str, Any]:
     requests = 200 if quick else 2000
     concurrency = 4
     stub = {"backend": "stub", "enabled": True, "stub_reply": "a b c d", "target_inflight": 8}
-    phases: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    with discarding_receiver() as (url, counts):
+    phases: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "sampled": []}
+    # Each traced pool exports to a receiver of its own, so the full one's spans are counted.
+    with discarding_receiver() as (url, counts), discarding_receiver() as (sampled_url, _):
         with (
             pool_server({"stub": stub}) as off,
             pool_server({"stub": stub}, {"tracing": {"endpoint": url}}) as on,
+            pool_server(
+                {"stub": stub},
+                {"tracing": {"endpoint": sampled_url, "sample_ratio": SAMPLED_RATIO}},
+            ) as sampled,
         ):
-            for server in (off, on):  # warm-up (imports, first allocations)
+            sides = (("off", off), ("on", on), ("sampled", sampled))
+            for _, server in sides:  # warm-up (imports, first allocations)
                 await closed_loop(server, concurrency, 200, _body)
             warmup_spans = SPANS_PER_REQUEST * 200
             for round_index in range(rounds):
-                for side, server in (("off", off), ("on", on)):
+                for side, server in sides:
                     progress(f"tracing round {round_index + 1}/{rounds} {side}")
+                    main_before = main_thread_cpu_seconds(server)
                     summary = await measure(
-                        server, lambda s=server: closed_loop(s, concurrency, requests, _body)
+                        server, partial(closed_loop, server, concurrency, requests, _body)
                     )
+                    main_ms = (main_thread_cpu_seconds(server) - main_before) * 1000
+                    summary["main_thread_cpu_ms_per_request"] = main_ms / max(summary["ok"], 1)
                     summary.pop("latencies_ms")
                     phases[side].append(summary)
         # Both pools have shut down here: the traced one flushed its last spans.
         exported = counts.spans - warmup_spans
     cpu = {side: [p["server_cpu_ms_per_request"] for p in runs] for side, runs in phases.items()}
-    added = [b - a for a, b in zip(cpu["off"], cpu["on"], strict=True)]
+    main = {
+        side: [p["main_thread_cpu_ms_per_request"] for p in runs] for side, runs in phases.items()
+    }
+
+    def added(values: dict[str, list[float]], side: str) -> list[float]:
+        # Each round's traced phase against the off phase just before it.
+        return [b - a for a, b in zip(values["off"], values[side], strict=True)]
+
     answered = {side: sum(p["ok"] for p in runs) for side, runs in phases.items()}
     sent = {side: sum(p["requests"] for p in runs) for side, runs in phases.items()}
-    row = {
-        "requests_per_phase": requests,
-        "rounds": rounds,
-        "off_cpu_ms_per_request": statistics.median(cpu["off"]),
-        "on_cpu_ms_per_request": statistics.median(cpu["on"]),
-        "added_cpu_ms_per_request": statistics.median(added),
-        "off_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases["off"]),
-        "on_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases["on"]),
-        "off_lost": sent["off"] - answered["off"],
-        "on_lost": sent["on"] - answered["on"],
-        "spans_expected": SPANS_PER_REQUEST * answered["on"],
-        "spans_received": exported,
+    rows = []
+    for side, ratio in (("on", 1.0), ("sampled", SAMPLED_RATIO)):
+        rows.append(
+            {
+                "sample_ratio": ratio,
+                "requests_per_phase": requests,
+                "rounds": rounds,
+                "off_cpu_ms_per_request": statistics.median(cpu["off"]),
+                "on_cpu_ms_per_request": statistics.median(cpu[side]),
+                "added_cpu_ms_per_request": statistics.median(added(cpu, side)),
+                # Of which the Trio loop's thread (the spans made); the rest is other
+                # threads' (the exporter's above all).
+                "added_main_thread_ms_per_request": statistics.median(added(main, side)),
+                "off_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases["off"]),
+                "on_p50_ms": statistics.median(p["latency_ms"]["p50"] for p in phases[side]),
+                "off_lost": sent["off"] - answered["off"],
+                "on_lost": sent[side] - answered[side],
+                # Every span of the fully traced pool must arrive; a sampled share is random.
+                "spans_expected": SPANS_PER_REQUEST * answered[side] if ratio == 1.0 else None,
+                "spans_received": exported if ratio == 1.0 else None,
+            }
+        )
+    return {
+        "rows": rows,
+        "raw": phases,
+        "added_by_round": added(cpu, "on"),
+        "added_main_thread_by_round": added(main, "on"),
+        "sampled_added_by_round": added(cpu, "sampled"),
     }
-    return {"rows": [row], "raw": phases, "added_by_round": added}
