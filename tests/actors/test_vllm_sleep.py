@@ -2,7 +2,7 @@
 GPU puts its engine to sleep (level 1) where the host has the RAM, the gate counts its
 GPU memory as free, and its next load wakes the same engine instead of starting one.
 
-vLLM is faked at the backend's boundary (``fake_vllm.py``, vLLM 0.32's signatures); the
+vLLM is faked at the backend's boundary (``tests/backends/fake_vllm.py``, vLLM 0.32's signatures); the
 pool, the gate, the engine host's thread and loop are the real ones. A real GPU runs the
 same through ``scripts/gpu-check vllm-sleep``.
 """
@@ -18,9 +18,8 @@ from pool import open_pool
 from pool.actors import _residency
 from pool.actors._sleep import HostRam
 from pool.config import build_settings
-
-from . import fake_vllm
-from .fake_vllm import CONTEXT_MIB, KV_CACHE_MIB, WEIGHTS_MIB, FakeGpu
+from tests.backends import fake_vllm
+from tests.backends.fake_vllm import CONTEXT_MIB, KV_CACHE_MIB, WEIGHTS_MIB, FakeGpu
 
 PLENTY = HostRam(available_mib=64_000, total_mib=128_000)
 
