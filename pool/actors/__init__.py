@@ -51,6 +51,14 @@ from pool.actors._snapshots import (
 )
 from pool.actors._supervisor import Pool, open_pool
 from pool.actors._tasks import LoadTask
+from pool.actors._trace_protocol import (
+    FIRST_TOKEN_EVENT,
+    GENERATION_SPAN,
+    LOAD_SPAN,
+    QUEUE_SPAN,
+    RequestTrace,
+    Tracing,
+)
 from pool.actors._usage import UsageRecorder, UsageSink
 from pool.actors._usage_store import BUCKETS as USAGE_BUCKETS
 from pool.actors._usage_store import GROUPS as USAGE_GROUPS
@@ -62,6 +70,10 @@ from pool.backends import ToolCallDelta
 __all__ = [
     "AFFINITY_MIN_SHARE",
     "CALLER",
+    "FIRST_TOKEN_EVENT",
+    "GENERATION_SPAN",
+    "LOAD_SPAN",
+    "QUEUE_SPAN",
     "RELAYED",
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
@@ -100,12 +112,14 @@ __all__ = [
     "QueueStats",
     "Queued",
     "RateLimiter",
+    "RequestTrace",
     "Route",
     "Router",
     "RuntimeState",
     "SharedLedger",
     "Timings",
     "ToolCallDelta",
+    "Tracing",
     "UnloadReason",
     "Usage",
     "UsageBucket",

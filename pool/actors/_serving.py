@@ -38,7 +38,7 @@ from pool.errors import PoolError
 from pool.media import MediaLoader
 
 if TYPE_CHECKING:
-    from pool.tracing import RequestTrace, Tracing
+    from pool.actors._trace_protocol import RequestTrace, Tracing
 
 # What a request for a model this node does not have configured may ask of a peer;
 # the peer checks it against the model's own capabilities.

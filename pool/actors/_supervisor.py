@@ -49,10 +49,9 @@ from pool.config import Settings, state_dir
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullManager
-from pool.tracing import open_tracing
 
 if TYPE_CHECKING:
-    from pool.tracing import Tracing
+    from pool.actors._trace_protocol import Tracing
 
 log = logging.getLogger("pool")
 
@@ -382,6 +381,7 @@ async def open_pool(
     budget_counters: BudgetCounters | None = None,
     usage_sink: UsageSink | None = None,
     clock: Callable[[], float] = time.time,
+    tracing: Tracing | None = None,
 ) -> AsyncIterator[Pool]:
     """Start the actor tree for ``settings`` and yield the :class:`Pool`.
 
@@ -401,9 +401,10 @@ async def open_pool(
         usage_sink: where usage batches are written instead of ``usage.sqlite3``
             (tests give one that fails or stalls).
         clock: seconds since the epoch, for budget windows and usage retention.
+        tracing: where the requests' spans go (``pool.tracing.open_tracing``, which
+            ``pool.open_pool`` and ``serve`` call with the settings); None: no spans. The
+            pool flushes it when it closes.
     """
-    # Before anything starts: tracing asked for without its packages is a ConfigError.
-    tracing = open_tracing(settings.service.tracing)
     pool = Pool(
         settings,
         gpus=gpus,

@@ -18,6 +18,7 @@ from pool.http._app import create_app
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
 from pool.http._lean import lean_app
+from pool.tracing import open_tracing
 
 log = logging.getLogger("pool.server")
 
@@ -108,6 +109,7 @@ async def serve(
                     ledger=cluster,
                     router=cluster.router if cluster is not None else None,
                     budget_counters=cluster.budget_counters if cluster is not None else None,
+                    tracing=open_tracing(settings.service.tracing),
                 ) as pool,
             ):
                 config.bind = [f"fd://{sock.detach()}" for sock in listening]

@@ -4,6 +4,14 @@ Optional: the OpenTelemetry packages (the ``tracing`` extra) are imported only w
 tracing is on; otherwise the pool pays one ``None`` check per request.
 """
 
+from pool.actors import (
+    FIRST_TOKEN_EVENT,
+    GENERATION_SPAN,
+    LOAD_SPAN,
+    QUEUE_SPAN,
+    RequestTrace,
+    Tracing,
+)
 from pool.tracing._incoming import (
     INCOMING_TRACE,
     TRACEPARENT,
@@ -12,15 +20,8 @@ from pool.tracing._incoming import (
     answering_with_trace,
     incoming_trace,
 )
-from pool.tracing._protocol import (
-    FIRST_TOKEN_EVENT,
-    GENERATION_SPAN,
-    LOAD_SPAN,
-    QUEUE_SPAN,
-    RequestTrace,
-    Tracing,
-)
-from pool.tracing._setup import INSTALL_HINT, TracingTarget, open_tracing, tracing_target
+from pool.tracing._setup import INSTALL_HINT, open_tracing, tracing_target
+from pool.tracing._target import TracingTarget
 
 __all__ = [
     "FIRST_TOKEN_EVENT",

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pool.config import TracingSettings
 from pool.errors import ConfigError
+from pool.tracing._target import TracingTarget
 
 if TYPE_CHECKING:
-    from pool.tracing._protocol import Tracing
+    from pool.actors import Tracing
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -24,17 +24,6 @@ SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
 DISABLED_ENV = "OTEL_SDK_DISABLED"
 DEFAULT_SERVICE_NAME = "llm-pool"
 INSTALL_HINT = "pip install 'llm-pool[tracing]'"
-
-
-@dataclass(frozen=True, slots=True)
-class TracingTarget:
-    """Where spans go: the OTLP/HTTP traces URL, the service name, the sampling ratio."""
-
-    traces_url: str
-    service_name: str
-    sample_ratio: float
-    # Which setting turned tracing on, to name it in errors.
-    asked_by: str
 
 
 def _traces_url(base: str) -> str:

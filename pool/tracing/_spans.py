@@ -36,10 +36,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from pool._version import __version__
+from pool.actors import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
 from pool.errors import PoolError
 from pool.tracing._incoming import INCOMING_TRACE, TRACEPARENT, TRACESTATE
-from pool.tracing._protocol import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
-from pool.tracing._setup import TracingTarget
+from pool.tracing._target import TracingTarget
 
 if TYPE_CHECKING:
     from pool.actors import Admission, EmbeddingRequest, InferenceRequest, ModelActor

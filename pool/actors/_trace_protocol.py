@@ -1,7 +1,9 @@
 """What the pool sees of tracing: two protocols and the names of the spans.
 
-The pool holds a :class:`Tracing` only where tracing is on; the implementation
-(pool/tracing/_spans.py) imports OpenTelemetry, so nothing else names it.
+The pool holds a :class:`Tracing` only where tracing is on, handed to it by whoever opens
+it (``pool.open_pool`` and ``serve`` open it from the settings with
+``pool.tracing.open_tracing``); the implementation (pool/tracing/_spans.py) imports
+OpenTelemetry and reads the admissions, so it sits above the actors, never below.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pool.actors import Admission, EmbeddingRequest, InferenceRequest, ModelActor
+    from pool.actors._admission import Admission
+    from pool.actors._model import ModelActor
+    from pool.actors._request import EmbeddingRequest, InferenceRequest
 
 # The children of a request span, and the event of its first token (the request span
 # itself is "{operation} {model}", as the GenAI semantic conventions name it).
