@@ -542,8 +542,11 @@ async def test_chain_file_size_gguf_times_1_1(tmp_path: Path) -> None:
 
 
 async def test_chain_file_size_safetensors_times_1_3(tmp_path: Path) -> None:
-    write_safetensors(tmp_path, 10 * 2**20)  # no config.json
-    assert await estimate_of({"model_path": str(tmp_path)}) == (13, "model_artifact_size")
+    # A folder of its own: tmp_path is also the state dir, where the pool keeps usage.sqlite3.
+    model = tmp_path / "model"
+    model.mkdir()
+    write_safetensors(model, 10 * 2**20)  # no config.json
+    assert await estimate_of({"model_path": str(model)}) == (13, "model_artifact_size")
 
 
 async def test_chain_name_heuristic() -> None:
