@@ -43,6 +43,7 @@ import gc
 import io
 import itertools
 import logging
+import multiprocessing
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -428,6 +429,10 @@ class VllmRuntime:
             return
         self._closed = True
         await self._host.close()
+        # vLLM's shutdown force-kills an engine core that did not stop within its timeout
+        # (seen on a loaded 2-core machine) without waiting for it: reap what has ended,
+        # so no zombie of the engine outlives its unload.
+        multiprocessing.active_children()
         gc.collect()
         self.rss_after_close_mib = rss_mib()
         left = alive_processes(self._host.processes)

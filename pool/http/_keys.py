@@ -121,7 +121,9 @@ class KeyFile:
                 _Revocation(str(entry["name"]), bytes.fromhex(entry["key_sha256"]), entry["at"])
                 for entry in data["revoked"]
             ]
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            # No file (or no state folder at all, a file in its place): nothing was added
+            # or revoked at runtime; a change later fails with a logged error.
             return [], []
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(
