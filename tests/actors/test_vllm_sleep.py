@@ -3,8 +3,8 @@ GPU puts its engine to sleep (level 1) where the host has the RAM, the gate coun
 GPU memory as free, and its next load wakes the same engine instead of starting one.
 
 vLLM is faked at the backend's boundary (``tests/backends/fake_vllm.py``, vLLM 0.32's
-signatures); the pool, the gate, the engine host's thread and loop are the real ones. A real GPU runs the
-same through ``scripts/gpu-check vllm-sleep``.
+signatures); the pool, the gate, the engine host's thread and loop are the real ones. A
+real GPU runs the same through ``scripts/gpu-check vllm-sleep``.
 """
 
 from __future__ import annotations
