@@ -263,6 +263,7 @@ class ManagedServerRuntime:
 
             async def exited() -> None:
                 status = await self.process.wait()
+                await self.process.output_read(timeout_s=2.0)
                 raise BackendError(
                     f"{self.process.label} exited with status {status} while starting;"
                     f" last output:\n{self.process.tail()[-1500:]}"

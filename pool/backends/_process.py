@@ -125,6 +125,7 @@ class ManagedProcess:
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._partial = b""
         self._exited = trio.Event()
+        self._output_closed = trio.Event()
         self.returncode: int | None = None
 
     @property
@@ -180,10 +181,24 @@ class ManagedProcess:
                 self._partial += chunk
                 *lines, self._partial = self._partial.split(b"\n")
                 for raw in lines:
-                    line = raw.decode("utf-8", "replace").rstrip()
-                    if line:
-                        self._tail.append(line)
-                        log.info("%s: %s", self.label, line)
+                    self._keep(raw)
+            # The end of the output: its last line may have no newline.
+            self._keep(self._partial)
+            self._partial = b""
+            self._output_closed.set()
+
+    def _keep(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip()
+        if line:
+            self._tail.append(line)
+            log.info("%s: %s", self.label, line)
+
+    async def output_read(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the child's output has been read to its end,
+        so an error about its exit quotes what it said last (the reader may lag behind
+        the exit on a busy machine)."""
+        with trio.move_on_after(timeout_s):
+            await self._output_closed.wait()
 
     async def wait(self) -> int:
         """Wait for the child to exit; returns its exit status (negative: a signal)."""
