@@ -125,19 +125,7 @@ class RateLimiter:
             name, limit = key
             key_cell = self._key_cell(name, limit)
             now = trio.current_time()
-            wait = key_cell.delay(now)
-            if wait > 0:
-                raise PoolError(
-                    "rate_limit_exceeded",
-                    f"key {name!r} exceeded {limit:g} requests per minute",
-                    retry_after_s=wait,
-                    details={
-                        "limit": limit,
-                        "remaining": 0,
-                        "reset_at": math.ceil(time.time() + key_cell.reset_after(now)),
-                        "key": name,
-                    },
-                )
+            _refuse_if_spent(key_cell, now, limit, "key", name, "requests")
         self._admit_tenant(tenant)
         if key_cell is not None:
             key_cell.charge(trio.current_time(), 1)
@@ -153,19 +141,7 @@ class RateLimiter:
         ):
             if cell is None:
                 continue
-            wait = cell.delay(now)
-            if wait > 0:
-                raise PoolError(
-                    "rate_limit_exceeded",
-                    f"tenant {tenant!r} exceeded {limit:g} {unit} per minute",
-                    retry_after_s=wait,
-                    details={
-                        "limit": limit,
-                        "remaining": 0,
-                        "reset_at": math.ceil(time.time() + cell.reset_after(now)),
-                        "tenant": tenant,
-                    },
-                )
+            _refuse_if_spent(cell, now, limit, "tenant", tenant, unit)
         if state.requests is not None:
             state.requests.charge(now, 1)
 
@@ -196,3 +172,23 @@ class RateLimiter:
             "X-RateLimit-Remaining": str(state.requests.remaining(now)),
             "X-RateLimit-Reset": str(math.ceil(time.time() + state.requests.reset_after(now))),
         }
+
+
+def _refuse_if_spent(
+    cell: _Cell, now: float, limit: float | None, whose: str, name: str, unit: str
+) -> None:
+    """429 ``rate_limit_exceeded`` when ``cell`` admits nothing now, naming whose limit
+    (``key`` or ``tenant``) it is."""
+    wait = cell.delay(now)
+    if wait > 0:
+        raise PoolError(
+            "rate_limit_exceeded",
+            f"{whose} {name!r} exceeded {limit:g} {unit} per minute",
+            retry_after_s=wait,
+            details={
+                "limit": limit,
+                "remaining": 0,
+                "reset_at": math.ceil(time.time() + cell.reset_after(now)),
+                whose: name,
+            },
+        )
