@@ -40,6 +40,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "model_in_use": 409,
     "key_exists": 409,
     "usage_disabled": 409,
+    "request_timeout": 408,
     "request_too_large": 413,
     "unsupported_media_type": 415,
     "upgrade_required": 426,

@@ -1,15 +1,16 @@
-"""The Quart-Trio application: routes by surface, JSON errors, request ids."""
+"""The Quart-Trio application: the routes of every surface behind the one request
+pipeline (pool/http/_pipeline.py), and the errors Quart itself answers."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
 
-from quart import Response, request
+from quart import Response, has_request_context, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from pool.actors import RELAY_HEADER, RELAYED, Pool
+from pool.actors import Pool
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.http import (
@@ -30,16 +31,13 @@ from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
     SchemaError,
-    acting_tenant,
-    error_response,
-    headers,
+    internal_error_response,
     json_response,
-    rate_limit_headers,
     request_id,
-    schema_error_response,
 )
 from pool.http._hosts import HostAllowList
 from pool.http._openapi import PLACEHOLDER_MODEL, Served, docs_page, openapi_document
+from pool.http._pipeline import RequestPipeline
 
 log = logging.getLogger("pool.http")
 
@@ -53,7 +51,6 @@ def allow_header(methods: Iterable[str]) -> str:
 _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
-    413: "request_too_large",
     415: "unsupported_media_type",
 }
 
@@ -83,7 +80,8 @@ def create_app(
     auth: Authenticator | None = None,
     hosts: HostAllowList | None = None,
 ) -> QuartTrio:
-    """Build the app for ``pool``; every route module registers its own routes.
+    """Build the app for ``pool``; every route module registers its own routes. Every
+    request reaches them through the request pipeline (:func:`pipeline_of`).
 
     Args:
         hosts: the ``Host``/``Origin`` policy; ``serve`` passes one that learns the bound
@@ -98,24 +96,9 @@ def create_app(
         port=settings.service.port,
     )
 
-    # First of all hooks, before auth and routing: a refused name learns nothing else.
-    # A route's blueprint renders the error, so Ollama and OpenAI clients get their shape;
-    # a refused WebSocket handshake is answered with the HTTP error, never accepted.
-    async def check_host_and_origin() -> None:
-        try:
-            sent = headers()
-            hosts.check(sent.get("host", ""), sent.get("origin"))
-        except PoolError as exc:
-            log.warning("request_id=%s refused: %s %s", request_id(), exc.code, exc.message)
-            raise
-
-    app.before_request(check_host_and_origin)
-    app.before_websocket(check_host_and_origin)
-
-    app.config["MAX_CONTENT_LENGTH"] = settings.service.max_body_bytes
+    # The body's size and arrival time are the pipeline's to bound; Quart gets it whole.
     # Generations may run for minutes; the pool's own timeouts bound them.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = settings.service.body_timeout_s
     app.config["JSON_SORT_KEYS"] = False
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
@@ -135,9 +118,17 @@ def create_app(
         _ui,
     ):
         module.register(app, ctx)
-    # The hot routes the lean ASGI layer (pool/http/_lean.py) serves in front of Quart.
-    app.extensions["pool.hot_routes"] = ctx.hot_routes
-    app.extensions["pool.rate_limiter"] = pool.rate_limiter
+    pipeline = RequestPipeline(
+        app.asgi_app,
+        ctx,
+        lambda: app.url_map.bind(settings.service.host),
+        hosts,
+        settings.service,
+        pool.rate_limiter,
+        traced=pool.tracing is not None,
+    )
+    app.asgi_app = pipeline  # type: ignore[method-assign,assignment]
+    app.extensions["pool.pipeline"] = pipeline
     document = openapi_document(served=served_by(settings, ctx.auth))
 
     @app.get("/openapi.json")
@@ -149,33 +140,15 @@ def create_app(
     async def docs() -> Response:
         return Response(docs_page(document), content_type="text/html; charset=utf-8")
 
-    @app.before_request
-    async def read_whole_body() -> None:
-        # A route that answers without reading the body (unload, an early 401 or 404)
-        # would leave its late-arriving bytes unread, and the keep-alive connection then
-        # never answered its next request (found by the soak). Every body is read first;
-        # Quart caches it for the route, and MAX_CONTENT_LENGTH still gives 413.
-        await request.get_data()
-
-    @app.before_request
-    async def note_relayed() -> None:
-        # A peer relayed this request (docs/cluster.md): serve it here, never onwards.
-        # Set for every request: a keep-alive connection's next one may not be relayed.
-        RELAYED.set(bool(request.headers.get(RELAY_HEADER)))
-
-    @app.after_request
-    async def add_request_id(response: Response) -> Response:
-        response.headers["X-Request-Id"] = request_id()
-        response.headers.update(rate_limit_headers(pool.rate_limiter, acting_tenant()))
-        return response
-
+    # A view's error, in the shape of the blueprint that serves it (the pipeline answers
+    # the hot routes' errors with the same shapes).
     @app.errorhandler(PoolError)
     async def pool_error(exc: PoolError) -> Response:
-        return error_response(exc)
+        return ctx.error_answer(exc, _blueprint())
 
     @app.errorhandler(SchemaError)
     async def schema_error(exc: SchemaError) -> Response:
-        return schema_error_response(exc)
+        return ctx.error_answer(exc, _blueprint())
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
@@ -185,12 +158,10 @@ def create_app(
         headers: dict[str, str] = {}
         if isinstance(exc, MethodNotAllowed):
             # RFC 9110: a 405 names the methods the resource supports. Only Quart answers
-            # 405s: the lean layer (pool/http/_lean.py) hands it every method it does not
-            # serve itself, so this is the one place that sets Allow.
+            # 405s: the pipeline hands it every method a hot route does not serve, so
+            # this is the one place that sets Allow.
             headers["Allow"] = allow_header(exc.valid_methods or ())
-        if status == 413:
-            message = f"the body is larger than {settings.service.max_body_bytes} bytes"
-        elif status == 404:
+        if status == 404:
             message = f"no route {request.path}"
         elif status == 405:
             message = f"{request.method} is not allowed on {request.path}"
@@ -204,9 +175,19 @@ def create_app(
         log.exception(
             "request_id=%s unhandled error on %s %s", request_id(), request.method, request.path
         )
-        return json_response(
-            {"error": {"code": "internal_error", "message": "internal error; see the server log"}},
-            500,
-        )
+        return internal_error_response()
 
     return app
+
+
+def _blueprint() -> str | None:
+    """The blueprint serving the current request or WebSocket (None: the app's own)."""
+    if has_request_context():
+        return request.blueprint
+    return websocket.blueprint if has_websocket_context() else None
+
+
+def pipeline_of(app: QuartTrio) -> RequestPipeline:
+    """The request pipeline :func:`create_app` put in front of ``app``'s routes."""
+    pipeline: RequestPipeline = app.extensions["pool.pipeline"]
+    return pipeline

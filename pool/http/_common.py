@@ -33,14 +33,24 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 JSON_TYPE = "application/json"
 
 
-@dataclass
+@dataclass(frozen=True)
+class ErrorShape:
+    """How a dialect answers an error: the pool's own, OpenAI's, Ollama's, Anthropic's.
+    The request pipeline (pool/http/_pipeline.py) and Quart's error handlers
+    (pool/http/_app.py) both answer through it, by the blueprint that serves the path."""
+
+    pool_error: Callable[[PoolError], Response]
+    schema_error: Callable[[SchemaError], Response]
+
+
+@dataclass(frozen=True)
 class HotRoute:
-    """A route the lean ASGI layer serves without Quart (``pool/http/_lean.py``): the
-    Quart view itself, and how its blueprint renders the pool's errors."""
+    """A ``POST`` route the request pipeline calls without Quart's request machinery
+    (pool/http/_pipeline.py): its view, and the blueprint whose error shape it answers in
+    (None: the pool's own)."""
 
     view: Callable[[], Awaitable[Response]]
-    on_pool_error: Callable[[PoolError], Awaitable[Response]]
-    on_schema_error: Callable[[SchemaError], Awaitable[Response]]
+    dialect: str | None = None
 
 
 @dataclass
@@ -50,13 +60,22 @@ class AppContext:
     pool: Pool
     settings: Settings
     auth: Authenticator
-    # POST routes by path that the lean layer may serve (the inference hot path).
+    # POST routes by path that the pipeline serves without Quart (the inference hot path).
     hot_routes: dict[str, HotRoute] = field(default_factory=dict)
+    # Error shapes by blueprint name; a route outside any blueprint answers in the pool's.
+    error_shapes: dict[str, ErrorShape] = field(default_factory=dict)
+
+    def error_answer(self, exc: PoolError | SchemaError, dialect: str | None) -> Response:
+        """``exc`` in the error shape of ``dialect`` (a blueprint name)."""
+        shape = self.error_shapes.get(dialect or "", POOL_ERRORS)
+        if isinstance(exc, SchemaError):
+            return shape.schema_error(exc)
+        return shape.pool_error(exc)
 
 
 @dataclass(slots=True)
-class LeanRequest:
-    """The request a view runs for when the lean layer, not Quart, called it."""
+class PipelineRequest:
+    """The HTTP request (or WebSocket handshake) the pipeline is answering."""
 
     headers: dict[str, str]  # names in lower case
     body: bytes
@@ -64,8 +83,9 @@ class LeanRequest:
     tenant: str | None = None  # see acting_tenant()
 
 
-# Set by the lean layer around a view: the accessors below read it instead of Quart's.
-lean_request: ContextVar[LeanRequest | None] = ContextVar("lean_request", default=None)
+# Set by the request pipeline for every request: the accessors below read it, and
+# Quart's own request only where none is set (a view called outside the pipeline).
+pipeline_request: ContextVar[PipelineRequest | None] = ContextVar("pipeline_request", default=None)
 
 
 class SchemaError(Exception):
@@ -114,6 +134,18 @@ def error_response(exc: PoolError) -> Response:
 
 def schema_error_response(exc: SchemaError) -> Response:
     return json_response(schema_error_body(exc), 422)
+
+
+# The pool's own error shape: routes outside the dialects' blueprints answer in it.
+POOL_ERRORS = ErrorShape(error_response, schema_error_response)
+
+
+def internal_error_response() -> Response:
+    """A 500 that says no more than to read the server's log."""
+    return json_response(
+        {"error": {"code": "internal_error", "message": "internal error; see the server log"}},
+        500,
+    )
 
 
 def schema_error_body(exc: SchemaError) -> dict[str, Any]:
@@ -191,8 +223,8 @@ def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceReque
 
 async def raw_body() -> bytes | str:
     """The request body's bytes, unparsed."""
-    lean = lean_request.get()
-    return lean.body if lean is not None else await request.get_data()
+    current = pipeline_request.get()
+    return current.body if current is not None else await request.get_data()
 
 
 async def read_body(model: type[T], *, optional: bool = False) -> T:
@@ -210,9 +242,9 @@ async def read_body(model: type[T], *, optional: bool = False) -> T:
 
 def headers() -> Headers | Mapping[str, str]:
     """Headers of the current HTTP request or WebSocket handshake (ask in lower case)."""
-    lean = lean_request.get()
-    if lean is not None:
-        return lean.headers
+    current = pipeline_request.get()
+    if current is not None:
+        return current.headers
     return request.headers if has_request_context() else websocket.headers
 
 
@@ -222,9 +254,9 @@ def new_request_id(sent: str) -> str:
 
 
 def request_id() -> str:
-    lean = lean_request.get()
-    if lean is not None:
-        return lean.request_id
+    current = pipeline_request.get()
+    if current is not None:
+        return current.request_id
     rid: str = g.get("request_id") or ""
     if not rid:
         rid = new_request_id(headers().get("x-request-id", ""))
@@ -293,9 +325,9 @@ def revoked_error(caller: Caller) -> PoolError:
 
 
 def _act_for(tenant: str) -> None:
-    lean = lean_request.get()
-    if lean is not None:
-        lean.tenant = tenant
+    current = pipeline_request.get()
+    if current is not None:
+        current.tenant = tenant
     elif has_request_context():
         g.acting_tenant = tenant
 
@@ -303,9 +335,9 @@ def _act_for(tenant: str) -> None:
 def acting_tenant() -> str | None:
     """The tenant the current HTTP request acts for, once its route read it with
     :func:`tenant_and_priority` (None before, and for routes that act for none)."""
-    lean = lean_request.get()
-    if lean is not None:
-        return lean.tenant
+    current = pipeline_request.get()
+    if current is not None:
+        return current.tenant
     if not has_request_context():
         return None
     tenant: str | None = g.get("acting_tenant")
@@ -316,9 +348,9 @@ def rate_limit_headers(limiter: RateLimiter, tenant: str | None) -> dict[str, st
     """The ``X-RateLimit-*`` headers of an answer to ``tenant`` (docs/api.md).
 
     Every answer of a route that acts for a tenant carries them, JSON or streamed,
-    success or error: both request pipelines (pool/http/_app.py's after-request hook
-    and pool/http/_lean.py) add them here, after the view, so the figures include the
-    request itself. None where the tenant has no request limit.
+    success or error: the request pipeline (pool/http/_pipeline.py) adds them as the
+    answer's head goes out, so the figures include the request itself. None where the
+    tenant has no request limit.
     """
     return {} if tenant is None else limiter.headers(tenant)
 

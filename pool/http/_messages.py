@@ -36,6 +36,7 @@ from pool.backends import (
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    ErrorShape,
     SchemaError,
     cache_headers_in,
     chat_request,
@@ -453,6 +454,26 @@ def message_id(admission: Admission) -> str:
     return "msg_" + admission.id.removeprefix("resp_")
 
 
+def _pool_error(exc: PoolError) -> Response:
+    return json_response(
+        messages_error(exc.status, exc.message),
+        exc.status,
+        retry_after(exc) | {"request-id": request_id()},
+    )
+
+
+def _schema_error(exc: SchemaError) -> Response:
+    # Anthropic answers a body that does not validate with 400, naming the field.
+    first = exc.errors[0] if exc.errors else {"loc": (), "msg": "invalid body"}
+    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+    return json_response(
+        messages_error(400, f"{where}: {first.get('msg')}"), 400, {"request-id": request_id()}
+    )
+
+
+MESSAGES_ERRORS = ErrorShape(_pool_error, _schema_error)
+
+
 # -- routes ----------------------------------------------------------------------------
 
 
@@ -463,24 +484,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     def authorize() -> None:
         require(ctx, "inference", api_key=True)
 
-    @blueprint.errorhandler(PoolError)
-    async def pool_error(exc: PoolError) -> Response:
-        return json_response(
-            messages_error(exc.status, exc.message),
-            exc.status,
-            retry_after(exc) | {"request-id": request_id()},
-        )
-
-    @blueprint.errorhandler(SchemaError)
-    async def schema_error(exc: SchemaError) -> Response:
-        # Anthropic answers a body that does not validate with 400, naming the field.
-        first = exc.errors[0] if exc.errors else {"loc": (), "msg": "invalid body"}
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        return json_response(
-            messages_error(400, f"{where}: {first.get('msg')}"),
-            400,
-            {"request-id": request_id()},
-        )
+    ctx.error_shapes[blueprint.name] = MESSAGES_ERRORS
 
     @blueprint.post("/v1/messages")
     async def create_message() -> Response:

@@ -53,6 +53,7 @@ from pool.config import resolve_model_path
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    ErrorShape,
     SchemaError,
     chat_request,
     dumps,
@@ -640,12 +641,12 @@ def _generate_piece(text: str) -> dict[str, Any]:
     return {"response": text}
 
 
-async def _pool_error(exc: PoolError) -> Response:
+def _pool_error(exc: PoolError) -> Response:
     # A full queue (503) or a rate limit (429) says when to come back, as on OpenAI routes.
     return json_response({"error": exc.message}, exc.status, retry_after(exc))
 
 
-async def _schema_error(exc: SchemaError) -> Response:
+def _schema_error(exc: SchemaError) -> Response:
     first = exc.errors[0] if exc.errors else None
     where = ".".join(str(p) for p in first["loc"]) if first else "body"
     return json_response({"error": f"{where}: {first['msg'] if first else 'invalid'}"}, 400)
@@ -654,8 +655,7 @@ async def _schema_error(exc: SchemaError) -> Response:
 def register(app: Quart, ctx: AppContext) -> None:
     routes = _Routes(ctx)
     blueprint = Blueprint("ollama", __name__)
-    blueprint.register_error_handler(PoolError, _pool_error)
-    blueprint.register_error_handler(SchemaError, _schema_error)
+    ctx.error_shapes[blueprint.name] = ErrorShape(_pool_error, _schema_error)
     for path, view, methods in (
         ("/api/chat", routes.chat, ["POST"]),
         ("/api/generate", routes.generate, ["POST"]),

@@ -33,6 +33,7 @@ from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
+    ErrorShape,
     HotRoute,
     SchemaError,
     cache_headers_in,
@@ -278,7 +279,7 @@ def content_chunk_encoder(template: bytes) -> Callable[[str], bytes]:
     return encode
 
 
-async def pool_error(exc: PoolError) -> Response:
+def pool_error(exc: PoolError) -> Response:
     """A PoolError as OpenAI's error object."""
     # The field at fault, where the pool knows it (dimensions, logprobs, a sampling field).
     param = exc.details.get("param")
@@ -288,7 +289,7 @@ async def pool_error(exc: PoolError) -> Response:
     return json_response(body, exc.status, retry_after(exc))
 
 
-async def schema_error(exc: SchemaError) -> Response:
+def schema_error(exc: SchemaError) -> Response:
     """A schema failure as OpenAI's error object (422, ``param`` the field)."""
     loc = exc.errors[0]["loc"] if exc.errors else ()
     message = exc.errors[0]["msg"] if exc.errors else "invalid body"
@@ -296,11 +297,13 @@ async def schema_error(exc: SchemaError) -> Response:
     return json_response(openai_error(422, "validation_error", f"{param}: {message}", param), 422)
 
 
+OPENAI_ERRORS = ErrorShape(pool_error, schema_error)
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("openai", __name__)
-    blueprint.register_error_handler(PoolError, pool_error)
-    blueprint.register_error_handler(SchemaError, schema_error)
+    ctx.error_shapes[blueprint.name] = OPENAI_ERRORS
 
     # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
     # API throughout (its Responses API included: pool/http/_openai_responses.py).
@@ -406,7 +409,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         return response
 
     for path in ("/v1/chat/completions", "/openai/v1/chat/completions"):
-        ctx.hot_routes[path] = HotRoute(chat_completions, pool_error, schema_error)
+        ctx.hot_routes[path] = HotRoute(chat_completions, blueprint.name)
 
     @blueprint.post("/v1/embeddings")
     @blueprint.post("/openai/v1/embeddings")

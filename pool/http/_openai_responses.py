@@ -42,7 +42,6 @@ from pool.http._admin import model_list
 from pool.http._common import (
     AppContext,
     HotRoute,
-    SchemaError,
     cache_headers_in,
     chat_request,
     dumps,
@@ -309,8 +308,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     )
     app.after_serving(store.aclose)
     blueprint = Blueprint("openai_responses", __name__)
-    blueprint.register_error_handler(PoolError, _openai.pool_error)
-    blueprint.register_error_handler(SchemaError, _openai.schema_error)
+    ctx.error_shapes[blueprint.name] = _openai.OPENAI_ERRORS
 
     @blueprint.post(BASE + "/responses")
     async def create_openai_response() -> Response:
@@ -407,9 +405,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         streamed.timeout = None
         return streamed
 
-    ctx.hot_routes[BASE + "/responses"] = HotRoute(
-        create_openai_response, _openai.pool_error, _openai.schema_error
-    )
+    ctx.hot_routes[BASE + "/responses"] = HotRoute(create_openai_response, blueprint.name)
 
     @blueprint.get(BASE + "/responses/<response_id>")
     async def get_openai_response(response_id: str) -> Response:

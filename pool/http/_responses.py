@@ -31,7 +31,6 @@ from pool.http._common import (
     cache_headers_in,
     dumps,
     error_body,
-    error_response,
     inference_headers,
     json_response,
     logit_bias,
@@ -41,7 +40,6 @@ from pool.http._common import (
     require,
     revoked_error,
     schema_error_body,
-    schema_error_response,
     tenant_and_priority,
     validate,
     with_cache,
@@ -391,13 +389,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.timeout = None
         return response
 
-    async def pool_error(exc: PoolError) -> Response:
-        return error_response(exc)
-
-    async def schema_error(exc: SchemaError) -> Response:
-        return schema_error_response(exc)
-
-    ctx.hot_routes["/v1/responses"] = HotRoute(create_response, pool_error, schema_error)
+    ctx.hot_routes["/v1/responses"] = HotRoute(create_response)
 
     @app.get("/v1/responses")
     async def responses_socket_without_upgrade() -> Response:

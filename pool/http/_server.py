@@ -14,10 +14,9 @@ from pool.cluster import ClusterNode, open_cluster
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.http._access_log import AccessLog
-from pool.http._app import create_app
+from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
-from pool.http._lean import lean_app
 from pool.tracing import open_tracing
 
 log = logging.getLogger("pool.server")
@@ -134,12 +133,8 @@ async def _serve_pool(
         info_box: list[ServerInfo] = []
         hosts = HostAllowList(settings.service.allowed_hosts, bound_host=host, port=port)
 
-        app = lean_app(
-            create_app(pool, settings, auth, hosts),
-            hosts,
-            settings.service,
-            traced=pool.tracing is not None,
-        )
+        app = create_app(pool, settings, auth, hosts)
+        pipeline = pipeline_of(app)
 
         async def shutdown_trigger() -> None:
             await info_box[0].stopping.wait()
@@ -168,7 +163,7 @@ async def _serve_pool(
             # task waiting for the grace). Once no response is open, nothing is owed:
             # stop at once rather than at the end of the grace.
             await trio.lowlevel.checkpoint()  # requests just read start first
-            await app.drained()
+            await pipeline.drained()
             http_scope.cancel()
 
         http_scope = trio.CancelScope()

@@ -1,6 +1,6 @@
 """The trace context an HTTP request arrives with, and the header its answer carries.
 
-The HTTP layer (pool/http/_lean.py, in front of every route) sets :data:`INCOMING_TRACE`
+The request pipeline (pool/http/_pipeline.py, in front of every route) sets :data:`INCOMING_TRACE`
 for each request and WebSocket handshake while the pool traces; the pool's admission
 reads it in the same task (the handler's, or a task it spawned, which inherits it) to
 make the request span a child of the caller's ``traceparent``, and leaves the span's

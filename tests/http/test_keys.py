@@ -20,7 +20,7 @@ from pool.actors import CALLER, Caller
 from pool.config import AuthSettings
 from pool.errors import ConfigError, PoolError
 from pool.http._auth import Authenticator
-from pool.http._common import LeanRequest, lean_request, tenant_and_priority
+from pool.http._common import PipelineRequest, pipeline_request, tenant_and_priority
 from pool.http._keys import FILE_NAME, KeyRing
 
 from .conftest import start_server
@@ -183,13 +183,13 @@ async def test_a_key_with_a_tenant_sees_only_that_tenants_stored_responses(
 
 
 def _tenant_and_priority(caller: Caller | None, **sent: str) -> tuple[str, str]:
-    token = lean_request.set(LeanRequest({k.lower(): v for k, v in sent.items()}, b"", "r"))
+    token = pipeline_request.set(PipelineRequest({k.lower(): v for k, v in sent.items()}, b"", "r"))
     bound = CALLER.set(caller)
     try:
         return tenant_and_priority()
     finally:
         CALLER.reset(bound)
-        lean_request.reset(token)
+        pipeline_request.reset(token)
 
 
 def test_a_keys_priority_is_the_default_and_the_ceiling() -> None:

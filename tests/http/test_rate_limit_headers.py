@@ -1,5 +1,5 @@
-"""``X-RateLimit-*`` on every inference route: JSON and streamed, every dialect, both
-request pipelines (the lean hot path and Quart), from one helper (docs/api.md)."""
+"""``X-RateLimit-*`` on every inference route: JSON and streamed, every dialect, through
+the request pipeline, on the hot routes and on Quart's alike (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The lean ASGI layer in front of Quart: the hot routes answer as Quart answered them."""
+"""The request pipeline in front of every route (pool/http/_pipeline.py): its steps, on
+the hot routes it serves without Quart and on Quart's alike."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ async def test_a_chunked_body_past_the_limit_is_413(nursery: trio.Nursery) -> No
 
 async def test_a_body_slower_than_body_timeout_s_is_408(nursery: trio.Nursery) -> None:
     server = await start_server(nursery, body_timeout_s=0.5)
-    for path in ("/v1/chat/completions", "/v1/responses", "/api/chat"):  # lean, lean, Quart
+    for path in ("/v1/chat/completions", "/v1/responses", "/api/chat"):  # hot, hot, Quart
         async with raw_http(server) as http:
             await http.start(path, ("content-length", "100"), ("x-request-id", "slow-1"))
             await http.send(h11.Data(data=b'{"model": "echo", '))  # and then nothing
@@ -149,7 +150,9 @@ async def test_a_body_slower_than_body_timeout_s_is_408(nursery: trio.Nursery) -
         assert status == 408, (path, body)
         assert headers["x-request-id"] == "slow-1"
         if path.startswith("/v1/"):
-            assert _error_code(body) == "invalid_request"
+            assert _error_code(body) == "request_timeout"
+        else:  # in Ollama's error shape, on Ollama's route
+            assert "within 0.5 s" in json.loads(body)["error"]
     await _still_answers(server)
 
 
