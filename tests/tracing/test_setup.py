@@ -88,7 +88,7 @@ _UNTRACED = textwrap.dedent(
             done = await pool.respond(InferenceRequest.prompt("echo", "one two"))
             assert done.text == "one two", done
             assert pool.tracing is None
-        traced = ("opentelemetry", "pool.tracing._spans")
+        traced = ("opentelemetry", "pool.tracing._spans", "pool.tracing._otlp")
         loaded = sorted(m for m in sys.modules if m.startswith(traced))
         print("LOADED", loaded)
 
