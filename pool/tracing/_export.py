@@ -83,6 +83,8 @@ class BatchExport:
         self.exported = 0
         self.failed = 0
         self._dropped_logged = 0
+        # Callers of flush waiting for the end of the thread's next round.
+        self._flushes: deque[threading.Event] = deque()
         self._thread = threading.Thread(target=self._run, name="llm-pool-traces", daemon=True)
         self._thread.start()
 
@@ -104,6 +106,20 @@ class BatchExport:
     def queued(self) -> int:
         return len(self._queue)
 
+    @property
+    def thread_id(self) -> int:
+        """The exporter thread's id (``threading``'s; for its CPU clock)."""
+        assert self._thread.ident is not None  # started in __init__
+        return self._thread.ident
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Have the thread export what is queued now, and wait for the end of its round
+        (blocking); False where ``timeout_s`` passed first."""
+        done = threading.Event()
+        self._flushes.append(done)
+        self._wake.set()
+        return done.wait(timeout_s)
+
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Export what is queued, then stop the thread (blocking, at most ``timeout_s``:
         a thread still sending then is left behind, a daemon)."""
@@ -117,6 +133,8 @@ class BatchExport:
             self._wake.clear()
             self._export_queued()
             self._report_drops()
+            while self._flushes:
+                self._flushes.popleft().set()
             if self._stopping and not self._queue:
                 return
 

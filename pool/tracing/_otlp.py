@@ -238,7 +238,9 @@ class OtlpEncoder:
         if span.error is None:
             parts.append(_STATUS_UNSET)
         else:
-            status = _field(_STATUS_MESSAGE, span.error.encode()) + _STATUS_ERROR_CODE
+            # An empty description is left out, as protobuf leaves out empty strings.
+            message = _field(_STATUS_MESSAGE, span.error.encode()) if span.error else b""
+            status = message + _STATUS_ERROR_CODE
             parts.append(_field(_SPAN_STATUS, status))
         parts.append(_FLAGS_REMOTE_PARENT if span.parent_is_remote else _FLAGS_LOCAL_PARENT)
         return _field(_SCOPE_SPANS_SPANS, b"".join(parts))
