@@ -30,8 +30,7 @@ from typing import Any
 import trio
 
 from benchmarks.harness import CLK_TCK, Server, closed_loop, measure, pool_server, progress
-from pool.actors import InferenceRequest, RequestTrace
-from pool.backends import Decoding
+from pool.actors import DecodingOverrides, InferenceRequest, RequestTrace
 from pool.config import build_settings
 
 # The traced pool that records a share of its traces only (service.tracing.sample_ratio).
@@ -130,7 +129,7 @@ async def tracing_code_cost(url: str, requests: int) -> dict[str, Any]:
     tracing = OtelTracing(TracingTarget(url + "/v1/traces", "llm-pool", 1.0, "benchmark"))
     timed = _TimedTracing(tracing)
     # The same request as the HTTP phases' (four tokens), on the embedded API.
-    request = InferenceRequest.prompt("stub", "x", decoding=Decoding(max_tokens=4))
+    request = InferenceRequest.prompt("stub", "x", decoding=DecodingOverrides(max_tokens=4))
     exporter_clock = time.pthread_getcpuclockid(tracing.export.thread_id)
     async with open_pool(settings, tracing=timed) as pool:
         for _ in range(200):  # warm-up

@@ -2,10 +2,11 @@
 
 The rules are those of OpenTelemetry's SDK, which the pool used to call for each
 request (``TraceContextTextMapPropagator``, ``RandomIdGenerator``,
-``ParentBased(TraceIdRatioBased(ratio))``): kept here as plain functions on ints because
+``ParentBased(TraceIdRatioBased(ratio))``): kept here as plain functions because
 the SDK's objects cost more CPU a request than the issue's bar allows (#29,
 benchmarks/tracing.py). tests/tracing/test_context.py holds them to the SDK's answers.
-Nothing here imports OpenTelemetry.
+Nothing here imports OpenTelemetry. Ids are bytes, as OTLP carries them (16 for a
+trace, 8 for a span); a header carries their hex.
 """
 
 from __future__ import annotations
@@ -27,16 +28,20 @@ SAMPLED_FLAG = 0x01
 # TraceIdRatioBased decides on the low 64 bits of the trace id.
 _TRACE_ID_LOW_BITS = (1 << 64) - 1
 
-# A random 64 and 128 bits, as the SDK's RandomIdGenerator draws them (Mersenne
-# Twister: unpredictable enough to keep traces apart, no system call per request).
-_random_bits = random.getrandbits
+# Random bits, as the SDK's RandomIdGenerator draws them (Mersenne Twister:
+# unpredictable enough to keep traces apart, no system call per request).
+_random_bytes = random.randbytes
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
+_ZERO_TRACE_HEX = "0" * 32
+_ZERO_SPAN_HEX = "0" * 16
 
 
 class RemoteParent(NamedTuple):
     """The caller's span, read from its ``traceparent``."""
 
-    trace_id: int
-    span_id: int
+    trace_id: bytes
+    span_id: bytes
     sampled: bool
 
 
@@ -51,30 +56,30 @@ def parse_traceparent(header: str) -> RemoteParent | None:
     version, trace_hex, span_hex, flags_hex, extra = match.groups()
     if version == "ff" or (version == "00" and extra):
         return None
-    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
-    if not trace_id or not span_id:
+    if trace_hex == _ZERO_TRACE_HEX or span_hex == _ZERO_SPAN_HEX:
         return None
-    return RemoteParent(trace_id, span_id, bool(int(flags_hex, 16) & SAMPLED_FLAG))
+    sampled = bool(int(flags_hex, 16) & SAMPLED_FLAG)
+    return RemoteParent(bytes.fromhex(trace_hex), bytes.fromhex(span_hex), sampled)
 
 
-def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
+def format_traceparent(trace_id: bytes, span_id: bytes, sampled: bool) -> str:
     """The ``traceparent`` of a span of this pool (version 00)."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+    return "00-" + trace_id.hex() + "-" + span_id.hex() + ("-01" if sampled else "-00")
 
 
-def new_trace_id() -> int:
-    """A random, valid (non-zero) trace id."""
-    trace_id = _random_bits(128)
-    while not trace_id:
-        trace_id = _random_bits(128)
+def new_trace_id() -> bytes:
+    """A random, valid (not all zero) trace id."""
+    trace_id = _random_bytes(16)
+    while trace_id == _ZERO_TRACE_ID:
+        trace_id = _random_bytes(16)
     return trace_id
 
 
-def new_span_id() -> int:
-    """A random, valid (non-zero) span id."""
-    span_id = _random_bits(64)
-    while not span_id:
-        span_id = _random_bits(64)
+def new_span_id() -> bytes:
+    """A random, valid (not all zero) span id."""
+    span_id = _random_bytes(8)
+    while span_id == _ZERO_SPAN_ID:
+        span_id = _random_bytes(8)
     return span_id
 
 
@@ -90,5 +95,6 @@ class Sampler:
         self.ratio = ratio
         self.bound = round(ratio * (_TRACE_ID_LOW_BITS + 1))
 
-    def samples_new_trace(self, trace_id: int) -> bool:
-        return (trace_id & _TRACE_ID_LOW_BITS) < self.bound
+    def samples_new_trace(self, trace_id: bytes) -> bool:
+        # The low 64 bits of the id as a number are its last 8 bytes.
+        return int.from_bytes(trace_id[8:], "big") < self.bound

@@ -193,9 +193,9 @@ class OtlpEncoder:
     def _span(self, span: SpanRecord) -> bytes:
         parts = [
             _SPAN_TRACE_ID,
-            span.trace_id.to_bytes(16, "big"),
+            span.trace_id,
             _SPAN_SPAN_ID,
-            span.span_id.to_bytes(8, "big"),
+            span.span_id,
         ]
         if span.trace_state:
             state = self._trace_states.get(span.trace_state)
@@ -207,7 +207,7 @@ class OtlpEncoder:
                 self._trace_states[span.trace_state] = state
             parts.append(state)
         if span.parent_span_id:
-            parts += (_SPAN_PARENT_SPAN_ID, span.parent_span_id.to_bytes(8, "big"))
+            parts += (_SPAN_PARENT_SPAN_ID, span.parent_span_id)
         name = span.name.encode()
         parts += (
             _SPAN_NAME,

@@ -22,9 +22,9 @@ class SpanRecord(NamedTuple):
     """A span: its ids, when, what it carries, how it ended."""
 
     name: str
-    trace_id: int
-    span_id: int
-    parent_span_id: int  # 0: a root span
+    trace_id: bytes  # 16 bytes
+    span_id: bytes  # 8 bytes
+    parent_span_id: bytes  # 8 bytes; empty for a root span
     parent_is_remote: bool  # the parent is the caller's span (from its traceparent)
     kind: int
     start_ns: int  # Unix epoch nanoseconds

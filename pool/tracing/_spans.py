@@ -117,7 +117,7 @@ class OtelTracing:
             trace_id = new_trace_id()
             sampled = self.sampler.samples_new_trace(trace_id)
             trace = OtelRequestTrace(
-                self, request, tenant, admitted_at, kind, trace_id, 0, sampled, None
+                self, request, tenant, admitted_at, kind, trace_id, b"", sampled, None
             )
         else:
             # The caller decided whether its trace is recorded; its tracestate goes on.
@@ -144,30 +144,31 @@ class OtelTracing:
             self._exporter.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, unannotated
 
 
-def _operation(request: InferenceRequest | EmbeddingRequest) -> str:
-    # GenAI's operation names: an embedding request has no decoding settings.
-    return "chat" if hasattr(request, "decoding") else "embeddings"
-
-
 def _request_attributes(
-    request: InferenceRequest | EmbeddingRequest, operation: str, tenant: str
+    request: InferenceRequest | EmbeddingRequest, tenant: str
 ) -> list[tuple[str, AttributeValue]]:
+    """The request span's attributes known at admission (GenAI's names)."""
+    decoding = getattr(request, "decoding", None)
+    if decoding is None:  # an embedding request has no decoding settings
+        return [
+            ("gen_ai.operation.name", "embeddings"),
+            ("gen_ai.request.model", request.model),
+            ("llm_pool.tenant", tenant),
+        ]
     attributes: list[tuple[str, AttributeValue]] = [
-        ("gen_ai.operation.name", operation),
+        ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", request.model),
         ("llm_pool.tenant", tenant),
     ]
-    decoding = getattr(request, "decoding", None)
-    if decoding is None:
-        return attributes
-    for name, value in (
-        ("gen_ai.request.max_tokens", decoding.max_tokens),
-        ("gen_ai.request.temperature", decoding.temperature),
-        ("gen_ai.request.top_p", decoding.top_p),
-        ("gen_ai.request.top_k", decoding.top_k),
-    ):
-        if value is not None:
-            attributes.append((name, value))
+    # What the client asked only (one test a setting: this runs for every request).
+    if decoding.max_tokens is not None:
+        attributes.append(("gen_ai.request.max_tokens", decoding.max_tokens))
+    if decoding.temperature is not None:
+        attributes.append(("gen_ai.request.temperature", decoding.temperature))
+    if decoding.top_p is not None:
+        attributes.append(("gen_ai.request.top_p", decoding.top_p))
+    if decoding.top_k is not None:
+        attributes.append(("gen_ai.request.top_k", decoding.top_k))
     return attributes
 
 
@@ -188,13 +189,12 @@ class OtelRequestTrace:
         "_export",
         "_kind",
         "_parent_span_id",
-        "_perf0",
         "_request",
         "_sampled",
         "_start",
         "_tenant",
         "_trace_state",
-        "_wall0",
+        "_wall_offset_ns",
         "actor",
         "admission",
         "relayed_to",
@@ -210,8 +210,8 @@ class OtelRequestTrace:
         tenant: str,
         admitted_at: float,
         kind: int,
-        trace_id: int,
-        parent_span_id: int,
+        trace_id: bytes,
+        parent_span_id: bytes,
         sampled: bool,
         trace_state: str | None,
     ) -> None:
@@ -227,15 +227,11 @@ class OtelRequestTrace:
         self._trace_state = trace_state
         self.traceparent = format_traceparent(trace_id, self.span_id, sampled)
         # One reading of both clocks: every perf_counter stamp is placed from it.
-        self._wall0 = time.time_ns()
-        self._perf0 = time.perf_counter()
+        self._wall_offset_ns = time.time_ns() - int(time.perf_counter() * 1e9)
         self.admission: Admission | None = None
         self.actor: ModelActor | None = None
         self.relayed_to: str | None = None
         self._error: str | None = None
-
-    def _ns(self, stamp: float) -> int:
-        return self._wall0 + int((stamp - self._perf0) * 1e9)
 
     def fail(self, exc: BaseException) -> None:
         """What ended the request before it finished (an error, a departed caller)."""
@@ -259,27 +255,27 @@ class OtelRequestTrace:
         now = time.perf_counter()
         error = self._outcome()
         request = self._request
-        operation = _operation(request)
-        attributes = _request_attributes(request, operation, self._tenant)
+        attributes = _request_attributes(request, self._tenant)
         spans: list[SpanRecord] = []
         admission = self.admission
         if admission is not None:
             attributes.append(("gen_ai.response.id", admission.id))
             attributes.append(("gen_ai.response.model", admission.model))
+            _usage(admission, attributes)
             self._phases(admission, now, error, spans)
-            self._usage(admission, attributes)
         if error is not None:
             attributes.append(("error.type", error))
+        offset = self._wall_offset_ns
         spans.append(
             SpanRecord(
-                f"{operation} {request.model}",
+                f"{attributes[0][1]} {request.model}",  # GenAI's "{operation} {model}"
                 self.trace_id,
                 self.span_id,
                 self._parent_span_id,
                 bool(self._parent_span_id),  # a parent here is the caller's
                 self._kind,
-                self._ns(self._start),
-                self._ns(now),
+                offset + int(self._start * 1e9),
+                offset + int(now * 1e9),
                 tuple(attributes),
                 (),
                 error,
@@ -287,47 +283,6 @@ class OtelRequestTrace:
             )
         )
         self._export.add(spans)
-
-    def _usage(self, admission: Admission, attributes: list[tuple[str, AttributeValue]]) -> None:
-        done = admission.finished
-        usage = done.usage if done is not None else None
-        if done is not None:
-            attributes.append(("gen_ai.response.finish_reasons", (done.finish_reason,)))
-        elif admission.embedding is not None:
-            usage = admission.embedding.usage
-        if usage is None:
-            return
-        for name, value in (
-            ("gen_ai.usage.input_tokens", usage.prompt_tokens),
-            ("gen_ai.usage.output_tokens", usage.output_tokens),
-            ("llm_pool.usage.cached_tokens", usage.cached_tokens),
-        ):
-            if value is not None:
-                attributes.append((name, value))
-
-    def _child(
-        self,
-        name: str,
-        start: float,
-        end: float,
-        error: str | None,
-        attributes: tuple[tuple[str, AttributeValue], ...] = (),
-        events: tuple[tuple[str, int], ...] = (),
-    ) -> SpanRecord:
-        return SpanRecord(
-            name,
-            self.trace_id,
-            new_span_id(),
-            self.span_id,
-            False,
-            KIND_INTERNAL,
-            self._ns(start),
-            self._ns(end),
-            attributes,
-            events,
-            error,
-            self._trace_state,
-        )
 
     def _phases(
         self, admission: Admission, now: float, error: str | None, spans: list[SpanRecord]
@@ -361,11 +316,55 @@ class OtelRequestTrace:
         ended = job.finished_at if job is not None else now
         attributes: tuple[tuple[str, AttributeValue], ...] = ()
         if ticket.replica is not None:
-            attributes += (("llm_pool.replica", ticket.replica),)
+            attributes = (("llm_pool.replica", ticket.replica),)
         if self.relayed_to is not None:
             attributes += (("llm_pool.relayed_to", self.relayed_to),)
+        events: tuple[tuple[str, int], ...] = ()
         first_ms = getattr(job, "first_token_ms", None)
-        events = (
-            () if first_ms is None else ((FIRST_TOKEN_EVENT, self._ns(started + first_ms / 1000)),)
-        )
+        if first_ms is not None:
+            at = self._wall_offset_ns + int((started + first_ms / 1000) * 1e9)
+            events = ((FIRST_TOKEN_EVENT, at),)
         spans.append(self._child(GENERATION_SPAN, started, ended, error, attributes, events))
+
+    def _child(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        error: str | None,
+        attributes: tuple[tuple[str, AttributeValue], ...] = (),
+        events: tuple[tuple[str, int], ...] = (),
+    ) -> SpanRecord:
+        offset = self._wall_offset_ns
+        return SpanRecord(
+            name,
+            self.trace_id,
+            new_span_id(),
+            self.span_id,
+            False,
+            KIND_INTERNAL,
+            offset + int(start * 1e9),
+            offset + int(end * 1e9),
+            attributes,
+            events,
+            error,
+            self._trace_state,
+        )
+
+
+def _usage(admission: Admission, attributes: list[tuple[str, AttributeValue]]) -> None:
+    """The request span's attributes of what the request produced."""
+    done = admission.finished
+    if done is not None:
+        attributes.append(("gen_ai.response.finish_reasons", (done.finish_reason,)))
+        usage = done.usage
+    elif admission.embedding is not None:
+        usage = admission.embedding.usage
+    else:
+        return
+    if usage.prompt_tokens is not None:
+        attributes.append(("gen_ai.usage.input_tokens", usage.prompt_tokens))
+    if usage.output_tokens is not None:
+        attributes.append(("gen_ai.usage.output_tokens", usage.output_tokens))
+    if usage.cached_tokens is not None:
+        attributes.append(("llm_pool.usage.cached_tokens", usage.cached_tokens))

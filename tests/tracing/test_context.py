@@ -12,7 +12,7 @@ import re
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pool.tracing import _context
@@ -51,7 +51,9 @@ def _sdk_parent(header: str) -> RemoteParent | None:
     span = trace.get_current_span(context).get_span_context()
     if not span.is_valid:
         return None
-    return RemoteParent(span.trace_id, span.span_id, span.trace_flags.sampled)
+    return RemoteParent(
+        span.trace_id.to_bytes(16, "big"), span.span_id.to_bytes(8, "big"), span.trace_flags.sampled
+    )
 
 
 @pytest.mark.parametrize("header", HEADERS)
@@ -61,7 +63,7 @@ def test_traceparent_is_read_as_the_sdk_reads_it(header: str) -> None:
 
 def test_a_valid_traceparent_names_the_callers_span() -> None:
     assert parse_traceparent(f"00-{TRACE}-{SPAN}-01") == RemoteParent(
-        int(TRACE, 16), int(SPAN, 16), True
+        bytes.fromhex(TRACE), bytes.fromhex(SPAN), True
     )
     unsampled = parse_traceparent(f"00-{TRACE}-{SPAN}-00")
     assert unsampled is not None and not unsampled.sampled
@@ -71,21 +73,22 @@ def test_new_ids_are_valid_and_format_as_w3c() -> None:
     trace_ids = {new_trace_id() for _ in range(200)}
     span_ids = {new_span_id() for _ in range(200)}
     assert len(trace_ids) == len(span_ids) == 200
-    assert all(0 < t < 1 << 128 for t in trace_ids)
-    assert all(0 < s < 1 << 64 for s in span_ids)
+    assert all(len(t) == 16 and any(t) for t in trace_ids)
+    assert all(len(s) == 8 and any(s) for s in span_ids)
     header = format_traceparent(next(iter(trace_ids)), next(iter(span_ids)), True)
     assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", header)
-    assert format_traceparent(1, 2, False) == f"00-{1:032x}-{2:016x}-00"
+    one, two = (1).to_bytes(16, "big"), (2).to_bytes(8, "big")
+    assert format_traceparent(one, two, False) == f"00-{1:032x}-{2:016x}-00"
     # What the pool sends is what it (and the SDK) reads back.
     parent = parse_traceparent(header)
     assert parent is not None and parent == _sdk_parent(header)
 
 
 def test_a_zero_draw_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    draws = iter([0, 0, 5, 0, 7])
-    monkeypatch.setattr(_context, "_random_bits", lambda bits: next(draws))
-    assert new_trace_id() == 5
-    assert new_span_id() == 7
+    draws = iter([bytes(16), bytes(16), b"\x05" * 16, bytes(8), b"\x07" * 8])
+    monkeypatch.setattr(_context, "_random_bytes", lambda size: next(draws))
+    assert new_trace_id() == b"\x05" * 16
+    assert new_span_id() == b"\x07" * 8
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.001, 0.1, 0.5, 0.999, 1.0])
@@ -99,16 +102,4 @@ def test_new_traces_are_sampled_as_the_sdk_samples_them(ratio: float) -> None:
     edge = [ours.bound - 1, ours.bound, ours.bound + 1, (7 << 64) | ours.bound]
     for trace_id in [*low, *(t for t in edge if t > 0)]:
         expected = sdk.should_sample(None, trace_id, "x").decision is Decision.RECORD_AND_SAMPLE
-        assert ours.samples_new_trace(trace_id) == expected, trace_id
-
-
-def test_a_remote_parent_decides_whatever_the_ratio() -> None:
-    # ParentBased: the caller's flag wins (the pool follows it in OtelTracing.request).
-    for flags in (trace.TraceFlags(0), trace.TraceFlags(1)):
-        parent = trace.SpanContext(int(TRACE, 16), int(SPAN, 16), True, flags)
-        context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
-        for ratio in (0.0, 1.0):
-            result = ParentBased(TraceIdRatioBased(ratio)).should_sample(
-                context, int(TRACE, 16), "x"
-            )
-            assert result.decision.is_sampled() == flags.sampled
+        assert ours.samples_new_trace(trace_id.to_bytes(16, "big")) == expected, trace_id

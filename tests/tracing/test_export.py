@@ -28,7 +28,10 @@ NEVER_S = 3600.0
 
 
 def _span(n: int) -> SpanRecord:
-    return SpanRecord(f"s{n}", 1, n + 1, 0, False, KIND_INTERNAL, n, n, (), (), None, None)
+    trace_id, span_id = bytes(15) + b"\x01", (n + 1).to_bytes(8, "big")
+    return SpanRecord(
+        f"s{n}", trace_id, span_id, b"", False, KIND_INTERNAL, n, n, (), (), None, None
+    )
 
 
 def _names(body: bytes) -> list[str]:

@@ -26,8 +26,8 @@ from pool.tracing._record import KIND_INTERNAL, KIND_SERVER, Attributes, SpanRec
 
 RESOURCE = Resource.create({"service.name": "pool-a", "service.version": "9.9.9"})
 SCOPE = InstrumentationScope("llm-pool", "9.9.9")
-TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
-CALLER = 0x00F067AA0BA902B7
+TRACE_ID = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
+CALLER = bytes.fromhex("00f067aa0ba902b7")
 T0 = 1_795_712_607_410_790_000
 
 REQUEST_ATTRIBUTES: Attributes = (
@@ -50,12 +50,16 @@ REQUEST_ATTRIBUTES: Attributes = (
 )
 
 
+def _span_id(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
 def _record(**fields: object) -> SpanRecord:
     base: dict[str, object] = {
         "name": "chat qwen-7b",
         "trace_id": TRACE_ID,
-        "span_id": 0x1234,
-        "parent_span_id": 0,
+        "span_id": _span_id(0x1234),
+        "parent_span_id": b"",
         "parent_is_remote": False,
         "kind": KIND_SERVER,
         "start_ns": T0,
@@ -74,24 +78,31 @@ SPANS = [
     # Its generation: a local parent, an event, the caller's state inherited.
     _record(
         name="llm_pool.generation",
-        span_id=0x5678,
-        parent_span_id=0x1234,
+        span_id=_span_id(0x5678),
+        parent_span_id=_span_id(0x1234),
         kind=KIND_INTERNAL,
         attributes=(("llm_pool.replica", 0), ("llm_pool.relayed_to", "node-b")),
         events=(("llm_pool.first_token", T0 + 200_000),),
         trace_state="vendor=1, other=x",
     ),
     # A root span that failed, with a malformed tracestate (the SDK keeps nothing).
-    _record(span_id=0x9ABC, trace_id=7, error="queue_timeout", trace_state="no equals sign"),
-    _record(span_id=(1 << 64) - 1, trace_id=(1 << 128) - 1, attributes=(), error=""),
+    _record(
+        span_id=_span_id(0x9ABC),
+        trace_id=(7).to_bytes(16, "big"),
+        error="queue_timeout",
+        trace_state="no equals sign",
+    ),
+    _record(span_id=b"\xff" * 8, trace_id=b"\xff" * 16, attributes=(), error=""),
 ]
 
 
 def _sdk_span(record: SpanRecord) -> ReadableSpan:
     state = TraceState.from_header([record.trace_state]) if record.trace_state else None
-    context = SpanContext(record.trace_id, record.span_id, False, TraceFlags(1), state)
+    trace_id = int.from_bytes(record.trace_id, "big")
+    span_id = int.from_bytes(record.span_id, "big")
+    context = SpanContext(trace_id, span_id, False, TraceFlags(1), state)
     parent = (
-        SpanContext(record.trace_id, record.parent_span_id, record.parent_is_remote)
+        SpanContext(trace_id, int.from_bytes(record.parent_span_id, "big"), record.parent_is_remote)
         if record.parent_span_id
         else None
     )
@@ -133,8 +144,7 @@ def test_what_a_collector_decodes() -> None:
     (scope_spans,) = resource_spans.scope_spans
     assert (scope_spans.scope.name, scope_spans.scope.version) == ("llm-pool", "9.9.9")
     request, generation, failed, extreme = scope_spans.spans
-    assert request.trace_id.hex() == f"{TRACE_ID:032x}"
-    assert request.parent_span_id.hex() == f"{CALLER:016x}"
+    assert (request.trace_id, request.parent_span_id) == (TRACE_ID, CALLER)
     assert request.trace_state == "vendor=1,other=x"
     assert generation.parent_span_id == request.span_id
     assert [(e.name, e.time_unix_nano) for e in generation.events] == [
