@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -90,6 +90,28 @@ def main_thread_cpu_seconds(server: Server) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+class _TimedTrace:
+    """A request's trace, its :meth:`end` timed (the pool sets and reads the rest)."""
+
+    def __init__(self, trace: RequestTrace, owner: _TimedTracing) -> None:
+        object.__setattr__(self, "_trace", trace)
+        object.__setattr__(self, "_owner", owner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trace, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._trace, name, value)
+
+    def fail(self, exc: BaseException) -> None:
+        self._trace.fail(exc)
+
+    def end(self) -> None:
+        started = time.thread_time_ns()
+        self._trace.end()
+        self._owner.cpu_ns += time.thread_time_ns() - started
+
+
 class _TimedTracing:
     """The pool's tracer, with the CPU time of the loop's thread in its calls summed."""
 
@@ -101,15 +123,7 @@ class _TimedTracing:
         started = time.thread_time_ns()
         trace = self.tracing.request(*args)
         self.cpu_ns += time.thread_time_ns() - started
-        end = trace.end
-
-        def timed_end() -> None:
-            started = time.thread_time_ns()
-            end()
-            self.cpu_ns += time.thread_time_ns() - started
-
-        trace.end = timed_end  # type: ignore[method-assign]
-        return trace  # type: ignore[no-any-return]
+        return cast(RequestTrace, _TimedTrace(trace, self))
 
     def shutdown(self) -> None:
         self.tracing.shutdown()
@@ -160,8 +174,10 @@ def _body(index: int) -> tuple[dict[str, Any], dict[str, str]]:
 
 async def tracing_cost(quick: bool) -> dict[str, Any]:
     """Server CPU per request with tracing off and on, interleaved phases."""
-    rounds = 2 if quick else 7
-    requests = 200 if quick else 2000
+    # Short phases, many rounds: the load of other work on a shared machine drifts over
+    # seconds, and each round compares phases a few seconds apart.
+    rounds = 2 if quick else 15
+    requests = 200 if quick else 1000
     concurrency = 4
     stub = {"backend": "stub", "enabled": True, "stub_reply": "a b c d", "target_inflight": 8}
     phases: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "sampled": []}
@@ -195,7 +211,7 @@ async def tracing_cost(quick: bool) -> dict[str, Any]:
     # The tracing code alone, in this process, once the pools have stopped.
     with discarding_receiver() as (own_url, _):
         progress("tracing code, in process")
-        in_process = [await tracing_code_cost(own_url, 5 * requests)]
+        in_process = [await tracing_code_cost(own_url, 10 * requests)]
     cpu = {side: [p["server_cpu_ms_per_request"] for p in runs] for side, runs in phases.items()}
     main = {
         side: [p["main_thread_cpu_ms_per_request"] for p in runs] for side, runs in phases.items()

@@ -83,6 +83,28 @@ def test_spans_go_out_in_batches_and_shutdown_exports_the_rest(collector: Collec
     assert (export.exported, export.failed, export.dropped) == (10, 0, 0)
 
 
+def test_a_partial_batch_waits_for_the_delay_or_a_flush(collector: Collector) -> None:
+    export = BatchExport(_encode, collector.send, BatchSettings(100, 4, NEVER_S))
+    export.add(_span(n) for n in range(5))
+    assert collector.calls.acquire(timeout=30)
+    while export.exported < 4:
+        time.sleep(0.01)
+    # One post of the full batch; the fifth span waits rather than going out alone.
+    assert (len(collector.bodies), export.queued) == (1, 1)
+    assert export.flush(timeout_s=30)
+    assert collector.names == [f"s{n}" for n in range(5)]
+    export.shutdown(timeout_s=30)
+
+    # With a short delay, what is queued goes out without a full batch.
+    prompt = BatchExport(_encode, collector.send, BatchSettings(100, 4, 0.05))
+    prompt.add([_span(9)])
+    deadline = time.monotonic() + 30
+    while prompt.exported < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert collector.names[-1] == "s9"
+    prompt.shutdown(timeout_s=30)
+
+
 def test_a_slow_collector_never_blocks_the_request_path(
     collector: Collector, caplog: pytest.LogCaptureFixture
 ) -> None:
