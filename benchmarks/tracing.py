@@ -133,14 +133,18 @@ async def tracing_code_cost(url: str, requests: int) -> dict[str, Any]:
     """CPU per request of the tracer's calls on the loop's thread and of its exporter's
     thread (encoding and posting to ``url``), in an embedded pool in this process."""
     from pool import open_pool
-    from pool.tracing import TracingTarget
-    from pool.tracing._spans import OtelTracing
+    from pool.tracing import open_tracing
 
     stub = {"backend": "stub", "enabled": True, "stub_reply": "a b c d", "target_inflight": 8}
     settings = build_settings(
-        {"service": {"usage": {"enabled": False}}, "engine": {"models": {"stub": stub}}}
+        {
+            "service": {"usage": {"enabled": False}, "tracing": {"endpoint": url}},
+            "engine": {"models": {"stub": stub}},
+        }
     )
-    tracing = OtelTracing(TracingTarget(url + "/v1/traces", "llm-pool", 1.0, "benchmark"))
+    # The tracer the pool opens from its settings; its export queue and thread
+    # (``.export``, pool/tracing/_export.py) are read for the thread's clock and flushes.
+    tracing: Any = open_tracing(settings.service.tracing, {})
     timed = _TimedTracing(tracing)
     # The same request as the HTTP phases' (four tokens), on the embedded API.
     request = InferenceRequest.prompt("stub", "x", decoding=DecodingOverrides(max_tokens=4))
