@@ -55,6 +55,8 @@ class Receiver:
         self.url = ""
         self.exports = 0
         self.bodies_rejected = 0
+        # The headers of each export (names in lower case), to see the exporter's settings.
+        self.headers: list[dict[str, str]] = []
         self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
 
@@ -100,6 +102,7 @@ def otlp_receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
             encoding = self.headers.get("content-encoding", "")
             if encoding == "gzip":
                 body = gzip.decompress(body)

@@ -57,9 +57,11 @@ def test_bad_settings_are_refused() -> None:
 async def test_missing_packages_are_a_config_error_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # As if the `tracing` extra were not installed: the import of the SDK fails.
+    # As if the `tracing` extra were not installed: the import of the SDK fails (each
+    # of its modules that an earlier test imported too: a cached one would be found).
+    for name in [n for n in sys.modules if n.startswith("opentelemetry.sdk.")]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
-    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
     monkeypatch.delitem(sys.modules, "pool.tracing._spans", raising=False)
     settings = build_settings(
         {
@@ -88,7 +90,7 @@ _UNTRACED = textwrap.dedent(
             done = await pool.respond(InferenceRequest.prompt("echo", "one two"))
             assert done.text == "one two", done
             assert pool.tracing is None
-        traced = ("opentelemetry", "pool.tracing._spans")
+        traced = ("opentelemetry", "pool.tracing._spans", "pool.tracing._otlp")
         loaded = sorted(m for m in sys.modules if m.startswith(traced))
         print("LOADED", loaded)
 

@@ -267,6 +267,28 @@ async def test_sampled_out_requests_export_nothing_but_still_answer(receiver: Re
     assert receiver.spans == []
 
 
+async def test_the_exporters_variables_apply(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A collector that wants a key, and compressed bodies: the OTLP exporter's own
+    # variables, read by the HTTP client the pool's export thread posts through.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20k-29")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    async with (
+        traced_server(receiver) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        answer = await client.post("/v1/chat/completions", json=CHAT)
+        assert answer.status_code == 200
+    (request,) = requests_of(receiver)
+    assert request.span_id == header_ids(answer)[1]
+    assert receiver.headers and all(
+        h.get("authorization") == "Bearer k-29" and h.get("content-encoding") == "gzip"
+        for h in receiver.headers
+    )
+    assert receiver.headers[0]["content-type"] == "application/x-protobuf"
+
+
 class _Collect:
     def __init__(self) -> None:
         self.text: list[str] = []
