@@ -10,7 +10,9 @@ what was in flight when it ran out.
 The counts live behind :class:`BudgetCounters`: :class:`LocalCounters` for one pool;
 with a cluster, ``pool.cluster``'s shared counters (Redis ``INCRBY`` on one key per
 window, expiring after it) so several pools enforce one budget. Either way the check
-reads a local number and never waits on anything.
+reads a local number and never waits on anything. Local counters start from the usage
+database (:meth:`Budgets.restore`), so restarting a pool does not give its budgets back;
+shared counters outlive a restart in Redis.
 
 The clock is injectable (seconds since the epoch), so tests move time across a window
 boundary instead of sleeping.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import calendar
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, Protocol
@@ -73,6 +75,7 @@ class Window:
 
     period: Period
     id: str
+    starts_at: float
     ends_at: float
 
 
@@ -81,10 +84,14 @@ def window(period: Period, now: float) -> Window:
     at = datetime.fromtimestamp(now, UTC)
     if period == "day":
         start = datetime(at.year, at.month, at.day, tzinfo=UTC)
-        return Window("day", start.strftime("%Y-%m-%d"), start.timestamp() + 86400.0)
+        return Window(
+            "day", start.strftime("%Y-%m-%d"), start.timestamp(), start.timestamp() + 86400.0
+        )
     days = calendar.monthrange(at.year, at.month)[1]
     start = datetime(at.year, at.month, 1, tzinfo=UTC)
-    return Window("month", start.strftime("%Y-%m"), start.timestamp() + days * 86400.0)
+    return Window(
+        "month", start.strftime("%Y-%m"), start.timestamp(), start.timestamp() + days * 86400.0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +189,30 @@ class Budgets:
                 }
             },
         )
+
+    def current_windows(self) -> set[tuple[Subject, float]]:
+        """Each budget's subject kind and the start of its current window: the spending
+        :meth:`restore` needs."""
+        now = self._clock()
+        return {
+            (subject, window(limit.period, now).starts_at)
+            for (subject, _), limits in self._by_subject.items()
+            for limit in limits
+        }
+
+    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, int]]) -> None:
+        """Count what was spent in the current windows before this pool started: for
+        each of :meth:`current_windows`, the tokens per key or tenant name since then
+        (from the usage database). Local counters only: shared ones were never lost."""
+        if not isinstance(self.counters, LocalCounters):
+            return
+        now = self._clock()
+        for (subject, name), limits in self._by_subject.items():
+            for limit in limits:
+                current = window(limit.period, now)
+                tokens = spent.get((subject, current.starts_at), {}).get(name, 0)
+                if tokens > 0:
+                    self.counters.add(limit.counter(current), tokens, current.ends_at)
 
     def charge(self, tenant: str, key: str | None, tokens: int) -> None:
         """Count a finished request's prompt plus output ``tokens``."""

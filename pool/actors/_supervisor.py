@@ -24,7 +24,7 @@ import trio
 
 from pool.actors import _health
 from pool.actors._admission import Admission
-from pool.actors._budgets import BudgetCounters, Budgets
+from pool.actors._budgets import BudgetCounters, Budgets, Subject
 from pool.actors._decisions import Decision
 from pool.actors._events import Embedded, Event, Finished
 from pool.actors._footprints import FootprintStore, default_path
@@ -315,6 +315,19 @@ class Pool:
             )
         return await self.usage_store.query(group_by, since=since, until=until, bucket=bucket)
 
+    async def restore_budgets(self) -> None:
+        """Start this pool's budget counters from the usage database: what keys and
+        tenants spent in the current windows before a restart still counts."""
+        if self.usage_store is None or not self.budgets.enabled:
+            return
+        spent: dict[tuple[Subject, float], dict[str, int]] = {}
+        for subject, since in self.budgets.current_windows():
+            totals = await self.usage_store.query(subject, since=since)
+            spent[(subject, since)] = {
+                t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
+            }
+        self.budgets.restore(spent)
+
     # -- runner API -------------------------------------------------------------------
     def start_load_task(
         self, name: str, body: LoadBody = None, evict: str | None = None
@@ -418,6 +431,8 @@ async def open_pool(
     )
     try:
         await trio.to_thread.run_sync(pool.footprints.read)
+        if budget_counters is None:
+            await pool.restore_budgets()
         async with trio.open_nursery() as nursery:
             pool._nursery = nursery
             if pool.usage is not None:

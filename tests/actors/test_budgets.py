@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -147,3 +148,40 @@ def _sample(pool: object, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+async def test_a_restarted_pool_remembers_what_its_budgets_spent(private_state: Path) -> None:
+    """Local budgets start from the usage database: a restart within the window gives no
+    tokens back, and what was spent in an earlier window is not counted."""
+    clock = Clock(datetime(2026, 3, 14, 10, 0, tzinfo=UTC))
+    settings = build_settings(
+        {
+            "service": {
+                "budgets": [
+                    {"tenant": "acme", "tokens_per_day": 50},
+                    {"key": "ci", "tokens_per_month": 100},
+                ],
+                "usage": {"flush_ms": 10},
+            },
+            "engine": {"models": {"m": {"backend": "stub", "enabled": True}}},
+        }
+    )
+    async with open_pool(settings, clock=clock) as pool:
+        await pool.respond(ask(words(20), key_name="ci"), tenant="acme")  # 40 tokens
+    clock.now += 3600  # the same day
+    async with open_pool(settings, clock=clock) as pool:
+        await pool.respond(ask(words(5)), tenant="acme")  # 50: spent across the restart
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(ask("x"), tenant="acme")
+        assert refused.value.details["budget"]["spent_tokens"] == 50
+        # The key's monthly budget counted the first pool's 40 tokens as well.
+        await pool.respond(ask(words(25), key_name="ci"), tenant="other")  # 40 + 50
+        await pool.respond(ask(words(5), key_name="ci"), tenant="other")  # 100: spent
+        with pytest.raises(PoolError) as key_spent:
+            await pool.respond(ask("x", key_name="ci"), tenant="other")
+        assert key_spent.value.details["budget"]["key"] == "ci"
+    clock.now += 86400  # the next day: the tenant's day budget is whole again
+    async with open_pool(settings, clock=clock) as pool:
+        await pool.respond(ask(words(20)), tenant="acme")
+        with pytest.raises(PoolError):  # but the key's month is still spent
+            await pool.respond(ask("x", key_name="ci"), tenant="acme")
