@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="llama-server: compute threads (-t) of the servers; results go to llama-server-tN",
     )
+    run.add_argument(
+        "--baseline",
+        type=Path,
+        help="overhead-stub: another checkout of the pool served beside this one, interleaved;"
+        " results go to overhead-stub-vs-baseline",
+    )
     plot = commands.add_parser("plot", help="draw a run's plots again from its results.json")
     plot.add_argument("folder", type=Path, help="e.g. benchmarks/results/soak")
     args = parser.parse_args(argv)
@@ -177,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         scenario = partial(scenario, threads=args.llama_threads)
         name += f"-t{args.llama_threads}"
         command += f" --llama-threads {args.llama_threads}"
+    if args.baseline and args.scenario == "overhead-stub":
+        scenario = partial(scenario, baseline=args.baseline.resolve())
+        name += "-vs-baseline"
+        command += f" --baseline {args.baseline}"
     command += " --quick" if args.quick else ""
     report = trio.run(scenario, args.quick)
     out = args.out / name

@@ -96,10 +96,12 @@ def pool_server(
     models: dict[str, dict[str, Any]],
     service: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
+    name: str = "pool",
     **engine: Any,
 ) -> Iterator[Server]:
     """A pool serving ``models`` (``engine`` settings beside them; ``environ`` adds to
-    its environment, e.g. ``LLM_POOL_STATE_DIR``)."""
+    its environment, e.g. ``LLM_POOL_STATE_DIR``, or ``PYTHONPATH`` to run another
+    checkout's pool)."""
     settings = {
         "service": {"log_level": "warning", "shutdown_grace_s": 1, **(service or {})},
         "engine": {"max_queue": 4096, **engine, "models": models},
@@ -119,7 +121,7 @@ def pool_server(
             "--log-level",
             "warning",
         ]
-        with run_server("pool", command, environ=environ) as server:
+        with run_server(name, command, environ=environ) as server:
             yield server
 
 

@@ -7,7 +7,7 @@ import secrets
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +46,36 @@ def _stub_body(tokens: int, stream: bool) -> Callable[[int], tuple[dict[str, Any
     return lambda index: (body, {})
 
 
-async def overhead_stub(quick: bool) -> dict[str, Any]:
-    """The pool's own cost per request: zero-work stub vs a bare Hypercorn handler."""
+async def overhead_stub(quick: bool, baseline: Path | None = None) -> dict[str, Any]:
+    """The pool's own cost per request: zero-work stub vs a bare Hypercorn handler.
+
+    Args:
+        baseline: another checkout of the pool (a before-state, e.g. a git worktree of
+            an earlier commit), served beside this one and interleaved with it in every
+            cell: ``baseline_*`` columns and the change's cost in one run.
+    """
     concurrencies = [1, 8] if quick else [1, 8, 64]
     rounds = 1 if quick else 3
     cells = [("json", 1, False), ("sse-100", 100, True)]
     per_request = 20 if quick else 300
     stub = {"backend": "stub", "enabled": True, "stub_reply": stub_text(100), "target_inflight": 64}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with bare_server() as bare, pool_server({"stub": stub}) as pool:
-        for server in (bare, pool):  # warm-up
+    with ExitStack() as servers:
+        bare = servers.enter_context(bare_server())
+        pool = servers.enter_context(pool_server({"stub": stub}))
+        compared = [bare, pool]
+        if baseline is not None:
+            environ = {"PYTHONPATH": str(baseline)}
+            compared.append(
+                servers.enter_context(pool_server({"stub": stub}, environ=environ, name="baseline"))
+            )
+        for server in compared:  # warm-up
             await closed_loop(server, 4, 50, _stub_body(100, True))
         for round_index in range(rounds):
             for mode, tokens, stream in cells:
                 for concurrency in concurrencies:
                     count = per_request * max(1, concurrency // 4)
-                    for server in (bare, pool):  # interleaved: A B A B
+                    for server in compared:  # interleaved: A B A B
                         key = f"{mode} c={concurrency}"
                         progress(
                             f"overhead-stub round {round_index + 1}/{rounds} {key} {server.name}"
@@ -79,7 +93,7 @@ async def overhead_stub(quick: bool) -> dict[str, Any]:
         open_rates = [100, 300] if quick else [100, 300, 500, 700]
         open_results = {}
         for rate in open_rates:
-            for server in (bare, pool):
+            for server in compared:
                 progress(f"overhead-stub open loop {rate}/s {server.name}")
                 summary = await measure(
                     server,
@@ -130,6 +144,24 @@ async def overhead_stub(quick: bool) -> dict[str, Any]:
                 "added_p50_ms_per_token": _median(p50) / 100 if key.startswith("sse") else None,
             }
         )
+        if "baseline" in sides:
+            before = sides["baseline"]
+            rows[-1].update(
+                {
+                    "baseline_p50_ms": _median([b["latency_ms"]["p50"] for b in before]),
+                    "baseline_rps": _median([b["requests_per_s"] for b in before]),
+                    "baseline_cpu_ms_per_request": _median(
+                        [b["server_cpu_ms_per_request"] for b in before]
+                    ),
+                    # Per round, this checkout's CPU per request minus the baseline's.
+                    "change_cpu_ms_per_request": _median(
+                        [
+                            p["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"]
+                            for b, p in zip(before, pool_runs, strict=True)
+                        ]
+                    ),
+                }
+            )
     return {
         "rows": rows,
         "open_loop": open_rows,
