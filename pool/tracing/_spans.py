@@ -122,12 +122,15 @@ def _request_attributes(
     decoding = getattr(request, "decoding", None)
     if decoding is None:
         return attributes
-    for name, value in (
-        ("gen_ai.request.max_tokens", decoding.max_tokens),
-        ("gen_ai.request.temperature", decoding.temperature),
-        ("gen_ai.request.top_p", decoding.top_p),
-        ("gen_ai.request.top_k", decoding.top_k),
+    # What the client asked for (None: the pool's default applies, not an attribute).
+    asked = decoding.asked
+    for name, field in (
+        ("gen_ai.request.max_tokens", "max_tokens"),
+        ("gen_ai.request.temperature", "temperature"),
+        ("gen_ai.request.top_p", "top_p"),
+        ("gen_ai.request.top_k", "top_k"),
     ):
+        value = asked.get(field)
         if value is not None:
             attributes[name] = value
     return attributes
@@ -277,7 +280,7 @@ class OtelRequestTrace:
         generation = self._tracer.start_span(
             GENERATION_SPAN, context=parent, attributes=attributes, start_time=self._ns(started)
         )
-        first_ms = getattr(job, "first_token_ms", None)
+        first_ms = getattr(job, "time_to_first_token_ms", None)
         if first_ms is not None:
             generation.add_event(FIRST_TOKEN_EVENT, timestamp=self._ns(started + first_ms / 1000))
         if error is not None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from pool.actors import InferenceRequest
-from pool.actors._intake import effective_decoding
 from pool.backends import Decoding
-from pool.config import SAMPLING_NAMES, DecodingDefaults
+from pool.config import SAMPLING_NAMES, DecodingDefaults, merge_decoding
 from pool.http import request_from_chat_completions, request_from_responses
 from pool.http._messages import inference_request as messages_request
 from pool.http._ollama import generate_inference_request
@@ -45,7 +44,7 @@ _HELD = {**_WIRE, "stop": ("END",), "logit_bias": ((3, 1.5),)}
 
 
 def _decoding(request: InferenceRequest) -> Decoding:
-    return effective_decoding(request.decoding, DecodingDefaults())
+    return merge_decoding(request.decoding.asked, DecodingDefaults())
 
 
 def test_the_native_request_takes_every_declared_field() -> None:
