@@ -178,14 +178,14 @@ class GenerationStats:
     output_tokens: int | None = None
     tokenize_ms: float | None = None
     time_to_first_token_ms: float | None = None
-    generate_total_ms: float | None = None
+    generate_ms: float | None = None
     finish_reason: FinishReason = "stop"
     # The stop string that ended the generation, where the backend can tell (None: it
     # ended otherwise, or the backend does not say).
     stop_sequence: str | None = None
     # Time the request waited inside a batching engine's own scheduler before its first
     # step (vLLM's queued-to-scheduled); the pool's queue is measured by the pool.
-    queue_ms: float | None = None
+    backend_queue_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
