@@ -9,8 +9,7 @@ limits' alias where the value is bounded):
 - the native request's ``decoding`` object (``pool.schemas.DecodingRequest``) takes every
   field, with these limits, each one optional;
 - the neutral request's overrides (``pool.actors.DecodingOverrides``) accept any field by
-  name, and intake merges them over ``engine.decoding`` in one loop
-  (``pool.actors.effective_decoding``);
+  name, and intake merges them over ``engine.decoding`` in one loop (:func:`merge_decoding`);
 - the other dialects' schemas (Chat Completions, Ollama, OpenAI Responses, Messages) take
   their bounded types from the aliases here and map their own wire names onto these;
   where a dialect's API is stricter (OpenAI's and Anthropic's temperature stops at 2) it
@@ -24,6 +23,7 @@ of them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -150,6 +150,10 @@ def _without_none(hint: Any) -> Any:
     return hint
 
 
+# Derived once per declaration: asked_extras() runs for every request.
+_CACHE: dict[type[Decoding], tuple[SamplingField, ...]] = {}
+
+
 def sampling_fields(declaration: type[Decoding] = Decoding) -> tuple[SamplingField, ...]:
     """The fields of ``declaration`` in order (a subclass adds its own after these)."""
     cached = _CACHE.get(declaration)
@@ -178,8 +182,6 @@ def sampling_fields(declaration: type[Decoding] = Decoding) -> tuple[SamplingFie
     return result
 
 
-_CACHE: dict[type[Decoding], tuple[SamplingField, ...]] = {}
-
 SAMPLING_FIELDS = sampling_fields()
 SAMPLING_NAMES = frozenset(f.name for f in SAMPLING_FIELDS)
 
@@ -190,7 +192,8 @@ def defaults_fields(declaration: type[Decoding] = Decoding) -> dict[str, Any]:
     return {
         f.name: (
             f.request_type,
-            Field(default_factory=list)
+            # A settings file gives a list where Decoding holds a tuple.
+            Field(default_factory=functools.partial(list, f.default), description=f.description)
             if isinstance(f.default, tuple)
             else Field(f.default, description=f.description),
         )
