@@ -41,11 +41,11 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
     stats = job.stats
     assert ticket.dispatched_at is not None
     engine_ms = (job.finished_at - ticket.dispatched_at) * 1000.0
-    backend_ms = job.backend_wall_ms
+    backend_ms = job.backend_ms
     first_ms = stats.time_to_first_token_ms
     if first_ms is None:
-        first_ms = job.first_token_ms
-    generate_ms = stats.generate_total_ms if stats.generate_total_ms is not None else backend_ms
+        first_ms = job.time_to_first_token_ms
+    generate_ms = stats.generate_ms if stats.generate_ms is not None else backend_ms
     output_tokens = stats.output_tokens if stats.output_tokens is not None else job.sent_chunks
     timings = Timings(
         backend_ms=_ms(backend_ms),
@@ -64,7 +64,7 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
             if generate_ms > 0 and output_tokens
             else None
         ),
-        backend_queue_ms=stats.queue_ms,
+        backend_queue_ms=stats.backend_queue_ms,
     )
     usage = Usage(
         prompt_tokens=stats.prompt_tokens,
@@ -249,9 +249,9 @@ class Admission:
                 assert self.ticket.dispatched_at is not None
                 engine_ms = (item.finished_at - self.ticket.dispatched_at) * 1000.0
                 timings = Timings(
-                    backend_ms=_ms(item.backend_wall_ms),
+                    backend_ms=_ms(item.backend_ms),
                     engine_ms=_ms(engine_ms),
-                    engine_outside_backend_ms=_ms(max(0.0, engine_ms - item.backend_wall_ms)),
+                    engine_outside_backend_ms=_ms(max(0.0, engine_ms - item.backend_ms)),
                     pool_ms=_ms((item.finished_at - self.admitted_at) * 1000.0),
                     queue_wait_ms=_ms(self.ticket.queue_wait_ms),
                 )

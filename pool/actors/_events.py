@@ -39,6 +39,14 @@ class Timings:
 
     ``pool_ms`` spans the whole request in the pool; ``engine_ms`` the time since
     dispatch to a replica; ``backend_ms`` the backend's own call inside it.
+
+    Each interval has this one name in every layer: the runtime's ``GenerationStats``
+    (``time_to_first_token_ms``, ``generate_ms``, ``backend_queue_ms``), the replica's
+    report (``backend_ms``, ``time_to_first_token_ms``) and here. Only the wire spells
+    them otherwise, each renderer in one place: ``/v1/responses``' ``metrics`` object
+    (``response_metrics``: ``gpu_generate_total_ms``, ``backend_inference_wall_ms``, ...),
+    Ollama's ``*_duration`` fields, and the usage table's ``queue_ms`` and
+    ``generation_ms`` columns (pool/actors/_usage_store.py).
     """
 
     backend_ms: float | None = None

@@ -19,30 +19,24 @@ from pool.backends import (
     GenerationRequest,
     ImagePart,
 )
-from pool.config import DecodingDefaults
+from pool.config import DecodingDefaults, merge_decoding
 from pool.errors import PoolError
 from pool.media import MediaLoader
 
+# The neutral request's fields a runtime receives as they are: those both types name
+# (decoding becomes the effective values; the cache scope adds the tenant). A field added
+# to both is handed on without a line here.
+HANDED_ON = tuple(
+    f.name
+    for f in dataclasses.fields(GenerationRequest)
+    if f.name in {g.name for g in dataclasses.fields(InferenceRequest)} and f.name != "decoding"
+)
+
 
 def effective_decoding(asked: DecodingOverrides, defaults: DecodingDefaults) -> Decoding:
-    return Decoding(
-        beam_size=asked.beam_size if asked.beam_size is not None else defaults.beam_size,
-        top_k=asked.top_k if asked.top_k is not None else defaults.top_k,
-        top_p=asked.top_p if asked.top_p is not None else defaults.top_p,
-        temperature=asked.temperature if asked.temperature is not None else defaults.temperature,
-        repetition_penalty=(
-            asked.repetition_penalty
-            if asked.repetition_penalty is not None
-            else defaults.repetition_penalty
-        ),
-        max_tokens=asked.max_tokens if asked.max_tokens is not None else defaults.max_tokens,
-        stop=tuple(dict.fromkeys([*defaults.stop, *asked.stop])),
-        min_p=asked.min_p,
-        seed=asked.seed,
-        presence_penalty=asked.presence_penalty,
-        frequency_penalty=asked.frequency_penalty,
-        logit_bias=asked.logit_bias,
-    )
+    """The request's decoding: each asked field over its ``engine.decoding`` default (the
+    loop over the declared fields lives with the declaration, pool/config/_sampling.py)."""
+    return merge_decoding(asked.asked, defaults)
 
 
 def check_sampling(name: str, decoding: Decoding, capabilities: Capabilities) -> None:
@@ -189,20 +183,10 @@ def build_generation_request(
     check_sampling(name, decoding, capabilities)
     return GenerationRequest(
         request_id=request_id,
-        model=name,
-        turns=request.turns,
         decoding=decoding,
-        instructions=request.instructions,
-        multi_turn=request.multi_turn,
-        thinking=request.thinking,
-        source_lang_code=request.source_lang_code,
-        target_lang_code=request.target_lang_code,
-        tools=request.tools,
-        tool_choice=request.tool_choice,
-        parallel_tool_calls=request.parallel_tool_calls,
-        output_format=request.output_format,
         cache=cache_scope(request, tenant),
         trace_parent=trace_parent,
+        **{name: getattr(request, name) for name in HANDED_ON},
     )
 
 

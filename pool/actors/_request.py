@@ -7,30 +7,50 @@ client left out stay ``None`` here and take ``engine.decoding`` defaults at inta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 from pool.backends import OutputFormat, TextPart, ThinkingMode, ToolChoice, ToolSpec, Turn
+from pool.config import SAMPLING_NAMES
 
 CacheMode = Literal["prefix", "none", "auto"]
 
 
-@dataclass(frozen=True, slots=True)
 class DecodingOverrides:
-    """Decoding values a client asked for; ``None`` means "the pool's default"."""
+    """Decoding values a client asked for, by field name; a field left out (or ``None``)
+    takes the pool's default at intake.
 
-    beam_size: int | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    temperature: float | None = None
-    repetition_penalty: float | None = None
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    It takes any field of the one declaration (``pool.config.Decoding``), so a sampling
+    field added there needs no change here. An unknown name is a ``TypeError``, as a
+    wrong keyword of a dataclass would be.
+    """
+
+    __slots__ = ("asked",)
+
+    def __init__(self, **asked: Any) -> None:
+        unknown = sorted(asked.keys() - SAMPLING_NAMES)
+        if unknown:
+            raise TypeError(f"not a sampling field: {', '.join(unknown)}")
+        self.asked: Mapping[str, Any] = MappingProxyType(
+            # Lists become tuples: the request stays immutable (and hashable).
+            {
+                name: tuple(value) if isinstance(value, list) else value
+                for name, value in asked.items()
+                if value is not None
+            }
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DecodingOverrides) and dict(self.asked) == dict(other.asked)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.asked.items(), key=lambda item: item[0])))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.asked.items())
+        return f"DecodingOverrides({fields})"
 
 
 @dataclass(frozen=True, slots=True)

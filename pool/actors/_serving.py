@@ -304,17 +304,17 @@ class Serving:
         them), so a request is never counted twice in a cluster.
         """
         prompt = cached = output = 0
-        queue_ms = 0.0
-        generation_ms: float | None = None
+        queue_wait_ms = 0.0
+        generate_ms: float | None = None
         if admission is not None:
-            queue_ms = admission.queue_wait_ms
+            queue_wait_ms = admission.queue_wait_ms
             done = admission.finished or admission.embedding
             if done is not None:
                 prompt = done.usage.prompt_tokens or 0
                 cached = done.usage.cached_tokens or 0
                 output = done.usage.output_tokens or 0
                 timings = done.timings
-                generation_ms = (
+                generate_ms = (
                     timings.generate_ms if timings.generate_ms is not None else timings.backend_ms
                 )
         if prompt or output:
@@ -330,8 +330,8 @@ class Serving:
                     prompt_tokens=prompt,
                     cached_tokens=cached,
                     output_tokens=output,
-                    queue_ms=round(queue_ms, 3),
-                    generation_ms=None if generation_ms is None else round(generation_ms, 3),
+                    queue_wait_ms=round(queue_wait_ms, 3),
+                    generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
                 )
             )
@@ -339,7 +339,7 @@ class Serving:
     def _record_finished(self, admission: Admission, job: JobFinished, done: Finished) -> None:
         model = admission.model
         self.metrics.queue_wait.labels(model).observe(admission.queue_wait_ms / 1000.0)
-        self.metrics.inference.labels(model).observe(job.backend_wall_ms / 1000.0)
+        self.metrics.inference.labels(model).observe(job.backend_ms / 1000.0)
         first_ms = done.timings.time_to_first_token_ms
         if first_ms is not None:
             self.metrics.first_token.labels(model).observe(first_ms / 1000.0)

@@ -28,8 +28,8 @@ class JobFinished:
     """The replica's report of a completed generation (the requester builds metrics)."""
 
     stats: GenerationStats
-    backend_wall_ms: float
-    first_token_ms: float | None
+    backend_ms: float
+    time_to_first_token_ms: float | None
     sent_chunks: int
     finished_at: float
 
@@ -39,7 +39,7 @@ class JobEmbedded:
     """The replica's report of a completed embedding job."""
 
     result: EmbeddingResult
-    backend_wall_ms: float
+    backend_ms: float
     finished_at: float
 
 

@@ -64,8 +64,10 @@ class UsageRecord:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
-    queue_ms: float
-    generation_ms: float | None
+    # The pool's timer names; the table's columns keep their names (queue_ms,
+    # generation_ms), which operators' queries use (docs/operations.md).
+    queue_wait_ms: float
+    generate_ms: float | None
     status: str
 
     @property
@@ -120,8 +122,8 @@ class UsageStore:
                 r.prompt_tokens,
                 r.cached_tokens,
                 r.output_tokens,
-                r.queue_ms,
-                r.generation_ms,
+                r.queue_wait_ms,
+                r.generate_ms,
                 r.status,
             )
             for r in records

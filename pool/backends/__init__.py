@@ -26,7 +26,6 @@ from pool.backends._protocol import (
     CacheScope,
     CacheUsage,
     Capabilities,
-    Decoding,
     EmbeddingJob,
     EmbeddingResult,
     EmbeddingRuntime,
@@ -63,6 +62,7 @@ from pool.backends._tools import (
     assemble_calls,
     new_call_id,
 )
+from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",

@@ -207,7 +207,7 @@ async def stream_chat(
         cached_tokens=cached_tokens,
         output_tokens=completion_tokens if completion_tokens is not None else pieces,
         time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
-        generate_total_ms=round((time.perf_counter() - started) * 1000.0, 3),
+        generate_ms=round((time.perf_counter() - started) * 1000.0, 3),
         finish_reason=finish,  # type: ignore[arg-type]
         stop_sequence=stop_sequence,
     )

@@ -23,7 +23,6 @@ from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
     CacheFlushed,
     CacheUsage,
-    Decoding,
     EmbeddingJob,
     EmbeddingResult,
     GenerationRequest,
@@ -34,6 +33,7 @@ from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport
+from pool.config import Decoding
 from pool.errors import BackendError
 
 log = logging.getLogger("pool.process")
@@ -49,12 +49,9 @@ SERVER_SAMPLING = frozenset(
 
 
 def sampling_fields(d: Decoding) -> dict[str, Any]:
-    """The optional sampling fields a request set, as a Chat Completions body spells them."""
-    fields: dict[str, Any] = {
-        name: getattr(d, name)
-        for name in ("min_p", "seed", "presence_penalty", "frequency_penalty")
-        if getattr(d, name) is not None
-    }
+    """The optional sampling fields a request set, as a Chat Completions body spells them
+    (the pool's names, but for ``logit_bias``: a map from token id strings)."""
+    fields: dict[str, Any] = {name: getattr(d, name) for name in d.asked_extras()}
     if d.logit_bias:
         fields["logit_bias"] = {str(token): bias for token, bias in d.logit_bias}
     return fields

@@ -24,6 +24,7 @@ from pool.backends._placement import GpuPlacement
 from pool.backends._tools import OutputFormat, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from pool.config import (
     CommonModelFields,
+    Decoding,
     check_override_value,
     invalid_load_request,
     resolve_model_path,
@@ -78,36 +79,6 @@ class Turn:
     @property
     def has_images(self) -> bool:
         return any(isinstance(p, ImagePart) for p in self.parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Decoding:
-    """Effective decoding settings: request values over ``engine.decoding`` defaults."""
-
-    beam_size: int = 1
-    top_k: int = 40
-    top_p: float = 0.95
-    temperature: float = 0.8
-    repetition_penalty: float = 1.0
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    # Set only when the client asked (None: the backend's own default, never sent).
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
-
-    def asked_extras(self) -> tuple[str, ...]:
-        """The optional sampling fields this request sets (checked against the backend)."""
-        asked = [
-            name
-            for name in ("min_p", "seed", "presence_penalty", "frequency_penalty")
-            if getattr(self, name) is not None
-        ]
-        if self.logit_bias:
-            asked.append("logit_bias")
-        return tuple(asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +178,14 @@ class GenerationStats:
     output_tokens: int | None = None
     tokenize_ms: float | None = None
     time_to_first_token_ms: float | None = None
-    generate_total_ms: float | None = None
+    generate_ms: float | None = None
     finish_reason: FinishReason = "stop"
     # The stop string that ended the generation, where the backend can tell (None: it
     # ended otherwise, or the backend does not say).
     stop_sequence: str | None = None
     # Time the request waited inside a batching engine's own scheduler before its first
     # step (vLLM's queued-to-scheduled); the pool's queue is measured by the pool.
-    queue_ms: float | None = None
+    backend_queue_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,13 +327,15 @@ def job_stats(output: Any, deltas: int) -> GenerationStats:
     if metrics.num_generation_tokens:
         stats.output_tokens = int(metrics.num_generation_tokens)
     if metrics.scheduled_ts and metrics.queued_ts:
-        stats.queue_ms = round(max(0.0, metrics.scheduled_ts - metrics.queued_ts) * 1000.0, 3)
+        stats.backend_queue_ms = round(
+            max(0.0, metrics.scheduled_ts - metrics.queued_ts) * 1000.0, 3
+        )
     if metrics.first_token_latency:
         first = metrics.first_token_latency * 1000.0
         stats.time_to_first_token_ms = round(first, 3)
         if metrics.last_token_ts and metrics.first_token_ts:
             decode = max(0.0, metrics.last_token_ts - metrics.first_token_ts) * 1000.0
-            stats.generate_total_ms = round(first + decode, 3)
+            stats.generate_ms = round(first + decode, 3)
     return stats
 
 

@@ -117,7 +117,7 @@ class Ct2Runtime:
                 output_tokens=len(best),
                 tokenize_ms=round(tokenize_ms, 3),
                 time_to_first_token_ms=total_ms,
-                generate_total_ms=total_ms,
+                generate_ms=total_ms,
                 finish_reason="length" if len(best) >= decoding.max_tokens else "stop",
             )
         scanner = StopScanner(stops)
@@ -151,7 +151,7 @@ class Ct2Runtime:
             output_tokens=len(ids),
             tokenize_ms=round(tokenize_ms, 3),
             time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
-            generate_total_ms=round((time.perf_counter() - gen_started) * 1000.0, 3),
+            generate_ms=round((time.perf_counter() - gen_started) * 1000.0, 3),
             finish_reason=finish,  # type: ignore[arg-type]
             stop_sequence=scanner.hit,
         )

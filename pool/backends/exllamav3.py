@@ -682,7 +682,7 @@ class _Driver:
             output_tokens=None if output_tokens is None else int(output_tokens),
             tokenize_ms=request.tokenize_ms,
             time_to_first_token_ms=None if first_ms is None else round(first_ms, 3),
-            generate_total_ms=None if total_ms is None else round(total_ms, 3),
+            generate_ms=None if total_ms is None else round(total_ms, 3),
             finish_reason=finish,
             stop_sequence=stop if isinstance(stop, str) else None,
         )

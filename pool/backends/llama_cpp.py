@@ -306,7 +306,7 @@ class LlamaCppRuntime:
             time_to_first_token_ms=None
             if first_at is None
             else round((first_at - started) * 1000.0, 3),
-            generate_total_ms=round((ended - gen_started) * 1000.0, 3),
+            generate_ms=round((ended - gen_started) * 1000.0, 3),
             finish_reason=finish,
             stop_sequence=stop_sequence,
         )

@@ -127,7 +127,7 @@ class StubRuntime:
             prompt_tokens=prompt_tokens,
             output_tokens=produced,
             time_to_first_token_ms=first_ms,
-            generate_total_ms=(time.perf_counter() - started) * 1000.0,
+            generate_ms=(time.perf_counter() - started) * 1000.0,
             finish_reason=finish,
             stop_sequence=scanner.hit if scanner is not None else None,
         )

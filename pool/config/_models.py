@@ -21,12 +21,14 @@ from pydantic import (
     PositiveInt,
     SerializeAsAny,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from pool.config._cluster import ClusterSettings
+from pool.config._sampling import defaults_fields
 
 # The prompt formats of pool/backends/prompt_formats.py, one class each (typed by this list).
 PromptFormatName = Literal[
@@ -327,16 +329,12 @@ class ServiceSettings(_Strict):
     )
 
 
-class DecodingDefaults(_Strict):
+# Dynamic base: the fields come from the one declaration (pool/config/_sampling.py), so a
+# sampling field added there is an ``engine.decoding`` setting with its limits and default.
+class DecodingDefaults(
+    create_model("DecodingDefaults", __base__=_Strict, **defaults_fields())  # type: ignore[misc]
+):
     """``engine.decoding``: defaults for every request field a client may omit."""
-
-    beam_size: PositiveInt = 1
-    top_k: Annotated[int, Field(ge=0)] = 40
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.8
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
-    max_tokens: PositiveInt = 256
-    stop: list[str] = Field(default_factory=list)
 
 
 class CommonModelFields(_Strict):

@@ -23,6 +23,7 @@ from pool.actors import (
     Waiting,
 )
 from pool.backends import ImagePart, TextPart, ToolCall, Turn
+from pool.config import SAMPLING_NAMES
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
@@ -76,20 +77,11 @@ def _turn(role: str, content: Content) -> Turn:
 
 
 def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
-    return DecodingOverrides(
-        beam_size=asked.beam_size,
-        top_k=asked.top_k,
-        top_p=asked.top_p,
-        temperature=asked.temperature,
-        repetition_penalty=asked.repetition_penalty,
-        max_tokens=asked.max_tokens,
-        stop=tuple(asked.stop or ()),
-        min_p=asked.min_p,
-        seed=asked.seed,
-        presence_penalty=asked.presence_penalty,
-        frequency_penalty=asked.frequency_penalty,
-        logit_bias=logit_bias(asked.logit_bias, "decoding.logit_bias"),
-    )
+    """The native ``decoding`` object names every sampling field as the pool does; only
+    ``logit_bias`` changes shape (string token ids to pairs)."""
+    fields = {name: getattr(asked, name) for name in SAMPLING_NAMES}
+    fields["logit_bias"] = logit_bias(asked.logit_bias, "decoding.logit_bias")
+    return DecodingOverrides(**fields)
 
 
 def _conversation(

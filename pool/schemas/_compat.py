@@ -18,6 +18,19 @@ from pydantic import (
     model_validator,
 )
 
+from pool.config import (
+    LOGIT_BIAS_DESCRIPTION,
+    ClientTemperature,
+    LogitBias,
+    MaxTokens,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    StopString,
+    Temperature,
+    TopK,
+    TopP,
+)
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS, ImageUrl
 from pool.schemas._tools import (
     MAX_TOOLS,
@@ -29,7 +42,7 @@ from pool.schemas._tools import (
 )
 
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
-Stop = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+Stop = StopString
 
 
 ALLOW_REMOTE_DESCRIPTION = (
@@ -82,15 +95,11 @@ class OpenAISampling(_Lenient):
     """Sampling fields OpenAI's APIs share; each one a backend cannot honour is a 400."""
 
     seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        None, description="Token id (as a string) to a bias from -100 to 100."
-    )
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
-        None, description="Pool extension (as llama.cpp and vLLM take it)."
-    )
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = Field(
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = Field(None, description=LOGIT_BIAS_DESCRIPTION)
+    min_p: MinP | None = Field(None, description="Pool extension (as llama.cpp and vLLM take it).")
+    repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Pool extension (as vLLM takes it)."
     )
     keep_alive: float | str | None = Field(
@@ -103,11 +112,11 @@ class ChatCompletionRequest(OpenAISampling):
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_ITEMS)]
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    temperature: ClientTemperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -138,10 +147,10 @@ class CompletionRequest(OpenAISampling):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=16)] = Field(
         description="One prompt, or several (one choice each; streamed only for one)."
     )
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = 16
+    temperature: ClientTemperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    max_tokens: MaxTokens | None = 16
     stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -205,17 +214,17 @@ class OllamaCopyRequest(_Lenient):
 
 
 class OllamaOptions(_Lenient):
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
     num_predict: Annotated[int, Field(ge=-2, le=1_000_000)] | None = None
     stop: Annotated[list[Stop], Field(max_length=16)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    repeat_penalty: RepetitionPenalty | None = None
     num_ctx: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_p: MinP | None = None
     seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
 
 
 class OllamaMessage(_Lenient):

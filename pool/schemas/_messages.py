@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
+from pool.config import ClientTemperature, MaxTokens, StopString, TopK, TopP
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
 from pool.schemas._tools import MAX_TOOLS, ToolName
 
@@ -181,17 +182,17 @@ class MessagesTokensRequest(_Lenient):
 class MessagesRequest(MessagesTokensRequest):
     """A Messages API request. ``max_tokens`` is required, as in Anthropic's API."""
 
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)]
+    max_tokens: MaxTokens
     stop_sequences: (
         Annotated[
-            list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]],
+            list[StopString],
             Field(max_length=16),
         ]
         | None
     ) = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    temperature: ClientTemperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
     metadata: MessagesMetadata | None = None
     output_config: MessagesOutputConfig | None = None
     stream: bool = False

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
+from pool.config import ClientTemperature, MaxTokens, TopK, TopP
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
 from pool.schemas._tools import MAX_TOOLS, TextFormat
 
@@ -177,9 +178,9 @@ class OpenAIResponseRequest(_Lenient):
     )
     store: bool = Field(True, description="Keep the response for retrieval and continuation.")
     stream: bool = False
-    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: ClientTemperature | None = None
+    top_p: TopP | None = None
     tools: Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceObject | None = None
     parallel_tool_calls: bool = True
@@ -193,7 +194,7 @@ class OpenAIResponseRequest(_Lenient):
     conversation: Any = Field(None, description="Not supported: use `previous_response_id`.")
     user: Annotated[str, StringConstraints(max_length=512)] | None = None
     # The pool's own fields, beside OpenAI's (extra_body in OpenAI's SDKs).
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    top_k: TopK | None = None
     seed: int | None = None
     thinking: Literal["default", "enabled", "disabled"] = "default"
     keep_alive: float | str | None = Field(

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
+from pool.config import request_fields
 from pool.schemas._tools import (
     MAX_TOOLS,
     FunctionCallItem,
@@ -59,29 +67,12 @@ class Message(_Strict):
     content: Content
 
 
-class DecodingRequest(_Strict):
+# Dynamic base: every sampling field of the one declaration (pool/config/_sampling.py),
+# with its limits, each optional.
+class DecodingRequest(
+    create_model("DecodingRequest", __base__=_Strict, **request_fields())  # type: ignore[misc]
+):
     """Decoding fields; each omitted one falls back to ``engine.decoding``."""
-
-    beam_size: Annotated[int, Field(ge=1, le=64)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    stop: (
-        Annotated[
-            list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]],
-            Field(max_length=64),
-        ]
-        | None
-    ) = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        None, description="Token id (as a string) to a bias from -100 to 100."
-    )
 
 
 ConversationItem = Message | FunctionCallItem | FunctionCallOutputItem

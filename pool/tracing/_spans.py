@@ -144,6 +144,15 @@ class OtelTracing:
             self._exporter.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, unannotated
 
 
+# GenAI's request attributes, from the decoding field the client asked.
+_ASKED_ATTRIBUTES = (
+    ("gen_ai.request.max_tokens", "max_tokens"),
+    ("gen_ai.request.temperature", "temperature"),
+    ("gen_ai.request.top_p", "top_p"),
+    ("gen_ai.request.top_k", "top_k"),
+)
+
+
 def _request_attributes(
     request: InferenceRequest | EmbeddingRequest, tenant: str
 ) -> list[tuple[str, AttributeValue]]:
@@ -160,15 +169,12 @@ def _request_attributes(
         ("gen_ai.request.model", request.model),
         ("llm_pool.tenant", tenant),
     ]
-    # What the client asked only (one test a setting: this runs for every request).
-    if decoding.max_tokens is not None:
-        attributes.append(("gen_ai.request.max_tokens", decoding.max_tokens))
-    if decoding.temperature is not None:
-        attributes.append(("gen_ai.request.temperature", decoding.temperature))
-    if decoding.top_p is not None:
-        attributes.append(("gen_ai.request.top_p", decoding.top_p))
-    if decoding.top_k is not None:
-        attributes.append(("gen_ai.request.top_k", decoding.top_k))
+    # What the client asked only (None: the pool's default applies, not an attribute).
+    asked = decoding.asked
+    for name, field in _ASKED_ATTRIBUTES:
+        value = asked.get(field)
+        if value is not None:
+            attributes.append((name, value))
     return attributes
 
 
@@ -320,7 +326,7 @@ class OtelRequestTrace:
         if self.relayed_to is not None:
             attributes += (("llm_pool.relayed_to", self.relayed_to),)
         events: tuple[tuple[str, int], ...] = ()
-        first_ms = getattr(job, "first_token_ms", None)
+        first_ms = getattr(job, "time_to_first_token_ms", None)
         if first_ms is not None:
             at = self._wall_offset_ns + int((started + first_ms / 1000) * 1e9)
             events = ((FIRST_TOKEN_EVENT, at),)
