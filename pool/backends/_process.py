@@ -50,7 +50,10 @@ def _term_with_parent() -> None:  # the group guard's: it must live to act on th
 # The parent-death signal reaches the server only, not the processes it starts (vLLM's
 # engine core): a server's group outlived a SIGKILLed pool. This guard, one per server,
 # gets SIGTERM when the pool dies and kills the server's whole group; when the pool stops
-# the server itself, it closes the guard's stdin and the guard just exits.
+# the server itself, it writes "stop" to the guard's stdin and the guard just exits. A
+# pool that dies closes that pipe before the kernel sends the parent-death signal, so EOF
+# alone means the pool died (its parent id may not have changed yet when EOF is read:
+# a guard that went by it exited and left the group behind).
 _GROUP_GUARD = """
 import os, signal, sys
 def reap(*_):
@@ -62,9 +65,8 @@ signal.signal(signal.SIGTERM, reap)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a pending one runs reap now
 if os.getppid() != int(sys.argv[2]):
     reap()  # the pool died before the parent-death signal was armed
-sys.stdin.buffer.read()
-if os.getppid() != int(sys.argv[2]):
-    reap()  # EOF because the pool died, not because it stopped the server itself
+if sys.stdin.buffer.read() != b"stop":
+    reap()  # EOF without "stop": the pool died (it says "stop" once the group is gone)
 """
 
 
@@ -241,11 +243,14 @@ class ManagedProcess:
                 self._pidfd = None
 
     async def _dismiss_guard(self) -> None:
-        """The group is gone: the guard exits on EOF; reap it (bounded)."""
+        """The group is gone: tell the guard to exit without acting; reap it (bounded)."""
         guard, self._guard = self._guard, None
         if guard is None:
             return
         assert guard.stdin is not None
+        # A guard that is gone already: a broken pipe (or one closed: ValueError).
+        with contextlib.suppress(OSError, ValueError):
+            guard.stdin.write(b"stop")
         with contextlib.suppress(OSError):
             guard.stdin.close()
         pidfd = os.pidfd_open(guard.pid)

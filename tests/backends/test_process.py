@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -16,7 +17,7 @@ import pytest
 import trio
 
 from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_from_responses
-from pool.backends._process import group_alive
+from pool.backends._process import ManagedProcess, group_alive
 from pool.config import build_settings
 from tests.reliability.conftest import live_in_group
 
@@ -183,3 +184,31 @@ def assert_killed_pool_leaves_no_server(settings: Any, model: str, tmp_path: Pat
 
 def test_children_die_with_a_killed_pool(fake_binary: Path, tmp_path: Path) -> None:
     assert_killed_pool_leaves_no_server(_settings(fake_binary, tmp_path), "srv", tmp_path)
+
+
+async def test_the_guard_ends_the_group_on_eof_without_stop() -> None:
+    """A dying pool's end of the guard's pipe closes before the kernel reparents the
+    guard, so the guard may read EOF while its parent id is still the pool's: EOF alone
+    (no "stop", which the pool writes once it ended the group itself) ends the group."""
+    sleeper = "import time; time.sleep(60)"
+    parent = (
+        "import subprocess, sys, time;"
+        f" subprocess.Popen([sys.executable, '-c', {sleeper!r}]); print('up', flush=True);"
+        " time.sleep(60)"
+    )
+    process = ManagedProcess("guarded", [sys.executable, "-c", parent], dict(os.environ))
+    process.spawn()
+    pid = process.pid
+    try:
+        with trio.fail_after(30):
+            while len(live_in_group(pid)) < 2:  # the server and its child
+                await trio.sleep(0.02)
+            guard = process._guard
+            assert guard is not None and guard.stdin is not None
+            guard.stdin.close()  # as the pool's death closes it, the pool itself alive
+            while live_in_group(pid):
+                await trio.sleep(0.02)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        await process.stop(grace_s=1.0)
