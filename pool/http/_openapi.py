@@ -567,7 +567,6 @@ _WHY: dict[int, str] = {
     429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
     " token budget (`budget_exceeded`); `Retry-After` set",
 }
-_BODY_LIMITS = (408, 413)  # answered before any route runs: the pool's error shape
 
 # A body the server answers with 500 or 503 other than an error (the pull's final state,
 # the health while unhealthy).
@@ -955,9 +954,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
                 " backend or its state (the codes of 400)"
             )
             answer[VALID_BODY_REFUSED] = True
-        if status in _BODY_LIMITS:
-            answer["content"] = {"application/json": {"schema": _ref("Error")}}
-        elif status == 426:
+        if status == 426:
             answer["headers"] = {
                 "Upgrade": {"schema": {"const": "websocket"}, "required": True},
             }
