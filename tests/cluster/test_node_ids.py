@@ -173,10 +173,13 @@ async def test_a_second_live_pool_under_the_same_id_is_refused(
 async def test_a_second_node_in_process_is_refused_before_its_pool_opens(
     redis_server: RedisServer,
 ) -> None:
-    async with registered(redis_server.url, "n1", **FAST) as (_, first):
+    # A heartbeat of 1 s: the second node watches the record for two of them, and a
+    # loaded CI machine once let 0.6 s (FAST's two) pass without a renewal.
+    steady = {**FAST, "heartbeat_s": 1.0, "node_ttl_s": 5.0}
+    async with registered(redis_server.url, "n1", **steady) as (_, first):
         await until(lambda: first.registry.epoch is not None, 5)
         with pytest.raises(NodeIdInUse) as refused:
-            async with registered(redis_server.url, "n1", **FAST):
+            async with registered(redis_server.url, "n1", **steady):
                 raise AssertionError("joined under a live node's id")
         assert refused.value.node_id == "n1"
         assert refused.value.other["boot"] == first.boot
