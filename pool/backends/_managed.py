@@ -32,7 +32,7 @@ from pool.backends._protocol import (
 from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
-from pool.backends._upstream import UpstreamError, open_transport
+from pool.backends._upstream import UpstreamError, open_transport, with_trace
 from pool.config import Decoding
 from pool.errors import BackendError
 
@@ -141,7 +141,7 @@ class ManagedServerRuntime:
                 "/v1/chat/completions",
                 body,
                 scanning or sink,
-                headers=self._headers,
+                headers=with_trace(self._headers, request.trace_parent),
                 what=self.process.label,
             )
             if scanning is not None:

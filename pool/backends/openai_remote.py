@@ -37,7 +37,7 @@ from pool.backends._protocol import (
     TokenSink,
 )
 from pool.backends._tools import ToolCallDelta
-from pool.backends._upstream import UpstreamError, open_transport
+from pool.backends._upstream import UpstreamError, open_transport, with_trace
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
@@ -119,7 +119,7 @@ class OpenAIRemoteRuntime:
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=_with_trace(self.headers(request), request.trace_parent),
+                        headers=with_trace(self.headers(request), request.trace_parent),
                         what="remote API",
                     )
             except trio.TooSlowError:
@@ -210,11 +210,3 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
 
 
 BACKEND = OpenAIRemoteBackend()
-
-
-def _with_trace(headers: dict[str, str] | None, trace_parent: str | None) -> dict[str, str] | None:
-    """``headers`` with the request's ``traceparent`` where it is traced (the upstream's
-    spans, or a relaying peer's, then join the pool's trace)."""
-    if trace_parent is None:
-        return headers
-    return {**(headers or {}), "traceparent": trace_parent}

@@ -51,6 +51,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("traceparent"):  # a traced request (the pool's log shows it)
+            sys.stdout.write(f"traceparent {self.headers['traceparent']}\n")
+            sys.stdout.flush()
         words = ["one", " two", " three", " four", " five"] * 8
         words = words[: body.get("max_tokens", 16)]
         self.send_response(200)

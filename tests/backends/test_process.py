@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import pytest
 import trio
 
 from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_from_responses
+from pool.backends import Decoding, GenerationRequest, TextPart, Turn
 from pool.backends._process import ManagedProcess, group_alive
 from pool.config import build_settings
 from tests.reliability.conftest import live_in_group
@@ -93,6 +95,46 @@ async def test_serves_streams_and_unload_ends_the_group(fake_binary: Path, tmp_p
         assert_group_running(pid, members=2)  # the server and the grandchild
         await pool.unload("srv")
         assert _gone(pid)
+
+
+class _Text:
+    """A token sink that keeps the text."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    async def send(self, text: object) -> None:
+        assert isinstance(text, str)
+        self.parts.append(text)
+
+
+async def test_a_traced_request_carries_traceparent_to_the_server(
+    fake_binary: Path, tmp_path: Path
+) -> None:
+    """The managed server gets the request span's ``traceparent``, as a remote API does
+    (a vLLM server with tracing on then joins the pool's trace)."""
+    given = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    async with open_pool(_settings(fake_binary, tmp_path)) as pool:
+        await pool.load("srv")
+        runtime = pool.model("srv").replicas[0].runtime
+        request = GenerationRequest(
+            request_id="traced-1",
+            model="srv",
+            turns=(Turn("user", (TextPart("hi"),)),),
+            decoding=Decoding(max_tokens=2),
+            trace_parent=given,
+        )
+        sink = _Text()
+        await runtime.generate(request, sink)  # type: ignore[arg-type]
+        assert "".join(sink.parts) == "one two"
+        process = runtime.process  # type: ignore[attr-defined]
+        with trio.fail_after(10):  # the server's output reaches the pool's log
+            while f"traceparent {given}" not in process.tail():
+                await trio.sleep(0.02)
+        # Untraced: no header.
+        await runtime.generate(dataclasses.replace(request, trace_parent=None), _Text())  # type: ignore[arg-type]
+        await trio.sleep(0.2)
+        assert process.tail().count("traceparent") == 1
 
 
 async def test_missing_binary_fails_fast(tmp_path: Path) -> None:
