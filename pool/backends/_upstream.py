@@ -124,13 +124,13 @@ def _field_value(line: bytes) -> bytes:
     return value[1:] if value.startswith(b" ") else value
 
 
-
 def with_trace(headers: dict[str, str] | None, trace_parent: str | None) -> dict[str, str] | None:
     """``headers`` with the request's ``traceparent`` where it is traced: the upstream's
     spans (a traced vLLM server, a relaying peer) then join the pool's trace."""
     if trace_parent is None:
         return headers
     return {**(headers or {}), "traceparent": trace_parent}
+
 
 # --- the lean HTTP/1.1 client ---------------------------------------------------------
 

@@ -252,6 +252,9 @@ class ServiceSettings(_Strict):
     body_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         60.0, description="Time a client has to send a request's whole body; slower gets 408."
     )
+    keep_alive_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        75.0, description="How long an idle kept-alive HTTP connection stays open."
+    )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     hf_endpoint: str | None = Field(
         None, description="Hugging Face endpoint for pulls (default: $HF_ENDPOINT or the hub)."

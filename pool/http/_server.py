@@ -84,7 +84,7 @@ async def serve(
     config.graceful_timeout = settings.service.shutdown_grace_s
     config.logger_class = AccessLog
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
+    config.keep_alive_timeout = settings.service.keep_alive_s
     config.websocket_max_message_size = settings.service.max_body_bytes
     # Bound before anything else: a port in use fails at once, and the port served
     # (port 0: the one picked here) is known to what is named after it, the pool's node
