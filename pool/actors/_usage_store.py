@@ -8,7 +8,7 @@ tenant or model over a time range, optionally per UTC hour or day.
 sqlite3 blocks, so every call runs in a worker thread. Writes and reads have a
 connection each (WAL lets a reader go on while a batch is written), and each
 connection is used by one thread at a time (its own ``CapacityLimiter``). WAL with
-``synchronous=NORMAL`` as in ``pool/http/_response_store.py``: a power cut may lose the
+``synchronous=NORMAL`` as in ``pool/http/openai_responses/_store.py``: a power cut may lose the
 last batches, never the file.
 """
 

@@ -1,7 +1,7 @@
 """The key admin routes: list the keys in force, add one, revoke one (settings keys too).
 
 Changes are in force once the call answers, on every route: a revoked key's next
-request is refused and a WebSocket it opened is closed (``pool/http/_responses.py``).
+request is refused and a WebSocket it opened is closed (``pool/http/responses/_routes.py``).
 """
 
 from __future__ import annotations

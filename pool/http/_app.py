@@ -17,15 +17,15 @@ from pool.http import (
     _admin,
     _admin_keys,
     _events,
-    _messages,
-    _ollama,
-    _openai,
-    _openai_responses,
-    _responses,
     _runner,
     _status,
     _ui,
     _usage,
+    anthropic,
+    ollama,
+    openai,
+    openai_responses,
+    responses,
 )
 from pool.http._auth import Authenticator
 from pool.http._common import (
@@ -38,6 +38,7 @@ from pool.http._common import (
 from pool.http._hosts import HostAllowList
 from pool.http._openapi import PLACEHOLDER_MODEL, Served, docs_page, openapi_document
 from pool.http._pipeline import RequestPipeline
+from pool.http.openai._routes import openai_error
 
 log = logging.getLogger("pool.http")
 
@@ -104,11 +105,11 @@ def create_app(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )
     for module in (
-        _responses,
-        _openai,
-        _openai_responses,
-        _messages,
-        _ollama,
+        responses,
+        openai,
+        openai_responses,
+        anthropic,
+        ollama,
         _admin,
         _admin_keys,
         _usage,
@@ -167,7 +168,7 @@ def create_app(
             message = f"{request.method} is not allowed on {request.path}"
         if request.path.startswith("/openai/"):
             # The base URL that is OpenAI's API answers in OpenAI's error object throughout.
-            return json_response(_openai.openai_error(status, code, message), status, headers)
+            return json_response(openai_error(status, code, message), status, headers)
         return json_response({"error": {"code": code, "message": message}}, status, headers)
 
     @app.errorhandler(Exception)

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from quart import Response, g, has_request_context, request, websocket
@@ -385,6 +385,36 @@ def with_cache(request: InferenceRequest, cache: tuple[CacheMode, str | None]) -
     if mode == request.cache_mode and tag == request.cache_tag:
         return request
     return dataclasses.replace(request, cache_mode=mode, cache_tag=tag)
+
+
+@dataclass(frozen=True)
+class Opened(Generic[T]):
+    """A model route's request as every dialect reads it (:func:`open_model_route`)."""
+
+    body: T
+    caller: Caller | None
+    tenant: str
+    priority: str
+    cache: tuple[CacheMode, str | None]
+
+    def neutral(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` (parsed from :attr:`body`) with the cache headers applied."""
+        return with_cache(request, self.cache)
+
+
+async def open_model_route(ctx: AppContext, model: type[T], *, api_key: bool = False) -> Opened[T]:
+    """The opening of every route that runs a model, in one order on every dialect: the
+    caller (401), its tenant and priority (400/403), the cache headers (400), then the
+    body (422). So a request that fails several checks fails the same one everywhere.
+
+    Args:
+        api_key: the route also takes the key in ``x-api-key`` (Anthropic's Messages).
+    """
+    caller = require(ctx, "inference", api_key=api_key)
+    tenant, priority = tenant_and_priority()
+    cache = cache_headers_in()
+    body = await read_body(model)
+    return Opened(body, caller, tenant, priority, cache)
 
 
 def inference_headers(

@@ -17,7 +17,7 @@ import trio
 
 from pool import ServerInfo
 from pool.backends import register_backend, unregister_backend
-from pool.http import _messages
+from pool.http.anthropic import _routes as _messages
 from tests.media.helpers import PNG
 
 from . import tool_backend

@@ -1,11 +1,5 @@
-"""OpenAI's formats over the same pool: Chat Completions, legacy Completions, Embeddings.
-
-System and developer messages become ``instructions``; one user message becomes
-single-turn ``input`` (so single-turn models work with chat clients); a longer
-conversation becomes ``messages``. A legacy completion's prompt is one user turn
-(rendered by the model's prompt format like any other). Errors use OpenAI's error
-object.
-"""
+"""The routes of the dialect (its parsing and rendering stay beside them until they move
+into ``_parse.py`` and ``_render.py``)."""
 
 from __future__ import annotations
 
@@ -306,7 +300,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     ctx.error_shapes[blueprint.name] = OPENAI_ERRORS
 
     # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
-    # API throughout (its Responses API included: pool/http/_openai_responses.py).
+    # API throughout (its Responses API included: pool/http/openai_responses/_routes.py).
     @blueprint.post("/v1/chat/completions")
     @blueprint.post("/openai/v1/chat/completions")
     async def chat_completions() -> Response:

@@ -1,4 +1,5 @@
-"""``POST /v1/responses`` (JSON and SSE) and the WebSocket on the same path."""
+"""The routes of the dialect (its parsing and rendering stay beside them until they move
+into ``_parse.py`` and ``_render.py``)."""
 
 from __future__ import annotations
 

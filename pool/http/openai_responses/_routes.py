@@ -1,18 +1,5 @@
-"""``/openai/v1``: OpenAI's API exactly, its Responses API included.
-
-OpenAI's SDKs, the Agents SDK and Codex take one base URL for everything; this one
-serves ``responses`` (create, stream, retrieve, delete, input items) in OpenAI's own
-shapes, and ``chat/completions``, ``completions``, ``embeddings`` and ``models`` with
-the ``/v1`` handlers (``pool/http/_openai.py``, ``pool/http/_admin.py``). Errors are
-OpenAI's error object. ``/v1/responses`` keeps the pool's own shape
-(``pool/http/_responses.py``).
-
-A request becomes the pool's :class:`~pool.actors.InferenceRequest` as Chat Completions
-does: system and developer messages join ``instructions``, one user message is a
-single prompt, a longer conversation (with ``function_call`` and
-``function_call_output`` items) needs a multi-turn model. ``previous_response_id``
-puts the stored conversation (``pool/http/_response_store.py``) before the new input.
-"""
+"""The routes of the dialect (its parsing and rendering stay beside them until they move
+into ``_parse.py`` and ``_render.py``)."""
 
 from __future__ import annotations
 
@@ -37,7 +24,6 @@ from pool.actors import (
 from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.config import state_dir
 from pool.errors import PoolError
-from pool.http import _openai
 from pool.http._admin import model_list
 from pool.http._common import (
     AppContext,
@@ -53,10 +39,11 @@ from pool.http._common import (
     tenant_and_priority,
     with_cache,
 )
-from pool.http._openai_output import OutputBuilder, ResponseFrame, new_id
-from pool.http._response_store import FILE_NAME, ResponseStore
 from pool.http._streaming import admitted_stream
 from pool.http._tools import invalid, responses_output_format, responses_tools, tool_choice
+from pool.http.openai import _routes as _openai
+from pool.http.openai_responses._render import OutputBuilder, ResponseFrame, new_id
+from pool.http.openai_responses._store import FILE_NAME, ResponseStore
 from pool.schemas import (
     FunctionCallInput,
     FunctionCallOutputInput,

@@ -1,0 +1,12 @@
+"""OpenAI's formats over the same pool: Chat Completions, legacy Completions, Embeddings.
+
+System and developer messages become ``instructions``; one user message becomes
+single-turn ``input`` (so single-turn models work with chat clients); a longer
+conversation becomes ``messages``. A legacy completion's prompt is one user turn
+(rendered by the model's prompt format like any other). Errors use OpenAI's error
+object.
+"""
+
+from pool.http.openai._routes import register
+
+__all__ = ["register"]

@@ -1,0 +1,19 @@
+"""``/openai/v1``: OpenAI's API exactly, its Responses API included.
+
+OpenAI's SDKs, the Agents SDK and Codex take one base URL for everything; this one
+serves ``responses`` (create, stream, retrieve, delete, input items) in OpenAI's own
+shapes, and ``chat/completions``, ``completions``, ``embeddings`` and ``models`` with
+the ``/v1`` handlers (``pool/http/openai/_routes.py``, ``pool/http/_admin.py``). Errors are
+OpenAI's error object. ``/v1/responses`` keeps the pool's own shape
+(``pool/http/responses/_routes.py``).
+
+A request becomes the pool's :class:`~pool.actors.InferenceRequest` as Chat Completions
+does: system and developer messages join ``instructions``, one user message is a
+single prompt, a longer conversation (with ``function_call`` and
+``function_call_output`` items) needs a multi-turn model. ``previous_response_id``
+puts the stored conversation (``pool/http/openai_responses/_store.py``) before the new input.
+"""
+
+from pool.http.openai_responses._routes import register
+
+__all__ = ["register"]
