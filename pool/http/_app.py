@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
-from quart import Response, has_request_context, has_websocket_context, request, websocket
+from quart import (
+    Blueprint,
+    Response,
+    has_request_context,
+    has_websocket_context,
+    request,
+    websocket,
+)
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -14,18 +22,14 @@ from pool.actors import Pool
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.http import (
-    _admin,
-    _admin_keys,
-    _events,
-    _runner,
-    _status,
     _ui,
-    _usage,
+    admin,
     anthropic,
     ollama,
     openai,
     openai_responses,
     responses,
+    runner,
 )
 from pool.http._auth import Authenticator
 from pool.http._common import (
@@ -110,12 +114,8 @@ def create_app(
         openai_responses,
         anthropic,
         ollama,
-        _admin,
-        _admin_keys,
-        _usage,
-        _events,
-        _runner,
-        _status,
+        admin,
+        runner,
         _ui,
     ):
         module.register(app, ctx)
@@ -130,16 +130,7 @@ def create_app(
     )
     app.asgi_app = pipeline  # type: ignore[method-assign,assignment]
     app.extensions["pool.pipeline"] = pipeline
-    document = openapi_document(served=served_by(settings, ctx.auth))
-
-    @app.get("/openapi.json")
-    async def openapi() -> Response:
-        """The OpenAPI 3.1 document of this service."""
-        return json_response(document)
-
-    @app.get("/docs")
-    async def docs() -> Response:
-        return Response(docs_page(document), content_type="text/html; charset=utf-8")
+    _register_document(app, openapi_document(served=served_by(settings, ctx.auth)))
 
     # A view's error, in the shape of the blueprint that serves it (the pipeline answers
     # the hot routes' errors with the same shapes).
@@ -179,6 +170,22 @@ def create_app(
         return internal_error_response()
 
     return app
+
+
+def _register_document(app: QuartTrio, document: dict[str, Any]) -> None:
+    """The OpenAPI document and its docs page, open to all (they hold no secrets)."""
+    blueprint = Blueprint("document", __name__)
+
+    @blueprint.get("/openapi.json")
+    async def openapi() -> Response:
+        """The OpenAPI 3.1 document of this service."""
+        return json_response(document)
+
+    @blueprint.get("/docs")
+    async def docs() -> Response:
+        return Response(docs_page(document), content_type="text/html; charset=utf-8")
+
+    app.register_blueprint(blueprint)
 
 
 def _blueprint() -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from quart import Quart, Response, redirect
+from quart import Blueprint, Quart, Response, redirect
 
 from pool.http._common import AppContext
 
@@ -33,6 +33,7 @@ def _asset(name: str) -> bytes:
 
 def register(app: Quart, ctx: AppContext) -> None:
     assets = {name: _asset(name) for name in _TYPES}
+    blueprint = Blueprint("ui", __name__)
 
     def serve(name: str) -> Response:
         response = Response(assets[name], content_type=_TYPES[name])
@@ -43,20 +44,22 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.headers["Cache-Control"] = "no-cache"
         return response
 
-    @app.get("/ui")
+    @blueprint.get("/ui")
     async def ui_root() -> Response:
         # The page's relative URLs resolve against /ui/, not against /.
         return redirect("ui/", 308)  # type: ignore[return-value]
 
-    @app.get("/ui/")
+    @blueprint.get("/ui/")
     async def ui_page() -> Response:
         """The dashboard page."""
         return serve("index.html")
 
-    @app.get("/ui/app.js")
+    @blueprint.get("/ui/app.js")
     async def ui_script() -> Response:
         return serve("app.js")
 
-    @app.get("/ui/app.css")
+    @blueprint.get("/ui/app.css")
     async def ui_style() -> Response:
         return serve("app.css")
+
+    app.register_blueprint(blueprint)

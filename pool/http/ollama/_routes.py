@@ -53,9 +53,9 @@ from pool.http._common import (
     retry_after,
     tenant_and_priority,
 )
-from pool.http._rows import definition_body
 from pool.http._streaming import HEARTBEAT_S, admitted_stream
 from pool.http._tools import arguments_text, chat_tools, ollama_call, ollama_output_format
+from pool.http.admin._render import definition_body
 from pool.media import sniff_image_type
 from pool.pulls import FileDigests
 from pool.schemas import (

@@ -24,7 +24,6 @@ from pool.actors import (
 from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.config import state_dir
 from pool.errors import PoolError
-from pool.http._admin import model_list
 from pool.http._common import (
     AppContext,
     HotRoute,
@@ -41,6 +40,7 @@ from pool.http._common import (
 )
 from pool.http._streaming import admitted_stream
 from pool.http._tools import invalid, responses_output_format, responses_tools, tool_choice
+from pool.http.admin._render import model_list
 from pool.http.openai import _routes as _openai
 from pool.http.openai_responses._render import OutputBuilder, ResponseFrame, new_id
 from pool.http.openai_responses._store import FILE_NAME, ResponseStore

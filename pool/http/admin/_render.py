@@ -1,11 +1,21 @@
-"""The admin API's model rows and GPU memory view, rendered from snapshots."""
+"""The admin API's bodies, rendered from snapshots: model rows, GPU memory, the
+``/v1/models`` list, usage rows and the state the event stream pushes."""
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
-from pool.actors import GpuReading, GpuView, ModelDetails, ModelSnapshot
+from pool.actors import (
+    GpuReading,
+    GpuView,
+    ModelDetails,
+    ModelSnapshot,
+    Pool,
+    UsageGroupBy,
+    UsageTotal,
+)
 from pool.backends import Capabilities
 
 
@@ -109,4 +119,83 @@ def gpu_memory_body(view: GpuView, snapshots: list[ModelSnapshot]) -> dict[str, 
         "models": models,
         "error": None if view.gpus else view.error,
         "read_at": time.time(),
+    }
+
+
+def cluster_model_list(
+    pool: Pool, local: list[dict[str, Any]], created: int
+) -> list[dict[str, Any]]:
+    """``/v1/models`` in a cluster (docs/cluster.md): every model servable here or on a
+    peer, each with the nodes that have it loaded (``nodes``)."""
+    assert pool.router is not None
+    loaded: dict[str, list[str]] = {}
+    servable = [entry["id"] for entry in local]
+    contexts = {entry["id"]: entry.get("context_length") for entry in local}
+    for name, actor in pool.models.items():
+        if actor.state == "loaded":
+            loaded.setdefault(name, []).append(pool.router.node_id)
+    for m in pool.router.peer_models():
+        servable_there = m["state"] == "loaded" or m.get("on_demand")
+        if servable_there and m["name"] not in servable:
+            servable.append(m["name"])
+        if m["state"] == "loaded":
+            loaded.setdefault(m["name"], []).append(m["node"])
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llm-pool",
+            "context_length": contexts.get(name),
+            "nodes": loaded.get(name, []),
+        }
+        for name in servable
+    ]
+
+
+def model_list(pool: Pool) -> dict[str, Any]:
+    """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
+    created = int(pool.started_at)
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llm-pool",
+            "context_length": pool.snapshot(name).served_context_length,
+        }
+        for name in pool.servable_models()
+    ]
+    if pool.router is not None:
+        data = cluster_model_list(pool, data, created)
+    return {"object": "list", "data": data}
+
+
+def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
+    row: dict[str, Any] = {group_by: total.group}
+    if total.bucket is not None:
+        row["bucket"] = datetime.fromtimestamp(total.bucket, UTC).isoformat().replace("+00:00", "Z")
+    row["requests"] = total.requests
+    row["prompt_tokens"] = total.prompt_tokens
+    row["cached_tokens"] = total.cached_tokens
+    row["output_tokens"] = total.output_tokens
+    return row
+
+
+def admin_state(pool: Pool) -> dict[str, Any]:
+    """What one ``state`` event carries.
+
+    ``models``: the rows of ``GET /v1/admin/models``; ``gpus`` and ``gpu_error``: the
+    readings of ``GET /v1/admin/gpu-memory``; ``pulls``: the current or last pull of each
+    model that has one (``GET /api/pull/status/NAME``); ``shutting_down``.
+    """
+    snapshots = pool.snapshots()
+    gpu = gpu_memory_body(pool.gpus.view(), snapshots)
+    pulls = [status for name in pool.models if (status := pool.pulls.status(name)) is not None]
+    return {
+        "models": [model_row(s) for s in snapshots],
+        "gpus": gpu["gpus"],
+        "gpu_error": gpu["error"],
+        "pulls": pulls,
+        "shutting_down": pool.shutting_down,
     }

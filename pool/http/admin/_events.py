@@ -14,43 +14,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from typing import Any
 
 import trio
-from quart import Quart, Response
 
 from pool.actors import Pool
-from pool.http._common import AppContext, dumps, require
-from pool.http._rows import gpu_memory_body, model_row
+from pool.http._common import dumps
+from pool.http.admin._render import admin_state
 
 STATE_EVENT = "state"
+
+
 DECISION_EVENT = "decision"
+
+
 # Counters that move without a state change are re-read this often.
 _TICK_S = 1.0
+
+
 # However busy the pool, state events are at least this far apart.
 _MIN_GAP_S = 0.25
+
+
 # An unchanged pool still writes something this often: a client (or a proxy) sees the
 # stream is alive, and the server notices a client that has gone.
 _KEEPALIVE_S = 15.0
-
-
-def admin_state(pool: Pool) -> dict[str, Any]:
-    """What one ``state`` event carries.
-
-    ``models``: the rows of ``GET /v1/admin/models``; ``gpus`` and ``gpu_error``: the
-    readings of ``GET /v1/admin/gpu-memory``; ``pulls``: the current or last pull of each
-    model that has one (``GET /api/pull/status/NAME``); ``shutting_down``.
-    """
-    snapshots = pool.snapshots()
-    gpu = gpu_memory_body(pool.gpus.view(), snapshots)
-    pulls = [status for name in pool.models if (status := pool.pulls.status(name)) is not None]
-    return {
-        "models": [model_row(s) for s in snapshots],
-        "gpus": gpu["gpus"],
-        "gpu_error": gpu["error"],
-        "pulls": pulls,
-        "shutting_down": pool.shutting_down,
-    }
 
 
 def _event(name: str, payload: bytes) -> bytes:
@@ -83,17 +70,3 @@ async def state_events(pool: Pool) -> AsyncIterator[bytes]:
             await pool.wait_change()
         # A burst of changes (many short requests) becomes one event per gap.
         await trio.sleep_until(max(trio.current_time(), sent_at + _MIN_GAP_S))
-
-
-def register(app: Quart, ctx: AppContext) -> None:
-    @app.get("/v1/admin/events")
-    async def admin_events() -> Response:
-        """The admin state as Server-Sent Events (see the module docstring)."""
-        require(ctx, "admin")
-        response = Response(
-            state_events(ctx.pool),
-            content_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        response.timeout = None
-        return response

@@ -1,0 +1,159 @@
+"""The runner API's routes: capabilities, async load tasks, unload, cache flush, health,
+metrics, and ``GET /api/status``."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from quart import Blueprint, Quart, Response
+
+from pool.errors import PoolError
+from pool.http._common import (
+    POOL_ERRORS,
+    AppContext,
+    json_response,
+    parse_json,
+    raw_body,
+    require,
+    validate,
+)
+from pool.http.runner._parse import check_flush_scope, load_request
+from pool.http.runner._render import (
+    capabilities_body,
+    cluster_status,
+    health_body,
+    load_task_body,
+    status_body,
+)
+from pool.schemas import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
+
+T = TypeVar("T", bound=BaseModel)
+
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def register(app: Quart, ctx: AppContext) -> None:
+    pool = ctx.pool
+    runner_id = ctx.settings.service.runner_id or socket.gethostname()
+    blueprint = Blueprint("runner", __name__)
+    ctx.error_shapes[blueprint.name] = POOL_ERRORS
+
+    @blueprint.get("/v1/capabilities")
+    async def capabilities() -> Response:
+        """What this runner serves and how busy it is."""
+        require(ctx, "inference")
+        body = capabilities_body(pool, runner_id)
+        return json_response(body, 503 if body["health"] == "unhealthy" else 200)
+
+    @blueprint.post("/v1/models/load")
+    async def runner_load() -> Response:
+        """Start loading a model in the background (202 with a task id)."""
+        body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
+        actor = pool.model(body.modelId)
+        load = load_request(body, actor.definition)
+        if body.gpuMemoryBudgetMB is not None:
+            estimate = actor.vram_estimate().mib
+            if estimate is not None and estimate > body.gpuMemoryBudgetMB:
+                raise PoolError(
+                    "invalid_load_request",
+                    f"model {body.modelId!r} needs about {estimate} MiB, over the budget of"
+                    f" {body.gpuMemoryBudgetMB} MiB",
+                )
+        task = pool.start_load_task(body.modelId, load, body.evictModel)
+        return json_response(load_task_body(task) | {"eta": None}, 202)
+
+    @blueprint.get("/v1/models/load/<task_id>")
+    async def runner_load_status(task_id: str) -> Response:
+        """The state of a load task: loading, completed or failed, with timings."""
+        require(ctx, "admin")
+        return json_response(load_task_body(pool.load_tasks.get(task_id)))
+
+    @blueprint.post("/v1/models/unload")
+    async def runner_unload() -> Response:
+        """Unload a model gracefully and say how much memory it held."""
+        body = await authorized_body(ctx, RunnerUnloadRequest, "model-unload")
+        actor = pool.model(body.modelId)
+        before = actor.snapshot()
+        was_loaded = before.state == "loaded"
+        await pool.detached(pool.unload, body.modelId)
+        return json_response(
+            {
+                "modelId": body.modelId,
+                "gpuMemoryFreedMB": before.vram.mib if was_loaded else 0,
+                "gpuMemoryFreedSource": before.vram.source,
+                "kvCacheFlushed": was_loaded,
+            }
+        )
+
+    @blueprint.post("/v1/cache/flush")
+    async def cache_flush() -> Response:
+        """Flush prompt caches by scope (backends without one report nothing removed)."""
+        body = await authorized_body(ctx, CacheFlushRequest, "cache-flush")
+        check_flush_scope(body)
+        result = await pool.flush_cache(
+            body.scope, model=body.modelId, tenant=body.tenantId, tag=body.tag
+        )
+        return json_response(
+            {
+                "flushed": True,
+                "entriesRemoved": result.entries_removed,
+                "memoryFreedMB": round(result.memory_freed_mib),
+            }
+        )
+
+    @blueprint.get("/health")
+    async def health() -> Response:
+        """200 while serving (``healthy``, or ``degraded`` with its ``reasons``); 503 with
+        the reason when every model failed or on shutdown."""
+        health = pool.health()
+        body = health_body(health, cluster_status(pool))
+        return json_response(body, 200 if health.serving else 503)
+
+    @blueprint.get("/api/status")
+    async def full_status() -> Response:
+        """Health, engine state per model, pulls under way and GPU memory."""
+        require(ctx, "inference")
+        return json_response(status_body(pool))
+
+    @blueprint.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition."""
+        require(ctx, "admin")
+        return Response(pool.metrics.render(), content_type=PROMETHEUS_TYPE)
+
+    app.register_blueprint(blueprint)
+
+
+async def authorized_body(ctx: AppContext, model: type[T], operation: str) -> T:
+    """The body of a lifecycle route, read as ``model`` once the caller is authorized.
+
+    The ``verifiedOpToken`` travels in the body, so the body is parsed first, but only
+    for the token and the model it names: a caller without a valid token or admin bearer
+    gets 401 whatever else the body holds (not a 400 or 422 about its shape).
+    """
+    raw = await raw_body()
+    try:
+        data = parse_json(raw)
+    except PoolError:
+        data = None
+    fields = data if isinstance(data, dict) else {}
+    named = fields.get("modelId")
+    authorize_lifecycle(
+        ctx,
+        fields.get("verifiedOpToken"),
+        operation,
+        named if isinstance(named, str) else None,
+    )
+    return validate(model, parse_json(raw))
+
+
+def authorize_lifecycle(ctx: AppContext, token: Any, operation: str, model: str | None) -> None:
+    """A valid ``verifiedOpToken``, or the admin bearer token where one is configured."""
+    if token is not None:
+        ctx.auth.verify_op_token(token, operation=operation, model=model)
+        return
+    if ctx.auth.op_tokens_enabled and not ctx.auth.has_admin_token:
+        raise PoolError("unauthorized", f"{operation} needs a verifiedOpToken")
+    require(ctx, "admin")
