@@ -195,20 +195,6 @@ class Gate:
             if a not in skip and (a.state in ("loaded", "loading") or a in self.reserved)
         )
 
-    def best_victim(
-        self,
-        actor: ModelActor,
-        plan: LoadPlan,
-        per_replica: int,
-        limit: int,
-        gone: list[ModelActor] | None = None,
-        *,
-        evict_warm: bool = True,
-    ) -> ModelActor | None:
-        """The idle model the policy picks for ``actor``, however fresh (see
-        :meth:`choose`)."""
-        return self.choose(actor, plan, per_replica, limit, gone, evict_warm=evict_warm).victim
-
     def choose(
         self,
         actor: ModelActor,

@@ -377,7 +377,7 @@ class Residency:
             if held_warm:
                 ends = [until for m in held_warm if (until := m.warm_until()) is not None]
                 wake.append(min([spare_warm_until, *ends]))
-            best = self.gate.best_victim(actor, plan, per_replica, limit)
+            best = self.gate.choose(actor, plan, per_replica, limit).victim
             if best is not None and self.gate.is_fresh(best):
                 wake.append(best.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
