@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -150,6 +151,51 @@ async def test_errors_are_ollama_shaped(server: ServerInfo) -> None:
     async with httpx.AsyncClient(base_url=server.url) as http:
         bad = await http.post("/api/chat", content=b"{nope")
         assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+async def test_chat_and_generate_take_the_cache_headers(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``X-Cache-Mode`` and ``X-Cache-Tag`` reach the pool from /api/chat and
+    /api/generate, plain or streamed, as from every other generation route; a malformed
+    one is a 400 in Ollama's shape, on the embedding routes too (which read, and ignore,
+    the cache headers as OpenAI's embeddings do)."""
+    asked: list[tuple[str, str | None]] = []
+    admit = server.pool.admit
+
+    def recording_admit(request: Any, **kwargs: Any) -> Any:
+        asked.append((request.cache_mode, request.cache_tag))
+        return admit(request, **kwargs)
+
+    monkeypatch.setattr(server.pool, "admit", recording_admit)
+    tagged = ollama.AsyncClient(
+        host=server.url, headers={"X-Cache-Mode": "none", "X-Cache-Tag": "conversation-7"}
+    )
+    user = [{"role": "user", "content": "hello"}]
+    assert (await tagged.chat(model="echo", messages=user, stream=False)).message.content == (
+        "hello"
+    )
+    streamed = await tagged.chat(model="echo", messages=user, stream=True)
+    assert "".join([p.message.content or "" async for p in streamed]) == "hello"
+    assert (await tagged.generate(model="echo", prompt="a b", stream=False)).response == "a b"
+    assert asked == [("none", "conversation-7")] * 3
+    # Without the headers: the default mode, no tag.
+    await _client(server).generate(model="echo", prompt="x", stream=False)
+    assert asked[-1] == ("auto", None)
+
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        for path, body in (
+            ("/api/chat", {"model": "echo", "messages": user, "stream": False}),
+            ("/api/generate", {"model": "echo", "prompt": "x"}),
+            ("/api/embed", {"model": "echo", "input": "x"}),
+            ("/api/embeddings", {"model": "echo", "prompt": "x"}),
+        ):
+            for header, value in (("X-Cache-Mode", "always"), ("X-Cache-Tag", "t" * 65)):
+                reply = await http.post(path, json=body, headers={header: value})
+                assert reply.status_code == 400, (path, header, reply.text)
+                error = reply.json()["error"]
+                assert isinstance(error, str) and header in error
+    assert len(asked) == 4  # nothing malformed reached the pool
 
 
 async def test_on_demand_model_loads_and_unloads(nursery: trio.Nursery) -> None:
