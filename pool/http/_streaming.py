@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from pool.actors import (
     Admission,
@@ -67,6 +68,7 @@ async def _batches(
     priority: str,
     report_waits: bool,
     heartbeat_s: float | None,
+    load_hint: dict[str, Any] | None,
 ) -> AsyncGenerator[Admission | list[Event], None]:
     async with pool.admit(
         request,
@@ -74,6 +76,7 @@ async def _batches(
         priority=priority,
         report_waits=report_waits,
         heartbeat_s=heartbeat_s,
+        load_hint=load_hint,
     ) as admission:
         yield admission
         async for batch in admission.batches():
@@ -92,6 +95,7 @@ async def admitted_stream(
     render_wait: RenderWait | None = None,
     render_tool_call: RenderToolCall | None = None,
     heartbeat_s: float | None = None,
+    load_hint: dict[str, Any] | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
     """Admit ``request`` (raising its PoolError), then stream its rendered events.
 
@@ -102,8 +106,12 @@ async def admitted_stream(
     without one never offers tools, so none arrive). With ``heartbeat_s`` (and
     ``render_wait``), a request that waits for a busy replica streams at once too, and
     its wait is rendered at least every ``heartbeat_s`` (:meth:`Pool.admit`).
+    ``load_hint``: load overrides for the load this request may start (Ollama's
+    ``num_ctx``), as :meth:`Pool.admit` takes them.
     """
-    batches = _batches(pool, request, tenant, priority, render_wait is not None, heartbeat_s)
+    batches = _batches(
+        pool, request, tenant, priority, render_wait is not None, heartbeat_s, load_hint
+    )
     admission = await anext(batches)
     assert isinstance(admission, Admission)
 

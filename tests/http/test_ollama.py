@@ -351,16 +351,18 @@ def toy() -> Iterator[None]:
         unregister_backend("toy")
 
 
-async def _chat(http: httpx.AsyncClient, num_ctx: int | None, *, text: str = "hi") -> str:
+async def _chat(
+    http: httpx.AsyncClient, num_ctx: int | None, *, text: str = "hi", stream: bool = False
+) -> str:
     options = {} if num_ctx is None else {"num_ctx": num_ctx}
     messages = [{"role": "user", "content": text}] if text else []
     reply = await http.post(
         "/api/chat",
-        json={"model": "t", "messages": messages, "options": options, "stream": False},
+        json={"model": "t", "messages": messages, "options": options, "stream": stream},
     )
     assert reply.status_code == 200, reply.text
-    content: str = reply.json()["message"]["content"]
-    return content
+    lines = [json.loads(line) for line in reply.text.splitlines()]
+    return "".join(line["message"]["content"] for line in lines)
 
 
 async def test_num_ctx_is_the_context_of_the_load_it_starts(
@@ -394,6 +396,15 @@ async def test_num_ctx_is_the_context_of_the_load_it_starts(
         await server.pool.unload("t")
         assert await _chat(http, 100, text="") == ""
         assert await _chat(http, None) == "toy says hi (ctx 128)"
+
+
+async def test_a_streamed_request_starts_its_load_with_num_ctx(
+    toy: None, nursery: trio.Nursery
+) -> None:
+    server = await start_server(nursery, {"t": {"backend": "toy", "on_demand": True}})
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        assert await _chat(http, 256, stream=True) == "toy says hi (ctx 256)"
+        assert server.pool.snapshot("t").load_override == {"toy_ctx": 256}
 
 
 async def test_num_ctx_on_a_backend_without_a_context_field_is_ignored(

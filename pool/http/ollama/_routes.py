@@ -250,8 +250,8 @@ async def _generation(
     pool: Pool, opened: Opened[_Body], actor: ModelActor, request: InferenceRequest, piece: Piece
 ) -> Response:
     """Run ``request``: one JSON object with ``stream: false``, else NDJSON lines."""
+    hint = load_hint(opened.body.options, actor.definition.backend)
     if not opened.body.stream:
-        hint = load_hint(opened.body.options, actor.definition.backend)
         async with pool.admit(
             request, tenant=opened.tenant, priority=opened.priority, load_hint=hint
         ) as admission:
@@ -267,6 +267,7 @@ async def _generation(
         render_error=lines.render_error,
         render_wait=lines.render_wait,
         heartbeat_s=HEARTBEAT_S,
+        load_hint=hint,
     )
     response = Response(chunks, content_type=NDJSON)
     response.timeout = None
