@@ -3,7 +3,7 @@
 OpenAI's SDKs, the Agents SDK and Codex take one base URL for everything; this one
 serves ``responses`` (create, stream, retrieve, delete, input items) in OpenAI's own
 shapes, and ``chat/completions``, ``completions``, ``embeddings`` and ``models`` with
-the ``/v1`` handlers (``pool/http/openai/_routes.py``, ``pool/http/_admin.py``). Errors are
+the ``/v1`` handlers (``pool/http/openai/``, ``pool/http/_admin.py``). Errors are
 OpenAI's error object. ``/v1/responses`` keeps the pool's own shape
 (``pool/http/responses/_routes.py``).
 

@@ -41,7 +41,7 @@ from pool.http._common import (
 )
 from pool.http._streaming import admitted_stream
 from pool.http._tools import invalid, responses_output_format, responses_tools, tool_choice
-from pool.http.openai import _routes as _openai
+from pool.http.openai._render import ERRORS
 from pool.http.openai_responses._render import OutputBuilder, ResponseFrame, new_id
 from pool.http.openai_responses._store import FILE_NAME, ResponseStore
 from pool.schemas import (
@@ -295,7 +295,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     )
     app.after_serving(store.aclose)
     blueprint = Blueprint("openai_responses", __name__)
-    ctx.error_shapes[blueprint.name] = _openai.OPENAI_ERRORS
+    ctx.error_shapes[blueprint.name] = ERRORS
 
     @blueprint.post(BASE + "/responses")
     async def create_openai_response() -> Response:
