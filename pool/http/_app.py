@@ -42,7 +42,7 @@ from pool.http._common import (
 from pool.http._hosts import HostAllowList
 from pool.http._openapi import PLACEHOLDER_MODEL, Served, docs_page, openapi_document
 from pool.http._pipeline import RequestPipeline
-from pool.http.openai._routes import openai_error
+from pool.http.openai._render import openai_error
 
 log = logging.getLogger("pool.http")
 

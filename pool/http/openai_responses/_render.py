@@ -8,7 +8,8 @@ with its ``sequence_number``: ``response.output_item.added``,
 ``response.content_part.done``, ``response.output_item.done``, the reasoning and
 function-call argument events, and the ending ``response.completed`` (or
 ``.incomplete``, ``.failed``). The JSON answer is the same builder's final response,
-so streamed and plain answers agree item for item.
+so streamed and plain answers agree item for item; :class:`ResponseStream` frames its
+events as SSE for a streamed answer.
 
 Thinking models write their reasoning between ``<think>`` and ``</think>`` at the start
 of the reply (Qwen3, DeepSeek-R1 and their templates); :class:`ThinkSplitter` moves it
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pool.actors import Delta, Finished
+from pool.actors import Admission, Delta, Finished
 from pool.backends import ToolCallDelta
 from pool.errors import PoolError
+from pool.http._common import dumps
 
 OPEN_THINK = "<think>"
 CLOSE_THINK = "</think>"
@@ -464,3 +466,61 @@ class OutputBuilder:
             "output_tokens_details": {"reasoning_tokens": min(self._reasoning_pieces, output)},
             "total_tokens": prompt + output,
         }
+
+
+# -- the wire ------------------------------------------------------------------------------
+def sse(event: dict[str, Any]) -> bytes:
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
+
+
+def _sse_all(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(sse(e) for e in events)
+
+
+class ResponseStream:
+    """One streamed response's events as SSE: the renderers its view hands to
+    :func:`~pool.http._streaming.admitted_stream`, all fed to one :class:`OutputBuilder`.
+
+    The last event (``response.completed``, ``.incomplete`` or ``.failed``) is held in
+    :attr:`ending` rather than rendered, so the view sends it only once the response is
+    stored: a client that reads the end can retrieve or continue the response at once.
+    """
+
+    def __init__(self, builder: OutputBuilder) -> None:
+        self.builder = builder
+        self.ending: list[bytes] = []
+
+    def opening(self, admission: Admission) -> bytes:
+        return _sse_all(self.builder.opening())
+
+    def render(self, admission: Admission, event: Delta | Finished) -> bytes | None:
+        if type(event) is Delta:
+            return _sse_all(self.builder.delta(event))
+        assert isinstance(event, Finished)
+        *events, last = self.builder.finish(event)
+        self.ending.append(sse(last))
+        return _sse_all(events)
+
+    def render_error(self, admission: Admission, exc: PoolError) -> bytes:
+        *events, last = self.builder.fail(exc)
+        self.ending.append(sse(last))
+        return _sse_all(events)
+
+    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
+        return _sse_all(self.builder.tool_call(piece))
+
+
+def deleted_body(response_id: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def input_items_page(page: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page of a stored response's input items, as OpenAI lists them."""
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": has_more,
+    }
