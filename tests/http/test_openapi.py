@@ -55,7 +55,9 @@ async def test_every_route_of_the_app_is_documented() -> None:
             assert "101" in operation["responses"], path
             continue
         source = inspect.getsource(view)
-        read = re.search(r"(?:read_body\(|authorized_body\(ctx, )(\w+)", source)
+        read = re.search(
+            r"(?:read_body\(|(?:authorized_body|open_model_route)\(ctx, )(\w+)", source
+        )
         if read:
             # The documented request schema is the model the route reads.
             schema = operation["requestBody"]["content"]["application/json"]["schema"]
