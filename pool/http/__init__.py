@@ -8,7 +8,7 @@ from pool.http._app import create_app
 from pool.http._auth import Authenticator, NonceStore, nonce_file_path, sign_op_token
 from pool.http._server import ServerInfo, serve
 from pool.http.openai._parse import request_from_chat_completions
-from pool.http.responses._routes import request_from_responses
+from pool.http.responses._parse import request_from_responses
 
 __all__ = [
     "Authenticator",

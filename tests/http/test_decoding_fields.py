@@ -13,7 +13,7 @@ from pool.actors import InferenceRequest
 from pool.backends import Decoding
 from pool.config import SAMPLING_NAMES, DecodingDefaults, merge_decoding
 from pool.http import request_from_chat_completions, request_from_responses
-from pool.http.anthropic._routes import inference_request as messages_request
+from pool.http.anthropic._parse import inference_request as messages_request
 from pool.http.ollama._parse import generate_inference_request
 from pool.http.openai._parse import completion_requests
 from pool.http.openai_responses._parse import inference_request as openai_responses_request

@@ -10,7 +10,7 @@ import trio
 
 from pool import ServerInfo
 from pool.http._common import dumps
-from pool.http.responses._routes import sse
+from pool.http.responses._render import sse
 
 from .conftest import WAITING_MODELS, running, sse_events, start_server, wait_stopped
 

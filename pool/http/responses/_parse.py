@@ -1,0 +1,115 @@
+"""A ``/v1/responses`` body as the pool's neutral request.
+
+``input`` is one user turn; ``messages`` a conversation whose function-call items join
+the assistant's turns and whose outputs become ``tool`` turns. The native ``decoding``
+object names the sampling fields as the pool does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pool.actors import DecodingOverrides, InferenceRequest
+from pool.backends import ImagePart, TextPart, ToolCall, Turn
+from pool.config import SAMPLING_NAMES
+from pool.errors import PoolError
+from pool.http._common import logit_bias
+from pool.http._tools import responses_output_format, responses_tools, tool_choice
+from pool.schemas import (
+    Content,
+    DecodingRequest,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ImageContent,
+    Message,
+    ResponseRequest,
+)
+
+
+def _turn(role: str, content: Content) -> Turn:
+    if isinstance(content, str):
+        return Turn(role, (TextPart(content),))  # type: ignore[arg-type]
+    parts: list[TextPart | ImagePart] = []
+    for item in content:
+        if isinstance(item, ImageContent):
+            parts.append(ImagePart(item.image_url.url, item.image_url.detail))
+        else:
+            parts.append(TextPart(item.text))
+    return Turn(role, tuple(parts))  # type: ignore[arg-type]
+
+
+def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
+    """The native ``decoding`` object names every sampling field as the pool does; only
+    ``logit_bias`` changes shape (string token ids to pairs)."""
+    fields = {name: getattr(asked, name) for name in SAMPLING_NAMES}
+    fields["logit_bias"] = logit_bias(asked.logit_bias, "decoding.logit_bias")
+    return DecodingOverrides(**fields)
+
+
+def _conversation(
+    items: list[Message | FunctionCallItem | FunctionCallOutputItem],
+) -> tuple[Turn, ...]:
+    """Messages and function-call items as turns: consecutive calls join the assistant
+    turn before them (or a turn of their own), each output becomes a ``tool`` turn."""
+    turns: list[Turn] = []
+    for item in items:
+        if isinstance(item, Message):
+            turns.append(_turn(item.role, item.content))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(item.call_id, item.name, item.arguments)
+            last = turns[-1] if turns else None
+            if last is not None and last.role == "assistant":
+                turns[-1] = Turn("assistant", last.parts, (*last.tool_calls, call))
+            else:
+                turns.append(Turn("assistant", (TextPart(""),), (call,)))
+        else:
+            turns.append(Turn("tool", (TextPart(item.output),), tool_call_id=item.call_id))
+    return tuple(turns)
+
+
+def inference_request(body: ResponseRequest) -> InferenceRequest:
+    """The neutral request of a ``/v1/responses`` body."""
+    if body.messages is not None:
+        last = body.messages[-1]
+        if not (
+            isinstance(last, FunctionCallOutputItem)
+            or (isinstance(last, Message) and last.role == "user")
+        ):
+            raise PoolError(
+                "invalid_request",
+                "the last message must have role `user` (or be a function_call_output)",
+            )
+        turns = _conversation(body.messages)
+    else:
+        assert body.input is not None
+        turns = (_turn("user", body.input),)
+    tools = responses_tools(body.tools)
+    return InferenceRequest(
+        model=body.model,
+        turns=turns,
+        multi_turn=body.messages is not None,
+        instructions=body.instructions,
+        decoding=decoding_overrides(body.decoding),
+        thinking=body.thinking,
+        allow_remote=body.allow_remote,
+        keep_alive=body.keep_alive,
+        source_lang_code=body.source_lang_code,
+        target_lang_code=body.target_lang_code,
+        tools=tools,
+        tool_choice=tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
+        output_format=responses_output_format(body.text.format if body.text else None),
+    )
+
+
+def request_from_responses(body: ResponseRequest | dict[str, Any]) -> InferenceRequest:
+    """The neutral request of a Responses-format body (embedded use builds them so).
+
+    Raises:
+        pydantic.ValidationError: ``body`` is a dict that fails the schema.
+        PoolError: ``invalid_request`` for a conversation that does not end with the
+            user's turn (or a function call's output).
+    """
+    if not isinstance(body, ResponseRequest):
+        body = ResponseRequest.model_validate(body)
+    return inference_request(body)

@@ -1,0 +1,280 @@
+"""Replies of ``/v1/responses`` in the pool's own shapes: the envelope, the events (as
+SSE and as WebSocket frames) and errors (``ERRORS``, the pool's error shape).
+
+The events are OpenAI's Responses names where one exists (``response.created``,
+``response.output_text.delta``, ``response.function_call_arguments.*``,
+``response.completed``) plus the pool's own (``response.queued``,
+``response.loading``, ``response.metrics``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from quart import Response
+
+from pool.actors import Admission, Delta, Finished, Queued, ToolCallDelta, Waiting
+from pool.backends import ToolCall
+from pool.errors import PoolError
+from pool.http._common import (
+    POOL_ERRORS,
+    SchemaError,
+    dumps,
+    error_body,
+    json_response,
+    schema_error_body,
+)
+from pool.schemas import FunctionCallOutput, OutputText, ResponseEnvelope, ResponseMetrics
+
+log = logging.getLogger("pool.http")
+
+ERRORS = POOL_ERRORS
+
+
+def response_metrics(finished: Finished) -> ResponseMetrics:
+    t, usage = finished.timings, finished.usage
+    return ResponseMetrics(
+        backend_inference_wall_ms=t.backend_ms,
+        engine_total_wall_ms=t.engine_ms,
+        engine_outside_backend_wall_ms=t.engine_outside_backend_ms,
+        pool_total_wall_ms=t.pool_ms,
+        engine_queue_wait_ms=t.queue_wait_ms,
+        engine_tokenize_ms=t.tokenize_ms,
+        gpu_time_to_first_token_ms=t.time_to_first_token_ms,
+        gpu_generate_total_ms=t.generate_ms,
+        gpu_decode_after_first_token_ms=t.decode_after_first_token_ms,
+        engine_prompt_tokens=usage.prompt_tokens,
+        engine_output_tokens=usage.output_tokens,
+        engine_cached_prompt_tokens=usage.cached_tokens,
+        engine_tokens_per_second=t.tokens_per_second,
+    )
+
+
+def function_call_item(call: ToolCall) -> FunctionCallOutput:
+    return FunctionCallOutput(
+        id="fc_" + call.id, call_id=call.id, name=call.name, arguments=call.arguments
+    )
+
+
+class CallEvents:
+    """The stream events of tool calls, as OpenAI's Responses API sends them.
+
+    A call's first piece opens its item (``response.output_item.added``), each
+    arguments piece is a ``response.function_call_arguments.delta``, and at the end
+    every call gets ``response.function_call_arguments.done`` and
+    ``response.output_item.done``.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[int, str] = {}
+
+    def piece(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if piece.id is not None and piece.index not in self._items:
+            item_id = "fc_" + piece.id
+            self._items[piece.index] = item_id
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": piece.index,
+                    "item": {
+                        "type": "function_call",
+                        "id": item_id,
+                        "call_id": piece.id,
+                        "name": piece.name or "",
+                        "arguments": "",
+                        "status": "in_progress",
+                    },
+                }
+            )
+        if piece.arguments:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": self._items.get(piece.index, ""),
+                    "output_index": piece.index,
+                    "delta": piece.arguments,
+                }
+            )
+        return events
+
+    def done(self, finished: Finished) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for index, call in enumerate(finished.tool_calls):
+            item = function_call_item(call)
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item.id,
+                    "output_index": index,
+                    "arguments": call.arguments,
+                }
+            )
+            events.append(
+                {
+                    "type": "response.output_item.done",
+                    "output_index": index,
+                    "item": item.model_dump(),
+                }
+            )
+        return events
+
+
+def envelope(admission: Admission, finished: Finished) -> ResponseEnvelope:
+    output: list[OutputText | FunctionCallOutput] = [OutputText(text=finished.text)]
+    if finished.tool_calls:
+        # A reply of calls only has no text item, as OpenAI's.
+        output = output if finished.text else []
+        output += [function_call_item(call) for call in finished.tool_calls]
+    return ResponseEnvelope(
+        id=admission.id,
+        model=admission.model,
+        output=output,
+        output_text=finished.text,
+        finish_reason=finished.finish_reason,
+        metrics=response_metrics(finished),
+    )
+
+
+def response_body(admission: Admission, finished: Finished, pool_ms: float) -> dict[str, Any]:
+    """The envelope of a request without ``stream``, with the HTTP layer's own measure
+    of the whole request (``pool_ms``) as its ``pool_total_wall_ms``."""
+    reply = envelope(admission, finished)
+    reply.metrics.pool_total_wall_ms = round(pool_ms, 3)
+    return reply.model_dump()
+
+
+def upgrade_required(error: PoolError) -> Response:
+    """The 426 of a plain GET of the WebSocket route, naming the upgrade (RFC 9110)."""
+    return json_response(
+        error_body(error), error.status, {"Upgrade": "websocket", "Connection": "Upgrade"}
+    )
+
+
+# -- events ----------------------------------------------------------------------------
+
+
+def created_event(admission: Admission) -> dict[str, Any]:
+    return {"type": "response.created", "id": admission.id, "model": admission.model}
+
+
+def finished_events(
+    admission: Admission, finished: Finished, pool_ms: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``response.metrics`` and ``response.completed``; ``pool_ms`` is the HTTP layer's
+    own measure of the whole request, when it has one, for the completed envelope."""
+    body = envelope(admission, finished)
+    metrics = {"type": "response.metrics", "metrics": body.metrics.model_dump()}
+    if pool_ms is not None:
+        body.metrics.pool_total_wall_ms = round(pool_ms, 3)
+    return metrics, {"type": "response.completed", "response": body.model_dump()}
+
+
+def wait_event(waiting: Waiting) -> dict[str, Any]:
+    """``response.queued`` (its place, what it waits for) or ``response.loading``."""
+    if isinstance(waiting, Queued):
+        return {
+            "type": "response.queued",
+            "position": waiting.position,
+            "waiting_for": waiting.waiting_for,
+        }
+    return {"type": "response.loading", "progress": waiting.progress}
+
+
+def error_event(exc: PoolError | SchemaError) -> dict[str, Any]:
+    body = schema_error_body(exc) if isinstance(exc, SchemaError) else error_body(exc)
+    return {"type": "error", "error": body["error"]}
+
+
+_DELTA = "response.output_text.delta"
+_DELTA_HEAD = b"event: " + _DELTA.encode() + b'\ndata: {"type":"' + _DELTA.encode() + b'","delta":'
+
+
+def delta_event(text: str) -> dict[str, Any]:
+    return {"type": _DELTA, "delta": text}
+
+
+# -- as SSE ----------------------------------------------------------------------------
+
+
+def sse_delta(text: str) -> bytes:
+    # Every token takes this path: the bytes of sse() without building a dict.
+    return _DELTA_HEAD + json.dumps(text, ensure_ascii=False).encode() + b"}\n\n"
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    kind: str = event["type"]
+    if kind == _DELTA and len(event) == 2:
+        return sse_delta(event["delta"])
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
+
+
+class ResponseStream:
+    """The SSE stream of one request: ``response.created``, its waits, the text deltas
+    and tool-call events, then ``response.metrics`` and ``response.completed`` (or an
+    ``error`` event). Its ``render*`` methods and :meth:`opening` are what
+    :func:`~pool.http._streaming.admitted_stream` takes.
+
+    Args:
+        started: when the HTTP layer began the request (``time.perf_counter()``), for
+            the completed envelope's ``pool_total_wall_ms`` and the log line.
+    """
+
+    def __init__(self, request_id: str, model: str, tenant: str, started: float) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.tenant = tenant
+        self.started = started
+        self._calls = CallEvents()
+
+    def _elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+    @staticmethod
+    def opening(admission: Admission) -> bytes:
+        return sse(created_event(admission))
+
+    @staticmethod
+    def render_wait(admission: Admission, waiting: Waiting) -> bytes:
+        return sse(wait_event(waiting))
+
+    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
+        if type(event) is Delta:
+            return sse_delta(event.text)
+        assert isinstance(event, Finished)
+        metrics, completed = finished_events(admission, event, self._elapsed_ms())
+        done = b"".join(sse(e) for e in self._calls.done(event))
+        # The status line went out before the reply existed: the log tells how it ended.
+        log.info(
+            "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
+            self.request_id,
+            self.model,
+            self.tenant,
+            self._elapsed_ms(),
+        )
+        return done + sse(metrics) + sse(completed)
+
+    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
+        return b"".join(sse(e) for e in self._calls.piece(piece))
+
+    def render_error(self, admission: Admission, exc: PoolError) -> bytes:
+        log.info(
+            "request_id=%s model=%s stream=true error=%s", self.request_id, self.model, exc.code
+        )
+        return sse(error_event(exc))
+
+
+# -- as WebSocket frames ---------------------------------------------------------------
+
+
+def socket_frame(event: dict[str, Any]) -> str:
+    """One event as the text frame of a running socket (compact JSON)."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
+def closing_frame(exc: PoolError) -> str:
+    """The last frame of a socket refused at its handshake or whose key was revoked."""
+    return json.dumps(error_event(exc))
