@@ -22,7 +22,7 @@ from pool.actors import open_pool
 from pool.backends import register_backend, unregister_backend
 from pool.config import build_settings
 from pool.http import create_app
-from pool.http.openai_responses._render import ThinkSplitter
+from pool.http._thinking import ThinkSplitter
 from pool.http.openai_responses._store import ResponseStore
 
 from . import recording_backend, tool_backend

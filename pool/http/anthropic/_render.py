@@ -16,6 +16,7 @@ from pool.actors import Admission, Delta, Finished, ToolCallDelta, Waiting
 from pool.backends import ToolCall
 from pool.errors import PoolError
 from pool.http._common import ErrorShape, SchemaError, dumps, json_response, request_id, retry_after
+from pool.http._thinking import Kind, ThinkSplitter, split_reasoning
 from pool.http._tools import arguments_object
 
 log = logging.getLogger("pool.http")
@@ -66,77 +67,6 @@ def _schema_error(exc: SchemaError) -> Response:
 ERRORS = ErrorShape(_pool_error, _schema_error)
 
 
-# -- reasoning -------------------------------------------------------------------------
-
-_OPEN, _CLOSE = "<think>", "</think>"
-BlockKind = Literal["thinking", "text"]
-
-
-class ThinkingSplitter:
-    """Splits a reply that opens with ``<think>...</think>`` into its reasoning and its
-    text, as pieces arrive. Text that could still be (the rest of) a tag is held back
-    until the next piece tells; a reply that does not open with the tag is all text."""
-
-    def __init__(self) -> None:
-        self._state: Literal["start", "thinking", "after", "text"] = "start"
-        self._pending = ""
-
-    def feed(self, text: str) -> list[tuple[BlockKind, str]]:
-        out: list[tuple[BlockKind, str]] = []
-        self._pending += text
-        while self._pending:
-            if self._state == "start":
-                stripped = self._pending.lstrip()
-                if stripped.startswith(_OPEN):
-                    self._state, self._pending = "thinking", stripped[len(_OPEN) :].lstrip("\n")
-                    continue
-                if _OPEN.startswith(stripped):
-                    break  # still possibly the opening tag
-                self._state = "text"
-            elif self._state == "thinking":
-                end = self._pending.find(_CLOSE)
-                if end >= 0:
-                    out.append(("thinking", self._pending[:end].rstrip("\n")))
-                    self._state, self._pending = "after", self._pending[end + len(_CLOSE) :]
-                    continue
-                hold = next(
-                    (
-                        n
-                        for n in range(len(_CLOSE) - 1, 0, -1)
-                        if self._pending.endswith(_CLOSE[:n])
-                    ),
-                    0,
-                )
-                cut = len(self._pending) - hold
-                out.append(("thinking", self._pending[:cut]))
-                self._pending = self._pending[cut:]
-                break
-            elif self._state == "after":
-                self._pending = self._pending.lstrip()
-                if self._pending:
-                    self._state = "text"
-            else:
-                out.append(("text", self._pending))
-                self._pending = ""
-        return [(kind, piece) for kind, piece in out if piece]
-
-    def flush(self) -> list[tuple[BlockKind, str]]:
-        pending, self._pending = self._pending, ""
-        if not pending or self._state == "after":
-            return []
-        return [("thinking" if self._state == "thinking" else "text", pending)]
-
-
-def split_thinking(text: str) -> tuple[str | None, str]:
-    """``(thinking, text)`` of a whole reply; thinking is None when it has none."""
-    splitter = ThinkingSplitter()
-    pieces = splitter.feed(text) + splitter.flush()
-    thinking = "".join(p for kind, p in pieces if kind == "thinking")
-    answer = "".join(p for kind, p in pieces if kind == "text")
-    opened = text.lstrip().startswith(_OPEN)
-    return (thinking if opened else None), answer
-
-
 # -- the message -----------------------------------------------------------------------
 
 
@@ -184,7 +114,7 @@ def message_body(
     admission: Admission, model: str, finished: Finished, stops: tuple[str, ...]
 ) -> dict[str, Any]:
     """The whole reply of a request without ``stream``."""
-    thinking, text = split_thinking(finished.text)
+    thinking, text = split_reasoning(finished.text, trim_reasoning_end=True)
     content: list[dict[str, Any]] = []
     if thinking is not None:
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -235,7 +165,7 @@ class MessageStream:
         self.model = model
         self.stops = stops
         self.request_id = request_id
-        self._splitter = ThinkingSplitter()
+        self._splitter = ThinkSplitter(trim_reasoning_end=True)
         self._index = -1
         self._open: str | None = None  # "text", "thinking" or "tool:<call index>"
 
@@ -302,10 +232,10 @@ class MessageStream:
             {"type": "content_block_start", "index": self._index, "content_block": block}
         )
 
-    def _pieces(self, pieces: list[tuple[BlockKind, str]]) -> bytes:
+    def _pieces(self, pieces: list[tuple[Kind, str]]) -> bytes:
         out = []
         for kind, text in pieces:
-            if kind == "thinking":
+            if kind == "reasoning":
                 out.append(
                     self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
                 )

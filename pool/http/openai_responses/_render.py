@@ -12,8 +12,8 @@ so streamed and plain answers agree item for item; :class:`ResponseStream` frame
 events as SSE for a streamed answer.
 
 Thinking models write their reasoning between ``<think>`` and ``</think>`` at the start
-of the reply (Qwen3, DeepSeek-R1 and their templates); :class:`ThinkSplitter` moves it
-into a ``reasoning`` item.
+of the reply (Qwen3, DeepSeek-R1 and their templates); :class:`~pool.http._thinking.ThinkSplitter`
+moves it into a ``reasoning`` item.
 """
 
 from __future__ import annotations
@@ -28,91 +28,11 @@ from pool.actors import Admission, Delta, Finished
 from pool.backends import ToolCallDelta
 from pool.errors import PoolError
 from pool.http._common import dumps
-
-OPEN_THINK = "<think>"
-CLOSE_THINK = "</think>"
-
-Kind = Literal["reasoning", "text"]
+from pool.http._thinking import Kind, ThinkSplitter
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-class ThinkSplitter:
-    """Text pieces as they come, split into reasoning and answer text.
-
-    Only a reply that opens with ``<think>`` (after whitespace) has reasoning; it ends
-    at ``</think>``; the whitespace that opens the reasoning and that follows the
-    closing tag is dropped. Any other reply is text as it came. A tag cut across
-    pieces is held back until the next piece decides it.
-    """
-
-    def __init__(self) -> None:
-        self._state: Literal["start", "reasoning", "text"] = "start"
-        self._held = ""
-        self._strip = False  # drop the whitespace that opens the next text
-
-    def feed(self, text: str) -> list[tuple[Kind, str]]:
-        out: list[tuple[Kind, str]] = []
-        held = self._held + text
-        self._held = ""
-        while held:
-            if self._state == "start":
-                stripped = held.lstrip()
-                if stripped.startswith(OPEN_THINK):
-                    self._state = "reasoning"
-                    held = stripped[len(OPEN_THINK) :].lstrip()
-                    self._strip = not held
-                    continue
-                if not stripped or OPEN_THINK.startswith(stripped):
-                    self._held = held  # undecided: whitespace or a cut "<thi"
-                    return out
-                self._state = "text"
-                continue
-            if self._state == "reasoning":
-                if self._strip:
-                    held = held.lstrip()
-                    if not held:
-                        return out
-                    self._strip = False
-                end = held.find(CLOSE_THINK)
-                if end >= 0:
-                    if end:
-                        out.append(("reasoning", held[:end]))
-                    held = held[end + len(CLOSE_THINK) :]
-                    self._state = "text"
-                    self._strip = True
-                    continue
-                keep = _partial_tail(held, CLOSE_THINK)
-                if len(held) > keep:
-                    out.append(("reasoning", held[: len(held) - keep]))
-                self._held = held[len(held) - keep :]
-                return out
-            if self._strip:
-                held = held.lstrip()
-                if not held:
-                    return out
-                self._strip = False
-            out.append(("text", held))
-            return out
-        return out
-
-    def flush(self) -> list[tuple[Kind, str]]:
-        """What is held back, at the end of the reply."""
-        held, self._held = self._held, ""
-        if not held:
-            return []
-        # Held at the start (whitespace, a cut "<thi") it was text after all.
-        return [("reasoning" if self._state == "reasoning" else "text", held)]
-
-
-def _partial_tail(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that starts ``tag``."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass
