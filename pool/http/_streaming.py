@@ -27,6 +27,8 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
+from quart import Response
+
 from pool.actors import (
     Admission,
     Delta,
@@ -39,6 +41,7 @@ from pool.actors import (
     Waiting,
 )
 from pool.errors import PoolError
+from pool.http._common import inference_headers
 
 Render = Callable[[Admission, Delta | Finished], bytes | None]
 RenderToolCall = Callable[[Admission, ToolCallDelta], bytes | None]
@@ -54,6 +57,29 @@ HEARTBEAT_S = 5.0
 # An SSE comment line: every SSE parser skips it (OpenAI's clients included), and it is
 # bytes on the wire for the proxies in between.
 SSE_KEEP_ALIVE = b": keep-alive\n\n"
+
+
+SSE = "text/event-stream"
+
+
+def streamed_answer(
+    chunks: AsyncIterator[bytes],
+    admission: Admission | None,
+    media_type: str = SSE,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The response that sends ``chunks`` as they come, with the same head on every
+    dialect: an admitted request's ``X-Queue-Wait-Ms`` family (its ``X-GPU-Time-Ms`` is 0:
+    the head leaves before the generation), and for SSE no caching and no buffering by
+    a proxy (nginx honours ``X-Accel-Buffering``). No response timeout: the pool's own
+    timeouts bound a generation.
+    """
+    head = inference_headers(admission.queue_wait_ms, None) if admission is not None else {}
+    if media_type == SSE:
+        head.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response = Response(chunks, content_type=media_type, headers=head | (headers or {}))
+    response.timeout = None
+    return response
 
 
 def sse_keep_alive(admission: Admission, waiting: Waiting) -> bytes:

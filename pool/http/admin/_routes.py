@@ -20,6 +20,7 @@ from pool.http._common import (
     request_id,
     require,
 )
+from pool.http._streaming import streamed_answer
 from pool.http.admin._events import state_events
 from pool.http.admin._parse import choice, flag, parse_time, positive_limit
 from pool.http.admin._render import gpu_memory_body, model_list, model_row, usage_row
@@ -149,12 +150,6 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def admin_events() -> Response:
         """The admin state as Server-Sent Events (pool/http/admin/_events.py)."""
         require(ctx, "admin")
-        response = Response(
-            state_events(pool),
-            content_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        response.timeout = None
-        return response
+        return streamed_answer(state_events(pool), None)
 
     app.register_blueprint(blueprint)

@@ -12,7 +12,7 @@ from pool.http._common import (
     open_model_route,
     request_id,
 )
-from pool.http._streaming import HEARTBEAT_S, admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.anthropic._parse import inference_request
 from pool.http.anthropic._render import ERRORS, MessageStream, message_body, token_count_body
 from pool.schemas import MessagesRequest, MessagesTokensRequest
@@ -58,11 +58,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_tool_call=stream.render_tool_call,
             heartbeat_s=PING_INTERVAL_S,
         )
-        out = inference_headers(admission.queue_wait_ms, None)
-        out.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "request-id": rid})
-        response = Response(chunks, content_type="text/event-stream", headers=out)
-        response.timeout = None
-        return response
+        return streamed_answer(chunks, admission, headers={"request-id": rid})
 
     @blueprint.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:

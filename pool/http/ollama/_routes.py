@@ -19,7 +19,7 @@ from pool.http._common import (
     read_body,
     require,
 )
-from pool.http._streaming import HEARTBEAT_S, admitted_stream
+from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.ollama._artifacts import Artifacts
 from pool.http.ollama._parse import (
     chat_inference_request,
@@ -170,9 +170,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                 async for event in events:
                     yield pull_progress(event)
 
-        response = Response(lines(), content_type=NDJSON)
-        response.timeout = None
-        return response
+        return streamed_answer(lines(), None, NDJSON)
 
     @blueprint.get("/api/pull/status/<model>")
     async def pull_status(model: str) -> Response:
@@ -258,7 +256,7 @@ async def _generation(
             finished = await admission.collect()
         return json_response(generation_body(actor.name, piece, finished))
     lines = GenerationLines(actor.name, piece)
-    _, chunks = await admitted_stream(
+    admission, chunks = await admitted_stream(
         pool,
         request,
         tenant=opened.tenant,
@@ -269,6 +267,4 @@ async def _generation(
         heartbeat_s=HEARTBEAT_S,
         load_hint=hint,
     )
-    response = Response(chunks, content_type=NDJSON)
-    response.timeout = None
-    return response
+    return streamed_answer(chunks, admission, NDJSON)

@@ -16,7 +16,7 @@ from pool.http._common import (
     json_response,
     open_model_route,
 )
-from pool.http._streaming import HEARTBEAT_S, admitted_stream, sse_keep_alive
+from pool.http._streaming import HEARTBEAT_S, admitted_stream, sse_keep_alive, streamed_answer
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
     ERRORS,
@@ -74,16 +74,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_wait=sse_keep_alive,
             heartbeat_s=HEARTBEAT_S,
         )
-        response = Response(
-            chunks,
-            content_type="text/event-stream",
-            headers={
-                "Cache-Control": "no-cache",
-                "X-Queue-Wait-Ms": str(round(admission.queue_wait_ms)),
-            },
-        )
-        response.timeout = None
-        return response
+        return streamed_answer(chunks, admission)
 
     for path in ("/v1/chat/completions", "/openai/v1/chat/completions"):
         ctx.hot_routes[path] = HotRoute(chat_completions, blueprint.name)
@@ -134,11 +125,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_wait=sse_keep_alive,
             heartbeat_s=HEARTBEAT_S,
         )
-        headers = inference_headers(admission.queue_wait_ms, None)
-        headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response = Response(chunks, content_type="text/event-stream", headers=headers)
-        response.timeout = None
-        return response
+        return streamed_answer(chunks, admission)
 
     app.register_blueprint(blueprint)
 

@@ -25,7 +25,7 @@ from pool.http._common import (
     require,
     tenant_and_priority,
 )
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http._tools import invalid
 from pool.http.admin._render import model_list
 from pool.http.openai._render import ERRORS
@@ -131,11 +131,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                 logged(str(builder.response["status"] if builder.response else "?"))
                 yield stream.ending[0]
 
-        headers = inference_headers(admission.queue_wait_ms, None)
-        headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        streamed = Response(events(), content_type="text/event-stream", headers=headers)
-        streamed.timeout = None
-        return streamed
+        return streamed_answer(events(), admission)
 
     ctx.hot_routes[BASE + "/responses"] = HotRoute(create_openai_response, blueprint.name)
 

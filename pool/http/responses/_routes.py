@@ -26,7 +26,7 @@ from pool.http._common import (
     tenant_and_priority,
     validate,
 )
-from pool.http._streaming import admitted_stream
+from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http.responses._parse import inference_request
 from pool.http.responses._render import (
     ERRORS,
@@ -91,11 +91,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             render_wait=stream.render_wait,
             render_tool_call=stream.render_tool_call,
         )
-        headers = inference_headers(admission.queue_wait_ms, None)
-        headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response = Response(chunks, content_type="text/event-stream", headers=headers)
-        response.timeout = None
-        return response
+        return streamed_answer(chunks, admission)
 
     ctx.hot_routes["/v1/responses"] = HotRoute(create_response, blueprint.name)
 
