@@ -765,6 +765,10 @@ _SSE_EVENT: dict[str, Any] = {
 STREAM_EVENTS = "x-stream-events"
 
 
+# The streams whose last event (when nothing failed) is ``data: [DONE]``, as OpenAI's.
+_ENDS_WITH_DONE: set[type[BaseModel]] = {ChatCompletionStreamEvent, TextCompletionStreamEvent}
+
+
 def _stream_media(route: Route, keyed: dict[Any, Any]) -> dict[str, Any]:
     """The streamed answer's media type: an SSE event whose ``data`` is JSON of the
     route's event model (``contentSchema``), or NDJSON lines of it."""
@@ -772,13 +776,18 @@ def _stream_media(route: Route, keyed: dict[Any, Any]) -> dict[str, Any]:
     if route.stream == SSE:
         schema: dict[str, Any] = dict(_SSE_EVENT)
         if events is not None:
-            data = {
+            data: dict[str, Any] = {
                 "type": "string",
-                "description": "The event's JSON (its schema's description says what else"
-                " a stream may send, such as `[DONE]`).",
+                "description": "The event's JSON.",
                 "contentMediaType": "application/json",
                 "contentSchema": events,
             }
+            if route.events in _ENDS_WITH_DONE:
+                data = {
+                    "description": "The event's JSON, or `[DONE]`: the end of a stream that"
+                    " did not fail.",
+                    "anyOf": [{"const": "[DONE]"}, data],
+                }
             schema["properties"] = {**_SSE_EVENT["properties"], "data": data}
     else:
         schema = {"type": "string", "description": "one JSON object a line"}
