@@ -371,6 +371,10 @@ def check_stream(surface: Surface, text: str) -> list[set[str]]:
         # strict: a number sent as a string (or a bool as 0/1) is a failure, not coerced.
         parsed = surface.events.model_validate_json(wire.data, strict=True)
         event = parsed.root if isinstance(parsed, RootModel) else parsed
+        # Nothing sent is lost on the way: a field the model does not know (where its
+        # surface's models do not keep unknown fields) would be missing here.
+        kept = event.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        assert kept == json.loads(wire.data), wire
         if surface.framing == "sse":
             assert wire.name == json.loads(wire.data)["type"], wire
         else:
