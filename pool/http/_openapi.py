@@ -31,6 +31,7 @@ from pool.schemas import (
     CacheFlushRequest,
     ChatCompletion,
     ChatCompletionRequest,
+    ChatCompletionStreamEvent,
     CompletionRequest,
     Decisions,
     EmbeddingList,
@@ -48,6 +49,7 @@ from pool.schemas import (
     MessagesError,
     MessagesReply,
     MessagesRequest,
+    MessagesStreamEvent,
     MessagesTokenCount,
     MessagesTokensRequest,
     ModelCard,
@@ -56,6 +58,7 @@ from pool.schemas import (
     ModelRows,
     OllamaChatReply,
     OllamaChatRequest,
+    OllamaChatStreamLine,
     OllamaCopyRequest,
     OllamaEmbeddingsReply,
     OllamaEmbeddingsRequest,
@@ -64,6 +67,7 @@ from pool.schemas import (
     OllamaError,
     OllamaGenerateReply,
     OllamaGenerateRequest,
+    OllamaGenerateStreamLine,
     OllamaModelRequest,
     OllamaRunning,
     OllamaShowReply,
@@ -73,17 +77,20 @@ from pool.schemas import (
     OpenAIError,
     OpenAIResponse,
     OpenAIResponseRequest,
+    OpenAIResponseStreamEvent,
     PoolStatus,
     PullCancelled,
     PullState,
     ResponseDeleted,
     ResponseEnvelope,
     ResponseRequest,
+    ResponseStreamEvent,
     RunnerDescriptor,
     RunnerLoadRequest,
     RunnerUnloaded,
     RunnerUnloadRequest,
     TextCompletion,
+    TextCompletionStreamEvent,
     UsageReport,
 )
 
@@ -101,8 +108,9 @@ class Route:
         status: the success status.
         reply: the model of the success body (JSON); None for a text answer or none.
         text: the media type of a success body that is not JSON, and its schema.
-        stream: the media type of the streamed answer (``stream: true``), whose events or
-            lines are ``reply``-shaped unless ``stream_note`` says otherwise.
+        stream: the media type of the streamed answer (``stream: true``).
+        events: the model of one streamed event's JSON (an SSE event's ``data``, an NDJSON
+            line): the union of every event the stream can send.
         errors: the error body of this surface: the pool's, OpenAI's, Ollama's or
             Anthropic's.
     """
@@ -117,6 +125,7 @@ class Route:
     reply: type[BaseModel] | None = None
     text: tuple[str, dict[str, Any]] | None = None
     stream: str | None = None
+    events: type[BaseModel] | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
     # Query parameters: (name, JSON type or the whole schema, description).
@@ -147,7 +156,7 @@ ROUTES: list[Route] = [
      " `messages`) answer `function_call` output items (streamed as"
      " `response.output_item.added` and `response.function_call_arguments.delta`/`.done`);"
      " `text.format` constrains the reply to JSON.",
-     ResponseRequest, reply=ResponseEnvelope, stream=SSE),
+     ResponseRequest, reply=ResponseEnvelope, stream=SSE, events=ResponseStreamEvent),
     Route("get", "/v1/responses", "inference", "Run requests over a WebSocket",
      "The WebSocket handshake (`Upgrade: websocket`, answered 101). Send request bodies"
      " (`ResponseRequest`) as JSON text frames, one at a time; receive the events of"
@@ -290,7 +299,7 @@ ROUTES: list[Route] = [
      " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
      " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
      " naming the field in `param`.", ChatCompletionRequest, reply=ChatCompletion,
-     stream=SSE, errors="openai"),
+     stream=SSE, events=ChatCompletionStreamEvent, errors="openai"),
     Route("post", "/v1/completions", "openai", "Completions (OpenAI, legacy)",
      "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
      " `text_completion` chunks as Server-Sent Events, then `data: [DONE]`. `max_tokens`"
@@ -298,7 +307,8 @@ ROUTES: list[Route] = [
      " `logprobs_unsupported`. The prompt is one user turn rendered by the model's prompt"
      " format; `keep_alive` as on Ollama's routes. Headers as `/v1/responses`"
      " (`X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, ...).",
-     CompletionRequest, reply=TextCompletion, stream=SSE, errors="openai"),
+     CompletionRequest, reply=TextCompletion, stream=SSE, events=TextCompletionStreamEvent,
+     errors="openai"),
     Route("post", "/v1/embeddings", "openai", "Embeddings (OpenAI)",
      "One vector per input, in order, for a model with `embedding: true` (llama_cpp,"
      " llama_server, vllm_serve, openai_remote, stub); `encoding_format` `float` or `base64`"
@@ -333,7 +343,8 @@ ROUTES: list[Route] = [
      " `response.content_part.done`, `response.output_item.done`, and last"
      " `response.completed`, `response.incomplete` or, for a failure after the stream"
      " started, `response.failed` (`response.error`). Errors are OpenAI's error object.",
-     OpenAIResponseRequest, reply=OpenAIResponse, stream=SSE, errors="openai"),
+     OpenAIResponseRequest, reply=OpenAIResponse, stream=SSE, events=OpenAIResponseStreamEvent,
+     errors="openai"),
     Route("get", "/openai/v1/responses/{response_id}", "openai", "Retrieve a stored response",
      "The response object as it was answered, for the tenant (`X-Tenant-ID`) that created"
      " it; 404 for an unknown, expired, deleted or other tenant's id.", reply=OpenAIResponse,
@@ -348,10 +359,10 @@ ROUTES: list[Route] = [
      " `asc`, `after` an item id.", reply=InputItemList, errors="openai"),
     Route("post", "/openai/v1/chat/completions", "openai", "Chat Completions (OpenAI base URL)",
      "`POST /v1/chat/completions` under the base URL `/openai/v1`.", ChatCompletionRequest,
-     reply=ChatCompletion, stream=SSE, errors="openai"),
+     reply=ChatCompletion, stream=SSE, events=ChatCompletionStreamEvent, errors="openai"),
     Route("post", "/openai/v1/completions", "openai", "Completions (OpenAI base URL)",
      "`POST /v1/completions` under the base URL `/openai/v1`.", CompletionRequest,
-     reply=TextCompletion, stream=SSE, errors="openai"),
+     reply=TextCompletion, stream=SSE, events=TextCompletionStreamEvent, errors="openai"),
     Route("post", "/openai/v1/embeddings", "openai", "Embeddings (OpenAI base URL)",
      "`POST /v1/embeddings` under the base URL `/openai/v1`.", EmbeddingsRequest,
      reply=EmbeddingList, errors="openai"),
@@ -387,7 +398,8 @@ ROUTES: list[Route] = [
      " request_too_large; 429 rate_limit_error; 503 overloaded_error; 504 timeout_error;"
      " other 5xx api_error). Headers as `/v1/responses` (`X-Tenant-ID`, `X-Priority`,"
      " `X-Cache-Mode`, `X-Cache-Tag`); answers carry `request-id`.",
-     MessagesRequest, reply=MessagesReply, stream=SSE, errors="anthropic"),
+     MessagesRequest, reply=MessagesReply, stream=SSE, events=MessagesStreamEvent,
+     errors="anthropic"),
     Route("post", "/v1/messages/count_tokens", "anthropic", "Count tokens (Anthropic)",
      "`input_tokens`: the prompt of a Messages request (`model`, `system`, `messages`,"
      " `tools`, `tool_choice`, `thinking`) in the model's own tokens, counted by the model"
@@ -401,10 +413,11 @@ ROUTES: list[Route] = [
      " (`keep_alive: 0` unloads it). `tools` and `tool` messages where the backend can call"
      " tools (`message.tool_calls` in the reply); `format` (`\"json\"` or a schema)"
      " constrains the reply.", OllamaChatRequest, reply=OllamaChatReply,
-     stream=NDJSON, errors="ollama"),
+     stream=NDJSON, events=OllamaChatStreamLine, errors="ollama"),
     Route("post", "/api/generate", "ollama", "Generate (Ollama)",
      "One prompt; NDJSON stream by default as `/api/chat`; an empty prompt loads the model.",
-     OllamaGenerateRequest, reply=OllamaGenerateReply, stream=NDJSON, errors="ollama"),
+     OllamaGenerateRequest, reply=OllamaGenerateReply, stream=NDJSON,
+     events=OllamaGenerateStreamLine, errors="ollama"),
     Route("post", "/api/embed", "ollama", "Embed (Ollama)",
      "`embeddings`: one L2-normalized vector per input.", OllamaEmbedRequest,
      reply=OllamaEmbedReply, errors="ollama"),
@@ -438,7 +451,7 @@ ROUTES: list[Route] = [
      "Pulls a configured model from its `source` in the background: NDJSON progress lines"
      " (the pull's state) by default; with `stream: false` the final state (500 when the"
      " pull failed). A client that disconnects stops watching only. Admin token.",
-     OllamaStoreRequest, reply=PullState, stream=NDJSON, errors="ollama"),
+     OllamaStoreRequest, reply=PullState, stream=NDJSON, events=PullState, errors="ollama"),
     Route("get", "/api/pull/status/{model}", "ollama", "Pull status",
      "The current or last pull of a model (404 when none).", reply=PullState,
      errors="ollama"),
@@ -736,7 +749,7 @@ _ERROR_MODELS: dict[ErrorShape, type[BaseModel] | None] = {
 }
 # One event of a Server-Sent Events answer, as a client parses it; `data` is JSON unless
 # it is OpenAI's closing `[DONE]`.
-_SSE_EVENT = {
+_SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "properties": {
         "event": {"type": "string"},
@@ -745,6 +758,43 @@ _SSE_EVENT = {
         "retry": {"type": "integer"},
     },
 }
+
+
+# The media-type extension that names the model of one streamed event's JSON, for SSE and
+# NDJSON alike (OpenAPI 3.1 has no item schema for a stream; 3.2's ``itemSchema`` is it).
+STREAM_EVENTS = "x-stream-events"
+
+
+# The streams whose last event (when nothing failed) is ``data: [DONE]``, as OpenAI's.
+_ENDS_WITH_DONE: set[type[BaseModel]] = {ChatCompletionStreamEvent, TextCompletionStreamEvent}
+
+
+def _stream_media(route: Route, keyed: dict[Any, Any]) -> dict[str, Any]:
+    """The streamed answer's media type: an SSE event whose ``data`` is JSON of the
+    route's event model (``contentSchema``), or NDJSON lines of it."""
+    events = None if route.events is None else keyed[(route.events, "serialization")]
+    if route.stream == SSE:
+        schema: dict[str, Any] = dict(_SSE_EVENT)
+        if events is not None:
+            data: dict[str, Any] = {
+                "type": "string",
+                "description": "The event's JSON.",
+                "contentMediaType": "application/json",
+                "contentSchema": events,
+            }
+            if route.events in _ENDS_WITH_DONE:
+                data = {
+                    "description": "The event's JSON, or `[DONE]`: the end of a stream that"
+                    " did not fail.",
+                    "anyOf": [{"const": "[DONE]"}, data],
+                }
+            schema["properties"] = {**_SSE_EVENT["properties"], "data": data}
+    else:
+        schema = {"type": "string", "description": "one JSON object a line"}
+    media: dict[str, Any] = {"schema": schema}
+    if events is not None:
+        media[STREAM_EVENTS] = events
+    return media
 
 
 # Anthropic's clients authenticate with x-api-key and name the API version they speak.
@@ -922,12 +972,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if route.reply is not None:
         content["application/json"] = {"schema": keyed[(route.reply, "serialization")]}
     if route.stream is not None:
-        if route.stream == SSE:
-            content[SSE] = {"schema": _SSE_EVENT}
-        else:
-            content[route.stream] = {
-                "schema": {"type": "string", "description": "one JSON object a line"}
-            }
+        content[route.stream] = _stream_media(route, keyed)
     if route.text is not None:
         media_type, schema = route.text
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
@@ -1048,6 +1093,7 @@ def openapi_document(
     routes = ROUTES + (extra_routes or [])
     requests = {r.request for r in routes if r.request is not None}
     replies = {r.reply for r in routes if r.reply is not None}
+    replies |= {r.events for r in routes if r.events is not None}
     replies |= {m for m in _ERROR_MODELS.values() if m is not None}
     replies |= {model for _, model in _SERVER_REPLIES.values()}
     keyed, schema = models_json_schema(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, StringConstraints, Tag
 
 from pool.config import ClientTemperature, MaxTokens, StopString, TopK, TopP
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
@@ -264,3 +264,94 @@ class MessagesErrorDetail(_Reply):
 class MessagesError(_Reply):
     type: Literal["error"]
     error: MessagesErrorDetail
+
+
+# -- stream events -----------------------------------------------------------------------
+
+
+class MessageStartEvent(_Reply):
+    """Opens the stream: the message with no content yet, no stop reason, usage 0."""
+
+    type: Literal["message_start"]
+    message: MessagesReply
+
+
+class MessagesPingEvent(_Reply):
+    """After ``message_start``, and at least every 5 s while the request waits."""
+
+    type: Literal["ping"]
+
+
+class ContentBlockStartEvent(_Reply):
+    type: Literal["content_block_start"]
+    index: int
+    content_block: Annotated[
+        MessagesTextReply | MessagesThinkingReply | MessagesToolUseReply,
+        Field(discriminator="type", description="The block, empty: its deltas fill it."),
+    ]
+
+
+class MessagesTextDelta(_Reply):
+    type: Literal["text_delta"]
+    text: str
+
+
+class MessagesThinkingDelta(_Reply):
+    type: Literal["thinking_delta"]
+    thinking: str
+
+
+class MessagesInputJsonDelta(_Reply):
+    type: Literal["input_json_delta"]
+    partial_json: str = Field(description="The next piece of the tool input's JSON text.")
+
+
+class ContentBlockDeltaEvent(_Reply):
+    type: Literal["content_block_delta"]
+    index: int
+    delta: Annotated[
+        MessagesTextDelta | MessagesThinkingDelta | MessagesInputJsonDelta,
+        Field(discriminator="type"),
+    ]
+
+
+class ContentBlockStopEvent(_Reply):
+    type: Literal["content_block_stop"]
+    index: int
+
+
+class MessageDeltaBody(_Reply):
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+    stop_sequence: str | None
+
+
+class MessageDeltaEvent(_Reply):
+    """The end of the message: why it stopped and the final usage."""
+
+    type: Literal["message_delta"]
+    delta: MessageDeltaBody
+    usage: MessagesUsage
+
+
+class MessageStopEvent(_Reply):
+    type: Literal["message_stop"]
+
+
+class MessagesStreamEvent(
+    RootModel[
+        Annotated[
+            MessageStartEvent
+            | MessagesPingEvent
+            | ContentBlockStartEvent
+            | ContentBlockDeltaEvent
+            | ContentBlockStopEvent
+            | MessageDeltaEvent
+            | MessageStopEvent
+            | MessagesError,
+            Field(discriminator="type"),
+        ]
+    ]
+):
+    """The data of each event of ``stream: true`` on ``/v1/messages`` (the SSE
+    ``event:`` name is its ``type``); an error after the stream started is an ``error``
+    event, Anthropic's error body."""

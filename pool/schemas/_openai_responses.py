@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, StringConstraints, Tag
 
 from pool.config import ClientTemperature, MaxTokens, TopK, TopP
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
@@ -310,3 +310,98 @@ class ResponseDeleted(_Reply):
     id: str
     object: Literal["response"]
     deleted: Literal[True]
+
+
+# -- stream events -------------------------------------------------------------------------
+class _StreamEvent(_Reply):
+    sequence_number: int = Field(description="0, 1, 2, ... in the order the events are sent.")
+
+
+class OpenAIResponseLifecycleEvent(_StreamEvent):
+    """The response as it stands: ``created`` and ``in_progress`` open the stream; one of
+    ``completed``, ``incomplete`` (cut at ``max_output_tokens``) or ``failed`` (an error
+    after the stream started, in ``response.error``) ends it."""
+
+    type: Literal[
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    ]
+    response: OpenAIResponse
+
+
+class OpenAIOutputItemEvent(_StreamEvent):
+    """An output item opens (``added``, with nothing in it yet) or closes (``done``)."""
+
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputItem
+
+
+class _ItemEvent(_StreamEvent):
+    item_id: str
+    output_index: int
+
+
+class _PartEvent(_ItemEvent):
+    content_index: int
+
+
+class OpenAIContentPartEvent(_PartEvent):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    part: Annotated[OutputTextContent | ReasoningTextContent, Field(discriminator="type")]
+
+
+class OpenAIOutputTextDeltaEvent(_PartEvent):
+    type: Literal["response.output_text.delta"]
+    delta: str
+    logprobs: list[Any]
+
+
+class OpenAIOutputTextDoneEvent(_PartEvent):
+    type: Literal["response.output_text.done"]
+    text: str
+    logprobs: list[Any]
+
+
+class OpenAIReasoningTextDeltaEvent(_PartEvent):
+    type: Literal["response.reasoning_text.delta"]
+    delta: str
+
+
+class OpenAIReasoningTextDoneEvent(_PartEvent):
+    type: Literal["response.reasoning_text.done"]
+    text: str
+
+
+class OpenAIArgumentsDeltaEvent(_ItemEvent):
+    type: Literal["response.function_call_arguments.delta"]
+    delta: str
+
+
+class OpenAIArgumentsDoneEvent(_ItemEvent):
+    type: Literal["response.function_call_arguments.done"]
+    name: str
+    arguments: str
+
+
+class OpenAIResponseStreamEvent(
+    RootModel[
+        Annotated[
+            OpenAIResponseLifecycleEvent
+            | OpenAIOutputItemEvent
+            | OpenAIContentPartEvent
+            | OpenAIOutputTextDeltaEvent
+            | OpenAIOutputTextDoneEvent
+            | OpenAIReasoningTextDeltaEvent
+            | OpenAIReasoningTextDoneEvent
+            | OpenAIArgumentsDeltaEvent
+            | OpenAIArgumentsDoneEvent,
+            Field(discriminator="type"),
+        ]
+    ]
+):
+    """The data of each event of ``stream: true`` on ``/openai/v1/responses`` (the SSE
+    ``event:`` name is its ``type``), each numbered by ``sequence_number``."""

@@ -2,14 +2,17 @@
 
 The routes build these bodies as dicts (byte-exact output is pinned by the golden
 tests); these models describe them field by field, and tests/http/test_openapi.py
-validates real answers of every route against the schemas generated from them.
+validates real answers of every route against the schemas generated from them. The
+stream events of the OpenAI and Ollama routes (``chat.completion.chunk`` and
+``text_completion`` chunks, NDJSON lines) are here too, one union per stream, which
+tests/http/test_stream_events.py holds real streams to.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag
 
 
 class _Reply(BaseModel):
@@ -18,10 +21,17 @@ class _Reply(BaseModel):
 
 
 # -- OpenAI --------------------------------------------------------------------------------
+class PromptTokensDetails(_Reply):
+    cached_tokens: int = Field(description="Prompt tokens the runtime's prefix cache served.")
+
+
 class CompletionUsage(_Reply):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        None, description="Only where the backend reports what its prefix cache served."
+    )
 
 
 class ChatCompletionMessage(_Reply):
@@ -63,6 +73,49 @@ class TextCompletion(_Reply):
     created: int
     model: str
     choices: list[TextCompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class ChunkFunction(_Reply):
+    name: str | None = Field(None, description="In a call's first piece only.")
+    arguments: str = Field(description="The next piece of the arguments' JSON text.")
+
+
+class ChunkToolCall(_Reply):
+    """A piece of a streamed tool call: ``id`` and ``type`` come in its first piece."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChunkFunction
+
+
+class ChunkDelta(_Reply):
+    """What a chunk adds: the role (first chunk), text, or tool-call pieces; the last
+    chunk of a choice has an empty delta and its ``finish_reason``."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
+
+
+class ChatCompletionChunkChoice(_Reply):
+    index: int
+    delta: ChunkDelta
+    logprobs: None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+
+
+class ChatCompletionChunk(_Reply):
+    """One ``data:`` event of a streamed Chat Completion. With
+    ``stream_options.include_usage`` every chunk has ``usage: null`` and one more chunk
+    with no choices carries the usage before ``data: [DONE]``."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
     usage: CompletionUsage | None = None
 
 
@@ -116,10 +169,58 @@ class OpenAIError(_Reply):
     error: OpenAIErrorDetail
 
 
+def _openai_event_kind(event: Any) -> str | None:
+    """An error event is OpenAI's error object (no ``object``); the rest say what they are."""
+    if isinstance(event, dict):
+        return "error" if "error" in event else event.get("object")
+    return "error" if hasattr(event, "error") else getattr(event, "object", None)
+
+
+class ChatCompletionStreamEvent(
+    RootModel[
+        Annotated[
+            Annotated[ChatCompletionChunk, Tag("chat.completion.chunk")]
+            | Annotated[OpenAIError, Tag("error")],
+            Discriminator(_openai_event_kind),
+        ]
+    ]
+):
+    """The JSON of each ``data:`` event of ``stream: true`` on ``/v1/chat/completions``
+    (``data: [DONE]`` ends a stream that did not fail): chunks, or OpenAI's error
+    object for a failure after the stream started."""
+
+
+class TextCompletionStreamEvent(
+    RootModel[
+        Annotated[
+            Annotated[TextCompletion, Tag("text_completion")]
+            | Annotated[OpenAIError, Tag("error")],
+            Discriminator(_openai_event_kind),
+        ]
+    ]
+):
+    """The JSON of each ``data:`` event of ``stream: true`` on ``/v1/completions``
+    (``data: [DONE]`` ends a stream that did not fail): ``text_completion`` chunks (with
+    ``stream_options.include_usage``, ``usage: null`` on each and a last one with no
+    choices and the usage), or OpenAI's error object after the stream started."""
+
+
 # -- Ollama --------------------------------------------------------------------------------
+class OllamaReplyFunction(_Reply):
+    name: str
+    arguments: dict[str, Any] = Field(description="The arguments, parsed (as Ollama sends).")
+
+
+class OllamaReplyToolCall(_Reply):
+    function: OllamaReplyFunction
+
+
 class OllamaAssistantMessage(_Reply):
     role: Literal["assistant"]
     content: str
+    tool_calls: list[OllamaReplyToolCall] | None = Field(
+        None, description="Whole calls; streamed, in a line of their own before the last."
+    )
 
 
 class _OllamaDone(_Reply):
@@ -146,6 +247,49 @@ class OllamaChatReply(_OllamaDone):
 class OllamaGenerateReply(_OllamaDone):
     """One NDJSON line of ``/api/generate`` (or its one object with ``stream: false``)."""
 
+    response: str
+
+
+class _OllamaLine(_Reply):
+    model: str
+    created_at: str = Field(description="RFC 3339 time.")
+
+
+class _OllamaPiece(_OllamaLine):
+    done: Literal[False]
+
+
+class _OllamaLast(_OllamaLine):
+    """The last line of a stream: why it ended and its timings (nanoseconds)."""
+
+    done: Literal[True]
+    done_reason: Literal["stop", "length"]
+    total_duration: int
+    load_duration: int = Field(description="The wait in the queue (a load included).")
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
+
+
+class OllamaChatChunk(_OllamaPiece):
+    """A piece of the reply: text, whole tool calls, or nothing (a line that keeps the
+    stream alive while the request waits for a load or a slot)."""
+
+    message: OllamaAssistantMessage
+
+
+class OllamaChatLast(_OllamaLast):
+    message: OllamaAssistantMessage
+
+
+class OllamaGenerateChunk(_OllamaPiece):
+    """A piece of the reply, or an empty one while the request waits."""
+
+    response: str
+
+
+class OllamaGenerateLast(_OllamaLast):
     response: str
 
 
@@ -240,6 +384,44 @@ class OllamaError(_Reply):
     """The error body of the Ollama routes: a message only, as Ollama sends."""
 
     error: str
+
+
+def _ollama_line_kind(line: Any) -> str:
+    if isinstance(line, dict):
+        fields = line
+    else:
+        fields = {"error": True} if hasattr(line, "error") else {"done": line.done}
+    if "error" in fields:
+        return "error"
+    return "last" if fields.get("done") is True else "piece"
+
+
+class OllamaChatStreamLine(
+    RootModel[
+        Annotated[
+            Annotated[OllamaChatChunk, Tag("piece")]
+            | Annotated[OllamaChatLast, Tag("last")]
+            | Annotated[OllamaError, Tag("error")],
+            Discriminator(_ollama_line_kind),
+        ]
+    ]
+):
+    """One NDJSON line of a streamed ``/api/chat``: pieces (``done: false``), the last
+    line (``done: true``, with timings), or ``{"error": ...}`` for a failure after the
+    stream started."""
+
+
+class OllamaGenerateStreamLine(
+    RootModel[
+        Annotated[
+            Annotated[OllamaGenerateChunk, Tag("piece")]
+            | Annotated[OllamaGenerateLast, Tag("last")]
+            | Annotated[OllamaError, Tag("error")],
+            Discriminator(_ollama_line_kind),
+        ]
+    ]
+):
+    """One NDJSON line of a streamed ``/api/generate``, as :class:`OllamaChatStreamLine`."""
 
 
 # -- admin ---------------------------------------------------------------------------------

@@ -8,11 +8,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     StringConstraints,
     create_model,
     model_validator,
 )
 
+from pool.actors import WaitReason
 from pool.config import request_fields
 from pool.schemas._tools import (
     MAX_TOOLS,
@@ -173,3 +175,118 @@ class ResponseEnvelope(BaseModel):
     output_text: str
     finish_reason: Literal["stop", "length", "cancelled", "tool_calls"] = "stop"
     metrics: ResponseMetrics
+
+
+# -- stream events (SSE, and the same objects as WebSocket frames) ------------------------
+class ResponseCreatedEvent(BaseModel):
+    """The first event: the request was admitted (it may still wait for a load)."""
+
+    type: Literal["response.created"]
+    id: str
+    model: str
+
+
+class ResponseQueuedEvent(BaseModel):
+    """Before the first delta, while the request waits (again when either field changes)."""
+
+    type: Literal["response.queued"]
+    position: int = Field(description="Its place among the model's waiting requests (1: next).")
+    waiting_for: WaitReason
+
+
+class ResponseLoadingEvent(BaseModel):
+    """Before the first delta, while the model the request waits for loads."""
+
+    type: Literal["response.loading"]
+    progress: float | None = Field(description="0..1 where the backend reports it, else null.")
+
+
+class ResponseTextDeltaEvent(BaseModel):
+    type: Literal["response.output_text.delta"]
+    delta: str = Field(description="The text generated since the previous delta.")
+
+
+class StreamedFunctionCall(BaseModel):
+    """A ``function_call`` item as its first piece opens it (arguments still to come)."""
+
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: Literal[""]
+    status: Literal["in_progress"]
+
+
+class ResponseItemAddedEvent(BaseModel):
+    type: Literal["response.output_item.added"]
+    output_index: int
+    item: StreamedFunctionCall
+
+
+class ResponseArgumentsDeltaEvent(BaseModel):
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: int
+    delta: str = Field(description="The next piece of the arguments' JSON text.")
+
+
+class ResponseArgumentsDoneEvent(BaseModel):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class ResponseItemDoneEvent(BaseModel):
+    type: Literal["response.output_item.done"]
+    output_index: int
+    item: FunctionCallOutput
+
+
+class ResponseMetricsEvent(BaseModel):
+    type: Literal["response.metrics"]
+    metrics: ResponseMetrics
+
+
+class ResponseCompletedEvent(BaseModel):
+    type: Literal["response.completed"]
+    response: ResponseEnvelope
+
+
+class StreamErrorDetail(BaseModel):
+    """The pool's error object: its ``code`` (one of the error table's) and ``message``,
+    with the details the code has (``waiting_for`` of a ``queue_timeout``, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str
+
+
+class ResponseErrorEvent(BaseModel):
+    """A failure after the stream started (the stream ends with it)."""
+
+    type: Literal["error"]
+    error: StreamErrorDetail
+
+
+class ResponseStreamEvent(
+    RootModel[
+        Annotated[
+            ResponseCreatedEvent
+            | ResponseQueuedEvent
+            | ResponseLoadingEvent
+            | ResponseTextDeltaEvent
+            | ResponseItemAddedEvent
+            | ResponseArgumentsDeltaEvent
+            | ResponseArgumentsDoneEvent
+            | ResponseItemDoneEvent
+            | ResponseMetricsEvent
+            | ResponseCompletedEvent
+            | ResponseErrorEvent,
+            Field(discriminator="type"),
+        ]
+    ]
+):
+    """The data of each event of ``stream: true`` on ``/v1/responses`` (the SSE
+    ``event:`` name is its ``type``)."""
