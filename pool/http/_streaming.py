@@ -24,8 +24,8 @@ so that no proxy with an idle timeout cuts a client that waits.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, ClassVar
 
 from quart import Response
 
@@ -41,13 +41,7 @@ from pool.actors import (
     Waiting,
 )
 from pool.errors import PoolError
-from pool.http._common import inference_headers
-
-Render = Callable[[Admission, Delta | Finished], bytes | None]
-RenderToolCall = Callable[[Admission, ToolCallDelta], bytes | None]
-RenderError = Callable[[Admission, PoolError], bytes]
-RenderWait = Callable[[Admission, Waiting], bytes]
-Frame = Callable[[Admission], bytes | None]
+from pool.http._common import Opened, inference_headers
 
 # How often a waiting stream shows its client it is alive: well inside the idle timeouts
 # of the proxies in front of clients (nginx's proxy_read_timeout and most load
@@ -60,6 +54,39 @@ SSE_KEEP_ALIVE = b": keep-alive\n\n"
 
 
 SSE = "text/event-stream"
+
+
+class StreamRenderer:
+    """One stream's renderer, as each dialect's ``_render.py`` defines it: what
+    :func:`admitted_stream` calls. ``render`` and ``render_error`` are the dialect's own;
+    the others send nothing unless the dialect overrides them.
+
+    ``reports_waits``: a request that waits for VRAM or a load (and, with a heartbeat,
+    for a busy replica) streams at once, its wait rendered by ``render_wait`` (by
+    default an SSE comment, which every SSE client skips).
+    """
+
+    reports_waits: ClassVar[bool] = False
+
+    def opening(self, admission: Admission) -> bytes | None:
+        """What goes first (e.g. ``response.created``)."""
+        return None
+
+    def render(self, admission: Admission, event: Delta | Finished) -> bytes | None:
+        """A delta, or the final :class:`Finished`."""
+        raise NotImplementedError
+
+    def render_error(self, admission: Admission, exc: PoolError) -> bytes:
+        """A :class:`Failed`; the stream ends after it."""
+        raise NotImplementedError
+
+    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes | None:
+        """A tool-call piece (a dialect without tools is never offered any)."""
+        return None
+
+    def render_wait(self, admission: Admission, waiting: Waiting) -> bytes:
+        """A ``Queued``/``Loading`` report, with ``reports_waits``."""
+        return SSE_KEEP_ALIVE
 
 
 def streamed_answer(
@@ -80,11 +107,6 @@ def streamed_answer(
     response = Response(chunks, content_type=media_type, headers=head | (headers or {}))
     response.timeout = None
     return response
-
-
-def sse_keep_alive(admission: Admission, waiting: Waiting) -> bytes:
-    """The ``render_wait`` of an SSE dialect without an event of its own for a wait."""
-    return SSE_KEEP_ALIVE
 
 
 async def _batches(
@@ -111,53 +133,51 @@ async def _batches(
 
 async def admitted_stream(
     pool: Pool,
+    opened: Opened[Any],
     request: InferenceRequest,
+    stream: StreamRenderer,
     *,
-    tenant: str,
-    priority: str,
-    render: Render,
-    render_error: RenderError,
-    opening: Frame | None = None,
-    render_wait: RenderWait | None = None,
-    render_tool_call: RenderToolCall | None = None,
     heartbeat_s: float | None = None,
     load_hint: dict[str, Any] | None = None,
 ) -> tuple[Admission, AsyncIterator[bytes]]:
-    """Admit ``request`` (raising its PoolError), then stream its rendered events.
+    """Admit ``request`` for the tenant and priority ``opened`` read (raising its
+    PoolError), then stream its events as ``stream`` renders them.
 
-    ``opening`` renders what goes first (e.g. ``response.created``), ``render`` each
-    delta and the final :class:`Finished`, ``render_error`` a :class:`Failed` (the
-    stream ends after it), ``render_wait`` each ``Queued``/``Loading`` of a request that
-    waits for VRAM or a load, ``render_tool_call`` each tool-call piece (a surface
-    without one never offers tools, so none arrive). With ``heartbeat_s`` (and
-    ``render_wait``), a request that waits for a busy replica streams at once too, and
-    its wait is rendered at least every ``heartbeat_s`` (:meth:`Pool.admit`).
-    ``load_hint``: load overrides for the load this request may start (Ollama's
-    ``num_ctx``), as :meth:`Pool.admit` takes them.
+    With ``heartbeat_s`` (and ``stream.reports_waits``), a request that waits for a busy
+    replica streams at once too, and its wait is rendered at least every ``heartbeat_s``
+    (:meth:`Pool.admit`). ``load_hint``: load overrides for the load this request may
+    start (Ollama's ``num_ctx``), as :meth:`Pool.admit` takes them.
     """
     batches = _batches(
-        pool, request, tenant, priority, render_wait is not None, heartbeat_s, load_hint
+        pool,
+        request,
+        opened.tenant,
+        opened.priority,
+        stream.reports_waits,
+        heartbeat_s,
+        load_hint,
     )
     admission = await anext(batches)
     assert isinstance(admission, Admission)
 
     async def chunks() -> AsyncIterator[bytes]:
+        render = stream.render  # bound once: it is called for every token
         async with contextlib.aclosing(batches):
-            if opening is not None and (head := opening(admission)):
+            if head := stream.opening(admission):
                 yield head
-            if render_wait is not None and admission.waiting:
+            if stream.reports_waits and admission.waiting:
                 async with contextlib.aclosing(admission.waits()) as waits:
                     async for waiting in waits:
-                        yield render_wait(admission, waiting)
+                        yield stream.render_wait(admission, waiting)
             async for batch in batches:
                 assert not isinstance(batch, Admission)
                 out = []
                 for event in batch:
                     if isinstance(event, Failed):
-                        out.append(render_error(admission, event.error))
+                        out.append(stream.render_error(admission, event.error))
                         break
                     if isinstance(event, ToolCallDelta):
-                        chunk = render_tool_call(admission, event) if render_tool_call else None
+                        chunk = stream.render_tool_call(admission, event)
                     else:
                         chunk = render(admission, event)
                     if chunk:

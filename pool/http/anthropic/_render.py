@@ -16,6 +16,7 @@ from pool.actors import Admission, Delta, Finished, ToolCallDelta, Waiting
 from pool.backends import ToolCall
 from pool.errors import PoolError
 from pool.http._common import ErrorShape, SchemaError, dumps, json_response, request_id, retry_after
+from pool.http._streaming import StreamRenderer
 from pool.http._thinking import Kind, ThinkSplitter, split_reasoning
 from pool.http._tools import arguments_object
 
@@ -150,7 +151,7 @@ def sse(event: dict[str, Any]) -> bytes:
 PING = sse({"type": "ping"})
 
 
-class MessageStream:
+class MessageStream(StreamRenderer):
     """The stream of one reply, as Anthropic sends it: ``message_start``; per content
     block ``content_block_start``, its deltas (``thinking_delta``, ``text_delta``,
     ``input_json_delta``) and ``content_block_stop``; ``message_delta`` (the stop
@@ -160,6 +161,8 @@ class MessageStream:
     Its ``render*`` methods and :meth:`opening` are what
     :func:`~pool.http._streaming.admitted_stream` takes.
     """
+
+    reports_waits = True
 
     def __init__(self, model: str, stops: tuple[str, ...], request_id: str) -> None:
         self.model = model

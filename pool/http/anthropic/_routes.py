@@ -47,16 +47,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
         stream = MessageStream(body.model, stops, rid)
         admission, chunks = await admitted_stream(
-            pool,
-            request,
-            tenant=opened.tenant,
-            priority=opened.priority,
-            render=stream.render,
-            render_error=stream.render_error,
-            opening=stream.opening,
-            render_wait=stream.render_wait,
-            render_tool_call=stream.render_tool_call,
-            heartbeat_s=PING_INTERVAL_S,
+            pool, opened, request, stream, heartbeat_s=PING_INTERVAL_S
         )
         return streamed_answer(chunks, admission, headers={"request-id": rid})
 

@@ -17,6 +17,7 @@ from pool.actors import Admission, Delta, Embedded, Finished, ModelSnapshot, Wai
 from pool.config import DecodingDefaults
 from pool.errors import PoolError
 from pool.http._common import ErrorShape, SchemaError, dumps, json_response, retry_after
+from pool.http._streaming import StreamRenderer
 from pool.http._tools import ollama_call
 from pool.http.admin._render import definition_body
 from pool.http.ollama._artifacts import Artifact
@@ -45,10 +46,12 @@ def generation_body(model: str, piece: Piece, finished: Finished) -> dict[str, A
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationLines:
+class GenerationLines(StreamRenderer):
     """The NDJSON lines of a streamed ``/api/chat`` or ``/api/generate``: its methods are
     :func:`~pool.http._streaming.admitted_stream`'s ``render``, ``render_error`` and
     ``render_wait``."""
+
+    reports_waits = True
 
     model: str
     piece: Piece

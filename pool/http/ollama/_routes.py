@@ -257,14 +257,6 @@ async def _generation(
         return json_response(generation_body(actor.name, piece, finished))
     lines = GenerationLines(actor.name, piece)
     admission, chunks = await admitted_stream(
-        pool,
-        request,
-        tenant=opened.tenant,
-        priority=opened.priority,
-        render=lines.render,
-        render_error=lines.render_error,
-        render_wait=lines.render_wait,
-        heartbeat_s=HEARTBEAT_S,
-        load_hint=hint,
+        pool, opened, request, lines, heartbeat_s=HEARTBEAT_S, load_hint=hint
     )
     return streamed_answer(chunks, admission, NDJSON)

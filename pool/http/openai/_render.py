@@ -15,6 +15,7 @@ from quart import Response
 from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta
 from pool.errors import PoolError
 from pool.http._common import ErrorShape, SchemaError, dumps, json_response, retry_after
+from pool.http._streaming import StreamRenderer
 from pool.http._tools import chat_call
 from pool.schemas import EmbeddingsRequest
 
@@ -135,9 +136,12 @@ def _event(payload: dict[str, Any]) -> bytes:
 _DONE = b"data: [DONE]\n\n"
 
 
-class _SseStream:
+class _SseStream(StreamRenderer):
     """What OpenAI's two completion streams share: a failure is one ``data:`` event
-    with the error object, and the stream ends there (no ``[DONE]``)."""
+    with the error object, and the stream ends there (no ``[DONE]``); while a request
+    waits for a load or a slot, SSE comments, which OpenAI's clients skip."""
+
+    reports_waits = True
 
     def render_error(self, admission: Admission, exc: PoolError) -> bytes:
         return _event(openai_error(exc.status, exc.code, exc.message))

@@ -16,7 +16,7 @@ from pool.http._common import (
     json_response,
     open_model_route,
 )
-from pool.http._streaming import HEARTBEAT_S, admitted_stream, sse_keep_alive, streamed_answer
+from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
     ERRORS,
@@ -62,17 +62,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = ChatCompletionStream(completion_id, created, body.model, include_usage)
         admission, chunks = await admitted_stream(
-            pool,
-            request,
-            tenant=opened.tenant,
-            priority=opened.priority,
-            render=stream.render,
-            render_error=stream.render_error,
-            opening=stream.opening,
-            render_tool_call=stream.render_tool_call,
-            # While it waits for a load or a slot: SSE comments, which clients skip.
-            render_wait=sse_keep_alive,
-            heartbeat_s=HEARTBEAT_S,
+            pool, opened, request, stream, heartbeat_s=HEARTBEAT_S
         )
         return streamed_answer(chunks, admission)
 
@@ -116,14 +106,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         stream = CompletionStream(completion_id, created, body.model, include_usage)
         # A streamed completion has one prompt (completion_requests refuses more).
         admission, chunks = await admitted_stream(
-            pool,
-            requests[0],
-            tenant=opened.tenant,
-            priority=opened.priority,
-            render=stream.render,
-            render_error=stream.render_error,
-            render_wait=sse_keep_alive,
-            heartbeat_s=HEARTBEAT_S,
+            pool, opened, requests[0], stream, heartbeat_s=HEARTBEAT_S
         )
         return streamed_answer(chunks, admission)
 

@@ -28,6 +28,7 @@ from pool.actors import Admission, Delta, Finished
 from pool.backends import ToolCallDelta
 from pool.errors import PoolError
 from pool.http._common import dumps
+from pool.http._streaming import StreamRenderer
 from pool.http._thinking import Kind, ThinkSplitter
 
 
@@ -398,7 +399,7 @@ def _sse_all(events: list[dict[str, Any]]) -> bytes:
     return b"".join(sse(e) for e in events)
 
 
-class ResponseStream:
+class ResponseStream(StreamRenderer):
     """One streamed response's events as SSE: the renderers its view hands to
     :func:`~pool.http._streaming.admitted_stream`, all fed to one :class:`OutputBuilder`.
 

@@ -108,16 +108,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             return json_response(builder.response, headers=headers)
 
         stream = ResponseStream(builder)
-        admission, chunks = await admitted_stream(
-            pool,
-            neutral,
-            tenant=tenant,
-            priority=opened.priority,
-            render=stream.render,
-            render_error=stream.render_error,
-            opening=stream.opening,
-            render_tool_call=stream.render_tool_call,
-        )
+        admission, chunks = await admitted_stream(pool, opened, neutral, stream)
 
         async def events() -> AsyncIterator[bytes]:
             try:

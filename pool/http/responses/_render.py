@@ -27,6 +27,7 @@ from pool.http._common import (
     json_response,
     schema_error_body,
 )
+from pool.http._streaming import StreamRenderer
 from pool.schemas import FunctionCallOutput, OutputText, ResponseEnvelope, ResponseMetrics
 
 log = logging.getLogger("pool.http")
@@ -212,7 +213,7 @@ def sse(event: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
-class ResponseStream:
+class ResponseStream(StreamRenderer):
     """The SSE stream of one request: ``response.created``, its waits, the text deltas
     and tool-call events, then ``response.metrics`` and ``response.completed`` (or an
     ``error`` event). Its ``render*`` methods and :meth:`opening` are what
@@ -222,6 +223,8 @@ class ResponseStream:
         started: when the HTTP layer began the request (``time.perf_counter()``), for
             the completed envelope's ``pool_total_wall_ms`` and the log line.
     """
+
+    reports_waits = True
 
     def __init__(self, request_id: str, model: str, tenant: str, started: float) -> None:
         self.request_id = request_id

@@ -80,17 +80,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             return json_response(reply, headers=headers)
 
         stream = ResponseStream(rid, body.model, opened.tenant, started)
-        admission, chunks = await admitted_stream(
-            pool,
-            request,
-            tenant=opened.tenant,
-            priority=opened.priority,
-            render=stream.render,
-            render_error=stream.render_error,
-            opening=stream.opening,
-            render_wait=stream.render_wait,
-            render_tool_call=stream.render_tool_call,
-        )
+        admission, chunks = await admitted_stream(pool, opened, request, stream)
         return streamed_answer(chunks, admission)
 
     ctx.hot_routes["/v1/responses"] = HotRoute(create_response, blueprint.name)
