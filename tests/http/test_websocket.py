@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 import trio
-from trio_websocket import WebSocketConnection, open_websocket_url
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
 from pool import ServerInfo
 
@@ -38,6 +39,38 @@ async def test_requests_in_sequence(server: ServerInfo) -> None:
             )
             assert events[0]["type"] == "response.created"
             assert deltas == events[-1]["response"]["output_text"] == text
+
+
+async def test_the_handshake_cache_headers_reach_every_request(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X-Cache-Mode and X-Cache-Tag of the handshake apply to each request of the socket,
+    as on the POST of the same path; a malformed one closes it (1008) like a bad tenant."""
+    asked: list[tuple[str, str | None]] = []
+    admit = server.pool.admit
+
+    def recording_admit(request: Any, **kwargs: Any) -> Any:
+        asked.append((request.cache_mode, request.cache_tag))
+        return admit(request, **kwargs)
+
+    monkeypatch.setattr(server.pool, "admit", recording_admit)
+    tagged = [("X-Cache-Mode", "none"), ("X-Cache-Tag", "conversation-7")]
+    async with open_websocket_url(_ws_url(server), extra_headers=tagged) as ws:
+        for text in ("one", "two"):
+            await ws.send_message(json.dumps({"model": "echo", "input": text}))
+            await _until(ws, "response.completed")
+    async with open_websocket_url(_ws_url(server)) as ws:
+        await ws.send_message(json.dumps({"model": "echo", "input": "plain"}))
+        await _until(ws, "response.completed")
+    assert asked == [("none", "conversation-7")] * 2 + [("auto", None)]
+
+    bad = [("X-Cache-Mode", "always")]
+    async with open_websocket_url(_ws_url(server), extra_headers=bad) as ws:
+        event = json.loads(await ws.get_message())
+        assert event["type"] == "error" and "X-Cache-Mode" in event["error"]["message"]
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 1008
 
 
 async def test_errors_keep_the_connection_usable(server: ServerInfo) -> None:

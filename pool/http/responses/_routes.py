@@ -10,12 +10,13 @@ from typing import Any
 import trio
 from quart import Blueprint, Quart, Response, websocket
 
-from pool.actors import Caller, Delta, Failed, Finished, InferenceRequest, ToolCallDelta
+from pool.actors import CacheMode, Caller, Delta, Failed, Finished, InferenceRequest, ToolCallDelta
 from pool.errors import PoolError
 from pool.http._common import (
     AppContext,
     HotRoute,
     SchemaError,
+    cache_headers_in,
     inference_headers,
     json_response,
     open_model_route,
@@ -25,6 +26,7 @@ from pool.http._common import (
     revoked_error,
     tenant_and_priority,
     validate,
+    with_cache,
 )
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http.responses._parse import inference_request
@@ -100,17 +102,19 @@ def register(app: Quart, ctx: AppContext) -> None:
     @blueprint.websocket("/v1/responses")
     async def responses_socket() -> None:
         """Request bodies in, the same events as SSE out; ``response.cancel`` cancels."""
-        # Its bodies come in frames, so it opens with the caller alone (no body to read).
+        # Its bodies come in frames: the handshake's headers are read as a model route
+        # reads them (open_model_route), for every request the socket then runs.
         try:
             caller = require(ctx, "inference")
             tenant, priority = tenant_and_priority()
+            cache = cache_headers_in()
         except PoolError as exc:
             await websocket.accept()
             await websocket.send(closing_frame(exc))
             await websocket.close(1008)
             return
         await websocket.accept()
-        revoked = await _socket_session(ctx, tenant, priority, caller)
+        revoked = await _socket_session(ctx, tenant, priority, cache, caller)
         if revoked is not None:
             # Policy violation: the key this socket was opened with is no longer valid.
             with trio.move_on_after(_CLOSE_S, shield=True):
@@ -126,7 +130,11 @@ _CLOSE_REASON_CHARS = 120  # a close frame's reason holds at most 123 bytes
 
 
 async def _socket_session(
-    ctx: AppContext, tenant: str, priority: str, caller: Caller | None
+    ctx: AppContext,
+    tenant: str,
+    priority: str,
+    cache: tuple[CacheMode, str | None],
+    caller: Caller | None,
 ) -> PoolError | None:
     """One connection: a reader, a writer and at most one running request.
 
@@ -223,7 +231,7 @@ async def _socket_session(
                     )
                 if isinstance(data, dict):
                     data.pop("type", None)
-                request = inference_request(validate(ResponseRequest, data))
+                request = with_cache(inference_request(validate(ResponseRequest, data)), cache)
             except (PoolError, SchemaError) as exc:
                 await send(error_event(exc))
                 continue
