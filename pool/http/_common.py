@@ -392,7 +392,6 @@ class Opened(Generic[T]):
     """A model route's request as every dialect reads it (:func:`open_model_route`)."""
 
     body: T
-    caller: Caller | None
     tenant: str
     priority: str
     cache: tuple[CacheMode, str | None]
@@ -410,11 +409,11 @@ async def open_model_route(ctx: AppContext, model: type[T], *, api_key: bool = F
     Args:
         api_key: the route also takes the key in ``x-api-key`` (Anthropic's Messages).
     """
-    caller = require(ctx, "inference", api_key=api_key)
+    require(ctx, "inference", api_key=api_key)
     tenant, priority = tenant_and_priority()
     cache = cache_headers_in()
     body = await read_body(model)
-    return Opened(body, caller, tenant, priority, cache)
+    return Opened(body, tenant, priority, cache)
 
 
 def inference_headers(

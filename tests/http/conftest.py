@@ -106,6 +106,22 @@ async def server(nursery: trio.Nursery) -> ServerInfo:
 
 
 @pytest.fixture
+def cache_asked(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, str | None]]:
+    """The (cache mode, cache tag) of every request ``server``'s pool admits, in order."""
+    asked: list[tuple[str, str | None]] = []
+    admit = server.pool.admit
+
+    def recording_admit(request: Any, **kwargs: Any) -> Any:
+        asked.append((request.cache_mode, request.cache_tag))
+        return admit(request, **kwargs)
+
+    monkeypatch.setattr(server.pool, "admit", recording_admit)
+    return asked
+
+
+@pytest.fixture
 async def endless(nursery: trio.Nursery) -> ServerInfo:
     """A server with one model, ``endless`` (:data:`ENDLESS`), that a request without a
     ``max_tokens`` of its own lets run to its end."""

@@ -6,7 +6,6 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import ollama
@@ -154,20 +153,13 @@ async def test_errors_are_ollama_shaped(server: ServerInfo) -> None:
 
 
 async def test_chat_and_generate_take_the_cache_headers(
-    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+    server: ServerInfo, cache_asked: list[tuple[str, str | None]]
 ) -> None:
     """``X-Cache-Mode`` and ``X-Cache-Tag`` reach the pool from /api/chat and
     /api/generate, plain or streamed, as from every other generation route; a malformed
     one is a 400 in Ollama's shape, on the embedding routes too (which read, and ignore,
     the cache headers as OpenAI's embeddings do)."""
-    asked: list[tuple[str, str | None]] = []
-    admit = server.pool.admit
-
-    def recording_admit(request: Any, **kwargs: Any) -> Any:
-        asked.append((request.cache_mode, request.cache_tag))
-        return admit(request, **kwargs)
-
-    monkeypatch.setattr(server.pool, "admit", recording_admit)
+    asked = cache_asked
     tagged = ollama.AsyncClient(
         host=server.url, headers={"X-Cache-Mode": "none", "X-Cache-Tag": "conversation-7"}
     )

@@ -42,18 +42,11 @@ async def test_requests_in_sequence(server: ServerInfo) -> None:
 
 
 async def test_the_handshake_cache_headers_reach_every_request(
-    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+    server: ServerInfo, cache_asked: list[tuple[str, str | None]]
 ) -> None:
     """X-Cache-Mode and X-Cache-Tag of the handshake apply to each request of the socket,
     as on the POST of the same path; a malformed one closes it (1008) like a bad tenant."""
-    asked: list[tuple[str, str | None]] = []
-    admit = server.pool.admit
-
-    def recording_admit(request: Any, **kwargs: Any) -> Any:
-        asked.append((request.cache_mode, request.cache_tag))
-        return admit(request, **kwargs)
-
-    monkeypatch.setattr(server.pool, "admit", recording_admit)
+    asked = cache_asked
     tagged = [("X-Cache-Mode", "none"), ("X-Cache-Tag", "conversation-7")]
     async with open_websocket_url(_ws_url(server), extra_headers=tagged) as ws:
         for text in ("one", "two"):
