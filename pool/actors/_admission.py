@@ -128,6 +128,20 @@ class Admission:
     def queue_wait_ms(self) -> float:
         return 0.0 if self._ticket is None else self._ticket.queue_wait_ms
 
+    @property
+    def used(self) -> Usage:
+        """What the request is charged for, however it ended: its final usage, or what
+        its job had used when it stopped (the prompt once prefilled, every token the
+        runtime generated, delivered or not). Nothing for one that never ran."""
+        done = self.finished or self.embedding
+        if done is not None:
+            return done.usage
+        ticket = self._ticket
+        if ticket is None or ticket.dispatched_at is None:
+            return Usage(0, 0)
+        used = ticket.used
+        return Usage(used.prompt_tokens or 0, used.output, used.cached_tokens)
+
     async def waits(self) -> AsyncGenerator[Waiting, None]:
         """The wait before the request runs, as it changes; nothing for a request that
         was admitted without waiting for VRAM or a load."""

@@ -110,5 +110,5 @@ async def _relay_generate(
             return JobFailed(exc)
         ended = time.perf_counter()
         first_ms = None if sink.first_at is None else (sink.first_at - started) * 1000.0
-        return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
+        return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.used.pieces, ended)
     return None

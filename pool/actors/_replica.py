@@ -40,14 +40,15 @@ class _TicketSink:
     reader the watchdog is off, so only the backend's own silence counts.
     """
 
-    __slots__ = ("_idle", "_idle_s", "_slack_s", "_ticket", "chunks", "first_at")
+    __slots__ = ("_idle", "_idle_s", "_slack_s", "_ticket", "first_at", "used")
 
     def __init__(self, ticket: Ticket, idle: trio.CancelScope, idle_s: float) -> None:
         self._ticket = ticket
         self._idle = idle
         self._idle_s = idle_s
         self._slack_s = idle_s / 20
-        self.chunks = 0
+        # The ticket's: what the request is charged for, however it ends.
+        self.used = ticket.used
         self.first_at: float | None = None
 
     async def send(self, text: str | ToolCallDelta) -> None:
@@ -55,7 +56,7 @@ class _TicketSink:
             return
         if self.first_at is None:
             self.first_at = time.perf_counter()
-        self.chunks += 1
+        self.used.pieces += 1
         if self._ticket.reply is not None and isinstance(text, str):
             self._ticket.reply.add(text)
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -315,7 +316,7 @@ class Replica:
                 self.index,
                 (ended - started) * 1000.0,
                 "-" if first_ms is None else f"{first_ms:.1f}",
-                sink.chunks,
+                sink.used.pieces,
             )
-            return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.chunks, ended)
+            return JobFinished(stats, (ended - started) * 1000.0, first_ms, sink.used.pieces, ended)
         return None

@@ -130,7 +130,7 @@ class Serving:
                 if caller.rate_limit_rpm is not None:
                     key_limit = (caller.key_name, caller.rate_limit_rpm)
             # Before routing: a spent budget is refused here, not relayed to a peer.
-            self._check_budget(tenant, request.key_name)
+            self._check_budget(request.model, tenant, request.key_name)
             prefix_keys: PendingKeys | None = None
             if (
                 self.router is not None
@@ -281,12 +281,14 @@ class Serving:
         finally:
             ticket.abandon()
 
-    def _check_budget(self, tenant: str, key: str | None) -> None:
+    def _check_budget(self, model: str, tenant: str, key: str | None) -> None:
         try:
             self.budgets.check(tenant, key)
         except PoolError as exc:
             budget = exc.details.get("budget", {})
             self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
+            # Refused, like a rate-limited request: a row with its status, no tokens.
+            self._account(model, tenant, key, None, exc.code)
             raise
 
     def _account(
@@ -300,23 +302,30 @@ class Serving:
         """The one place where every request that reached a model is accounted for when
         it ends, on every route: its usage record, per-tenant tokens, budgets.
 
-        Relayed requests are left to the peer that ran them (it records and charges
-        them), so a request is never counted twice in a cluster.
+        However it ended (finished, cut by its client, a deadline, an unload, a failure
+        mid-stream), it is charged what it used (:attr:`Admission.used`), and its row
+        keeps the status it ended with. Relayed requests are left to the peer that ran
+        them (it records and charges them), so a request is never counted twice in a
+        cluster.
         """
         prompt = cached = output = 0
         queue_wait_ms = 0.0
         generate_ms: float | None = None
         if admission is not None:
             queue_wait_ms = admission.queue_wait_ms
+            used = admission.used
+            prompt = used.prompt_tokens or 0
+            cached = used.cached_tokens or 0
+            output = used.output_tokens or 0
             done = admission.finished or admission.embedding
             if done is not None:
-                prompt = done.usage.prompt_tokens or 0
-                cached = done.usage.cached_tokens or 0
-                output = done.usage.output_tokens or 0
                 timings = done.timings
                 generate_ms = (
                     timings.generate_ms if timings.generate_ms is not None else timings.backend_ms
                 )
+            elif prompt or output:
+                # A finished request counted these as it finished (_record_finished).
+                self._count_tokens(model, tenant, prompt, output)
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
             self.budgets.charge(tenant, key, prompt + output)
@@ -343,9 +352,16 @@ class Serving:
         first_ms = done.timings.time_to_first_token_ms
         if first_ms is not None:
             self.metrics.first_token.labels(model).observe(first_ms / 1000.0)
-        output = done.usage.output_tokens or 0
-        prompt = done.usage.prompt_tokens or 0
+        self.metrics.record_cache(model, done.usage.cached_tokens)
+        self._count_tokens(
+            model,
+            admission.ticket.tenant,
+            done.usage.prompt_tokens or 0,
+            done.usage.output_tokens or 0,
+        )
+
+    def _count_tokens(self, model: str, tenant: str, prompt: int, output: int) -> None:
+        """The model's token counters and the tenant's token rate limit."""
         self.metrics.tokens.labels(model).inc(output)
         self.metrics.prompt_tokens.labels(model).inc(prompt)
-        self.metrics.record_cache(model, done.usage.cached_tokens)
-        self.rate_limiter.charge_tokens(admission.ticket.tenant, output + prompt)
+        self.rate_limiter.charge_tokens(tenant, output + prompt)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 from pool.actors._events import Delta
-from pool.backends import ToolCallDelta
+from pool.backends import TokensUsed, ToolCallDelta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class Ticket:
     prefix_keys: tuple[bytes, ...] | None = None
     reply: ReplyRecorder | None = None
     error: PoolError | None = None
+    # What the job has used so far (its runtime and its sink keep it current): a request
+    # that ends before its result is charged from it.
+    used: TokensUsed = field(default_factory=TokensUsed)
     # What a request's trace reads (pool/tracing): whether it waited in the queue (found
     # no free replica on arrival), whether for a load of its model, the replica that ran
     # it, and when its job began (perf_counter).

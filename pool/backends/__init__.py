@@ -42,6 +42,7 @@ from pool.backends._protocol import (
     TextPart,
     ThinkingMode,
     TokenSink,
+    TokensUsed,
     Turn,
 )
 from pool.backends._registry import (
@@ -92,6 +93,7 @@ __all__ = [
     "TextPart",
     "ThinkingMode",
     "TokenSink",
+    "TokensUsed",
     "ToolCall",
     "ToolCallDelta",
     "ToolChoice",

@@ -7,7 +7,13 @@ import json
 import time
 from typing import Any
 
-from pool.backends._protocol import GenerationRequest, GenerationStats, ImagePart, TokenSink
+from pool.backends._protocol import (
+    GenerationRequest,
+    GenerationStats,
+    ImagePart,
+    TokenSink,
+    TokensUsed,
+)
 from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import (
     Transport,
@@ -126,6 +132,23 @@ def _cached_tokens(usage: dict[str, Any], timings: Any) -> int | None:
     return None
 
 
+def _count_so_far(used: TokensUsed, usage: Any, timings: Any) -> None:
+    """Keep ``used`` current from a chunk's counts, where the upstream sends them while
+    it streams: vLLM's usage in every chunk (``continuous_usage_stats``), llama-server's
+    ``timings`` (``timings_per_token``: ``prompt_n`` computed plus ``cache_n`` reused)."""
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            used.prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            used.output_tokens = usage["completion_tokens"]
+    elif isinstance(timings, dict) and isinstance(timings.get("prompt_n"), int):
+        cached = timings.get("cache_n") if isinstance(timings.get("cache_n"), int) else 0
+        used.prompt_tokens = timings["prompt_n"] + cached
+        used.cached_tokens = cached
+        if isinstance(timings.get("predicted_n"), int):
+            used.output_tokens = timings["predicted_n"]
+
+
 class UpstreamConnectionFailed(BackendError):
     """The connection failed or broke off; a retry is safe while no text was delivered."""
 
@@ -146,10 +169,12 @@ async def stream_chat(
         UpstreamConnectionFailed: no connection, or it broke off.
         BackendError: for an upstream error status or a broken or malformed stream.
     """
+    # A body may ask for more (vLLM's continuous_usage_stats: usage in every chunk).
+    options = {"include_usage": True, **body.get("stream_options", {})}
     payload = json.dumps(
-        {**body, "stream": True, "stream_options": {"include_usage": True}},
-        ensure_ascii=False,
+        {**body, "stream": True, "stream_options": options}, ensure_ascii=False
     ).encode()
+    used = sink.used
     started = time.perf_counter()
     first_ms: float | None = None
     pieces = 0
@@ -196,6 +221,7 @@ async def stream_chat(
                         prompt_tokens = usage.get("prompt_tokens")
                         completion_tokens = usage.get("completion_tokens")
                         cached_tokens = _cached_tokens(usage, chunk.get("timings"))
+                    _count_so_far(used, usage, chunk.get("timings"))
     except UpstreamTimeout as exc:
         raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
     except UpstreamError as exc:

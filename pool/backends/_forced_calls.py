@@ -59,6 +59,7 @@ class ScanningSink:
 
     def __init__(self, sink: TokenSink, family: ToolCallFamily, *, parallel: bool) -> None:
         self._sink = sink
+        self.used = sink.used
         self._scanner = ToolCallScanner(family, parallel=parallel)
 
     async def send(self, text: str | ToolCallDelta) -> None:

@@ -28,6 +28,7 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     TokenSink,
+    TokensUsed,
 )
 from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
@@ -285,6 +286,8 @@ class ManagedServerRuntime:
             return
 
         class _Discard:
+            used = TokensUsed()
+
             async def send(self, text: str | ToolCallDelta) -> None:
                 pass
 
@@ -324,6 +327,7 @@ async def launch(
     request_timeout_s: float,
     api_key: str | None = None,
     repetition_field: str = "repeat_penalty",
+    counting_fields: dict[str, Any] | None = None,
     enable_thinking: bool | None = None,
     embedding_batch: int | None = None,
     embedding_truncate: dict[str, Any] | None = None,
@@ -331,6 +335,9 @@ async def launch(
     cache: ServerCache | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
+
+    ``counting_fields``: body fields that make the server send its token counts while
+    it streams, so a request cut short is charged what it used (``TokensUsed``).
 
     ``embedding_batch``: set for an embedding model (the most texts per request); its
     readiness probe is then one embedding rather than one generated token.
@@ -345,6 +352,7 @@ async def launch(
         request_timeout_s=request_timeout_s,
         api_key=api_key,
         repetition_field=repetition_field,
+        extra_body=counting_fields,
         enable_thinking=enable_thinking,
         embedding_batch=embedding_batch,
         embedding_truncate=embedding_truncate,

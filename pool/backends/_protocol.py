@@ -218,13 +218,40 @@ class Capabilities:
         return not self.embeddings
 
 
+@dataclass(slots=True)
+class TokensUsed:
+    """What one generation has used so far, kept current while it runs.
+
+    A request that ends before its :class:`GenerationStats` exist (the client left, a
+    deadline or an unload cut it, the backend failed mid-stream) is charged from this.
+    The runtime sets ``prompt_tokens`` once prefill happened (and ``cached_tokens``
+    where it knows them) and ``output_tokens`` as it generates, counting tokens it made
+    but never sent; a worker thread may write them. ``pieces`` is the pool's own count
+    of what the sink received, the charge where the runtime counts no output tokens.
+    """
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    pieces: int = 0
+
+    @property
+    def output(self) -> int:
+        """Output tokens to charge: the runtime's count, else the pieces relayed."""
+        return self.output_tokens if self.output_tokens is not None else self.pieces
+
+
 class TokenSink(Protocol):
     """Where a runtime delivers text (and tool-call pieces) as it is generated.
 
     ``send`` may block (backpressure) and raises ``trio.Cancelled`` when the request
     is cancelled; runtimes that generate on a worker thread call it through
     ``trio.from_thread.run`` so that cancellation stops them within one token.
+    ``used`` is where the runtime reports its token counts as it goes
+    (:class:`TokensUsed`); a sink that wraps another shares the inner one's.
     """
+
+    used: TokensUsed
 
     async def send(self, text: str | ToolCallDelta) -> None: ...
 

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from pool.backends._protocol import FinishReason, GenerationStats
+from pool.backends._protocol import FinishReason, GenerationStats, TokensUsed
 from pool.backends._threaded import PieceStream, wake_streams
 from pool.backends._vllm_tools import ChatSide, ChatSpec
 from pool.config import invalid_load_request
@@ -98,6 +98,8 @@ class EngineJob:
     stream: PieceStream = dataclasses.field(default_factory=PieceStream)
     stats: GenerationStats | None = None
     task: asyncio.Task[None] | None = None
+    # The request's running count (the sink's): written on the engine thread.
+    used: TokensUsed = dataclasses.field(default_factory=TokensUsed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -619,6 +621,11 @@ class EngineHost:
                 completion = output.outputs[0]
                 if completion.token_ids:
                     deltas += len(completion.token_ids)
+                    # Tokens out mean the prompt was prefilled.
+                    prompt_ids = getattr(output, "prompt_token_ids", None)
+                    if prompt_ids is not None:
+                        job.used.prompt_tokens = len(prompt_ids)
+                    job.used.output_tokens = deltas
                 if chat is not None:
                     pieces = chat.pieces(
                         completion.text or "",

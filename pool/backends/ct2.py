@@ -25,6 +25,7 @@ from pool.backends._protocol import (
     GenerationStats,
     LoadContext,
     TokenSink,
+    TokensUsed,
 )
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
@@ -71,11 +72,11 @@ class Ct2Runtime:
         if len(request.turns) != 1:
             raise PoolError("multi_turn_unsupported", "ct2 models take single-turn input only")
         return await stream_from_thread(
-            partial(self._generate_blocking, request), sink, limiter=self._limiter
+            partial(self._generate_blocking, request, sink.used), sink, limiter=self._limiter
         )
 
     def _generate_blocking(
-        self, request: GenerationRequest, send: Callable[[str], None]
+        self, request: GenerationRequest, used: TokensUsed, send: Callable[[str], None]
     ) -> GenerationStats:
         started = time.perf_counter()
         rendered = self._format.render(request, enable_thinking=self._definition.enable_thinking)
@@ -108,6 +109,7 @@ class Ct2Runtime:
                 **{k: v for k, v in sampling.items() if not k.startswith("sampling_")},
             )
             best: list[int] = result[0].sequences_ids[0]
+            used.prompt_tokens, used.output_tokens = len(prompt_tokens), len(best)
             text, _ = StopScanner(stops).feed(self._tokenizer.decode(best))
             if text:
                 send(text)
@@ -126,10 +128,13 @@ class Ct2Runtime:
         first_ms: float | None = None
         finish = "length"
         for step in self._generator.generate_tokens(prompt_tokens, **sampling):
+            # A step means the prompt was prefilled; it is charged from then on.
+            used.prompt_tokens = len(prompt_tokens)
             if step.token in end_tokens:
                 finish = "stop"
                 break
             ids.append(step.token_id)
+            used.output_tokens = len(ids)
             decoded = self._tokenizer.decode(ids)
             if decoded.endswith("\ufffd"):
                 continue  # half a multi-byte character: wait for the rest

@@ -55,6 +55,7 @@ from pool.backends._protocol import (
     LoadContext,
     LoadOverrides,
     TokenSink,
+    TokensUsed,
 )
 from pool.backends._threaded import PieceStream, wake_streams
 from pool.backends.prompt_formats import (
@@ -454,6 +455,8 @@ class _Request:
     prompt_tokens: int | None = None
     tokenize_ms: float | None = None
     stats: GenerationStats | None = None
+    # The request's running count (the sink's): written on the driver thread.
+    used: TokensUsed = field(default_factory=TokensUsed)
 
 
 class _Driver:
@@ -653,6 +656,8 @@ class _Driver:
                     BackendError(f"exllamav3 failed the request: {type(error).__name__}: {error}"),
                 )
             elif stage == "streaming":
+                # A streaming result comes after the prefill: the prompt is used.
+                request.used.prompt_tokens = request.prompt_tokens
                 text = result.get("text")
                 if text:
                     request.stream.put(text)
@@ -783,7 +788,7 @@ class ExLlamaV3Runtime:
             raise BackendError("the exllamav3 runtime is closed")
         # On a worker thread: a model's own chat template can be slow.
         rendered = await trio.to_thread.run_sync(self._render, request, limiter=self._limiter)
-        job = _Request(request, rendered)
+        job = _Request(request, rendered, used=sink.used)
         self._driver.submit(job)
         try:
             await job.stream.deliver(sink)

@@ -41,6 +41,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
     TokenSink,
+    TokensUsed,
 )
 from pool.backends._saved_states import DiskStates, model_key
 from pool.backends._text import StopScanner
@@ -228,7 +229,7 @@ class LlamaCppRuntime:
             raise BackendError("the llama_cpp runtime is closed")
         # Rendering runs on the worker too: a model's own template can be slow.
         return await stream_from_thread(
-            partial(self._generate_blocking, request), sink, limiter=self._limiter
+            partial(self._generate_blocking, request, sink.used), sink, limiter=self._limiter
         )
 
     def _grammar(self, request: GenerationRequest) -> Any:
@@ -248,7 +249,10 @@ class LlamaCppRuntime:
         return load_grammar(gbnf)
 
     def _generate_blocking(
-        self, request: GenerationRequest, send: Callable[[str | ToolCallDelta], None]
+        self,
+        request: GenerationRequest,
+        used: TokensUsed,
+        send: Callable[[str | ToolCallDelta], None],
     ) -> GenerationStats:
         llama = self._llama
         started = time.perf_counter()
@@ -284,12 +288,14 @@ class LlamaCppRuntime:
         gen_started = time.perf_counter()
         try:
             reused = self._prompt_cache.prepare(llama, request.cache.key, tokens)
+            used.cached_tokens = reused
             produced, first_at, finish, stop_sequence = self._decode(
                 tokens,
                 request,
                 stops,
                 min(request.decoding.max_tokens, n_ctx - len(tokens)),
                 emit,
+                used,
                 grammar,
             )
         except (RuntimeError, ValueError) as exc:
@@ -318,10 +324,12 @@ class LlamaCppRuntime:
         stops: tuple[str, ...],
         budget: int,
         send: Callable[[str], None],
+        used: TokensUsed,
         grammar: Any = None,
     ) -> tuple[int, float | None, FinishReason, str | None]:
         """Sample up to ``budget`` tokens; returns (tokens, first text time, finish reason,
-        the stop string reached)."""
+        the stop string reached). ``used`` follows along: the prompt counts once the
+        first token shows its prefill is done, then every token sampled."""
         import llama_cpp
 
         llama = self._llama
@@ -348,9 +356,11 @@ class LlamaCppRuntime:
             grammar=grammar,
             reset=True,
         ):
+            used.prompt_tokens = len(tokens)
             if llama_cpp.llama_vocab_is_eog(vocab, token):
                 break
             produced += 1
+            used.output_tokens = produced
             text, stopped = scanner.feed(decoder.decode(llama.detokenize([token])))
             if text:
                 if first_at is None:

@@ -290,6 +290,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             port=port,
             served_model=context.model_name,
             health_path="/health",
+            # Each streamed chunk then carries `timings` (prompt_n, cache_n, predicted_n).
+            counting_fields={"timings_per_token": True},
             start_timeout_s=definition.llama_server_start_timeout_s,
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,

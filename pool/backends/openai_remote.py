@@ -65,6 +65,7 @@ class OpenAIRemoteModel(CommonModelFields, EmbeddingFields):
 class _CountingSink:
     def __init__(self, sink: TokenSink) -> None:
         self.sink = sink
+        self.used = sink.used
         self.sent = 0
 
     async def send(self, text: str | ToolCallDelta) -> None:

@@ -107,10 +107,14 @@ class StubRuntime:
         # Stop strings end the output as a real backend's do (the string is not sent).
         scanner = StopScanner(request.decoding.stop) if request.decoding.stop else None
         produced = 0
+        # The stub's prefill is instant: the prompt is used once generation starts.
+        prompt_tokens = sum(len(stub_tokens(t.text)) for t in request.turns)
+        sink.used.prompt_tokens = prompt_tokens
         for token in tokens:
             if delay:
                 await trio.sleep(delay)
             produced += 1
+            sink.used.output_tokens = produced
             piece, stopped = scanner.feed(token) if scanner is not None else (token, False)
             if piece:
                 await sink.send(piece)
@@ -122,7 +126,6 @@ class StubRuntime:
         else:
             if scanner is not None and (tail := scanner.flush()):
                 await sink.send(tail)
-        prompt_tokens = sum(len(stub_tokens(t.text)) for t in request.turns)
         return GenerationStats(
             prompt_tokens=prompt_tokens,
             output_tokens=produced,

@@ -345,6 +345,7 @@ class VllmRuntime:
             self._prepare, request, limiter=self._limiter
         )
         job = self.engine_job(request, rendered, images)
+        job.used = sink.used
         self._host.submit(job)
         try:
             await job.stream.deliver(sink)

@@ -169,6 +169,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             request_timeout_s=definition.vllm_serve_timeout_s,
             api_key=definition.vllm_serve_api_key,
             repetition_field="repetition_penalty",
+            # Each streamed chunk then carries `usage` (prompt and completion tokens).
+            counting_fields={"stream_options": {"continuous_usage_stats": True}},
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
             # -1: cut a text to the model's length (Ollama's truncate, the default).

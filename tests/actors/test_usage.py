@@ -14,10 +14,13 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from pool import PoolError, open_pool
+from pool import Failed, Pool, PoolError, open_pool
 from pool.actors import EmbeddingRequest, InferenceRequest, UsageRecord, UsageStore
 from pool.actors._usage_store import FILE_NAME
+from pool.backends import TokenSink
+from pool.backends.stub import StubRuntime
 from pool.config import build_settings
+from pool.errors import BackendError
 
 from .helpers import ask as plain_ask
 from .helpers import wait_until
@@ -81,6 +84,81 @@ async def test_every_ending_is_recorded_with_its_status(private_state: Path) -> 
     assert rows[1][3:6] == (0, 0, 0) and rows[1][7] is None
     assert rows[2][0] is None and rows[2][1:3] == ("beta", "slow")
     assert rows[2][8] == "cancelled"
+    # Cut after about 6 of its 50 tokens: charged its prompt and what was generated.
+    assert rows[2][3] == 2 and 1 <= rows[2][5] < 50
+
+
+async def _stream_until_cut(pool: Pool, model: str, outcome: list[object]) -> None:
+    """Read ``model``'s stream to its end; its last event is kept."""
+    async for event in pool.stream(ask(model, "one two three")):
+        outcome[:] = [event]
+
+
+async def test_a_stream_cut_by_the_drain_deadline_is_charged(private_state: Path) -> None:
+    settings = build_settings(
+        {
+            "service": {"usage": {"flush_ms": 10}},
+            "engine": {
+                "unload_drain_s": 0.3,
+                "models": {
+                    "slow": {
+                        "backend": "stub",
+                        "enabled": True,
+                        "stub_reply": " ".join(["w"] * 50),
+                        "stub_tokens_per_second": 20,
+                    }
+                },
+            },
+        }
+    )
+    last: list[object] = []
+    async with open_pool(settings) as pool, trio.open_nursery() as nursery:
+        nursery.start_soon(_stream_until_cut, pool, "slow", last)
+        await wait_until(lambda: bool(last))  # the first token is out
+        await pool.unload("slow")
+        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+    assert isinstance(last[0], Failed)
+    ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
+    assert status == last[0].error.code
+    assert prompt == 3 and 1 <= output < 50
+
+
+async def test_a_backend_failure_after_the_first_token_is_charged(
+    private_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def fails_midway(self: StubRuntime, request: object, sink: TokenSink) -> None:
+        sink.used.prompt_tokens = 7
+        for produced, word in enumerate(("a ", "b ", "c "), start=1):
+            await sink.send(word)
+            sink.used.output_tokens = produced
+        sink.used.output_tokens = 5  # two more generated, never sent
+        raise BackendError("the runtime fell over")
+
+    monkeypatch.setattr(StubRuntime, "generate", fails_midway)
+    async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
+        with pytest.raises(PoolError) as failed:
+            await pool.respond(ask("m", "x", key_name="k"), tenant="acme")
+        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+    assert failed.value.code == "backend_error"
+    ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
+    assert (prompt, output, status) == (7, 5, "backend_error")
+
+
+async def test_a_runtime_that_counts_no_tokens_is_charged_the_pieces_relayed(
+    private_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def counts_nothing(self: StubRuntime, request: object, sink: TokenSink) -> None:
+        for word in ("a ", "b ", "c ", "d "):
+            await sink.send(word)
+        raise BackendError("the upstream broke off")
+
+    monkeypatch.setattr(StubRuntime, "generate", counts_nothing)
+    async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
+        with pytest.raises(PoolError):
+            await pool.respond(ask("m", "x"), tenant="acme")
+        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+    ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
+    assert (prompt, output, status) == (0, 4, "backend_error")
 
 
 async def test_usage_sums_survive_a_restart(private_state: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_from_responses
-from pool.backends import Decoding, GenerationRequest, TextPart, Turn
+from pool.backends import Decoding, GenerationRequest, TextPart, TokensUsed, Turn
 from pool.backends._process import ManagedProcess, group_alive
 from pool.config import build_settings
 from tests.reliability.conftest import live_in_group
@@ -102,6 +102,7 @@ class _Text:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.used = TokensUsed()
 
     async def send(self, text: object) -> None:
         assert isinstance(text, str)

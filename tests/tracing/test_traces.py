@@ -21,7 +21,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from pool import ServerInfo
-from pool.backends import Decoding, GenerationRequest, TextPart, ToolCallDelta, Turn
+from pool.backends import Decoding, GenerationRequest, TextPart, TokensUsed, ToolCallDelta, Turn
 from pool.cluster import PeerRoute
 from pool.tracing import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
 
@@ -292,6 +292,7 @@ async def test_the_exporters_variables_apply(
 class _Collect:
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.used = TokensUsed()
 
     async def send(self, text: str | ToolCallDelta) -> None:
         assert isinstance(text, str)
