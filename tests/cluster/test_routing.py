@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import httpx
 import trio
 
 from pool import ServerInfo
+from pool.actors._usage_store import FILE_NAME
 from pool.cluster import ClusterRouter, open_ledger
 
 from ..http.conftest import start_server
@@ -200,3 +202,36 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
         if process.returncode is None:
             process.kill()
         await process.wait()
+
+
+async def test_a_relayed_stream_its_client_leaves_is_charged_once_by_the_node_that_ran_it(
+    redis_server: RedisServer, nursery: trio.Nursery, private_state: Path
+) -> None:
+    long = " ".join(f"w{i}" for i in range(400))
+    a, b = [
+        await start_node(nursery, redis_server.url, n, stub_reply=long, stub_tokens_per_second=50)
+        for n in ("nA", "nB")
+    ]
+    body = {"model": "a", "messages": [{"role": "user", "content": "one two"}], "stream": True}
+    async with httpx.AsyncClient(timeout=10) as http:
+        loaded = await http.post(f"{b.url}/v1/admin/models/a/load")
+        assert loaded.status_code == 200, loaded.text
+        await until(lambda: sees_loaded(a, "nB"), 5)
+        read = 0
+        async with http.stream("POST", f"{a.url}/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                read += '"content"' in line
+                if read == 6:
+                    break  # the client leaves node A; A's relay leaves node B
+            else:
+                raise AssertionError("the stream ended before the client left")
+    assert b.pool.usage is not None and a.pool.usage is not None
+    await until(lambda: b.pool.usage.written == 1, 10)  # type: ignore[union-attr]
+    with sqlite3.connect(private_state / FILE_NAME) as db:
+        rows = db.execute("SELECT prompt_tokens, output_tokens, status FROM usage").fetchall()
+    ((prompt, output, status),) = rows
+    assert (prompt, status) == (2, "cancelled")
+    assert 5 <= output < 400
+    # Node A relayed it and records nothing: one row in the cluster.
+    assert a.pool.usage.written == 0
