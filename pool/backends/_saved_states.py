@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pool.backends._file_identity import feed_file_identity
 from pool.backends._prefix_cache import SavedState, ScopeKey, common_prefix
 
 log = logging.getLogger("pool.backends")
@@ -38,16 +39,12 @@ log = logging.getLogger("pool.backends")
 MAGIC = b"llm-pool prompt state 1\n"
 SUFFIX = ".pstate"
 _HEAD = struct.Struct("<I")
-_MIB = 1024 * 1024
 
 
 def model_key(path: Path, **settings: Any) -> str:
     """The key of states made by the model file at ``path`` under ``settings``."""
-    stat = path.stat()
     digest = hashlib.sha256()
-    digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-    with path.open("rb") as file:
-        digest.update(file.read(_MIB))
+    feed_file_identity(digest, path)
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]
 
