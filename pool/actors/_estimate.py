@@ -3,8 +3,8 @@
 In order, the first that answers wins (docs/vram.md):
 
 1. ``vram_mb`` from the model's definition (the operator knows best);
-2. a measured footprint: this load's delta, or one kept from an earlier load with the
-   same memory settings (``_footprints.py``);
+2. a measured footprint: this load's delta, or one kept from an earlier load that was
+   the same load: same files, same memory-relevant settings (``_footprints.py``);
 3. a closed form from the artifact's own metadata: weights + KV cache for the context
    and cache types + a compute buffer, from the GGUF header or the HF ``config.json``;
 4. the artifact's size x 1.1 (GGUF) or x 1.3 (safetensors and other folders);
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pool.backends import GgufHeader, MemoryProfile, read_gguf_header
+from pool.backends import GgufHeader, MemoryProfile, file_identity, read_gguf_header
 from pool.config import resolve_model_path
 
 MIB = 1024 * 1024
@@ -71,6 +71,9 @@ class Artifact:
     hf_config: Mapping[str, Any] | None = None
     weights_bytes: int = 0  # safetensors (or GGUF tensor data) bytes
     error: str | None = field(default=None, compare=False)
+    # Changes whenever the files are replaced (pool/backends/_file_identity.py): a
+    # footprint measured with other files is not this one's.
+    identity: str | None = field(default=None, compare=False)
 
     @property
     def size_mib(self) -> int:
@@ -86,23 +89,26 @@ def read_artifact(model_path: str | None, base_dir: str | None) -> Artifact | No
         return None
     try:
         path = resolve_model_path(model_path, base_dir)
+        identity = file_identity(path)
         if path.is_dir():
             files = [p for p in path.rglob("*") if p.is_file()]
             size = sum(p.stat().st_size for p in files)
             weights = sum(p.stat().st_size for p in files if p.suffix == ".safetensors")
             config = _read_hf_config(path / "config.json")
             kind: ArtifactKind = "safetensors" if weights else "folder"
-            return Artifact(size, kind, hf_config=config, weights_bytes=weights)
+            return Artifact(size, kind, hf_config=config, weights_bytes=weights, identity=identity)
         size = path.stat().st_size
     except OSError:
         return None
     if path.suffix.lower() != ".gguf":
-        return Artifact(size, "file")
+        return Artifact(size, "file", identity=identity)
     try:
         header = read_gguf_header(path)
     except (OSError, ValueError, struct.error) as exc:
-        return Artifact(size, "gguf", error=f"unreadable GGUF header: {exc}")
-    return Artifact(size, "gguf", gguf=header, weights_bytes=header.weights_bytes)
+        return Artifact(size, "gguf", error=f"unreadable GGUF header: {exc}", identity=identity)
+    return Artifact(
+        size, "gguf", gguf=header, weights_bytes=header.weights_bytes, identity=identity
+    )
 
 
 def _read_hf_config(path: Path) -> Mapping[str, Any] | None:

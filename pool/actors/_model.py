@@ -25,7 +25,7 @@ from pool.actors._estimate import (
     read_artifact,
     size_estimate_mib,
 )
-from pool.actors._footprints import FootprintStore
+from pool.actors._footprints import FootprintStore, load_key
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._metrics import PoolMetrics
 from pool.actors._plan import LoadPlan
@@ -513,11 +513,11 @@ class ModelActor:
 
     def expected_load_s(self, definition: ModelDefinition | None = None) -> float | None:
         """How long a load of this model took last (kept across restarts beside its
-        footprint, per memory settings); None before the first measured load."""
+        footprint, per load: files and memory settings); None before the first measured
+        load."""
         definition = definition or self.active_definition
         if self._footprints is not None:
-            profile = self.backend.memory_profile(definition).key()
-            stored = self._footprints.load_time(self.name, profile)
+            stored = self._footprints.load_time(self.name, self._load_key(definition))
             if stored is not None:
                 return stored
         return self.load_seconds
@@ -525,8 +525,8 @@ class ModelActor:
     def _keep_load_time(self, seconds: float) -> None:
         self.load_seconds = seconds
         if self._footprints is not None:
-            profile = self.backend.memory_profile(self.active_definition).key()
-            self._footprints.record_load_time(self.name, profile, seconds)
+            load = self._load_key(self.active_definition)
+            self._footprints.record_load_time(self.name, load, seconds)
             if self._nursery is not None:
                 self._nursery.start_soon(self._footprints.save)
 
@@ -912,10 +912,15 @@ class ModelActor:
         log.info("model=%s load measured at %d MiB on the GPUs %s", self.name, total, per_gpu)
         self._keep_footprint(len(self.replicas), total)
 
+    def _load_key(self, definition: ModelDefinition) -> str:
+        """What a load of ``definition`` is, for the footprint store: its settings and
+        the identity of the model files as last read (at boot, or when a pull set them)."""
+        return load_key(definition, self.artifact.identity if self.artifact else None)
+
     def _keep_footprint(self, replicas: int, mib: int) -> None:
         if self._footprints is not None:
-            profile = self.backend.memory_profile(self.active_definition).key()
-            self._footprints.record(self.name, profile, replicas, mib)
+            load = self._load_key(self.active_definition)
+            self._footprints.record(self.name, load, replicas, mib)
             # Written in the background: the load does not wait for a file.
             assert self._nursery is not None
             self._nursery.start_soon(self._footprints.save)
@@ -1078,7 +1083,7 @@ class ModelActor:
             )
         profile = self.backend.memory_profile(definition)
         if self._footprints is not None:
-            stored = self._footprints.lookup(self.name, profile.key(), count)
+            stored = self._footprints.lookup(self.name, self._load_key(definition), count)
             if stored is not None:
                 return VramEstimate(stored, count, "observed_load_delta")
         declared = self.backend.declared_vram_mib(definition)

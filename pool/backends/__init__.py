@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._file_identity import file_identity
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._load_request import (
     LoadRequest,
@@ -104,6 +105,7 @@ __all__ = [
     "backend_names",
     "context_field",
     "definition_class",
+    "file_identity",
     "free_port",
     "get_backend",
     "load_constraints",

@@ -328,10 +328,10 @@ class EmbeddingRuntime(Runtime, Protocol):
 class MemoryProfile:
     """The settings of one load that change how much memory it takes.
 
-    They key the pool's store of measured footprints and feed the closed-form
-    estimate (weights + KV cache for ``context`` tokens of ``parallel`` sequences in
-    the ``type_k``/``type_v`` cache types + a compute buffer). ``None``: the backend's
-    default, or not a knob of this backend.
+    They feed the closed-form estimate (weights + KV cache for ``context`` tokens of
+    ``parallel`` sequences in the ``type_k``/``type_v`` cache types + a compute
+    buffer). ``None``: the backend's default, or not a knob of this backend. (Measured
+    footprints are keyed by the whole load instead: pool/actors/_footprints.py.)
     """
 
     context: int | None = None
@@ -340,13 +340,6 @@ class MemoryProfile:
     parallel: int = 1
     gpu_layers: int | str | None = None
     batch: int | None = None
-
-    def key(self) -> str:
-        """A stable text form, for the footprint store."""
-        return (
-            f"ctx={self.context},k={self.type_k},v={self.type_v},par={self.parallel},"
-            f"ngl={self.gpu_layers},batch={self.batch}"
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,11 @@ read. Each file carries a SHA-256 of its contents: a corrupted or truncated file
 removed with a log line, never loaded. The directory is kept within a bound in bytes,
 least recently written first out, across models.
 
+Replicas of a model (and pools sharing a state dir) write into one folder at once. Each
+file is written under a temporary name of its own, then renamed: a reader never sees
+half a file, and a writer's clean-up removes only temporary files no writer has touched
+for an hour (left by a crash), never one that another writer is still filling.
+
 File layout: ``MAGIC``, a 4-byte header length, a JSON header (model key, scope,
 token count, state size, digest), the tokens as little-endian int32, the state bytes.
 """
@@ -25,29 +30,31 @@ import json
 import logging
 import os
 import struct
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pool.backends._file_identity import feed_file_identity
 from pool.backends._prefix_cache import SavedState, ScopeKey, common_prefix
 
 log = logging.getLogger("pool.backends")
 
 MAGIC = b"llm-pool prompt state 1\n"
 SUFFIX = ".pstate"
+PARTIAL = ".partial"
 _HEAD = struct.Struct("<I")
-_MIB = 1024 * 1024
+# A temporary file not written to for this long is a leftover of a writer that died
+# mid-write: a live writer writes its file in one go, within seconds.
+STALE_PARTIAL_S = 3600.0
 
 
 def model_key(path: Path, **settings: Any) -> str:
     """The key of states made by the model file at ``path`` under ``settings``."""
-    stat = path.stat()
     digest = hashlib.sha256()
-    digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-    with path.open("rb") as file:
-        digest.update(file.read(_MIB))
+    feed_file_identity(digest, path)
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]
 
@@ -144,18 +151,26 @@ class DiskStates:
                     "sha256": _body_digest(tokens, state),
                 }
             ).encode()
-            path = self.directory / f"{self.key}-{uuid.uuid4().hex}{SUFFIX}"
-            partial = path.with_suffix(".partial")
-            with partial.open("wb") as file:
-                file.write(MAGIC + _HEAD.pack(len(head)) + head + tokens)
-                file.write(state)
-            os.replace(partial, path)  # whole files only: a crash leaves a .partial
+            name = f"{self.key}-{uuid.uuid4().hex}"
+            path = self.directory / f"{name}{SUFFIX}"
+            # Its own temporary name (replicas of a model share the folder): another
+            # writer's clean-up never takes a file this one is still writing.
+            partial = self.directory / f"{name}.{os.getpid()}{PARTIAL}"
+            try:
+                with partial.open("wb") as file:
+                    file.write(MAGIC + _HEAD.pack(len(head)) + head + tokens)
+                    file.write(state)
+                os.replace(partial, path)  # whole files only: a crash leaves a partial
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
             written += 1
         self.trim()
         return written
 
     def trim(self) -> None:
-        """Remove the least recently written files (any model) beyond the bound."""
+        """Remove the least recently written files (any model) beyond the bound, and
+        the temporary files that writers which died mid-write left behind."""
         files = []
         for path in self.directory.glob(f"*{SUFFIX}"):
             try:
@@ -163,8 +178,7 @@ class DiskStates:
             except FileNotFoundError:
                 continue
             files.append((stat.st_mtime_ns, stat.st_size, path))
-        for leftover in self.directory.glob("*.partial"):
-            leftover.unlink(missing_ok=True)
+        self._remove_stale_partials()
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total <= self.capacity_bytes:
@@ -172,6 +186,17 @@ class DiskStates:
             path.unlink(missing_ok=True)
             total -= size
         self.entries = [e for e in self.entries if e.path.exists()]
+
+    def _remove_stale_partials(self) -> None:
+        """Only those no writer has touched for ``STALE_PARTIAL_S``: a fresh one may be
+        another replica's (or another pool's) write under way, whose rename would fail."""
+        cutoff = time.time() - STALE_PARTIAL_S
+        for leftover in self.directory.glob(f"*{PARTIAL}"):
+            try:
+                if leftover.stat().st_mtime < cutoff:
+                    leftover.unlink(missing_ok=True)
+            except FileNotFoundError:
+                continue  # its writer renamed it meanwhile
 
     def remove(self, match: Callable[[ScopeKey], bool]) -> tuple[int, int]:
         """Remove this model's files whose scope matches (a flush); (entries, bytes)."""

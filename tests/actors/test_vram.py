@@ -19,8 +19,9 @@ from benchmarks.vram_swap import belady
 from pool import Pool, PoolError, open_pool
 from pool.actors import GpuView, VirtualGpus
 from pool.actors._estimate import Artifact, gguf_closed_form_mib, gpu_layer_shares, read_artifact
+from pool.actors._footprints import load_key
 from pool.backends import MemoryProfile, read_gguf_header
-from pool.config import build_settings, resolve_model_path
+from pool.config import Settings, build_settings, resolve_model_path
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until
 
@@ -433,12 +434,84 @@ async def test_restart_keeps_learned_footprints(cache_dir: Path) -> None:
         assert (estimate.mib, estimate.source) == (5000, "observed_load_delta")
 
 
-async def test_footprints_are_keyed_by_the_memory_settings(cache_dir: Path) -> None:
+async def test_footprints_are_keyed_by_the_load(cache_dir: Path) -> None:
     settings = stub_settings({"m": model(2500)}, gpu_budget_mib=[BUDGET])
     async with open_pool(settings) as pool:
         await pool.load("m")
-        assert pool.footprints.lookup("m", MemoryProfile(context=8192).key(), 1) is None
-        assert pool.footprints.lookup("m", MemoryProfile().key(), 1) == 2500
+        definition = pool.model("m").definition
+        same = load_key(definition, None)
+        assert pool.footprints.lookup("m", same, 1) == 2500
+        # How a model is listed, scheduled and kept does not change what it takes...
+        kept = {"priority": 7, "keep_alive": 5, "pinned": True, "description": "x"}
+        assert load_key(definition.model_copy(update=kept), None) == same
+        # ...what it loads does: its settings, and its files.
+        for changed in ({"stub_vram_mib": 2600}, {"target_inflight": 4}):
+            other = load_key(definition.model_copy(update=changed), None)
+            assert pool.footprints.lookup("m", other, 1) is None
+        assert pool.footprints.lookup("m", load_key(definition, "other files"), 1) is None
+
+
+def two_stubs_on_a_small_gpu(mib: int, **fields: Any) -> Settings:
+    """``m`` (``mib``) beside a 500 MiB model on one GPU of 1,000 MiB."""
+    return stub_settings(
+        {"other": model(500), "m": model(mib, **fields)}, gpu_budget_mib=[1000], min_resident_s=0
+    )
+
+
+async def test_a_footprint_of_an_earlier_definition_does_not_let_a_load_over_the_budget(
+    cache_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with open_pool(two_stubs_on_a_small_gpu(100)) as pool:
+        assert (await pool.load("m")).observed_load_delta_mib == 100
+    # The model now takes 600 MiB; the pool restarts on the same state dir.
+    async with open_pool(two_stubs_on_a_small_gpu(600)) as pool:
+        seen: list[int] = []
+        watch_budget(pool, 1000, seen)
+        await pool.respond(ask("other"))
+        await pool.respond(ask("m"))  # 500 + 600 do not fit: the other model makes room
+        assert pool.snapshot("other").state == "unloaded"
+        assert pool.snapshot("m").vram.mib == 600
+        assert max(seen) <= 1000
+
+
+async def test_a_footprint_follows_the_model_file(cache_dir: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"first version")
+    settings = two_stubs_on_a_small_gpu(100, model_path=str(weights))
+    async with open_pool(settings) as pool:
+        await pool.load("m")
+    async with open_pool(settings) as pool:  # the same file: its footprint is kept
+        assert pool.snapshot("m").vram.source == "observed_load_delta"
+    weights.write_bytes(b"second version, replaced in place")
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("m").vram.source == "artifact_metadata"
+
+
+async def test_footprints_of_the_old_file_format_are_dropped_at_boot(cache_dir: Path) -> None:
+    """Version 1 keyed a footprint by the memory settings alone: it cannot tell which
+    load it measured. Its CUDA contexts (by GPU) still hold."""
+    old = {
+        "m|ctx=None,k=None,v=None,par=1,ngl=None,batch=None|replicas=1": {
+            "model": "m",
+            "profile": "ctx=None,k=None,v=None,par=1,ngl=None,batch=None",
+            "replicas": 1,
+            "mib": 100,
+            "measured_at": 0,
+        },
+        "cuda-context|gpu=0": {"gpu": 0, "mib": 321, "measured_at": 0},
+    }
+    (cache_dir / "vram-footprints.json").write_text(json.dumps({"version": 1, "footprints": old}))
+    async with open_pool(two_stubs_on_a_small_gpu(600)) as pool:
+        assert (pool.snapshot("m").vram.mib, pool.snapshot("m").vram.source) == (
+            600,
+            "artifact_metadata",
+        )
+        assert pool.footprints.context_mib(0) == 321
+        assert (await pool.load("m")).observed_load_delta_mib == 600
+    stored = json.loads((cache_dir / "vram-footprints.json").read_text())
+    assert stored["version"] == 2
+    kept = [e for e in stored["footprints"].values() if "mib" in e and e.get("model") == "m"]
+    assert [e["mib"] for e in kept] == [600]
 
 
 # -- the estimate chain, one step each ------------------------------------------------------

@@ -6,12 +6,19 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from pool.backends._prefix_cache import SavedState, scope_matches
-from pool.backends._saved_states import SUFFIX, DiskStates, model_key
+from pool.backends._saved_states import (
+    PARTIAL,
+    STALE_PARTIAL_S,
+    SUFFIX,
+    DiskStates,
+    model_key,
+)
 
 
 def _state(key: tuple[str, str | None], tokens: list[int], payload: bytes) -> SavedState:
@@ -99,3 +106,40 @@ def test_the_key_follows_the_file_and_the_settings(tmp_path: Path) -> None:
     assert key != model_key(gguf, n_ctx=2048, type_k="q8_0")
     gguf.write_bytes(b"GGUF" + bytes(101))  # another file at the same path
     assert key != model_key(gguf, n_ctx=2048, type_k=None)
+
+
+def test_two_writers_on_one_folder_keep_each_others_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas of a model close at once: one's clean-up runs while the other is
+    between writing its temporary file and renaming it."""
+    first = DiskStates(tmp_path, "m", 1 << 20)
+    second = DiskStates(tmp_path, "m", 1 << 20)
+    rename = os.replace
+    interleaved: list[int] = []
+
+    def replace_after_the_other_wrote(source: str | Path, target: str | Path) -> None:
+        if not interleaved:  # the first writer's rename: the second one writes first
+            interleaved.append(0)
+            interleaved[0] = second.write([_state(("t", None), [2], b"second")])
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_after_the_other_wrote)
+    assert first.write([_state(("t", None), [1], b"first")]) == 1
+    assert interleaved == [1]
+    reader = DiskStates(tmp_path, "m", 1 << 20)
+    reader.index()
+    assert sorted(e.tokens for e in reader.entries) == [(1,), (2,)]
+    assert list(tmp_path.glob(f"*{PARTIAL}")) == []
+
+
+def test_a_crashed_writers_leftover_goes_only_once_stale(tmp_path: Path) -> None:
+    stale = tmp_path / f"m-dead.1{PARTIAL}"
+    fresh = tmp_path / f"m-busy.2{PARTIAL}"
+    for leftover in (stale, fresh):
+        leftover.write_bytes(b"half a state")
+    long_ago = time.time() - STALE_PARTIAL_S - 60
+    os.utime(stale, (long_ago, long_ago))
+    DiskStates(tmp_path, "m", 1 << 20).write([_state(("t", None), [1], b"x")])
+    assert not stale.exists()
+    assert fresh.exists()  # perhaps another writer's, still under way
