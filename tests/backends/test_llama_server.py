@@ -24,7 +24,7 @@ from pool.backends import get_backend
 from pool.backends.llama_server import command_line
 from pool.config import build_settings, resolve_model_path
 
-from .streaming import assert_streams
+from .streaming import assert_cut_is_charged, assert_streams
 from .test_process import _gone, assert_group_running, assert_killed_pool_leaves_no_server
 
 pytestmark = pytest.mark.real_model
@@ -68,6 +68,16 @@ async def test_paris_streaming_and_unload(llama_server_binary: str) -> None:
         assert_group_running(pid)
         await pool.unload("ls")
         assert _gone(pid)
+
+
+async def test_a_stream_left_early_is_charged_its_prompt_and_tokens(
+    llama_server_binary: str,
+) -> None:
+    """llama-server's per-chunk timings (timings_per_token) give a cut stream's prompt."""
+    async with open_pool(_settings(llama_server_binary)) as pool:
+        story = _ask(input="Write a story about a fox.", decoding={"max_tokens": 64})
+        used = await assert_cut_is_charged(pool, story)
+        assert used.prompt_tokens == (await pool.respond(story)).usage.prompt_tokens
 
 
 async def test_killing_the_server_mid_stream(llama_server_binary: str) -> None:

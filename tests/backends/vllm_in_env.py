@@ -22,6 +22,7 @@ from pool import Delta, Finished, InferenceRequest, Pool, PoolError, open_pool
 from pool.actors import DecodingOverrides
 from pool.backends.vllm import VllmModel, VllmRuntime
 from pool.config import build_settings
+from tests.backends.streaming import assert_cut_is_charged
 
 pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
@@ -203,6 +204,10 @@ async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
         freed_ms = (time.perf_counter() - cancelled_at) * 1000.0
         assert runtime.scheduler.kv_cache_usage < 0.01, runtime.scheduler
         print(f"vllm: cancelled mid-stream; the engine's batch was empty {freed_ms:.0f} ms later")
+        # A stream left early is charged its prompt and the tokens the engine made.
+        used = await assert_cut_is_charged(pool, endless)
+        one = InferenceRequest.prompt("v", essay, decoding=DecodingOverrides(max_tokens=1))
+        assert used.prompt_tokens == (await pool.respond(one)).usage.prompt_tokens
 
         # Prefix caching: every answer says how many prompt tokens the engine reused.
         await _check_prefix_cache(pool, runtime)
