@@ -34,13 +34,15 @@ async def assert_cut_is_charged(pool: Pool, request: InferenceRequest, *, reads:
     """A stream its caller leaves after ``reads`` deltas is charged what it used: the
     prompt (prefilled by then) and at least the tokens read. Returns that charge."""
     read = 0
-    async with pool.admit(request) as admission:
-        async with contextlib.aclosing(admission.events()) as events:
-            async for event in events:
-                read += isinstance(event, Delta)
-                assert not isinstance(event, Finished | Failed), f"ended before the cut: {event}"
-                if read == reads:
-                    break
+    async with (
+        pool.admit(request) as admission,
+        contextlib.aclosing(admission.events()) as events,
+    ):
+        async for event in events:
+            read += isinstance(event, Delta)
+            assert not isinstance(event, Finished | Failed), f"ended before the cut: {event}"
+            if read == reads:
+                break
     used = admission.used
     assert used.prompt_tokens, used
     assert used.output_tokens is not None and used.output_tokens >= reads, used

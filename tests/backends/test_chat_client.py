@@ -14,7 +14,10 @@ from pool.backends import TokensUsed, ToolCallDelta
 from pool.backends._chat_client import stream_chat
 from pool.backends._upstream import LeanTransport
 
-from .test_upstream import Handler, RawServer, start  # noqa: F401 - the fixture
+from . import test_upstream
+from .test_upstream import Handler, RawServer
+
+start = test_upstream.start  # its raw-server fixture
 
 # What each server sends with every chunk when asked (the pool's managed backends ask).
 VLLM_CHUNKS = [
