@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import re
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -178,7 +179,8 @@ def _json_number(text: str) -> float | int:
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Parse a request body; anything but JSON is a 400 ``invalid_request``."""
+    """Parse a request body; anything but JSON, and JSON with an integer too long to
+    read, is a 400 ``invalid_request``."""
     try:
         return json.loads(raw, parse_float=_json_number)
     except UnicodeDecodeError as exc:
@@ -190,6 +192,13 @@ def parse_json(raw: bytes | str) -> Any:
         ) from None
     except RecursionError:
         raise PoolError("invalid_request", "the body is nested too deeply") from None
+    except ValueError:
+        # Not a decode error: Python's limit on reading integers (a denial-of-service
+        # guard), the only other ValueError json.loads raises.
+        raise PoolError(
+            "invalid_request",
+            f"the body has an integer of more than {sys.get_int_max_str_digits()} digits",
+        ) from None
 
 
 def validate(model: type[T], data: Any, *, at: tuple[str, ...] = ()) -> T:

@@ -70,6 +70,8 @@ async def test_errors_keep_the_connection_usable(server: ServerInfo) -> None:
     async with open_websocket_url(_ws_url(server)) as ws:
         for bad, code in [
             ("{not json", "invalid_request"),
+            # Past Python's limit on reading an integer (4300 digits).
+            ('{"model": "echo", "input": "x", "seed": ' + "9" * 5000 + "}", "invalid_request"),
             (json.dumps({"model": "echo"}), "validation_error"),
             (json.dumps({"model": "nope", "input": "x"}), "unknown_model"),
             (json.dumps({"type": "response.cancel"}), "invalid_request"),
