@@ -3,6 +3,7 @@ pipeline (pool/http/_pipeline.py), and the errors Quart itself answers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -164,9 +165,20 @@ def create_app(
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:
-        log.exception(
-            "request_id=%s unhandled error on %s %s", request_id(), request.method, request.path
-        )
+        if has_request_context():
+            log.exception(
+                "request_id=%s unhandled error on %s %s",
+                request_id(),
+                request.method,
+                request.path,
+            )
+            return internal_error_response()
+        # A WebSocket's: its route accepted the handshake, so the client learns of it from
+        # the close code, 1011 "internal error" (Quart would close with 1000, normal).
+        log.exception("request_id=%s unhandled error on WEBSOCKET %s", request_id(), websocket.path)
+        await websocket.accept()  # idempotent; a socket not yet accepted is closed the same
+        with contextlib.suppress(RuntimeError):  # Quart's: the route had closed it already
+            await websocket.close(1011, "internal error; see the server log")
         return internal_error_response()
 
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -133,3 +134,23 @@ async def test_a_socket_waiting_for_a_load_sees_queued_then_loading(
         0.75,
     ]
     assert events[-1]["response"]["output_text"] == "a b c"
+
+
+async def test_a_socket_whose_request_raises_is_logged_with_its_request_id(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error on a socket is the pool's to log (traceback, request id) and
+    closes it with 1011; the error handler itself does not fail on a WebSocket."""
+
+    def broken_admit(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the pool")
+
+    monkeypatch.setattr(server.pool, "admit", broken_admit)
+    caplog.set_level(logging.ERROR)
+    async with open_websocket_url(_ws_url(server), extra_headers=[("X-Request-Id", "ws-9")]) as ws:
+        await ws.send_message(json.dumps({"model": "echo", "input": "x"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 1011
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage() == "request_id=ws-9 unhandled error on WEBSOCKET /v1/responses"
