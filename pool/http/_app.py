@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from pool.actors import Pool
 from pool.config import Settings
-from pool.errors import PoolError
+from pool.errors import STATUS_BY_CODE, PoolError
 from pool.http import (
     _ui,
     admin,
@@ -158,6 +158,13 @@ def create_app(
             message = f"no route {request.path}"
         elif status == 405:
             message = f"{request.method} is not allowed on {request.path}"
+        if STATUS_BY_CODE.get(code) == status:
+            # In the shape of the dialect the path belongs to (a 405: its routes', a 404:
+            # the owner of its prefix), as the dialect's clients read errors.
+            dialect = pipeline.dialect(request.path, request.method)
+            answer = ctx.error_answer(PoolError(code, message), dialect)
+            answer.headers.update(headers)
+            return answer
         if request.path.startswith("/openai/"):
             # The base URL that is OpenAI's API answers in OpenAI's error object throughout.
             return json_response(openai_error(status, code, message), status, headers)

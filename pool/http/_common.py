@@ -65,6 +65,14 @@ class AppContext:
     hot_routes: dict[str, HotRoute] = field(default_factory=dict)
     # Error shapes by blueprint name; a route outside any blueprint answers in the pool's.
     error_shapes: dict[str, ErrorShape] = field(default_factory=dict)
+    # The blueprint whose shape a path no route serves answers in (a 404), by path
+    # prefix: a dialect's clients read its errors under the whole of its base URL.
+    path_dialects: dict[str, str] = field(default_factory=dict)
+
+    def unrouted_dialect(self, path: str) -> str | None:
+        """The blueprint that owns ``path``'s prefix (the longest that matches), if any."""
+        owning = [prefix for prefix in self.path_dialects if path.startswith(prefix)]
+        return self.path_dialects[max(owning, key=len)] if owning else None
 
     def error_answer(self, exc: PoolError | SchemaError, dialect: str | None) -> Response:
         """``exc`` in the error shape of ``dialect`` (a blueprint name)."""

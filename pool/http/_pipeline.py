@@ -20,7 +20,9 @@ pool, an embedded app and Quart's test client all run it. In order:
 8. errors in the route's dialect: a step's refusal (4, 5) and a view's ``PoolError`` or
    ``SchemaError`` are rendered by the :class:`~pool.http._common.ErrorShape` of the
    blueprint that serves the path (OpenAI's, Ollama's, Anthropic's or the pool's), the
-   same functions for hot routes and Quart's (pool/http/_app.py's error handlers).
+   same functions for hot routes and Quart's (pool/http/_app.py's error handlers); a
+   405's by the path's routes, a 404's by the dialect that owns the path's prefix
+   (:meth:`RequestPipeline.dialect`).
 The access log line of each request is Hypercorn's (pool/http/_access_log.py), for all.
 
 The hot routes (``POST /v1/responses``, ``POST /v1/chat/completions`` and their peers
@@ -53,7 +55,7 @@ import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response
 from quart.wrappers.response import DataBody
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import MapAdapter
 
 from pool.actors import RELAY_HEADER, RELAYED, RateLimiter
@@ -224,9 +226,13 @@ class RequestPipeline:
 
     def _error(self, exc: PoolError, path: str, method: str) -> Response:
         """``exc`` in the error shape of the blueprint that serves ``path``."""
-        return self.ctx.error_answer(exc, self._dialect(path, method))
+        return self.ctx.error_answer(exc, self.dialect(path, method))
 
-    def _dialect(self, path: str, method: str) -> str | None:
+    def dialect(self, path: str, method: str) -> str | None:
+        """The blueprint whose error shape answers ``method`` on ``path``: the route's;
+        for a method the path's routes do not take (a 405), theirs; for a path no route
+        serves (a 404), the one that owns its prefix (``AppContext.path_dialects``).
+        None: the pool's own shape."""
         hot = self.ctx.hot_routes.get(path) if method == "POST" else None
         if hot is not None:
             return hot.dialect
@@ -234,8 +240,13 @@ class RequestPipeline:
             self._adapter = self._routes()
         try:
             endpoint, _ = self._adapter.match(path, method)
+        except MethodNotAllowed as exc:
+            try:
+                endpoint, _ = self._adapter.match(path, next(iter(exc.valid_methods or ["GET"])))
+            except HTTPException:
+                return self.ctx.unrouted_dialect(path)
         except HTTPException:
-            return None  # no route: Quart's 404 or 405 will be the pool's shape too
+            return self.ctx.unrouted_dialect(path)
         blueprint, _, _ = str(endpoint).rpartition(".")
         return blueprint or None
 
