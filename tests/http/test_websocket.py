@@ -136,6 +136,38 @@ async def test_a_socket_waiting_for_a_load_sees_queued_then_loading(
     assert events[-1]["response"]["output_text"] == "a b c"
 
 
+async def _access_line(caplog: pytest.LogCaptureFixture, path: str) -> str:
+    """The access log line of the socket on ``path``, once the server has closed it."""
+    with trio.fail_after(10):
+        while True:
+            lines = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "pool.access" and f"path={path} " in r.getMessage()
+            ]
+            if lines:
+                (line,) = lines
+                return line
+            await trio.sleep(0.01)
+
+
+async def test_the_handshake_answer_carries_the_request_id(
+    server: ServerInfo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As every HTTP answer does: the client's sane X-Request-Id, else a fresh one, on the
+    101 and on the socket's access line."""
+    caplog.set_level(logging.INFO, logger="pool.access")
+    async with open_websocket_url(_ws_url(server), extra_headers=[("X-Request-Id", "ws-7")]) as ws:
+        assert dict(ws.handshake_headers)[b"x-request-id"] == b"ws-7"
+    line = await _access_line(caplog, "/v1/responses")
+    assert line.startswith("request_id=ws-7 method=WEBSOCKET ")
+    caplog.clear()
+    async with open_websocket_url(_ws_url(server)) as ws:
+        fresh = dict(ws.handshake_headers)[b"x-request-id"].decode()
+    assert len(fresh) == 32
+    assert (await _access_line(caplog, "/v1/responses")).startswith(f"request_id={fresh} ")
+
+
 async def test_a_socket_whose_request_raises_is_logged_with_its_request_id(
     server: ServerInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
