@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,10 @@ def read_json(path: Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError([f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"]) from exc
+    except ValueError as exc:
+        # Python's limit on reading integers, the only other ValueError json.loads raises.
+        limit = sys.get_int_max_str_digits()
+        raise ConfigError([f"{path}: an integer has more than {limit} digits"]) from exc
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a JSON object"])
     return data

@@ -10,7 +10,8 @@ Routes that know more (the model, the tenant) log their own line.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from hypercorn.logging import Logger
 
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
     from hypercorn.typing import ResponseSummary, WWWScope
 
 log = logging.getLogger("pool.access")
+
+# The ASGI scope key of the exchange's request id (pool/http/_pipeline.py sets it). The
+# line reads ``X-Request-Id`` from the answer's head, but Hypercorn reports a WebSocket
+# handshake's 101 without its headers.
+REQUEST_ID_KEY = "pool.request_id"
 
 
 class AccessLog(Logger):
@@ -35,7 +41,7 @@ class AccessLog(Logger):
             log.debug("method=%s path=%s closed before the answer ended", method, request["path"])
             return
         sent = {bytes(name).lower(): bytes(value) for name, value in response.get("headers", ())}
-        rid = sent.get(b"x-request-id", b"-").decode("latin-1")
+        rid = sent.get(b"x-request-id", b"").decode("latin-1") or _scope_request_id(request)
         path, status, ms = request["path"], response["status"], request_time * 1000.0
         # A traced request answers with its span's traceparent: version-trace_id-span_id-flags.
         traceparent = sent.get(b"traceparent")
@@ -54,3 +60,8 @@ class AccessLog(Logger):
             ms,
             trace_id[0],
         )
+
+
+def _scope_request_id(request: WWWScope) -> str:
+    found = cast(Mapping[str, Any], request).get(REQUEST_ID_KEY)
+    return found if isinstance(found, str) else "-"

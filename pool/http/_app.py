@@ -3,6 +3,7 @@ pipeline (pool/http/_pipeline.py), and the errors Quart itself answers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -20,7 +21,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from pool.actors import Pool
 from pool.config import Settings
-from pool.errors import PoolError
+from pool.errors import STATUS_BY_CODE, PoolError
 from pool.http import (
     _ui,
     admin,
@@ -157,6 +158,13 @@ def create_app(
             message = f"no route {request.path}"
         elif status == 405:
             message = f"{request.method} is not allowed on {request.path}"
+        if STATUS_BY_CODE.get(code) == status:
+            # In the shape of the dialect the path belongs to (a 405: its routes', a 404:
+            # the owner of its prefix), as the dialect's clients read errors.
+            dialect = pipeline.dialect(request.path, request.method)
+            answer = ctx.error_answer(PoolError(code, message), dialect)
+            answer.headers.update(headers)
+            return answer
         if request.path.startswith("/openai/"):
             # The base URL that is OpenAI's API answers in OpenAI's error object throughout.
             return json_response(openai_error(status, code, message), status, headers)
@@ -164,9 +172,20 @@ def create_app(
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:
-        log.exception(
-            "request_id=%s unhandled error on %s %s", request_id(), request.method, request.path
-        )
+        if has_request_context():
+            log.exception(
+                "request_id=%s unhandled error on %s %s",
+                request_id(),
+                request.method,
+                request.path,
+            )
+            return internal_error_response()
+        # A WebSocket's: its route accepted the handshake, so the client learns of it from
+        # the close code, 1011 "internal error" (Quart would close with 1000, normal).
+        log.exception("request_id=%s unhandled error on WEBSOCKET %s", request_id(), websocket.path)
+        await websocket.accept()  # idempotent; a socket not yet accepted is closed the same
+        with contextlib.suppress(RuntimeError):  # Quart's: the route had closed it already
+            await websocket.close(1011, "internal error; see the server log")
         return internal_error_response()
 
     return app

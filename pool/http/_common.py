@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import re
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -64,6 +65,14 @@ class AppContext:
     hot_routes: dict[str, HotRoute] = field(default_factory=dict)
     # Error shapes by blueprint name; a route outside any blueprint answers in the pool's.
     error_shapes: dict[str, ErrorShape] = field(default_factory=dict)
+    # The blueprint whose shape a path no route serves answers in (a 404), by path
+    # prefix: a dialect's clients read its errors under the whole of its base URL.
+    path_dialects: dict[str, str] = field(default_factory=dict)
+
+    def unrouted_dialect(self, path: str) -> str | None:
+        """The blueprint that owns ``path``'s prefix (the longest that matches), if any."""
+        owning = [prefix for prefix in self.path_dialects if path.startswith(prefix)]
+        return self.path_dialects[max(owning, key=len)] if owning else None
 
     def error_answer(self, exc: PoolError | SchemaError, dialect: str | None) -> Response:
         """``exc`` in the error shape of ``dialect`` (a blueprint name)."""
@@ -178,7 +187,8 @@ def _json_number(text: str) -> float | int:
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Parse a request body; anything but JSON is a 400 ``invalid_request``."""
+    """Parse a request body; anything but JSON, and JSON with an integer too long to
+    read, is a 400 ``invalid_request``."""
     try:
         return json.loads(raw, parse_float=_json_number)
     except UnicodeDecodeError as exc:
@@ -190,6 +200,13 @@ def parse_json(raw: bytes | str) -> Any:
         ) from None
     except RecursionError:
         raise PoolError("invalid_request", "the body is nested too deeply") from None
+    except ValueError:
+        # Not a decode error: Python's limit on reading integers (a denial-of-service
+        # guard), the only other ValueError json.loads raises.
+        raise PoolError(
+            "invalid_request",
+            f"the body has an integer of more than {sys.get_int_max_str_digits()} digits",
+        ) from None
 
 
 def validate(model: type[T], data: Any, *, at: tuple[str, ...] = ()) -> T:

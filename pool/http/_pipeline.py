@@ -6,7 +6,8 @@ pool, an embedded app and Quart's test client all run it. In order:
 
 1. trace headers (while the pool traces): W3C ``traceparent``/``tracestate`` in, the
    request span's ``traceparent`` on the answer (pool/tracing/_incoming.py);
-2. the request id: the client's sane ``X-Request-Id`` or a fresh one, on every answer;
+2. the request id: the client's sane ``X-Request-Id`` or a fresh one, on every answer
+   (a WebSocket handshake's too);
 3. relayed marking: a request a cluster peer relayed is served here, never onwards;
 4. the ``Host``/``Origin`` check (pool/http/_hosts.py), before anything else is read;
 5. the whole body, before any route: 413 past ``service.max_body_bytes`` (by
@@ -20,7 +21,9 @@ pool, an embedded app and Quart's test client all run it. In order:
 8. errors in the route's dialect: a step's refusal (4, 5) and a view's ``PoolError`` or
    ``SchemaError`` are rendered by the :class:`~pool.http._common.ErrorShape` of the
    blueprint that serves the path (OpenAI's, Ollama's, Anthropic's or the pool's), the
-   same functions for hot routes and Quart's (pool/http/_app.py's error handlers).
+   same functions for hot routes and Quart's (pool/http/_app.py's error handlers); a
+   405's by the path's routes, a 404's by the dialect that owns the path's prefix
+   (:meth:`RequestPipeline.dialect`).
 The access log line of each request is Hypercorn's (pool/http/_access_log.py), for all.
 
 The hot routes (``POST /v1/responses``, ``POST /v1/chat/completions`` and their peers
@@ -53,12 +56,13 @@ import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response
 from quart.wrappers.response import DataBody
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import MapAdapter
 
 from pool.actors import RELAY_HEADER, RELAYED, RateLimiter
 from pool.config import ServiceSettings
 from pool.errors import PoolError
+from pool.http._access_log import REQUEST_ID_KEY
 from pool.http._common import (
     AppContext,
     PipelineRequest,
@@ -197,6 +201,8 @@ class RequestPipeline:
     async def _websocket(
         self, scope: dict[str, Any], request: PipelineRequest, receive: Receive, send: Send
     ) -> None:
+        send = _handshake_with_request_id(send, request.request_id)
+        scope[REQUEST_ID_KEY] = request.request_id  # for its access line (_access_log.py)
         refusal = self._refused_host(request)
         if refusal is None:
             asgi = cast(ASGIReceiveCallable, receive), cast(ASGISendCallable, send)
@@ -209,9 +215,8 @@ class RequestPipeline:
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})
             return
-        head = [*_head(response), (b"x-request-id", request.request_id.encode("latin-1"))]
         start = {"type": "websocket.http.response.start", "status": response.status_code}
-        await send({**start, "headers": head})
+        await send({**start, "headers": _head(response)})
         await send({"type": "websocket.http.response.body", "body": await response.get_data()})
 
     def _refused_host(self, request: PipelineRequest) -> PoolError | None:
@@ -224,9 +229,13 @@ class RequestPipeline:
 
     def _error(self, exc: PoolError, path: str, method: str) -> Response:
         """``exc`` in the error shape of the blueprint that serves ``path``."""
-        return self.ctx.error_answer(exc, self._dialect(path, method))
+        return self.ctx.error_answer(exc, self.dialect(path, method))
 
-    def _dialect(self, path: str, method: str) -> str | None:
+    def dialect(self, path: str, method: str) -> str | None:
+        """The blueprint whose error shape answers ``method`` on ``path``: the route's;
+        for a method the path's routes do not take (a 405), theirs; for a path no route
+        serves (a 404), the one that owns its prefix (``AppContext.path_dialects``).
+        None: the pool's own shape."""
         hot = self.ctx.hot_routes.get(path) if method == "POST" else None
         if hot is not None:
             return hot.dialect
@@ -234,8 +243,13 @@ class RequestPipeline:
             self._adapter = self._routes()
         try:
             endpoint, _ = self._adapter.match(path, method)
+        except MethodNotAllowed as exc:
+            try:
+                endpoint, _ = self._adapter.match(path, next(iter(exc.valid_methods or ["GET"])))
+            except HTTPException:
+                return self.ctx.unrouted_dialect(path)
         except HTTPException:
-            return None  # no route: Quart's 404 or 405 will be the pool's shape too
+            return self.ctx.unrouted_dialect(path)
         blueprint, _, _ = str(endpoint).rpartition(".")
         return blueprint or None
 
@@ -315,6 +329,24 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def _handshake_with_request_id(send: Send, request_id: str) -> Send:
+    """``send`` that puts ``X-Request-Id`` on the handshake's answer (step 2): the accept,
+    or the HTTP answer of a refused one. The access log reads it from there."""
+    header = (b"x-request-id", request_id.encode("latin-1"))
+
+    async def send_with_request_id(message: dict[str, Any]) -> None:
+        if message["type"] in ("websocket.accept", "websocket.http.response.start"):
+            head = [
+                (name, value)
+                for name, value in message.get("headers", ())
+                if name.lower() != b"x-request-id"
+            ]
+            message = {**message, "headers": [*head, header]}
+        await send(message)
+
+    return send_with_request_id
 
 
 def _whole_ending(send: Send) -> Send:

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from pool import InferenceRequest, ServerInfo
-from pool.cli import run_command
+from pool.cli import main, run_command
 from tests.http.conftest import STUB_MODELS, start_server
 from tests.pulls.test_pulls import FileServer
 
@@ -130,6 +130,17 @@ async def test_load_refusals_name_the_field(server: ServerInfo) -> None:
 async def test_usage_errors_exit_2(server: ServerInfo) -> None:
     assert (await cli(server, "load", "cold", "--set", "no-equals-sign")).code == 2
     assert (await cli(server, "frobnicate")).code == 2
+
+
+def test_serve_refuses_an_integer_too_long_to_read_in_its_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = tmp_path / "settings.json"
+    settings.write_text('{"service": {"port": ' + "9" * 5000 + "}}")
+    assert main(["serve", "--settings", str(settings)]) == 2
+    err = capsys.readouterr().err
+    assert f"{settings}: an integer has more than 4300 digits" in err
+    assert "Traceback" not in err
 
 
 async def test_unreachable_pool_exits_3() -> None:

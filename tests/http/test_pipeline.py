@@ -55,6 +55,51 @@ async def test_hot_routes_keep_each_surface_error_shape(nursery: trio.Nursery) -
         assert wrong.status_code == 405
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "dialect"),
+    [
+        ("GET", "/api/chat", 405, "ollama"),
+        ("GET", "/api/nope", 404, "ollama"),
+        ("PATCH", "/api/pull/echo", 405, "ollama"),
+        ("GET", "/v1/messages", 405, "anthropic"),
+        ("GET", "/v1/messages/nope", 404, "anthropic"),
+        ("PUT", "/openai/v1/responses", 405, "openai"),
+        ("GET", "/openai/v1/nope", 404, "openai"),
+        ("GET", "/v1/chat/completions", 405, "openai"),
+        # The runner's route under /api/ is the runner's, in the pool's shape.
+        ("POST", "/api/status", 405, "pool"),
+        ("GET", "/v1/nope", 404, "pool"),
+        ("DELETE", "/v1/admin/models", 405, "pool"),
+    ],
+)
+async def test_a_404_or_405_answers_in_the_shape_of_the_path(
+    server: ServerInfo, method: str, path: str, status: int, dialect: str
+) -> None:
+    """A client of a dialect reads every error under its base URL: a method the route
+    does not take is answered in the route's error shape, a path no route serves in the
+    shape of the dialect whose prefix it has (Ollama's /api/, Anthropic's
+    /v1/messages/, OpenAI's /openai/)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        reply = await client.request(method, path)
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    code = {404: "not_found", 405: "method_not_allowed"}[status]
+    if status == 405:
+        assert reply.headers["allow"]
+    if dialect == "ollama":
+        assert set(body) == {"error"} and isinstance(body["error"], str), body
+        assert path in body["error"]
+    elif dialect == "anthropic":
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
+        assert reply.headers["request-id"] == reply.headers["x-request-id"]
+    elif dialect == "openai":
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["code"] == code
+    else:
+        assert body == {"error": {"code": code, "message": body["error"]["message"]}}
+
+
 async def test_a_chunked_request_body_is_read_whole(nursery: trio.Nursery) -> None:
     server = await start_server(nursery)
 

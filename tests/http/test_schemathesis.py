@@ -199,7 +199,11 @@ async def test_405_names_the_allowed_methods(nursery: trio.Nursery) -> None:
         ):
             answer = await client.request(method, path)
             assert answer.status_code == 405, (method, path)
-            assert answer.json()["error"]["code"] == "method_not_allowed"
+            error = answer.json()["error"]
+            if path.startswith("/api/"):  # Ollama's route, Ollama's shape: a string
+                assert error == f"{method} is not allowed on {path}"
+            else:
+                assert error["code"] == "method_not_allowed"
             assert set(answer.headers["allow"].split(", ")) == allowed, (method, path)
             options = await client.options(path)
             assert set(options.headers["allow"].split(", ")) == allowed, path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -70,6 +71,8 @@ async def test_errors_keep_the_connection_usable(server: ServerInfo) -> None:
     async with open_websocket_url(_ws_url(server)) as ws:
         for bad, code in [
             ("{not json", "invalid_request"),
+            # Past Python's limit on reading an integer (4300 digits).
+            ('{"model": "echo", "input": "x", "seed": ' + "9" * 5000 + "}", "invalid_request"),
             (json.dumps({"model": "echo"}), "validation_error"),
             (json.dumps({"model": "nope", "input": "x"}), "unknown_model"),
             (json.dumps({"type": "response.cancel"}), "invalid_request"),
@@ -131,3 +134,55 @@ async def test_a_socket_waiting_for_a_load_sees_queued_then_loading(
         0.75,
     ]
     assert events[-1]["response"]["output_text"] == "a b c"
+
+
+async def _access_line(caplog: pytest.LogCaptureFixture, path: str) -> str:
+    """The access log line of the socket on ``path``, once the server has closed it."""
+    with trio.fail_after(10):
+        while True:
+            lines = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "pool.access" and f"path={path} " in r.getMessage()
+            ]
+            if lines:
+                (line,) = lines
+                return line
+            await trio.sleep(0.01)
+
+
+async def test_the_handshake_answer_carries_the_request_id(
+    server: ServerInfo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As every HTTP answer does: the client's sane X-Request-Id, else a fresh one, on the
+    101 and on the socket's access line."""
+    caplog.set_level(logging.INFO, logger="pool.access")
+    async with open_websocket_url(_ws_url(server), extra_headers=[("X-Request-Id", "ws-7")]) as ws:
+        assert dict(ws.handshake_headers)[b"x-request-id"] == b"ws-7"
+    line = await _access_line(caplog, "/v1/responses")
+    assert line.startswith("request_id=ws-7 method=WEBSOCKET ")
+    caplog.clear()
+    async with open_websocket_url(_ws_url(server)) as ws:
+        fresh = dict(ws.handshake_headers)[b"x-request-id"].decode()
+    assert len(fresh) == 32
+    assert (await _access_line(caplog, "/v1/responses")).startswith(f"request_id={fresh} ")
+
+
+async def test_a_socket_whose_request_raises_is_logged_with_its_request_id(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error on a socket is the pool's to log (traceback, request id) and
+    closes it with 1011; the error handler itself does not fail on a WebSocket."""
+
+    def broken_admit(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the pool")
+
+    monkeypatch.setattr(server.pool, "admit", broken_admit)
+    caplog.set_level(logging.ERROR)
+    async with open_websocket_url(_ws_url(server), extra_headers=[("X-Request-Id", "ws-9")]) as ws:
+        await ws.send_message(json.dumps({"model": "echo", "input": "x"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 1011
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage() == "request_id=ws-9 unhandled error on WEBSOCKET /v1/responses"

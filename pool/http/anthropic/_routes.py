@@ -25,6 +25,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("anthropic", __name__)
     ctx.error_shapes[blueprint.name] = ERRORS
+    ctx.path_dialects["/v1/messages/"] = blueprint.name
 
     @blueprint.post("/v1/messages")
     async def create_message() -> Response:

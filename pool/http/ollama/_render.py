@@ -167,9 +167,10 @@ def tag(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
 def running(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its memory.
 
-    ``size`` is the loaded footprint (the measured or estimated VRAM of its replicas;
-    the artifact's size when there is no estimate), ``size_vram`` the part on GPUs: all
-    of it when the pool placed the replicas on GPUs, 0 for a model on CPU or remote.
+    ``size`` is the loaded footprint: the measured or estimated VRAM of its replicas,
+    and at least the artifact's size (``/api/tags``'), as the weights of a model on CPU
+    take host memory that no VRAM figure counts; ``size_vram`` the VRAM: all of the
+    estimate when the pool placed the replicas on GPUs, 0 for a model on CPU or remote.
     """
     remaining = snapshot.expires_in_s
     expires = (
@@ -177,12 +178,12 @@ def running(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
         if remaining is not None
         else _FAR_FUTURE
     )
-    footprint = snapshot.vram.mib * 1024 * 1024 if snapshot.vram.mib is not None else artifact.size
+    vram = (snapshot.vram.mib or 0) * 1024 * 1024
     on_gpus = bool(snapshot.gpus) and not snapshot.capabilities.remote
     return tag(snapshot, artifact) | {
-        "size": footprint,
+        "size": max(vram, artifact.size),
         "expires_at": expires,
-        "size_vram": footprint if on_gpus else 0,
+        "size_vram": vram if on_gpus else 0,
     }
 
 

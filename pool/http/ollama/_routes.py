@@ -62,6 +62,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     artifacts = Artifacts(ctx.settings)
     blueprint = Blueprint("ollama", __name__)
     ctx.error_shapes[blueprint.name] = ERRORS
+    ctx.path_dialects["/api/"] = blueprint.name  # the runner's /api/status is its own route
 
     # -- the probe Ollama clients send first -------------------------------------
     @blueprint.route("/", methods=["GET", "HEAD"])

@@ -58,8 +58,9 @@ def register(app: Quart, ctx: AppContext) -> None:
     )
     app.after_serving(store.aclose)
     blueprint = Blueprint("openai_responses", __name__)
-    # OpenAI's error object, as everywhere under /openai/v1.
+    # OpenAI's error object, as everywhere under /openai/.
     ctx.error_shapes[blueprint.name] = ERRORS
+    ctx.path_dialects["/openai/"] = blueprint.name
 
     @blueprint.post(BASE + "/responses")
     async def create_openai_response() -> Response:
