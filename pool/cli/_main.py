@@ -15,12 +15,13 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 import trio
 
 from pool._version import __version__
 from pool.cli import _keys, _lease
+from pool.cli._args import Parser, positive
 from pool.cli._client import (
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
@@ -49,30 +50,8 @@ Exit codes: 0 done, 1 the pool refused (its error code is printed), 2 usage,
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error in one line (argparse's own prints the usage first)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see: {self.prog} --help)\n")
-
-
-def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a number above 0 (``-n 0`` would report on no request at all)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-        return value
-
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="llm-pool",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -99,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     convert = commands.add_parser("convert", help="build a model for another backend")
     convert.add_argument("args", nargs=argparse.REMAINDER, help="see: llm-pool convert --help")
 
-    common = _Parser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--url",
         type=pool_url,
@@ -109,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="JSON output for scripts")
     common.add_argument(
         "--timeout",
-        type=_positive(float),
+        type=positive(float),
         default=30,
         help="seconds for a plain request (default: 30)",
     )
@@ -155,14 +134,14 @@ def _parser() -> argparse.ArgumentParser:
     events = client("events", "follow model state changes")
     events.add_argument(
         "--interval",
-        type=_positive(float),
+        type=positive(float),
         default=1.0,
         help="seconds between polls, for a pool without an event stream (default: 1)",
     )
     events.add_argument("--count", type=int, help="stop after this many changes")
     bench = client("bench", "a quick latency and tokens/s check of one model")
     bench.add_argument("name")
-    bench.add_argument("-n", "--requests", type=_positive(int), default=5, help="default: 5")
+    bench.add_argument("-n", "--requests", type=positive(int), default=5, help="default: 5")
     bench.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     bench.add_argument("--max-tokens", type=int, default=64, help="default: 64")
     _lease.add_parser(commands, common)

@@ -85,6 +85,15 @@ async def test_a_usage_mistake_is_one_line(server: ServerInfo) -> None:
     assert "--interval: must be above 0" in one_line(await run("events", "--interval", "0"))
 
 
+def test_a_usage_mistake_of_convert_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # convert's own parser (pool.convert reads its arguments itself).
+    with pytest.raises(SystemExit) as exited:
+        main(["convert", "nope"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("llm-pool convert: argument kind: invalid choice: 'nope'")
+
+
 async def test_a_refusal_is_one_line(server: ServerInfo) -> None:
     # A schema refusal names every field it refused, on the one line.
     sets = ("--set", "replicas=0", "--set", "nope=1")
