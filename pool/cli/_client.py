@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -38,6 +39,27 @@ class CliError(Exception):
 
 def default_url() -> str:
     return os.environ.get("LLM_POOL_URL") or DEFAULT_URL
+
+
+def pool_url(text: str) -> str:
+    """``--url`` (and ``$LLM_POOL_URL``) as the client uses it: ``http://`` where no scheme
+    is written (``localhost:8011``, as ``curl`` takes it).
+
+    Raises:
+        argparse.ArgumentTypeError: not an http:// or https:// URL with a host.
+    """
+    url = text.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not the URL of a pool (http://HOST:PORT or https://...)"
+        )
+    return url
 
 
 def default_token() -> str | None:
@@ -85,18 +107,22 @@ class Io:
 
 
 def _error_text(status: int, body: dict[str, Any]) -> str:
+    """The server's error in one line: its code and status, then what it says."""
     error = body.get("error")
     if isinstance(error, str):  # Ollama's format on /api/*
         return f"{status}: {error}"
     if not isinstance(error, dict):
         return f"{status}: {json.dumps(body)}"
-    lines = [f"{error.get('code', 'error')} ({status}): {error.get('message', '')}"]
-    for item in error.get("errors") or []:
-        where = ".".join(str(p) for p in item.get("loc", ())) or "body"
-        lines.append(f"  field {where}: {item.get('msg')}")
-    if error.get("last_error"):
-        lines.append(f"  last error: {error['last_error']}")
-    return "\n".join(lines)
+    # A schema refusal lists every field it refused; its message names only the first.
+    fields = [
+        f"field {'.'.join(str(p) for p in item.get('loc', ())) or 'body'}: {item.get('msg')}"
+        for item in error.get("errors") or []
+    ]
+    said = "; ".join(fields) or str(error.get("message", ""))
+    last_error = error.get("last_error")
+    if last_error and str(last_error) not in said:
+        said += f"; last error: {last_error}"
+    return f"{error.get('code', 'error')} ({status}): {said}"
 
 
 def refused(response: httpx.Response) -> CliError:
@@ -125,7 +151,12 @@ class PoolClient:
         await self.http.aclose()
 
     def _unreachable(self, exc: Exception) -> CliError:
-        return CliError(f"cannot reach the pool at {self.url}: {exc}", EXIT_UNREACHABLE)
+        # Some failures (TLS spoken to a plain HTTP port) say nothing but through a cause.
+        reason: BaseException | None = exc
+        while reason is not None and not str(reason):
+            reason = reason.__cause__ or reason.__context__
+        said = str(reason) if reason is not None else type(exc).__name__
+        return CliError(f"cannot reach the pool at {self.url}: {said}", EXIT_UNREACHABLE)
 
     async def call(
         self, method: str, path: str, body: Any = None, *, unbounded: bool = False

@@ -7,6 +7,7 @@ What the commands are for, as the user reads it in ``llm-pool --help``, is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -18,18 +19,22 @@ from typing import TextIO
 
 import trio
 
+from pool._version import __version__
 from pool.cli import _keys, _lease
+from pool.cli._args import Parser, positive
 from pool.cli._client import (
     EXIT_INTERRUPTED,
+    EXIT_REFUSED,
     EXIT_USAGE,
     CliError,
     Io,
     PoolClient,
     default_token,
     default_url,
+    pool_url,
 )
 from pool.config import load_settings
-from pool.errors import ConfigError
+from pool.errors import ConfigError, ListenError
 
 SERVER_COMMANDS = frozenset({"serve", "convert"})
 
@@ -37,20 +42,21 @@ DESCRIPTION = """\
 Serve the pool, run a tool, or steer a running pool.
 
 serve and convert run here; every other command talks to a running pool over HTTP
-(--url, default $LLM_POOL_URL or http://127.0.0.1:8011; the token comes from
-$LLM_POOL_ADMIN_TOKEN or $LLM_POOL_API_TOKEN).
+(--url, default $LLM_POOL_URL or http://127.0.0.1:8011, http:// where no scheme is
+given; the token comes from $LLM_POOL_ADMIN_TOKEN or $LLM_POOL_API_TOKEN).
 
 Exit codes: 0 done, 1 the pool refused (its error code is printed), 2 usage,
-3 no pool at the URL, 130 interrupted.
+3 no pool at the URL, 130 interrupted. Each error is one line on stderr.
 """
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="llm-pool",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"llm-pool {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP service")
     serve.add_argument(
@@ -72,13 +78,19 @@ def _parser() -> argparse.ArgumentParser:
     convert = commands.add_parser("convert", help="build a model for another backend")
     convert.add_argument("args", nargs=argparse.REMAINDER, help="see: llm-pool convert --help")
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
-        "--url", default=default_url(), help="the pool (default: $LLM_POOL_URL or %(default)s)"
+        "--url",
+        type=pool_url,
+        default=default_url(),
+        help="the pool; http:// where no scheme is given (default: $LLM_POOL_URL or %(default)s)",
     )
     common.add_argument("--json", action="store_true", help="JSON output for scripts")
     common.add_argument(
-        "--timeout", type=float, default=30, help="seconds for a plain request (default: 30)"
+        "--timeout",
+        type=positive(float),
+        default=30,
+        help="seconds for a plain request (default: 30)",
     )
 
     def client(name: str, help: str, aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
@@ -122,14 +134,14 @@ def _parser() -> argparse.ArgumentParser:
     events = client("events", "follow model state changes")
     events.add_argument(
         "--interval",
-        type=float,
+        type=positive(float),
         default=1.0,
         help="seconds between polls, for a pool without an event stream (default: 1)",
     )
     events.add_argument("--count", type=int, help="stop after this many changes")
     bench = client("bench", "a quick latency and tokens/s check of one model")
     bench.add_argument("name")
-    bench.add_argument("-n", "--requests", type=int, default=5, help="default: 5")
+    bench.add_argument("-n", "--requests", type=positive(int), default=5, help="default: 5")
     bench.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     bench.add_argument("--max-tokens", type=int, default=64, help="default: 64")
     _lease.add_parser(commands, common)
@@ -187,14 +199,17 @@ async def run_command(
     Returns:
         The exit code.
     """
+    out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        args = _parser().parse_args(argv)
+        # argparse writes its help and its errors to the process's streams itself.
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = _parser().parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command in SERVER_COMMANDS:
-        print(f"llm-pool {args.command} does not run inside another program", file=sys.stderr)
+        print(f"llm-pool {args.command} does not run inside another program", file=err)
         return EXIT_USAGE
-    io = Io(stdout or sys.stdout, stderr or sys.stderr, json=args.json)
+    io = Io(out, err, json=args.json)
     if read_line is not None:
         io.read_line = read_line
     client = PoolClient(args.url, default_token(), args.timeout)
@@ -207,7 +222,8 @@ async def run_command(
             raise
         if io.json and error.body is not None:
             io.emit(error.body)
-        io.err.print(f"llm-pool {args.command}: {error.message}", markup=False)
+        # One line, whatever the server's message holds (a backend's output, say).
+        io.err.print(f"llm-pool {args.command}: {' '.join(error.message.split())}", markup=False)
         return error.exit_code
     finally:
         with trio.CancelScope(shield=True):
@@ -274,12 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BaseException as exc:
         # Settings found unusable while starting (the cluster refused this pool's node
-        # id, say) arrive through the server's nurseries, wrapped in groups.
+        # id, say) and an address it cannot listen on arrive through the server's
+        # nurseries, wrapped in groups.
         problem = _lone(exc)
+        if isinstance(problem, ListenError):
+            print(f"llm-pool serve: {problem}", file=sys.stderr)
+            return EXIT_REFUSED
         if not isinstance(problem, ConfigError):
             raise
-        print(f"llm-pool: {problem}", file=sys.stderr)
-        return 2
+        for line in problem.problems:
+            print(f"llm-pool serve: invalid settings: {line}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 

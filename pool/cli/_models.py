@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -104,10 +105,10 @@ async def load(
             for line in preview_lines(preview):
                 io.out.print(line, markup=False)
         return EXIT_OK
-    if not io.json:
-        io.err.print(f"loading {name}…")
-    # A load answers once it has finished, which may take minutes for a big model.
-    row = await client.call("POST", f"/v1/admin/models/{name}/load", body, unbounded=True)
+    # A load answers once it has finished, which may take minutes for a big model: a
+    # terminal shows a spinner meanwhile, gone when it ends (a refusal is one line alone).
+    with contextlib.nullcontext() if io.json else io.err.status(f"loading {name}…"):
+        row = await client.call("POST", f"/v1/admin/models/{name}/load", body, unbounded=True)
     if io.json:
         io.emit(row)
     else:

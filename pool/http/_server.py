@@ -12,7 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from pool.actors import GpuMonitor, GpuSource, Pool, open_pool
 from pool.cluster import ClusterNode, open_cluster
 from pool.config import Settings
-from pool.errors import PoolError
+from pool.errors import ListenError, PoolError
 from pool.http._access_log import AccessLog
 from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
@@ -67,18 +67,13 @@ async def serve(
             ``engine.virtual_gpus`` asks for them.
 
     Raises:
-        OSError: the address cannot be bound (a port in use), before anything starts.
+        ListenError: the address cannot be bound (a port in use or out of range, a host
+            that is no address here), before anything starts.
         NodeIdInUse: another live node of the cluster has this pool's node id.
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
     auth = Authenticator(settings.service.auth)
-    if host not in ("127.0.0.1", "localhost", "::1") and not auth.enabled:
-        log.warning(
-            "!!! listening on %s with no tokens configured: anyone who can reach this"
-            " address can run and unload models. Set service.auth or LLM_POOL_API_TOKENS. !!!",
-            host,
-        )
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = settings.service.shutdown_grace_s
@@ -90,8 +85,21 @@ async def serve(
     # (port 0: the one picked here) is known to what is named after it, the pool's node
     # id in the cluster first. The socket listens (connections are refused until then)
     # once Hypercorn, handed it by its file descriptor, serves.
-    listening = config.create_sockets().insecure_sockets
     try:
+        listening = config.create_sockets().insecure_sockets
+    except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
+        said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ListenError(
+            f"cannot listen on {config.bind[0]}: {said.removeprefix('bind(): ').rstrip('.')}"
+        ) from exc
+    try:
+        if host not in ("127.0.0.1", "localhost", "::1") and not auth.enabled:
+            log.warning(
+                "!!! listening on %s with no tokens configured: anyone who can reach this"
+                " address can run and unload models. Set service.auth or LLM_POOL_API_TOKENS."
+                " !!!",
+                host,
+            )
         for sock in listening:
             sock.set_inheritable(False)  # no backend started meanwhile holds the port
         port = int(listening[0].getsockname()[1])

@@ -2,6 +2,9 @@
 
 A throwaway project beside a copy of the script, whose dependencies are wheels made here
 (so nothing is fetched), locked with the same pinned uv the real environments use.
+The last tests run scripts/test and scripts/serve on such a project whose lock takes a
+wheel from a local folder (as uv.lock takes torch from /opt/wheels), then take the folder
+away: a contributor's machine, which never had it.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ UV_VERSION = next(
 VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def _wheel(folder: Path, name: str) -> Path:
-    """A minimal pure-Python wheel holding module ``name``."""
+def _wheel(folder: Path, name: str, source: str = "VALUE = 1\n") -> Path:
+    """A minimal pure-Python wheel holding module ``name`` (``source``)."""
     path = folder / f"{name}-1.0-py3-none-any.whl"
     files = {
-        f"{name}.py": "VALUE = 1\n",
+        f"{name}.py": source,
         f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
         f"{name}-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
         "Root-Is-Purelib: true\nTag: py3-none-any\n",
@@ -70,20 +73,17 @@ gamma = {{ path = "wheels/gamma-1.0-py3-none-any.whl" }}
 """
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+def _pinned_uv() -> Path:
     real_cache = Path(os.environ.get("LLM_POOL_CACHE_DIR", Path.home() / ".cache/llm-pool"))
     uv_home = real_cache / f"uv-{UV_VERSION}"
     if not (uv_home / "bin/uv").exists():
         missing(f"uv {UV_VERSION}", "scripts/sync-env installs it; scripts/test runs that")
-    tree = tmp_path / "tree"
-    (tree / "scripts").mkdir(parents=True)
-    (tree / "scripts/sync-env").write_text((ROOT / "scripts/sync-env").read_text())
-    (tree / "wheels").mkdir()
-    for name in ("alpha", "beta", "gamma"):
-        _wheel(tree / "wheels", name)
-    (tree / "pyproject.toml").write_text(PYPROJECT.format(dependencies='"alpha"'))
-    cache = tmp_path / "cache"
+    return uv_home
+
+
+def _locked(tree: Path, cache: Path) -> dict[str, str]:
+    """Lock ``tree`` with the pinned uv; the environment that runs its scripts offline."""
+    uv_home = _pinned_uv()
     cache.mkdir()
     (cache / f"uv-{UV_VERSION}").symlink_to(uv_home)  # the pinned uv, not a new install
     env = {**os.environ, "LLM_POOL_CACHE_DIR": str(cache), "PYTHON": sys.executable,
@@ -94,7 +94,19 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert locked.returncode == 0, locked.stderr
-    return tree, env
+    return env
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts/sync-env").write_text((ROOT / "scripts/sync-env").read_text())
+    (tree / "wheels").mkdir()
+    for name in ("alpha", "beta", "gamma"):
+        _wheel(tree / "wheels", name)
+    (tree / "pyproject.toml").write_text(PYPROJECT.format(dependencies='"alpha"'))
+    return tree, _locked(tree, tmp_path / "cache")
 
 
 def _sync(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -147,3 +159,78 @@ def test_a_lock_behind_the_project_stops_the_run(project: tuple[Path, dict[str, 
     assert ran.returncode == 1
     assert "needs to be updated" in ran.stderr  # uv's own words for a stale lock
     assert "uv.lock failed" in ran.stderr and "uv lock" in ran.stderr  # and how to refresh it
+
+
+# The test and serve commands on a machine without the lock's local wheel folder.
+
+WHEEL_FOLDER_PYPROJECT = """\
+[project]
+name = "demo"
+version = "0"
+requires-python = ">=3.11"
+dependencies = ["pool"]
+
+[project.optional-dependencies]
+llama-cpp = ["beta"]
+convert = ["delta"]  # as the real convert extra takes torch from /opt/wheels
+test = ["beta"]
+ct2 = ["beta"]
+cluster = ["beta"]
+
+[tool.uv]
+package = false
+find-links = ["{links}"]
+
+[tool.uv.sources]
+pool = {{ path = "wheels/pool-1.0-py3-none-any.whl" }}
+beta = {{ path = "wheels/beta-1.0-py3-none-any.whl" }}
+"""
+
+
+@pytest.fixture
+def without_the_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The real scripts on a project locked with a wheel folder, which is then removed."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    for script in ("sync-env", "test", "serve"):
+        (tree / "scripts" / script).write_text((ROOT / "scripts" / script).read_text())
+    (tree / "wheels").mkdir()
+    # `python -m pool serve ...` in the synced environment says what it was asked.
+    _wheel(tree / "wheels", "pool", "import sys\nprint('served', *sys.argv[1:])\n")
+    _wheel(tree / "wheels", "beta")
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "delta")
+    (tree / "pyproject.toml").write_text(WHEEL_FOLDER_PYPROJECT.format(links=links))
+    env = _locked(tree, tmp_path / "cache")
+    assert f'registry = "{links}"' in (tree / "uv.lock").read_text()
+    (links / "delta-1.0-py3-none-any.whl").unlink()
+    links.rmdir()
+    return tree, env
+
+
+def test_serve_needs_no_wheel_folder(without_the_folder: tuple[Path, dict[str, str]]) -> None:
+    tree, env = without_the_folder
+    ran = subprocess.run(
+        ["bash", str(tree / "scripts/serve"), "--port", "9"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["served serve --port 9"]
+
+
+def test_the_test_command_names_the_missing_wheel_at_once(
+    without_the_folder: tuple[Path, dict[str, str]],
+) -> None:
+    tree, env = without_the_folder
+    ran = subprocess.run(
+        ["bash", str(tree / "scripts/test")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 1
+    (line,) = ran.stderr.splitlines()  # one line, saying what to provide
+    links = tree.parent / "links"
+    assert f"uv.lock takes delta==1.0 for Python {VERSION} from {links}/delta-1.0-py3" in line
+    assert "put that file there" in line
+    # It stopped before syncing anything (no downloads or builds first).
+    assert not (Path(env["LLM_POOL_CACHE_DIR"]) / f"env-py{VERSION}").exists()
