@@ -4,9 +4,33 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool:
+    """pytest-timeout's per-test limit ([tool.pytest.ini_options] ``timeout``), as its
+    "thread" method with the test named first: at the limit the run stops at once, every
+    thread's stack and the captured output shown. Its "signal" method raises inside
+    trio's run loop, which leaves that run half-closed and fails every later trio test
+    of the session, so a hang is better the end of the run, saying which test hung."""
+    import pytest_timeout
+
+    def expired() -> None:
+        terminal = item.config.get_terminal_writer()
+        terminal.line(f"\n{item.nodeid} ran past its {settings.timeout:g} s timeout")
+        pytest_timeout.timeout_timer(item, settings)  # dumps the stacks, os._exit(1)
+
+    timer = threading.Timer(settings.timeout, expired)
+    timer.name = f"timeout of {item.nodeid}"
+    timer.daemon = True
+    timer.start()
+    item.cancel_timeout = timer.cancel  # type: ignore[attr-defined]  # pytest-timeout's
+    return True
 
 
 @pytest.fixture(autouse=True)

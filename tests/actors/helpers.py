@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import trio
@@ -10,6 +11,7 @@ from pool import InferenceRequest, Pool, PoolError, request_from_responses
 from pool.backends import CacheFlushed
 from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import Settings, build_settings
+from tests.bounds import EVENT_BOUND_S, within
 
 
 def stub_settings(models: dict[str, dict[str, Any]], **engine: Any) -> Settings:
@@ -43,11 +45,19 @@ async def run_request(pool: Pool, request: InferenceRequest, outcome: Outcome, *
         outcome.done.set()
 
 
-async def wait_until(predicate: Any, within_s: float = 5.0) -> None:
-    """Wait for a condition on counters that publish no event (tests only)."""
-    with trio.fail_after(within_s):
+async def wait_until(predicate: Any, within_s: float = EVENT_BOUND_S) -> None:
+    """Wait for a condition on counters that publish no event (tests only); the bound
+    only turns a condition that never comes into a failure that shows it."""
+    with within(f"the condition of {_source(predicate)}", within_s):
         while not predicate():
             await trio.sleep(0.001)
+
+
+def _source(predicate: Any) -> str:
+    try:
+        return inspect.getsource(predicate).strip()
+    except (OSError, TypeError):
+        return repr(predicate)
 
 
 class CachingRuntime(StubRuntime):

@@ -3,12 +3,15 @@ GPU puts its engine to sleep (level 1) where the host has the RAM, the gate coun
 GPU memory as free, and its next load wakes the same engine instead of starting one.
 
 vLLM is faked at the backend's boundary (``tests/backends/fake_vllm.py``, vLLM 0.32's
-signatures); the pool, the gate, the engine host's thread and loop are the real ones. A
-real GPU runs the same through ``scripts/gpu-check vllm-sleep``.
+signatures, held to the source of the vLLM that scripts/build-vllm-env installs by
+``tests/backends/vllm_contract.py``); the pool, the gate, the engine host's thread and
+loop are the real ones. A real GPU runs the same through ``scripts/gpu-check vllm-sleep``.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,12 @@ from pool import open_pool
 from pool.actors import _residency
 from pool.actors._sleep import HostRam
 from pool.config import build_settings
-from tests.backends import fake_vllm
+from tests.backends import fake_vllm, vllm_contract
 from tests.backends.fake_vllm import CONTEXT_MIB, KV_CACHE_MIB, WEIGHTS_MIB, FakeGpu
+from tests.components import in_ci, missing
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ENV = "LLM_POOL_VLLM_SOURCE"
 
 PLENTY = HostRam(available_mib=64_000, total_mib=128_000)
 
@@ -161,3 +168,68 @@ def test_weights_size_of_a_folder(tmp_path: Path) -> None:
 
     assert weights_mib(weights_folder(tmp_path, "w", 300)) == 300
     assert weights_mib("org/model-on-the-hub") is None
+
+
+# -- the fake held to vLLM ---------------------------------------------------------------
+
+
+@pytest.fixture
+def vllm_source() -> Path:
+    """The ``vllm`` package source the fake is held to: ``$LLM_POOL_VLLM_SOURCE`` (a
+    folder of it, such as an unpacked wheel, to check another release), else that of the
+    environment scripts/build-vllm-env builds. Under CI that environment is built when
+    it is not yet (the real-engine tests use the same one, cached); elsewhere its absence
+    skips the test rather than spend minutes and 3.5 GB on it (tests/components.py)."""
+    configured = os.environ.get(SOURCE_ENV)
+    if configured:
+        root = Path(configured)
+        if not (root / "__init__.py").is_file() and (root / "vllm/__init__.py").is_file():
+            root = root / "vllm"
+        if not (root / "__init__.py").is_file():
+            pytest.fail(f"{SOURCE_ENV}={configured} holds no vllm package source")
+        return root
+    script = ["bash", str(ROOT / "scripts" / "build-vllm-env")]
+    built = subprocess.run(
+        script if in_ci() else [*script, "--if-built"], capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        missing("vLLM's environment", built.stderr.strip()[-2000:])
+    # find_spec of a top-level package finds it without importing it (nor torch).
+    where = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
+    found = subprocess.run(
+        [built.stdout.strip(), "-c", where], capture_output=True, text=True, check=True
+    )
+    return Path(found.stdout.strip())
+
+
+@pytest.mark.timeout(1800)  # under CI, scripts/build-vllm-env first: minutes when not cached
+def test_the_fake_follows_vllms_source(vllm_source: Path) -> None:
+    """``sleep``, ``wake_up`` and ``is_sleeping`` of the fake take and return what
+    vLLM's ``AsyncLLM`` does, its other methods take the same parameters, and
+    ``enable_sleep_mode`` is an engine argument with the fake's default that reaches
+    ``ModelConfig`` (tests/backends/vllm_contract.py says how)."""
+    problems = vllm_contract.problems(vllm_source)
+    assert not problems, f"vLLM at {vllm_source}:\n" + "\n".join(problems)
+
+
+@pytest.mark.timeout(1800)
+def test_the_check_finds_a_fake_that_drifted(
+    vllm_source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def wake_up(self: Any, tag: str | None = None) -> None:
+        return None
+
+    def is_sleeping(self: Any) -> bool:
+        return False
+
+    def engine_args(self: Any, model: str, *, enable_sleep_mode: bool = True) -> None:
+        return None
+
+    monkeypatch.setattr(fake_vllm.FakeAsyncLLM, "wake_up", wake_up)
+    monkeypatch.setattr(fake_vllm.FakeAsyncLLM, "is_sleeping", is_sleeping)
+    monkeypatch.setattr(fake_vllm.EngineArgs, "__init__", engine_args)
+    problems = "\n".join(vllm_contract.problems(vllm_source))
+    assert "AsyncLLM.wake_up: parameters (tags positional_or_keyword)" in problems, problems
+    assert "AsyncLLM.wake_up: returns bool in vLLM, None in the fake" in problems, problems
+    assert "AsyncLLM.is_sleeping: vLLM's is a coroutine, the fake's is not" in problems
+    assert "EngineArgs.enable_sleep_mode defaults to False" in problems, problems

@@ -51,9 +51,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.headers.get("traceparent"):  # a traced request (the pool's log shows it)
-            sys.stdout.write(f"traceparent {self.headers['traceparent']}\n")
-            sys.stdout.flush()
+        # One line per request, traced or not (the pool's log shows it): a test finds the
+        # line of its request by the request's last message, and reads its trace.
+        last = json.dumps((body.get("messages") or [{}])[-1].get("content"))
+        trace = self.headers.get("traceparent", "-")
+        sys.stdout.write(f"request {last} with traceparent {trace}\n")
+        sys.stdout.flush()
         words = ["one", " two", " three", " four", " five"] * 8
         words = words[: body.get("max_tokens", 16)]
         self.send_response(200)

@@ -6,10 +6,12 @@ takes ``enable_sleep_mode`` (default False) with the other engine arguments and 
 a config whose ``model_config.enable_sleep_mode`` carries it;
 ``AsyncLLM.from_vllm_config(vllm_config, ..., stat_loggers=..., disable_log_stats=...)``
 starts an engine; ``AsyncLLM.sleep(level=1, mode="abort")``, ``AsyncLLM.wake_up(tags=None)``
-and ``AsyncLLM.is_sleeping()`` are coroutines, and sleeping an engine started without
-sleep mode fails, as vLLM's worker does. Each engine holds GPU memory in :class:`FakeGpu`
-(weights plus KV cache while awake, a CUDA context always), so the pool's GPU source sees
-what a sleep hands back. No request is served: generation is vLLM's own.
+(True once fully awake) and ``AsyncLLM.is_sleeping()`` are coroutines, and sleeping an
+engine started without sleep mode fails, as vLLM's worker does (``vllm_contract.py``
+holds these signatures to the source of the vLLM that scripts/build-vllm-env installs).
+Each engine holds GPU memory in :class:`FakeGpu` (weights plus KV cache while awake, a
+CUDA context always), so the pool's GPU source sees what a sleep hands back. No request
+is served: generation is vLLM's own.
 """
 
 from __future__ import annotations
@@ -113,10 +115,11 @@ class FakeAsyncLLM:
         # Level 1: the weights go to host RAM, the KV cache is dropped.
         self.gpu.held[id(self)] = CONTEXT_MIB
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
         self.calls.append("wake_up")
         self.level = 0
         self.gpu.held[id(self)] = CONTEXT_MIB + WEIGHTS_MIB + KV_CACHE_MIB
+        return True  # fully awake: every tag was woken
 
     async def is_sleeping(self) -> bool:
         return self.level > 0

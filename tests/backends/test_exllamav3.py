@@ -37,6 +37,7 @@ from pool.errors import BackendError
 from tests.backends import exllamav3_contract as contract
 from tests.backends import fake_exllamav3 as fake
 from tests.backends.streaming import assert_cut_is_charged
+from tests.components import missing
 
 
 @pytest.fixture
@@ -580,8 +581,8 @@ def _installed_source() -> Path | None:
 @pytest.fixture
 def exllamav3_source() -> Path:
     """exllamav3's package source: ``$LLM_POOL_EXLLAMAV3_SOURCE`` (scripts/test exports
-    what scripts/fetch-exllamav3-source prints), else an installed exllamav3. In CI its
-    absence fails the test; elsewhere it skips."""
+    what scripts/fetch-exllamav3-source prints), else an installed exllamav3. Its absence
+    fails the test under CI and skips it elsewhere (tests/components.py)."""
     configured = os.environ.get(SOURCE_ENV)
     if configured:
         root = Path(configured)
@@ -593,15 +594,12 @@ def exllamav3_source() -> Path:
     installed = _installed_source()
     if installed is not None:
         return installed
-    message = (
-        f"exllamav3's source is not here: {SOURCE_ENV} is unset and exllamav3 is not"
-        f" installed. scripts/test sets {SOURCE_ENV} to what"
-        f" `bash scripts/fetch-exllamav3-source` prints (the pinned exllamav3"
-        f" {backend.EXLLAMAV3_VERSION} wheel, unpacked, never imported)"
+    missing(
+        "exllamav3's source",
+        f"{SOURCE_ENV} is unset and exllamav3 is not installed; scripts/test sets"
+        f" {SOURCE_ENV} to what `bash scripts/fetch-exllamav3-source` prints, the pinned"
+        f" exllamav3 {backend.EXLLAMAV3_VERSION} wheel, unpacked, never imported",
     )
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def test_the_backends_uses_of_exllamav3_are_in_its_source(exllamav3_source: Path) -> None:

@@ -21,6 +21,7 @@ from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_
 from pool.backends import Decoding, GenerationRequest, TextPart, TokensUsed, Turn
 from pool.backends._process import ManagedProcess, group_alive
 from pool.config import build_settings
+from tests.bounds import within
 from tests.reliability.conftest import live_in_group
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
@@ -118,24 +119,36 @@ async def test_a_traced_request_carries_traceparent_to_the_server(
     async with open_pool(_settings(fake_binary, tmp_path)) as pool:
         await pool.load("srv")
         runtime = pool.model("srv").replicas[0].runtime
-        request = GenerationRequest(
+        traced = GenerationRequest(
             request_id="traced-1",
             model="srv",
-            turns=(Turn("user", (TextPart("hi"),)),),
+            turns=(Turn("user", (TextPart("traced"),)),),
             decoding=Decoding(max_tokens=2),
             trace_parent=given,
         )
         sink = _Text()
-        await runtime.generate(request, sink)  # type: ignore[arg-type]
+        await runtime.generate(traced, sink)  # type: ignore[arg-type]
         assert "".join(sink.parts) == "one two"
-        process = runtime.process  # type: ignore[attr-defined]
-        with trio.fail_after(10):  # the server's output reaches the pool's log
-            while f"traceparent {given}" not in process.tail():
-                await trio.sleep(0.02)
         # Untraced: no header.
-        await runtime.generate(dataclasses.replace(request, trace_parent=None), _Text())  # type: ignore[arg-type]
-        await trio.sleep(0.2)
-        assert process.tail().count("traceparent") == 1
+        untraced = dataclasses.replace(
+            traced, turns=(Turn("user", (TextPart("untraced"),)),), trace_parent=None
+        )
+        await runtime.generate(untraced, _Text())  # type: ignore[arg-type]
+        process = runtime.process  # type: ignore[attr-defined]
+        with within("the server's lines for both requests in the pool's log"):
+            while len(traces := _traces(process.tail())) < 2:
+                await trio.sleep(0.02)
+        assert traces == {"traced": given, "untraced": "-"}
+
+
+def _traces(tail: str) -> dict[str, str]:
+    """The traceparent each of the test's requests reached the fake server with, by the
+    request's text (from the line the server writes for each request)."""
+    found = {}
+    for line in tail.splitlines():
+        if match := re.search(r'request "(traced|untraced)" with traceparent (\S+)', line):
+            found[match[1]] = match[2]
+    return found
 
 
 async def test_missing_binary_fails_fast(tmp_path: Path) -> None:

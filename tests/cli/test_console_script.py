@@ -15,12 +15,22 @@ import pytest
 import trio
 
 from pool import ServerInfo
+from tests.components import missing
 from tests.http.conftest import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "llm-pool"
 
-pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="no llm-pool console script")
+
+@pytest.fixture(autouse=True)
+def console_script() -> Path:
+    """The entry point that installing the pool puts beside this Python."""
+    if not SCRIPT.exists():
+        missing(
+            f"the llm-pool console script ({SCRIPT})",
+            "installing the pool into the test environment makes it; scripts/sync-env does",
+        )
+    return SCRIPT
 
 
 def _env() -> dict[str, str]:

@@ -16,6 +16,7 @@ import trio
 from pool import ServerInfo
 from pool.actors._usage_store import FILE_NAME
 from pool.cluster import ClusterRouter, open_ledger
+from tests.bounds import within
 
 from ..http.conftest import start_server
 from .conftest import RedisServer
@@ -65,8 +66,10 @@ def router(server: ServerInfo) -> ClusterRouter:
     return server.pool.router
 
 
-async def until(predicate: Any, within_s: float) -> None:
-    with trio.fail_after(within_s):
+async def until(predicate: Any, what: str) -> None:
+    """Wait for a registry to show ``what`` (it publishes no event): a bound that names
+    it, never a measure of how fast the heartbeats are."""
+    with within(what):
         while not predicate():
             await trio.sleep(0.02)
 
@@ -102,7 +105,7 @@ async def test_a_request_to_a_node_without_the_model_streams_from_the_node_with_
     async with httpx.AsyncClient(timeout=10) as http:
         loaded = await http.post(f"{b.url}/v1/admin/models/a/load")
         assert loaded.status_code == 200, loaded.text
-        await until(lambda: sees_loaded(a, "nB"), 5)
+        await until(lambda: sees_loaded(a, "nB"), "nA sees nB's loaded model")
         async with httpx.AsyncClient(base_url=a.url, timeout=10) as client:
             listed = (await client.get("/v1/models")).json()["data"]
             assert [(m["id"], m["nodes"]) for m in listed] == [("a", ["nB"])]
@@ -129,7 +132,10 @@ async def test_a_model_loaded_nowhere_is_loaded_by_one_node_for_all(
         await start_node(nursery, redis_server.url, n, stub_load_seconds=0.3)
         for n in ("nA", "nB", "nC")
     ]
-    await until(lambda: all(len(router(s).node.registry.peers) == 2 for s in nodes), 5)
+    await until(
+        lambda: all(len(router(s).node.registry.peers) == 2 for s in nodes),
+        "each node sees its two peers",
+    )
     texts: list[str] = []
 
     async def ask(server: ServerInfo) -> None:
@@ -172,7 +178,9 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
     try:
         a = await start_node(nursery, redis_server.url, "nA")
         c = await start_node(nursery, redis_server.url, "nC")
-        await until(lambda: sees_loaded(a, "nB") and sees_loaded(c, "nB"), 10)
+        await until(
+            lambda: sees_loaded(a, "nB") and sees_loaded(c, "nB"), "nA and nC see nB's model"
+        )
         async with httpx.AsyncClient(base_url=a.url, timeout=10) as client:
             body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": True}
             got: list[str] = []
@@ -184,18 +192,17 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
                             process.send_signal(signal.SIGKILL)
             events = [json.loads(x[6:]) for x in got if x.startswith("data: {")]
             assert any("error" in e for e in events), got
-            killed_at = trio.current_time()
 
-            # Served again by a load elsewhere, within the node expiry and one request.
-            await until(lambda: "nB" not in router(a).node.registry.peers, 1.5 + 0.3 + 1.0)
-            with trio.fail_after(10):
+            # nB's record expires (node_ttl_s, no heartbeat renews it), and the model is
+            # served again by a load elsewhere.
+            await until(lambda: "nB" not in router(a).node.registry.peers, "nB's expiry")
+            with within("the request after nB's expiry"):
                 text, errors = await stream_text(client)
             assert (text.strip(), errors) == (REPLY, [])
-            assert trio.current_time() - killed_at < 15
             states = {a.pool.models["a"].state, c.pool.models["a"].state}
             assert "loaded" in states
         async with open_ledger(redis_server.url) as ledger:
-            with trio.fail_after(5):
+            with within("the expiry of nB's leases (lease_ttl_s, never renewed)"):
                 while any(x.host == "host-nB" for x in await ledger.list_leases()):
                     await trio.sleep(0.05)
     finally:

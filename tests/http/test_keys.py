@@ -22,6 +22,7 @@ from pool.errors import ConfigError, PoolError
 from pool.http._auth import Authenticator
 from pool.http._common import PipelineRequest, pipeline_request, tenant_and_priority
 from pool.http._keys import FILE_NAME, KeyRing
+from tests.bounds import within
 
 from .conftest import start_server
 
@@ -358,17 +359,16 @@ async def _revoke(server: ServerInfo, name: str) -> None:
         assert answer.status_code == 200
 
 
-async def test_a_websocket_is_closed_within_a_second_of_its_keys_revocation(
-    keyed: ServerInfo,
-) -> None:
+async def test_a_websocket_is_closed_at_its_keys_revocation(keyed: ServerInfo) -> None:
     headers = [("Authorization", f"Bearer {ALICE}")]
     async with open_websocket_url(_ws_url(keyed), extra_headers=headers) as ws:
         await ws.send_message(json.dumps({"model": "echo", "input": "before"}))
         while json.loads(await ws.get_message())["type"] != "response.completed":
             pass
-        # Idle, then revoked: closed without waiting for its next message.
+        # Idle, then revoked: closed without waiting for its next message (the client
+        # sends none: only the revocation can end this wait).
         await _revoke(keyed, "alice")
-        with trio.fail_after(1.0):
+        with within("the idle socket's error and close after its key's revocation"):
             event = json.loads(await ws.get_message())
             assert event["type"] == "error"
             assert event["error"]["code"] == "unauthorized"
@@ -400,7 +400,7 @@ async def test_a_websockets_next_message_after_a_revocation_is_refused(
     async with open_websocket_url(_ws_url(keyed), extra_headers=headers) as ws:
         await _revoke(keyed, "alice")
         await ws.send_message(json.dumps({"model": "echo", "input": "after"}))
-        with trio.fail_after(1.0):
+        with within("the refusal of the message after the revocation"):
             event = json.loads(await ws.get_message())
             assert event["error"]["code"] == "unauthorized"
             with pytest.raises(ConnectionClosed) as closed:
@@ -434,7 +434,8 @@ async def test_a_revocation_ends_the_websockets_running_generation(keyed: Server
         second = added.json()["key"]
         revoked = await client.delete("/v1/admin/keys/root", headers=bearer(second))
         assert revoked.status_code == 200
-        with trio.fail_after(1.0):
+        # The generation would go on for ever: only the revocation ends the stream.
+        with within("the running generation's socket closing after the revocation"):
             while True:
                 try:
                     event = json.loads(await ws.get_message())
@@ -442,7 +443,7 @@ async def test_a_revocation_ends_the_websockets_running_generation(keyed: Server
                     assert exc.reason.code == 1008
                     break
                 assert event["type"] in ("response.output_text.delta", "error")
-        with trio.fail_after(10):
+        with within("the revoked stream's generation ending"):
             while (await client.get("/v1/admin/models/endless", headers=bearer(second))).json()[
                 "runtime_inflight"
             ]:

@@ -267,6 +267,9 @@ async def test_pull_status_cancel_and_delete_over_http(
     files.httpd.shutdown()
 
 
+# One virtual GPU of 1000 MiB, on any machine: without virtual_gpus a GPU host's NVML
+# would give its real GPUs instead, and the budgets would cap those.
+ONE_VIRTUAL_GPU = {"gpu_budget_mib": [1000], "virtual_gpus": True}
 PRELOADED = {
     name: {
         "backend": "stub",
@@ -283,7 +286,7 @@ async def test_preloads_go_through_the_vram_gate(nursery: trio.Nursery) -> None:
     """``POST /api/generate {"model": m}`` (an Ollama client's preload) of three 400 MiB
     models on a 1000 MiB GPU: each load is the gate's, so the third evicts the least
     recently used one instead of holding 1200 MiB."""
-    info = await start_server(nursery, PRELOADED, engine={"gpu_budget_mib": [1000]})
+    info = await start_server(nursery, PRELOADED, engine=ONE_VIRTUAL_GPU)
     seen: list[int] = []
     watch_budget(info.pool, 1000, seen)
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
@@ -306,7 +309,7 @@ async def test_concurrent_preloads_never_pass_the_budget(nursery: trio.Nursery) 
     to evict (the others are loading) and is refused with ``load_failed``; at no state
     change do the models hold or claim more than the GPU's 1000 MiB."""
     slow = {name: {**model, "stub_load_seconds": 2} for name, model in PRELOADED.items()}
-    info = await start_server(nursery, slow, engine={"gpu_budget_mib": [1000]})
+    info = await start_server(nursery, slow, engine=ONE_VIRTUAL_GPU)
     seen: list[int] = []
     watch_budget(info.pool, 1000, seen)
     replies: dict[str, httpx.Response] = {}
@@ -451,7 +454,7 @@ async def test_an_empty_request_loads_through_the_vram_gate(nursery: trio.Nurser
         "big": {"backend": "stub", "enabled": True, "pinned": True, "stub_vram_mib": 700},
         "other": {"backend": "stub", "vram_mb": 700, "stub_vram_mib": 700},
     }
-    server = await start_server(nursery, models, engine={"gpu_budget_mib": [1000]})
+    server = await start_server(nursery, models, engine=ONE_VIRTUAL_GPU)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
         refused = await http.post("/api/chat", json={"model": "other", "messages": []})
         assert refused.status_code == 500, refused.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
@@ -22,6 +22,7 @@ from pool.tracing import INCOMING_TRACE, IncomingTrace, TracingTarget
 from pool.tracing._export import BatchExport, BatchSettings
 from pool.tracing._record import KIND_INTERNAL, SpanRecord
 from pool.tracing._spans import OtelTracing
+from tests.bounds import EVENT_BOUND_S
 
 # Long enough that the thread only wakes when a batch is full or at shutdown.
 NEVER_S = 3600.0
@@ -67,6 +68,16 @@ class Collector:
         return [n for body in self.bodies for n in _names(body)]
 
 
+def _until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait in this thread for the exporter's thread to do ``what``; the bound only turns
+    a wait that never ends into a failure that names it."""
+    deadline = time.monotonic() + EVENT_BOUND_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {EVENT_BOUND_S:g} s", pytrace=False)
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def collector() -> Iterator[Collector]:
     collector = Collector()
@@ -87,8 +98,7 @@ def test_a_partial_batch_waits_for_the_delay_or_a_flush(collector: Collector) ->
     export = BatchExport(_encode, collector.send, BatchSettings(100, 4, NEVER_S))
     export.add(_span(n) for n in range(5))
     assert collector.calls.acquire(timeout=30)
-    while export.exported < 4:
-        time.sleep(0.01)
+    _until(lambda: export.exported >= 4, "the full batch's export")
     # One post of the full batch; the fifth span waits rather than going out alone.
     assert (len(collector.bodies), export.queued) == (1, 1)
     assert export.flush(timeout_s=30)
@@ -98,9 +108,7 @@ def test_a_partial_batch_waits_for_the_delay_or_a_flush(collector: Collector) ->
     # With a short delay, what is queued goes out without a full batch.
     prompt = BatchExport(_encode, collector.send, BatchSettings(100, 4, 0.05))
     prompt.add([_span(9)])
-    deadline = time.monotonic() + 30
-    while prompt.exported < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: prompt.exported >= 1, "the export of a partial batch after the delay")
     assert collector.names[-1] == "s9"
     prompt.shutdown(timeout_s=30)
 
