@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -527,12 +528,14 @@ class Served:
     state_dir: Path
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """A pool on the shipped settings, once every enabled model is loaded."""
-    state_dir = tmp_path / "state"
+@contextmanager
+def serving(scratch: Path, local: Path | None = None) -> Iterator[Served]:
+    """``llm-pool serve`` on the shipped settings (merged with ``local``, where given: a
+    developer's own config/local.json is left out), once every enabled model is loaded."""
+    state_dir = scratch / "state"
+    local = local or scratch / "no-local.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pool", "serve", "--port", "0"],
+        [sys.executable, "-m", "pool", "serve", "--port", "0", "--local", str(local)],
         cwd=ROOT,
         env=_env(state_dir),
         stdin=subprocess.DEVNULL,
@@ -573,6 +576,12 @@ def served(tmp_path: Path) -> Iterator[Served]:
             proc.kill()
             proc.wait()
         reader.join(timeout=10)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    with serving(tmp_path) as pool:
+        yield pool
 
 
 def _recorded(record: Path) -> list[Call]:
