@@ -120,7 +120,7 @@ class Call:
 def _is_error(value: object) -> bool:
     """An error in one of the dialects' shapes: the pool's, OpenAI's and Anthropic's
     ``error`` object (Anthropic's and the stream events' ``type: error``), Ollama's
-    ``{"error": "message"}``. A ``error`` text beside other fields is a reading's note (the
+    ``{"error": "message"}``. An ``error`` text beside other fields is a reading's note (the
     GPU readings' ``error`` on a machine without NVML), not a failure."""
     if not isinstance(value, dict):
         return False
