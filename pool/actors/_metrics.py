@@ -213,13 +213,13 @@ class PoolMetrics:
         )
         self.tenant_prompt_tokens = Counter(
             "llm_pool_tenant_prompt_tokens",
-            "Prompt tokens of finished requests by tenant (see tenant_label)",
+            "Prompt tokens of ended requests by tenant, a cut one's included (see tenant_label)",
             ["tenant"],
             registry=r,
         )
         self.tenant_output_tokens = Counter(
             "llm_pool_tenant_output_tokens",
-            "Output tokens of finished requests by tenant (see tenant_label)",
+            "Output tokens of ended requests by tenant, a cut one's included (see tenant_label)",
             ["tenant"],
             registry=r,
         )

@@ -185,6 +185,9 @@ async def test_a_cut_request_is_charged_and_spends_the_budget(
         rows = await _recorded(private_state, 3)
         assert rows[2] == ("metered", 0, 0, "budget_exceeded")
 
+        # The tenant's token counters count the cut streams too.
+        metrics = (await client.get("/metrics")).text
+        assert "llm_pool_tenant_prompt_tokens_total{tenant=\"default\"} 6.0" in metrics
         by_key = (await client.get("/v1/admin/usage", params={"group_by": "key"})).json()
         (totals,) = by_key["usage"]
         assert totals["requests"] == 3
