@@ -61,6 +61,7 @@ from pool.actors._trace_protocol import (
 )
 from pool.actors._usage import UsageRecorder, UsageSink
 from pool.actors._usage_store import BUCKETS as USAGE_BUCKETS
+from pool.actors._usage_store import FILE_NAME as USAGE_FILE_NAME
 from pool.actors._usage_store import GROUPS as USAGE_GROUPS
 from pool.actors._usage_store import Bucket as UsageBucket
 from pool.actors._usage_store import GroupBy as UsageGroupBy
@@ -78,6 +79,7 @@ __all__ = [
     "RELAY_HEADER",
     "STATE_DESCRIPTIONS",
     "USAGE_BUCKETS",
+    "USAGE_FILE_NAME",
     "USAGE_GROUPS",
     "Admission",
     "BudgetCounters",

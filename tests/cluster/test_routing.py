@@ -14,7 +14,7 @@ import httpx
 import trio
 
 from pool import ServerInfo
-from pool.actors._usage_store import FILE_NAME
+from pool.actors import USAGE_FILE_NAME as FILE_NAME
 from pool.cluster import ClusterRouter, open_ledger
 from tests.bounds import within
 

@@ -20,7 +20,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from pool import ServerInfo
-from pool.actors._usage_store import FILE_NAME
+from pool.actors import USAGE_FILE_NAME as FILE_NAME
 
 from .conftest import start_server
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from pool.http._pipeline import RequestPipeline
+from pool.http import RequestPipeline
 from tests.bounds import within
 
 from .conftest import start_server
