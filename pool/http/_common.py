@@ -98,11 +98,50 @@ pipeline_request: ContextVar[PipelineRequest | None] = ContextVar("pipeline_requ
 
 
 class SchemaError(Exception):
-    """A body that fails the schema: 422 ``validation_error`` with the details."""
+    """A body that fails the schema: 422 ``validation_error`` with the details.
 
-    def __init__(self, exc: ValidationError) -> None:
+    Each error's ``loc`` is a path of the client's own field names and indexes
+    (:func:`client_loc`), so ``param`` and the message never name pydantic's internals.
+
+    Args:
+        body: the JSON that failed, against which the paths are read.
+        at: where ``body`` sits in the request body (prefixed to each path).
+    """
+
+    def __init__(self, exc: ValidationError, body: Any = None, at: tuple[str, ...] = ()) -> None:
         super().__init__(str(exc))
-        self.errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        errors = [
+            {**e, "loc": (*at, *client_loc(e.get("loc", ()), body, e.get("type") == "missing"))}
+            for e in errors
+        ]
+        # Deepest first (stable): where a value fails every member of a union, the member
+        # that matched furthest says the most (`content.0.text`, not "not a string").
+        self.errors = sorted(errors, key=lambda e: -len(e["loc"]))
+
+
+def client_loc(
+    loc: tuple[int | str, ...], body: Any, missing: bool = False
+) -> tuple[int | str, ...]:
+    """``loc`` of a pydantic error as the client's path through ``body``.
+
+    Pydantic's ``loc`` also holds the labels of what it tried: a union member
+    (``constrained-str``, ``list[str]``), a tagged union's tag, a validator's name. They
+    name no part of the body, so only the parts that do are kept: a key of the object
+    the path has reached, an index of its list, and the last part of a ``missing``
+    error (the field the object lacks).
+    """
+    path: list[int | str] = []
+    node = body
+    for position, part in enumerate(loc):
+        key = isinstance(node, dict) and isinstance(part, str) and part in node
+        index = isinstance(node, list) and type(part) is int and 0 <= part < len(node)
+        if key or index:
+            node = node[part]
+        elif not (missing and position == len(loc) - 1 and isinstance(node, dict)):
+            continue
+        path.append(part)
+    return tuple(path)
 
 
 def dumps(payload: Any) -> bytes:
@@ -220,10 +259,7 @@ def validate(model: type[T], data: Any, *, at: tuple[str, ...] = ()) -> T:
         # (`0` is not `false`, `"1"` not `1`); an integer still passes for a number.
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
-        error = SchemaError(exc)
-        if at:
-            error.errors = [{**e, "loc": (*at, *e.get("loc", ()))} for e in error.errors]
-        raise error from None
+        raise SchemaError(exc, data, at) from None
 
 
 def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceRequest:

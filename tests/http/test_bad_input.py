@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import httpx
 import pytest
@@ -113,3 +114,75 @@ async def test_a_very_long_integer_is_a_400_in_the_dialect_shape(
         if route.errors == "openai":
             assert error["type"] == "invalid_request_error"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _names_only_the_body(path: list[Any], body: Any, missing: bool) -> bool:
+    """Whether ``path`` walks ``body`` by its own keys and indexes (the last part may be
+    the field a ``missing`` error names)."""
+    node = body
+    for position, part in enumerate(path):
+        key = isinstance(node, dict) and part in node
+        index = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (key or index):
+            return missing and position == len(path) - 1
+        node = node[part]
+    return True
+
+
+# Bodies that fail inside a union (a string or a list, a tagged content block), where
+# pydantic's loc names the union's members: `input.constrained-str` was the param.
+_UNION_FAILURES = [
+    ("/v1/embeddings", {"model": "vec", "input": 5}, "input"),
+    ("/v1/chat/completions",
+     {"model": "echo", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": 5}]},
+     "messages.0.content"),
+    ("/v1/completions", {"model": "echo", "prompt": [5]}, "prompt.0"),
+    ("/openai/v1/responses", {"model": "echo", "input": [{"type": "message", "role": "user"}]},
+     "input.0.content"),
+]  # fmt: skip
+
+
+async def test_schema_errors_name_the_clients_fields(nursery: trio.Nursery) -> None:
+    """A schema failure names the field by the client's path (keys and indexes of the
+    body), never by the names of pydantic's union members, on every error shape."""
+    info = await start_server(
+        nursery,
+        {"echo": {"backend": "stub", "enabled": True},
+         "vec": {"backend": "stub", "enabled": True, "embedding": True}},
+    )  # fmt: skip
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        for path, body, param in _UNION_FAILURES:
+            error = (await client.post(path, json=body)).json()["error"]
+            assert error["param"] == param, (path, error)
+            assert error["message"].startswith(f"{param}: "), (path, error)
+
+        # The pool's own shape lists every error's loc: each one a path through the body.
+        body = {"model": "echo", "input": [{"type": "text", "text": 5}]}
+        answer = await client.post("/v1/responses", json=body)
+        assert answer.status_code == 422
+        errors = answer.json()["error"]["errors"]
+        assert errors and all(
+            _names_only_the_body(e["loc"], body, e["type"] == "missing") for e in errors
+        ), errors
+        assert answer.json()["error"]["message"].startswith("input.0.text: "), errors
+
+        # Ollama's and Anthropic's messages name the field the same way.
+        chat = {"model": "echo", "messages": [{"role": "user", "content": [5]}]}
+        ollama = await client.post("/api/chat", json={**chat, "stream": False})
+        assert ollama.status_code == 400
+        assert ollama.json()["error"].startswith("messages.0.content: "), ollama.text
+        anthropic = await client.post(
+            "/v1/messages", json={**chat, "max_tokens": 8, "messages": [
+                {"role": "user", "content": [{"type": "text", "text": 5}]}]}
+        )  # fmt: skip
+        assert anthropic.status_code == 400
+        message = anthropic.json()["error"]["message"]
+        assert message.startswith("messages.0.content.0.text: "), message
+
+        # A body inside a body (the runner's load `overrides`): the path starts at the top.
+        load = await client.post("/v1/models/load", json={"modelId": "echo", "overrides": {
+            "replicas": "two"}})  # fmt: skip
+        assert load.status_code == 422
+        assert load.json()["error"]["message"].startswith("overrides.replicas: "), load.text

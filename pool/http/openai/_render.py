@@ -47,7 +47,9 @@ def schema_error(exc: SchemaError) -> Response:
     loc = exc.errors[0]["loc"] if exc.errors else ()
     message = exc.errors[0]["msg"] if exc.errors else "invalid body"
     param = ".".join(str(p) for p in loc) or None
-    return json_response(openai_error(422, "validation_error", f"{param}: {message}", param), 422)
+    return json_response(
+        openai_error(422, "validation_error", f"{param or 'body'}: {message}", param), 422
+    )
 
 
 ERRORS = ErrorShape(pool_error, schema_error)
