@@ -15,6 +15,7 @@ from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_l
 from pool.config import build_settings
 from pool.convert import cached_model
 
+from .streaming import assert_cut_is_charged
 from .test_process import _gone, assert_group_running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,6 +179,12 @@ async def test_real_vllm_serve_on_cpu() -> None:
         for tenant in ("default", "default", "other"):
             reply = await pool.respond(long, tenant=tenant)
             assert reply.usage.cached_tokens is not None
+        # A stream left early is charged its prompt: continuous_usage_stats sends it.
+        story = InferenceRequest.prompt(
+            "vs", "Tell me a story about a fox.", decoding=DecodingOverrides(max_tokens=64)
+        )
+        used = await assert_cut_is_charged(pool, story)
+        assert used.prompt_tokens == (await pool.respond(story)).usage.prompt_tokens
         pid = pool.model("vs").replicas[0].runtime.process.pid  # type: ignore[union-attr]
         assert_group_running(pid)
         await pool.unload("vs")
