@@ -165,7 +165,8 @@ async def stream_chat(
     """POST ``body`` to ``path`` with ``stream: true``; pass every content delta to ``sink``.
 
     Raises:
-        PoolError: ``backend_timeout`` when the upstream is too slow.
+        PoolError: ``backend_timeout`` when the upstream is too slow; ``invalid_request``
+            when it refuses the request with a 4xx (other than 401, 403, 404 and 429).
         UpstreamConnectionFailed: no connection, or it broke off.
         BackendError: for an upstream error status or a broken or malformed stream.
     """
@@ -186,6 +187,10 @@ async def stream_chat(
         async with transport.request("POST", path, body=payload, headers=headers) as response:
             if response.status != 200:
                 message = upstream_message(await response.read())
+                if 400 <= response.status < 500 and response.status not in (401, 403, 404, 429):
+                    # The request itself was refused (more images than the model takes,
+                    # say): the client's to fix, not a broken backend.
+                    raise PoolError("invalid_request", f"{what} refused the request: {message}")
                 raise BackendError(f"{what} answered HTTP {response.status}: {message}")
             # Read on past [DONE] to the end of the body, so the connection can be reused.
             async for batch in sse_batches(response.chunks()):

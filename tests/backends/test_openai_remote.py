@@ -104,6 +104,19 @@ async def test_upstream_errors_become_backend_errors(nursery: trio.Nursery) -> N
         assert info.value.code == "backend_error" and "404" in info.value.message
 
 
+async def test_a_request_the_upstream_refuses_is_the_clients_400(nursery: trio.Nursery) -> None:
+    """The upstream's 4xx for the request itself (here an image to its text-only model)
+    is the client's 400 ``invalid_request`` with the upstream's reason, not a 502."""
+    upstream = await _upstream(nursery)
+    async with open_pool(_remote(upstream.url + "/v1", modalities=["text", "image"])) as pool:
+        image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask(input=[{"type": "text", "text": "What is it?"}, image]))
+        assert info.value.code == "invalid_request" and info.value.status == 400
+        assert "accepts text input only" in info.value.message
+        assert (await pool.respond(_ask())).text == "alpha beta gamma delta"
+
+
 async def test_a_hanging_upstream_times_out(nursery: trio.Nursery) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     accepted: list[trio.SocketStream] = []
