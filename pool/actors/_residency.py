@@ -18,18 +18,28 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
 from pool.actors._decisions import DecisionLog
 from pool.actors._events import WaitReason
 from pool.actors._eviction import eviction_candidates, reload_s, warm_note
-from pool.actors._gate import Choice, Gate, Placements, held_mib
+from pool.actors._gate import Gate, held_mib
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
+from pool.actors._planner import (
+    Evict,
+    Place,
+    Placements,
+    Refuse,
+    ResidenceView,
+    Rules,
+    Target,
+    Wait,
+)
 from pool.actors._sleep import read_host_ram, sleep_verdict
 from pool.actors._snapshots import ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges
@@ -272,8 +282,7 @@ class Residency:
             ):
                 continue
             plan = self._hinted(actor, actor.comeback) or plan_load(None, actor.definition)
-            per_replica = self.gate.per_replica(actor, plan)[0]
-            if self.gate.fit(actor, plan, per_replica) is None:
+            if self.gate.fit(self.gate.target(actor, plan)) is None:
                 continue
             self.decisions.record(
                 "comeback", actor.name, "evicted earlier; room freed and nothing waits for it"
@@ -312,79 +321,84 @@ class Residency:
         """
         engine = self.settings.engine
         limit = engine.max_loaded_models if wait else 0
-        per_replica, source = self.gate.per_replica(actor, plan)
+        target = self.gate.target(actor, plan)
         asked_at = trio.current_time()
         # How long this load leaves models in their stay-warm windows alone when only
         # they could make the room. No starvation: never past engine.warm_wait_s, nor past
         # half of what its first request's queue_timeout_s leaves after its own load.
-        own_load_s, _ = reload_s(actor, per_replica * plan.replicas)
+        own_load_s, _ = reload_s(actor.expected_load_s(), target.per_replica_mib * plan.replicas)
         spare_warm_until = asked_at + min(
             engine.warm_wait_s, max(0.0, actor.queue_timeout_s - own_load_s) / 2
         )
-        choice = Choice(None)
+
+        def rules(*, taken: bool = False, evict_warm: bool | None = None) -> Rules:
+            now = trio.current_time()
+            if evict_warm is None:
+                evict_warm = not (wait and now < spare_warm_until)
+            return self.gate.rules(
+                now, limit=limit, wait=wait, evict_warm=evict_warm, room_taken=taken
+            )
+
         while True:
             async with self._room_lock:
                 while True:
                     if wait and actor.queue_depth == 0:
                         return None
-                    gpus = self.gate.fit(actor, plan, per_replica)
-                    if gpus is not None and (not limit or self.gate.loaded_count(actor) < limit):
+                    taken = False
+                    outcome = self.gate.plan(target, rules())
+                    if isinstance(outcome, Place):
                         self._waiting_for_room.discard(actor)
-                        if await self._claim_lease(actor, gpus, per_replica):
-                            self.gate.reserved[actor] = gpus
+                        if await self._claim_lease(actor, outcome.gpus, target.per_replica_mib):
+                            self.gate.reserved[actor] = outcome.gpus
                             self._release_yields(actor)
-                            self._record_place(actor, plan, gpus, per_replica, source)
-                            return gpus
-                        gpus = None  # another holder took the room: evict or wait as if full
-                    if gpus is None and not self.gate.could_ever_fit(actor, plan, per_replica):
-                        reason = self.gate.refusal(actor, plan, per_replica, source)
-                        self.decisions.record(
-                            "refuse",
-                            actor.name,
-                            reason,
-                            **self.gate.room_numbers(actor, per_replica),
+                            self._record_place(actor, plan, outcome.gpus, target)
+                            return outcome.gpus
+                        # Another holder took the room: evict or wait as if full.
+                        taken = True
+                        outcome = self.gate.plan(target, rules(taken=True))
+                    if isinstance(outcome, Refuse):
+                        self._refuse(actor, target, outcome.reason)
+                    if isinstance(outcome, Evict) and outcome.steps:
+                        step = outcome.steps[0]
+                        assert step.victim is not None
+                        await self._evict(
+                            self.models[step.victim.name],
+                            actor,
+                            tuple(self.models[m.name] for m in step.spared),
                         )
-                        raise PoolError("load_failed", reason)
-                    spare_warm = wait and trio.current_time() < spare_warm_until
-                    choice = self.gate.choose(
-                        actor, plan, per_replica, limit, evict_warm=not spare_warm
-                    )
-                    victim = choice.victim
-                    if victim is None or (wait and self.gate.is_fresh(victim)):
-                        break
-                    await self._evict(victim, actor, choice.spared)
-            if not wait:
-                reason = self.gate.refusal(actor, plan, per_replica, source)
-                self.decisions.record(
-                    "refuse", actor.name, reason, **self.gate.room_numbers(actor, per_replica)
-                )
-                raise PoolError("load_failed", reason)
+                        continue
+                    break
+            assert isinstance(outcome, Wait)  # a load that does not wait is placed or refused
             now = trio.current_time()
-            held_warm = choice.spared if choice.victim is None else ()
+            held_warm = outcome.spared
             if actor not in self._waiting_for_room:
                 self._waiting_for_room.add(actor)
                 self.decisions.record(
                     "wait",
                     actor.name,
                     self._why_wait(held_warm, now, spare_warm_until),
-                    **self.gate.room_numbers(actor, per_replica),
+                    **self.gate.room_numbers(target),
                 )
                 self.notify_change()  # its requests now know they wait for VRAM
             yield_at = asked_at + engine.warm_wait_s
             if now >= yield_at:
-                self._ask_to_yield(actor, now)
+                self._ask_to_yield(actor, target, now)
             wake = [now + RECHECK_S, yield_at if yield_at > now else math.inf]
             if held_warm:
-                ends = [until for m in held_warm if (until := m.warm_until()) is not None]
+                ends = [until for m in held_warm if (until := m.warm_until) is not None]
                 wake.append(min([spare_warm_until, *ends]))
-            best = self.gate.choose(actor, plan, per_replica, limit).victim
-            if best is not None and self.gate.is_fresh(best):
-                wake.append(best.resident_since + engine.min_resident_s)
+            best = self.gate.plan(target, rules(taken=taken, evict_warm=True))
+            if isinstance(best, Wait) and best.fresh is not None:
+                wake.append(best.fresh.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
                 await self._changed.wait()
 
+    def _refuse(self, actor: ModelActor, target: Target, reason: str) -> NoReturn:
+        self.decisions.record("refuse", actor.name, reason, **self.gate.room_numbers(target))
+        raise PoolError("load_failed", reason)
+
     @staticmethod
-    def _why_wait(held_warm: tuple[ModelActor, ...], now: float, spare_until: float) -> str:
+    def _why_wait(held_warm: tuple[ResidenceView, ...], now: float, spare_until: float) -> str:
         if not held_warm:
             return (
                 "no GPU has room and no idle model may be evicted for it now; waits"
@@ -397,7 +411,7 @@ class Residency:
         )
 
     def _record_place(
-        self, actor: ModelActor, plan: LoadPlan, gpus: Placements, per_replica: int, source: str
+        self, actor: ModelActor, plan: LoadPlan, gpus: Placements, target: Target
     ) -> None:
         where = ", ".join(
             "+".join(f"GPU {g}: {m} MiB" for g, m in zip(p.gpus, p.mib, strict=True)) for p in gpus
@@ -405,24 +419,27 @@ class Residency:
         self.decisions.record(
             "place",
             actor.name,
-            f"{plan.replicas} replica(s) of {per_replica} MiB ({source}) fit"
+            f"{plan.replicas} replica(s) of {target.per_replica_mib} MiB ({target.source}) fit"
             + (f" on {where}" if where else " (no GPU to gate)"),
             gpus=[list(p.gpus) for p in gpus],
             gpu_split_mib=[list(p.mib) for p in gpus],
         )
 
-    def _ask_to_yield(self, actor: ModelActor, now: float) -> None:
+    def _ask_to_yield(self, actor: ModelActor, target: Target, now: float) -> None:
         """Warm promotion is over for ``actor``: the best busy model stops taking new
         requests (they wait at its door), serves what it has queued, then is evicted."""
         if any(claimant is actor for _, claimant in self._yielding.values()):
             return
-        busy = eviction_candidates(
-            self.models.values(),
-            incoming=actor,
-            now=now,
-            min_resident_s=self.settings.engine.min_resident_s,
-            busy=True,
-        )
+        busy = [
+            self.models[b.name]
+            for b in eviction_candidates(
+                self.gate.views(now),
+                incoming=target,
+                now=now,
+                min_resident_s=self.settings.engine.min_resident_s,
+                busy=True,
+            )
+        ]
         busy = [b for b in busy if b not in self._yielding]
         if busy:
             log.info("model=%s asks busy model %s to make way", actor.name, busy[0].name)
