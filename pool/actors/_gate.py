@@ -19,6 +19,7 @@ from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan
 from pool.actors._planner import Evict, GpuRoom, Place, Placements, ResidenceView, Rules, Target
+from pool.actors._residence import Residence
 from pool.actors._snapshots import GpuReading
 from pool.actors._vram import CudaContexts, gpu_ceilings
 from pool.config import Settings
@@ -37,6 +38,7 @@ class Gate:
         self,
         settings: Settings,
         models: Mapping[str, ModelActor],
+        residences: Mapping[str, Residence],
         gpus: GpuSource,
         *,
         contexts: CudaContexts,
@@ -44,6 +46,7 @@ class Gate:
     ) -> None:
         self.settings = settings
         self.models = models
+        self.residences = residences
         self.gpus = gpus
         self.contexts = contexts
         self.ledger = ledger
@@ -53,6 +56,7 @@ class Gate:
     def view_of(self, actor: ModelActor, now: float) -> ResidenceView:
         """``actor`` as the planner sees it at ``now`` (Trio clock)."""
         reserved = self.reserved.get(actor)
+        residence = self.residences[actor.name]
         return ResidenceView(
             name=actor.name,
             state=actor.state,
@@ -60,16 +64,16 @@ class Gate:
             pinned=actor.definition.pinned,
             on_demand=actor.definition.on_demand,
             idle=actor.idle,
-            holding=actor.holding(),
-            releases=actor.releases(),
+            holding=residence.holding(),
+            releases=residence.releases(),
             reserved=None if reserved is None else _planned(reserved),
-            resident_since=actor.resident_since,
+            resident_since=residence.resident_since,
             last_used_at=actor.last_used_at,
-            served_at=actor.served_at,
-            stay_warm_s=actor.stay_warm_s,
-            warm_until=actor.warm_until(),
-            expected_load_s=actor.expected_load_s(),
-            request_rate=actor.request_rate(now),
+            served_at=residence.served_at,
+            stay_warm_s=residence.stay_warm_s,
+            warm_until=residence.warm_until(),
+            expected_load_s=residence.expected_load_s(),
+            request_rate=residence.request_rate(now),
         )
 
     def views(self, now: float) -> list[ResidenceView]:
@@ -79,7 +83,9 @@ class Gate:
         """A load of ``plan`` for the planner: what each replica needs, from the
         estimate chain, and how the backend spreads it over GPUs."""
         definition = plan.effective(actor.definition)
-        estimate = actor.vram_estimate(definition=definition, replicas=plan.replicas)
+        estimate = self.residences[actor.name].vram_estimate(
+            definition=definition, replicas=plan.replicas
+        )
         return Target(
             name=actor.name,
             priority=actor.definition.priority,
@@ -138,7 +144,7 @@ class Gate:
     # -- what the pool reads (virtual GPUs, the shared ledger, CUDA contexts) ----------------
     def runtime_holdings(self) -> list[tuple[int, int]]:
         """(GPU, MiB) every loaded replica's runtime holds (what virtual GPUs show)."""
-        return [held for actor in self.models.values() for held in actor.runtime_holdings()]
+        return [held for r in self.residences.values() for held in r.runtime_holdings()]
 
     def charges(self, exclude: Iterable[ModelActor] = ()) -> tuple[dict[int, int], dict[int, int]]:
         """MiB per GPU charged to loaded models, and to loads under way or reserved."""
@@ -180,7 +186,9 @@ class Gate:
             "spared_warm": [],
             "need_mib": target.per_replica_mib,
             "estimate_source": target.source,
-            "expected_load_s": actor.expected_load_s(plan.effective(actor.definition)),
+            "expected_load_s": self.residences[name].expected_load_s(
+                plan.effective(actor.definition)
+            ),
             "error": None,
         }
         if actor.state == "unloading":

@@ -2,22 +2,25 @@
 
 Every entry point (admin, runner API, startup, on-demand requests, Ollama preload,
 pulls, the cluster) hands :class:`Residency` a load request. It validates it once
-(:func:`plan_load`), places it on the GPUs (the VRAM gate: ``_gate.py``, its
-arithmetic in ``_vram.py``), evicts what the rules allow and the policy chooses
-(``_eviction.py``), claims the shared lease, waits where a load may
-wait, and hands the model actor an already validated and placed plan
-(:meth:`ModelActor.load_placed`). Each placement, eviction, wait and refusal is
-recorded with its reason (``_decisions.py``). docs/vram.md tells the rules.
+(:func:`plan_load`), asks the planner (``_planner.py``, a pure function; the gate,
+``_gate.py``, gives it its records) where it goes, carries the plan out (evicts, one
+model at a time, what the rules allow and the policy chooses: ``_eviction.py``),
+claims the shared lease, waits where a load may wait, and hands the model actor an
+already validated and placed plan (:meth:`ModelActor.load_placed`). Each placement,
+eviction, wait and refusal is recorded with its reason (``_decisions.py``).
+docs/vram.md tells the rules.
 
-It reads the model actors through their narrow methods only (``holding``,
-``releases``, ``idle``, ``queue_depth``...), never their placement or replicas.
+It keeps one record per model (:class:`Residence`, ``_residence.py``): the model actor
+reports facts to it (loaded, used, idle, unloaded), and the numbers the owner decides
+with are the record's. Every unload the pool decides on (an eviction, a keep-alive that
+ran out) is started here.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import trio
@@ -25,6 +28,7 @@ import trio
 from pool.actors._decisions import DecisionLog
 from pool.actors._events import WaitReason
 from pool.actors._eviction import eviction_candidates, reload_s, warm_note
+from pool.actors._footprints import FootprintStore
 from pool.actors._gate import Gate, held_mib
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
@@ -40,6 +44,7 @@ from pool.actors._planner import (
     Target,
     Wait,
 )
+from pool.actors._residence import Residence
 from pool.actors._sleep import read_host_ram, sleep_verdict
 from pool.actors._snapshots import ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges
@@ -68,10 +73,14 @@ class Residency:
         *,
         contexts: CudaContexts,
         meter: LoadMeter,
+        footprints: FootprintStore | None,
         ledger: SharedLedger | None,
     ) -> None:
         self.settings = settings
         self.models = models
+        self.footprints = footprints
+        # The record of each model: its numbers, its keep-alive (residence_for).
+        self.residences: dict[str, Residence] = {}
         self.gpus = gpus
         self.contexts = contexts
         self.meter = meter
@@ -83,7 +92,7 @@ class Residency:
         self._was_unloading = False
         # The gate keeps the loads it let through, with the GPUs of each replica, until
         # they are `loading` (gate.reserved).
-        self.gate = Gate(settings, models, gpus, contexts=contexts, ledger=ledger)
+        self.gate = Gate(settings, models, self.residences, gpus, contexts=contexts, ledger=ledger)
         # Evictions and the decisions that lead to them, one at a time; models asked to
         # make way (new requests wait at their door), with who asked.
         self._room_lock = trio.Lock()
@@ -99,15 +108,65 @@ class Residency:
         except KeyError:
             raise PoolError("unknown_model", f"model {name!r} is not configured") from None
 
+    def residence_for(self, actor: ModelActor) -> Residence:
+        """Open the record of ``actor`` (ModelActor calls this as it is built)."""
+        residence = Residence(
+            actor,
+            footprints=self.footprints,
+            meter=self.meter,
+            contexts=self.contexts,
+            spawn=self._spawn,
+        )
+        self.residences[actor.name] = residence
+        return residence
+
+    def residence(self, name: str) -> Residence:
+        """The record of model ``name``."""
+        self.model(name)  # unknown_model
+        return self.residences[name]
+
+    def expected_load_s(self, name: str) -> float | None:
+        """How long the last measured load of ``name`` took (its current definition;
+        kept across restarts); None before one was measured."""
+        return self.residence(name).expected_load_s()
+
+    def _spawn(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` in the background (a footprint file written): the load or unload
+        that asked for it does not wait."""
+        if self._nursery is not None:
+            self._nursery.start_soon(work)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Carry out the owner's background work: evicted ``enabled`` models come back
-        when room frees."""
+        when room frees, and idle on-demand models unload when their keep-alive ends."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            for residence in self.residences.values():
+                if residence.actor.definition.on_demand:
+                    nursery.start_soon(self._keep_alive, residence)
             task_status.started()
             while True:
                 await self._changed.wait()
                 await self._bring_back_evicted()
+
+    async def _keep_alive(self, residence: Residence) -> None:
+        """Unload ``residence``'s model once its keep-alive expires while it is idle."""
+        actor = residence.actor
+        while True:
+            poke = residence.keep_alive_poke
+            if residence.expires_at is None:
+                await poke.wait()
+                continue
+            with trio.move_on_at(residence.expires_at):
+                await poke.wait()
+                continue
+            if actor.state == "loaded" and actor.idle and residence.expires_at is not None:
+                log.info("model=%s keep_alive expired; unloading", actor.name)
+                residence.expires_at = None
+                try:
+                    await actor.unload("keep_alive")
+                except PoolError as exc:  # e.g. shutting down under us
+                    log.warning("model=%s keep-alive unload failed: %s", actor.name, exc.message)
 
     # -- change notices ------------------------------------------------------------------
     def notify_change(self) -> None:
@@ -326,7 +385,9 @@ class Residency:
         # How long this load leaves models in their stay-warm windows alone when only
         # they could make the room. No starvation: never past engine.warm_wait_s, nor past
         # half of what its first request's queue_timeout_s leaves after its own load.
-        own_load_s, _ = reload_s(actor.expected_load_s(), target.per_replica_mib * plan.replicas)
+        own_load_s, _ = reload_s(
+            self.residences[actor.name].expected_load_s(), target.per_replica_mib * plan.replicas
+        )
         spare_warm_until = asked_at + min(
             engine.warm_wait_s, max(0.0, actor.queue_timeout_s - own_load_s) / 2
         )
@@ -493,7 +554,8 @@ class Residency:
             victim.placed_on,
         )
         # A model that can sleep keeps its weights in host RAM where the host has it.
-        need = victim.sleep_ram_mib()
+        residence = self.residences[victim.name]
+        need = residence.sleep_ram_mib()
         ram = await trio.to_thread.run_sync(read_host_ram) if need is not None else None
         sleep, how = sleep_verdict(need, ram)
         why = self.gate.why_evict(victim, spared) + (f"; {how}" if how else "")
@@ -502,7 +564,7 @@ class Residency:
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
-        expected = victim.releases()
+        expected = residence.releases()
         before = {g.index: held_mib(g) for g in view.gpus}
         # Loads under way may finish meanwhile: what they then hold is not the victim's.
         others_before = self.gate.charges(exclude=[victim])[0]
