@@ -96,6 +96,15 @@ NOT_NOW = (
     " idle model may be evicted for it now"
 )
 
+
+def slow_and_quick() -> list[ResidenceView]:
+    """Two models asked for as often: ``slow`` takes 20 s to load and was used first."""
+    return [
+        loaded("slow", 600, expected_load_s=20.0, request_rate=1.0, last_used_at=1.0),
+        loaded("quick", 600, expected_load_s=0.5, request_rate=1.0, last_used_at=2.0),
+    ]
+
+
 CASES = {
     "fits on a free GPU": Case(target(600), [], ("place", [[600]])),
     "no GPU to gate": Case(target(600), [], ("place", []), total_mib=0),
@@ -129,19 +138,13 @@ CASES = {
     ),
     "swap_cost spares the model that is slow to bring back": Case(
         target(600),
-        [
-            loaded("slow", 600, expected_load_s=20.0, request_rate=1.0, last_used_at=1.0),
-            loaded("quick", 600, expected_load_s=0.5, request_rate=1.0, last_used_at=2.0),
-        ],
+        slow_and_quick(),
         ("evict", [("quick", [])], ("place", [[600]])),
         total_mib=1200,
     ),
     "lru takes the least recently used": Case(
         target(600),
-        [
-            loaded("slow", 600, expected_load_s=20.0, request_rate=1.0, last_used_at=1.0),
-            loaded("quick", 600, expected_load_s=0.5, request_rate=1.0, last_used_at=2.0),
-        ],
+        slow_and_quick(),
         ("evict", [("slow", [])], ("place", [[600]])),
         total_mib=1200,
         rules={"policy": "lru"},
