@@ -609,11 +609,11 @@ async def test_a_loaded_model_keeps_its_file_until_the_next_load(
     async with open_pool(settings) as pool:
         actor = pool.model("m")
         await pool.load("m")
-        assert actor.artifact_mib is None  # "old" does not exist
+        assert pool.snapshot("m").artifact_mib is None  # "old" does not exist
         pool.pulls.pull("m")
         assert (await _final(pool, "m"))["status"] == "success"
         pulled = str(tmp_path / "store" / "m" / "n.bin")
-        assert actor.definition.model_path == pulled and actor.artifact_mib == 1
+        assert actor.definition.model_path == pulled and pool.snapshot("m").artifact_mib == 1
         assert actor.active_definition.model_path == "old" and actor.state == "loaded"
         await pool.unload("m")
         await pool.load("m")
