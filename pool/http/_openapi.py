@@ -36,7 +36,6 @@ from pool.schemas import (
     Decisions,
     EmbeddingList,
     EmbeddingsRequest,
-    Empty,
     GpuMemory,
     Health,
     InputItemList,
@@ -89,6 +88,7 @@ from pool.schemas import (
     RunnerLoadRequest,
     RunnerUnloaded,
     RunnerUnloadRequest,
+    StatusSuccess,
     TextCompletion,
     TextCompletionStreamEvent,
     UsageReport,
@@ -459,8 +459,9 @@ ROUTES: list[Route] = [
      "Cancels a running pull; its partial files are removed (404 when none runs).",
      reply=PullCancelled, errors="ollama"),
     Route("delete", "/api/delete", "ollama", "Delete a pulled model (Ollama)",
-     "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
-     " not in the store.", OllamaStoreRequest, reply=Empty, errors="ollama"),
+     "Removes a pulled model from the store: `{\"status\": \"success\"}`; 409 while it is"
+     " loaded, 404 when it is not in the store.", OllamaStoreRequest, reply=StatusSuccess,
+     errors="ollama"),
     Route("get", "/health", "operations", "Health",
      "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
      " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"

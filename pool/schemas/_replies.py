@@ -149,6 +149,10 @@ class ModelCard(_Reply):
         description="The context a request gets: the configured one (the backend's context"
         " field), else the model's own from its artifact; null when neither is known.",
     )
+    loaded: bool = Field(
+        description="Whether the model is loaded now (in a cluster: on some node); an"
+        " on-demand or evicted model that is not loads on its first request."
+    )
 
 
 class ModelList(_Reply):
@@ -343,7 +347,11 @@ class OllamaShowReply(_Reply):
     parameters: str = Field(description="Decoding defaults, one `name value` a line.")
     template: str = Field(description="The pool's prompt format of the model.")
     details: OllamaModelDetails
-    model_info: dict[str, Any] = Field(description="The model's definition.")
+    model_info: dict[str, Any] = Field(
+        description="The model's definition, and from its artifact (where it says):"
+        " `general.architecture`, `general.parameter_count`, `<family>.context_length` and"
+        " the plain `context_length`, `hidden_size`, `num_layers`, `vocab_size`."
+    )
     capabilities: list[Literal["completion", "embedding", "tools", "thinking", "vision"]]
     modified_at: str
 
@@ -376,8 +384,10 @@ class PullCancelled(_Reply):
     cancelled: Literal[True]
 
 
-class Empty(_Reply):
-    """``{}``."""
+class StatusSuccess(_Reply):
+    """``{"status": "success"}``, as Ollama and the embedded-engine spec answer."""
+
+    status: Literal["success"]
 
 
 class OllamaError(_Reply):

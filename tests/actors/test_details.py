@@ -41,6 +41,9 @@ def test_smollm2_gguf() -> None:
         parameter_size="134.52M",
         quantization_level="Q4_1",
         context_length=8192,
+        hidden_size=576,
+        num_layers=30,
+        vocab_size=49152,
     )
 
 
@@ -55,6 +58,9 @@ def test_transformers_config(tmp_path: Path) -> None:
         parameter_size="134.52M",
         quantization_level="BF16",
         context_length=8192,
+        hidden_size=576,
+        num_layers=30,
+        vocab_size=49152,
     )
 
 

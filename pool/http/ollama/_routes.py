@@ -197,7 +197,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = await read_body(OllamaStoreRequest)
         if not await pool.pulls.delete(body.target):
             raise PoolError("not_found", f"model {body.target!r} is not in the model store")
-        return json_response({})
+        return json_response({"status": "success"})
 
     app.register_blueprint(blueprint)
 
