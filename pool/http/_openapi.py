@@ -449,11 +449,16 @@ ROUTES: list[Route] = [
      reply=OllamaVersion, errors="ollama"),
     Route("post", "/api/pull", "ollama", "Pull a model (Ollama)",
      "Pulls a configured model from its `source` in the background: NDJSON progress lines"
-     " (the pull's state) by default; with `stream: false` the final state (500 when the"
-     " pull failed). A client that disconnects stops watching only. Admin token.",
+     " (the pull's state), repeated every `service.pull_heartbeat_s` (30 s) while nothing"
+     " moves (queued, or a stalled download); with `stream: false` the final state (400,"
+     " with `error`, when the pull failed or was cancelled). A model the store already"
+     " holds from the same source succeeds at once, downloading nothing. A client that"
+     " disconnects stops watching only. Admin token.",
      OllamaStoreRequest, reply=PullState, stream=NDJSON, events=PullState, errors="ollama"),
     Route("get", "/api/pull/status/{model}", "ollama", "Pull status",
-     "The current or last pull of a model (404 when none).", reply=PullState,
+     "The current or last pull of a model (404 when none): its state in the pool's"
+     " terms (`status`, `completed`, `total`) and the embedded-engine spec's (`state`,"
+     " `progress` in percent, `total_bytes`, `downloaded_bytes`).", reply=PullState,
      errors="ollama"),
     Route("delete", "/api/pull/{model}", "ollama", "Cancel a pull",
      "Cancels a running pull; its partial files are removed (404 when none runs).",
@@ -582,10 +587,8 @@ _WHY: dict[int, str] = {
     " token budget (`budget_exceeded`); `Retry-After` set",
 }
 
-# A body the server answers with 500 or 503 other than an error (the pull's final state,
-# the health while unhealthy).
+# A body the server answers with 503 other than an error (the health while unhealthy).
 _SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
-    ("post", "/api/pull"): (500, PullState),
     ("get", "/health"): (503, Health),
     ("get", "/v1/capabilities"): (503, RunnerDescriptor),
 }
@@ -1013,9 +1016,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if server_reply is not None:
         status, model = server_reply
         responses[str(status)] = {
-            "description": "The pull failed: its final state"
-            if status == 500
-            else "Unhealthy: the same body as a success",
+            "description": "Unhealthy: the same body as a success",
             "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
         }
     responses["5XX"] = {

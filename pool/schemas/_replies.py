@@ -377,6 +377,15 @@ class PullState(_Reply):
     path: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    state: Literal["queued", "downloading", "completed", "failed", "cancelled"] = Field(
+        description="The embedded-engine spec's state: `status` in five values."
+    )
+    progress: float = Field(
+        description="Percent of `total_bytes` done: 100 once completed, 0 while the size"
+        " is unknown."
+    )
+    total_bytes: int = Field(description="`total`, 0 while unknown.")
+    downloaded_bytes: int = Field(description="`completed`.")
 
 
 class PullCancelled(_Reply):
@@ -846,6 +855,10 @@ _STATUS_EXAMPLE: dict[str, Any] = {
             "status": "downloading",
             "completed": 1048576,
             "total": 4194304,
+            "state": "downloading",
+            "progress": 25.0,
+            "total_bytes": 4194304,
+            "downloaded_bytes": 1048576,
         }
     },
     "gpu_memory": {

@@ -3,6 +3,7 @@ where the Ollama and OpenAI clients' own tests do not already hold it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ def _pulled(files: FileServer, **sizes: int) -> dict[str, dict[str, Any]]:
     return models
 
 
+async def _downloading(http: httpx.AsyncClient, model: str) -> None:
+    with trio.fail_after(20):
+        while (await http.get(f"/api/pull/status/{model}")).json()["status"] != "downloading":
+            await trio.sleep(0.01)
+
+
 async def test_v1_models_entries_say_whether_they_are_loaded(nursery: trio.Nursery) -> None:
     models = {
         "echo": {"backend": "stub", "enabled": True},
@@ -62,6 +69,101 @@ async def test_show_gives_the_shape_of_the_network_from_the_gguf(nursery: trio.N
     assert model_info["context_length"] == model_info["llama.context_length"] == 8192
     assert (model_info["hidden_size"], model_info["num_layers"]) == (576, 30)
     assert model_info["vocab_size"] == 49152
+
+
+async def test_pull_status_has_the_spec_fields(
+    nursery: trio.Nursery, tmp_path: Path, files: FileServer
+) -> None:
+    models = _pulled(files, m=300_000, slow=4 << 20)
+    files.delay_s = 0.02
+    info = await start_server(nursery, models, model_store=str(tmp_path / "store"))
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        done = await http.post("/api/pull", json={"model": "m", "stream": False})
+        assert done.status_code == 200 and done.json()["status"] == "success"
+        status = (await http.get("/api/pull/status/m")).json()
+        assert (status["state"], status["progress"]) == ("completed", 100.0)
+        assert status["total_bytes"] == status["downloaded_bytes"] == 300_000
+
+        async with http.stream("POST", "/api/pull", json={"model": "slow"}) as progress:
+            async for line in progress.aiter_lines():
+                if json.loads(line)["status"] == "downloading":
+                    break
+        await _downloading(http, "slow")
+        with trio.fail_after(20):
+            while (status := (await http.get("/api/pull/status/slow")).json())[
+                "downloaded_bytes"
+            ] == 0:
+                await trio.sleep(0.01)
+        assert status["state"] == "downloading" and status["total_bytes"] == 4 << 20
+        assert 0 < status["progress"] < 100
+        assert status["progress"] == round(status["downloaded_bytes"] / (4 << 20) * 100, 1)
+        running = (await http.get("/api/status")).json()["pulls"]["slow"]
+        assert running["state"] == "downloading" and running["total_bytes"] == 4 << 20
+        assert 0 < running["progress"] < 100
+        await http.delete("/api/pull/slow")
+        cancelled = (await http.get("/api/pull/status/slow")).json()
+        assert cancelled["state"] == "cancelled"
+
+
+async def test_a_failed_pull_without_a_stream_is_a_400(
+    nursery: trio.Nursery, tmp_path: Path, files: FileServer
+) -> None:
+    models = {"gone": {"backend": "stub", "source": f"{files.url}/missing.bin"}}
+    info = await start_server(nursery, models, model_store=str(tmp_path / "store"))
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        failed = await http.post("/api/pull", json={"model": "gone", "stream": False})
+    assert failed.status_code == 400
+    body = failed.json()
+    assert "404" in body["error"] and (body["status"], body["state"]) == ("error", "failed")
+
+
+async def test_pulling_a_model_the_store_holds_succeeds_without_downloading(
+    nursery: trio.Nursery, tmp_path: Path, files: FileServer
+) -> None:
+    info = await start_server(nursery, _pulled(files, m=300_000), model_store=str(tmp_path / "s"))
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        first = await http.post("/api/pull", json={"model": "m", "stream": False})
+        assert first.status_code == 200 and files.gets("/m.bin") == [None]
+        again = await http.post("/api/pull", json={"model": "m", "stream": False})
+        assert again.status_code == 200 and again.json()["status"] == "success"
+        streamed = await http.post("/api/pull", json={"model": "m"})
+        statuses = [json.loads(line)["status"] for line in streamed.text.splitlines()]
+        assert statuses[-1] == "success" and "downloading" not in statuses
+        assert files.gets("/m.bin") == [None]  # one download, for the first pull only
+        assert info.pool.model("m").definition.model_path == str(tmp_path / "s" / "m" / "m.bin")
+
+
+async def test_a_queued_pull_streams_heartbeats(
+    nursery: trio.Nursery, tmp_path: Path, files: FileServer
+) -> None:
+    """One pull at a time: the second waits its turn, and its stream repeats its
+    ``queued`` state every ``pull_heartbeat_s`` (here 0.05 s, 30 s by default)."""
+    files.delay_s = 0.05  # 64 chunks: the first pull takes over 3 s
+    info = await start_server(
+        nursery,
+        _pulled(files, slow=4 << 20, m=1000),
+        model_store=str(tmp_path / "store"),
+        pull_concurrency=1,
+        pull_heartbeat_s=0.05,
+    )
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        async with http.stream("POST", "/api/pull", json={"model": "slow"}) as progress:
+            async for _ in progress.aiter_lines():
+                break
+        await _downloading(http, "slow")
+        queued = 0
+        statuses = []
+        async with http.stream("POST", "/api/pull", json={"model": "m"}) as progress:
+            async for line in progress.aiter_lines():
+                status = json.loads(line)["status"]
+                statuses.append(status)
+                if status == "queued" and (queued := queued + 1) == 3:
+                    # Three lines while the first pull still runs: two were heartbeats.
+                    assert (await http.get("/api/pull/status/slow")).json()["state"] == (
+                        "downloading"
+                    )
+                    await http.delete("/api/pull/slow")
+        assert queued == 3 and statuses[:3] == ["queued"] * 3 and statuses[-1] == "success"
 
 
 async def test_delete_answers_success(

