@@ -475,8 +475,11 @@ ROUTES: list[Route] = [
      " the node serves on by itself), `error`, `peers`.", reply=Health),
     Route("get", "/api/status", "operations", "Full status",
      "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
-     " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
-     " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
+     " `idle_seconds`, `will_unload_in`, `error`, queue), `engine.gpu_memory` (the"
+     " embedded-engine spec's `allocated_gb`, `reserved_gb`, `total_gb`), the pulls under"
+     " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
+     " models the model store holds, and their `count`) and each GPU's memory in MiB."
+     " Always 200: `status` says whether the pool serves.", reply=PoolStatus),
     Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",

@@ -201,6 +201,10 @@ class PullManager:
         async with handle.watch(heartbeat_s) as events:
             yield events
 
+    async def stored_models(self) -> list[str]:
+        """The models whose pull the store holds complete, by name."""
+        return await self._thread(self.store.pulled_models)
+
     async def cancel(self, model: str) -> bool:
         """Stop the running pull of ``model`` and delete its partial files.
 

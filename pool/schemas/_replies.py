@@ -796,8 +796,21 @@ class EngineModelStatus(_Reply):
     vram_mib: int | None = Field(description="What the loaded model holds (or is estimated to).")
 
 
+class EngineGpuMemory(_Reply):
+    """The embedded-engine spec's GPU figures: GB (10^9 bytes), summed over the GPUs."""
+
+    allocated_gb: float | None = Field(
+        description="Held by this pool's runtimes; null where no GPU can tell."
+    )
+    reserved_gb: float = Field(description="In use on the GPUs, by this pool and others.")
+    total_gb: float
+
+
 class EngineStatus(_Reply):
     models: list[EngineModelStatus]
+    gpu_memory: EngineGpuMemory | None = Field(
+        description="The spec's summary of `gpu_memory` (below); null without GPUs."
+    )
 
 
 class GpuMemoryReading(_Reply):
@@ -813,6 +826,13 @@ class GpuMemoryReading(_Reply):
 class GpuMemoryStatus(_Reply):
     gpus: list[GpuMemoryReading]
     error: str | None = Field(description="Why there are no readings (no NVIDIA driver).")
+
+
+class StoreStatus(_Reply):
+    """The model store: what pulls downloaded (and ``/api/delete`` removes)."""
+
+    models: list[str] = Field(description="The models with a complete pull, by name.")
+    count: int
 
 
 _STATUS_EXAMPLE: dict[str, Any] = {
@@ -846,7 +866,8 @@ _STATUS_EXAMPLE: dict[str, Any] = {
                 "gpus": [[0]],
                 "vram_mib": 5120,
             }
-        ]
+        ],
+        "gpu_memory": {"allocated_gb": 20.45, "reserved_gb": 20.97, "total_gb": 24.15},
     },
     "pulls": {
         "llama": {
@@ -861,6 +882,7 @@ _STATUS_EXAMPLE: dict[str, Any] = {
             "downloaded_bytes": 1048576,
         }
     },
+    "cache": {"models": ["qwen"], "count": 1},
     "gpu_memory": {
         "gpus": [
             {
@@ -879,7 +901,7 @@ _STATUS_EXAMPLE: dict[str, Any] = {
 
 
 class PoolStatus(_Reply):
-    """``GET /api/status``: health, engine, pulls and GPU memory at once."""
+    """``GET /api/status``: health, engine, pulls, the model store and GPU memory at once."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_STATUS_EXAMPLE]})
 
@@ -889,4 +911,5 @@ class PoolStatus(_Reply):
     uptime: int = Field(description="Seconds since the pool started.")
     engine: EngineStatus
     pulls: dict[str, PullState] = Field(description="The pulls under way, by model.")
-    gpu_memory: GpuMemoryStatus
+    cache: StoreStatus = Field(description="The model store (the spec's model cache).")
+    gpu_memory: GpuMemoryStatus = Field(description="Each GPU's memory, in MiB.")

