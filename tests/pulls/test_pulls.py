@@ -42,6 +42,7 @@ class FileServer:
         self.cut_first = 0
         self.requests: list[tuple[str, str | None]] = []
         self.if_ranges: list[str | None] = []
+        self.authorizations: list[tuple[str, str | None]] = []
         self.sent: dict[str, int] = defaultdict(int)
         self.delay_s = 0.0
         self.hub_extra: list[dict[str, Any]] = []
@@ -57,6 +58,7 @@ class FileServer:
                 with server._lock:
                     server.requests.append((path, range_header))
                     server.if_ranges.append(if_range)
+                    server.authorizations.append((path, self.headers.get("Authorization")))
                 if path.startswith("/api/models/"):
                     return self._hub_tree(path)
                 blob = server.files.get(path)
@@ -681,6 +683,31 @@ async def test_pull_from_a_hub_repo(tmp_path: Path, files: FileServer) -> None:
             "pick/b.gguf",
         ]
         assert not _partials(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "variable", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"]
+)
+async def test_hub_pulls_send_the_token_of_each_variable(
+    tmp_path: Path, files: FileServer, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """The embedded-engine spec's ``HUGGING_FACE_HUB_TOKEN`` and ``HUGGINGFACE_API_KEY``,
+    and the hub's own ``HF_TOKEN``: the bearer token of the listing and of the files."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no saved login
+    monkeypatch.setenv(variable, "hf_secret")
+    files.files["/org/repo/resolve/main/model.gguf"] = b"gguf bytes"
+    settings = _settings(
+        tmp_path, {"hf_endpoint": files.url}, hub={"backend": "stub", "source": "org/repo"}
+    )
+    async with open_pool(settings) as pool:
+        pool.pulls.pull("hub")
+        assert (await _final(pool, "hub"))["status"] == "success"
+    assert files.authorizations == [
+        ("/api/models/org/repo/tree/main", "Bearer hf_secret"),
+        ("/org/repo/resolve/main/model.gguf", "Bearer hf_secret"),
+    ]
 
 
 async def test_pull_from_local_files(tmp_path: Path) -> None:
