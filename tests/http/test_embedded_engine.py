@@ -76,7 +76,7 @@ async def test_pull_status_has_the_spec_fields(
     nursery: trio.Nursery, tmp_path: Path, files: FileServer
 ) -> None:
     models = _pulled(files, m=300_000, slow=4 << 20)
-    files.delay_s = 0.02
+    files.delay_s = 0.05  # 64 chunks: `slow` takes over 3 s, and is cancelled at the end
     info = await start_server(nursery, models, model_store=str(tmp_path / "store"))
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
         done = await http.post("/api/pull", json={"model": "m", "stream": False})
@@ -139,7 +139,7 @@ async def test_a_queued_pull_streams_heartbeats(
 ) -> None:
     """One pull at a time: the second waits its turn, and its stream repeats its
     ``queued`` state every ``pull_heartbeat_s`` (here 0.05 s, 30 s by default)."""
-    files.delay_s = 0.05  # 64 chunks: the first pull takes over 3 s
+    files.delay_s = 0.1  # 64 chunks: the first pull would take over 6 s (it is cancelled)
     info = await start_server(
         nursery,
         _pulled(files, slow=4 << 20, m=1000),
