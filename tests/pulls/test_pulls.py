@@ -846,3 +846,23 @@ async def test_a_quiet_pull_repeats_its_state_every_heartbeat(
         (90, "downloading", 200),
         (90, "success", 200),
     ]
+
+
+async def test_a_pull_of_what_the_store_holds_downloads_nothing_unless_the_checksum_differs(
+    tmp_path: Path, files: FileServer
+) -> None:
+    blob = b"h" * 100_000
+    files.files["/h.bin"] = blob
+    async with open_pool(
+        _settings(tmp_path, m={"backend": "stub", "source": files.url + "/h.bin"})
+    ) as pool:
+        pool.pulls.pull("m")
+        assert (await _final(pool, "m"))["status"] == "success"
+        pool.pulls.pull("m", sha256=sha(blob))
+        held = await _final(pool, "m")
+        assert (held["status"], held["state"], held["progress"]) == ("success", "completed", 100.0)
+        assert files.gets("/h.bin") == [None]
+        # A checksum the stored pull does not have: fetched again, and refused.
+        pool.pulls.pull("m", sha256=sha(b"other"))
+        assert "does not match" in (await _final(pool, "m"))["error"]
+        assert files.gets("/h.bin") == [None, None]
