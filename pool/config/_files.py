@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -181,7 +182,10 @@ def build_settings(
     return Settings(service=service, engine=engine, source_files=[str(p) for p, _ in files])
 
 
-def _requests_per_minute(name: str, value: str) -> float:
+def _request_limits(name: str, value: str) -> dict[str, Any]:
+    """A rate like ``100req/min`` as tenant limits: the rate, and a burst of the count it
+    names, so the window's requests may all come at once ("100 requests in a minute",
+    not one every 0.6 s)."""
     match = _RATE.match(value)
     if match is None:
         raise ConfigError([f"${name}: {value!r} is not a rate like '100req/min' (s, min or h)"])
@@ -189,7 +193,7 @@ def _requests_per_minute(name: str, value: str) -> float:
     per_minute = count * _PER_MINUTE.get(unit, 1.0 / 60.0)
     if per_minute <= 0:
         raise ConfigError([f"${name}: the rate must be above zero"])
-    return per_minute
+    return {"requests_per_minute": per_minute, "burst": max(1, math.floor(count))}
 
 
 def _number(name: str, value: str) -> float:
@@ -206,7 +210,8 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
     ``engine.queue_timeout_s`` (in milliseconds); ``DEFAULT_RATE_LIMIT`` and
     ``TENANT_RATE_LIMIT_default`` are ``service.tenancy.default.requests_per_minute``;
     ``TENANT_RATE_LIMIT_<tenant>`` is that tenant's ``requests_per_minute`` (rates are
-    ``100req/min``, ``/s`` or ``/h``); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
+    ``100req/min``, ``/s`` or ``/h``; the count is also the ``burst``: a window's
+    requests may come at once); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
     ``service.auth.op_token_key_path``. Unset or empty variables add nothing.
 
     Raises:
@@ -240,24 +245,24 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
             engine["queue_timeout_s"] = millis / 1000.0
     tenancy: dict[str, Any] = {}
     if value := env.get(ENV_DEFAULT_RATE_LIMIT, "").strip():
-        rate = attempt(_requests_per_minute, ENV_DEFAULT_RATE_LIMIT, value)
+        rate = attempt(_request_limits, ENV_DEFAULT_RATE_LIMIT, value)
         if rate is not None:
-            tenancy["default"] = {"requests_per_minute": rate}
+            tenancy["default"] = rate
     for name in sorted(env):
         tenant = name[len(ENV_TENANT_RATE_LIMIT_PREFIX) :]
         if not name.startswith(ENV_TENANT_RATE_LIMIT_PREFIX) or not tenant:
             continue
         if not (value := env[name].strip()):
             continue
-        rate = attempt(_requests_per_minute, name, value)
+        rate = attempt(_request_limits, name, value)
         if rate is None:
             continue
         # The spec's `TENANT_RATE_LIMIT_default` is the default tenant; it is the more
         # specific of the two names, so it wins over DEFAULT_RATE_LIMIT.
         if tenant == "default":
-            tenancy["default"] = {"requests_per_minute": rate}
+            tenancy["default"] = rate
         else:
-            tenancy.setdefault("tenants", {})[tenant] = {"requests_per_minute": rate}
+            tenancy.setdefault("tenants", {})[tenant] = rate
     if tenancy:
         service["tenancy"] = tenancy
     if value := env.get(ENV_OP_TOKEN_KEY_PATH, "").strip():

@@ -17,7 +17,8 @@ import httpx
 import pytest
 import trio
 
-from pool import serve
+from pool import PoolError, serve
+from pool.actors import RateLimiter
 from pool.config import load_settings
 from pool.errors import ConfigError
 from pool.http import Authenticator, nonce_file_path, sign_op_token
@@ -69,12 +70,31 @@ def test_the_environment_wins_over_the_files(tmp_path: Path) -> None:
     settings = load_settings(path, environ={"MAX_QUEUE_DEPTH": "9", "DEFAULT_RATE_LIMIT": "60/min"})
     assert settings.engine.max_queue == 9
     assert settings.engine.queue_timeout_s == 5  # not set in the environment: the file's
-    # Merged per field: the file's burst stays, the environment's rate wins.
+    # The environment's rate comes with its own burst (the count it names).
     assert settings.service.tenancy.default.requests_per_minute == 60
-    assert settings.service.tenancy.default.burst == 3
+    assert settings.service.tenancy.default.burst == 60
     # The spec's TENANT_RATE_LIMIT_default is the more specific name for the default.
     both = {"DEFAULT_RATE_LIMIT": "60/min", "TENANT_RATE_LIMIT_default": "50req/min"}
     assert load_settings(path, environ=both).service.tenancy.default.requests_per_minute == 50
+
+
+async def test_a_spec_rate_allows_its_whole_count_at_once(tmp_path: Path) -> None:
+    # "100req/min": 100 requests in one instant pass, the 101st is refused, and the
+    # 429's limit is the whole count (the default burst of 1 refused the second).
+    environ = {"TENANT_RATE_LIMIT_community-x": "100req/min", "DEFAULT_RATE_LIMIT": "2req/h"}
+    settings = load_settings(_settings_file(tmp_path), environ=environ)
+    limiter = RateLimiter(settings.service.tenancy)
+    for _ in range(100):
+        limiter.admit("community-x")
+    with pytest.raises(PoolError) as refused:
+        limiter.admit("community-x")
+    assert refused.value.details["limit"] == 100 and refused.value.details["remaining"] == 0
+    for _ in range(2):
+        limiter.admit("someone")
+    with pytest.raises(PoolError) as hourly:
+        limiter.admit("someone")
+    limit = hourly.value.details["limit"]  # 2 an hour: 0.033 a minute, shown as a whole 1
+    assert isinstance(limit, int) and limit == 1
 
 
 @pytest.mark.parametrize(
