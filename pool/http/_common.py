@@ -169,6 +169,18 @@ def error_body(exc: PoolError) -> dict[str, Any]:
     return {"error": {"code": exc.code, "message": exc.message, **details}}
 
 
+# What a 503 ``queue_full`` and a 429 ``rate_limit_exceeded`` say about the backpressure
+# (spec: model-runner-api, "Backpressure and Rate Limiting"), in the runner's names.
+_BACKPRESSURE = ("queue_depth", "avg_wait_ms", "limit", "remaining", "reset_at")
+
+
+def backpressure_fields(exc: PoolError) -> dict[str, Any]:
+    """The backpressure details of ``exc`` (``queueDepth``, ``avgWaitMs``; ``limit``,
+    ``remaining``, ``resetAt``) for dialects whose error object has no room for the
+    pool's other details; empty for other errors."""
+    return {_DETAIL_NAMES.get(k, k): exc.details[k] for k in _BACKPRESSURE if k in exc.details}
+
+
 def retry_after(exc: PoolError) -> dict[str, str]:
     """``Retry-After`` (whole seconds, at least 1) for an error that says when to retry."""
     if exc.retry_after_s is None:

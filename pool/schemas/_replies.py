@@ -161,6 +161,14 @@ class OpenAIErrorDetail(_Reply):
     type: str
     param: str | None
     code: str
+    # The runner API's backpressure fields, on a 503 queue_full and a 429.
+    queueDepth: int | None = Field(None, description="queue_full: requests waiting.")
+    avgWaitMs: float | None = Field(None, description="queue_full: the model's mean queue wait.")
+    limit: int | None = Field(None, description="rate_limit_exceeded: the limit per minute.")
+    remaining: int | None = Field(None, description="rate_limit_exceeded: requests left (0).")
+    resetAt: int | None = Field(
+        None, description="rate_limit_exceeded: Unix time the whole burst is back."
+    )
 
 
 class OpenAIError(_Reply):
