@@ -33,14 +33,32 @@ def health(
         reason = "the pool is shutting down"
     elif actors and all(a.state == "failed" for a in actors):
         reason = "every model failed to load"
+    found = tuple(issues(actors, oom_window_s))
     return PoolHealth(
         serving=reason is None,
         uptime_s=time.time() - started_at,
         models_loaded=sum(1 for a in actors if a.state == "loaded"),
         queue_depth=sum(a.queue_depth for a in actors),
-        reason=reason,
-        issues=tuple(issues(actors, oom_window_s)),
+        reason=reason or unavailable_reason(found),
+        issues=found,
     )
+
+
+def unavailable_reason(found: Iterable[HealthIssue]) -> str | None:
+    """Why a serving pool answers 503 (its GPU out-of-memories and saturated queues, by
+    model), or None when nothing does."""
+    said = []
+    for issue in found:
+        if issue.code == "gpu_oom":
+            gpu = issue.details.get("gpu")
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            said.append(f"model {issue.model!r} ran out of GPU memory{where}")
+        elif issue.code == "queue_saturated":
+            said.append(
+                f"the queue of model {issue.model!r} is saturated"
+                f" ({issue.details['queueDepth']}/{issue.details['maxQueue']})"
+            )
+    return "; ".join(dict.fromkeys(said)) or None
 
 
 def issues(actors: Iterable[ModelActor], oom_window_s: float) -> Iterator[HealthIssue]:

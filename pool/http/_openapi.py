@@ -464,7 +464,8 @@ ROUTES: list[Route] = [
     Route("get", "/health", "operations", "Health",
      "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
      " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
-     " model); 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
+     " model); 503 `degraded` with `reason` while a queue is saturated or a GPU ran out of"
+     " memory; 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
      " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
      " the node serves on by itself), `error`, `peers`.", reply=Health),
     Route("get", "/api/status", "operations", "Full status",
@@ -1014,7 +1015,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         responses[str(status)] = {
             "description": "The pull failed: its final state"
             if status == 500
-            else "Unhealthy: the same body as a success",
+            else "Unhealthy (or, on /health, degraded by a GPU out of memory or a saturated"
+            " queue): the same body as a success",
             "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
         }
     responses["5XX"] = {

@@ -752,12 +752,16 @@ class HealthReason(_Reply):
 
 class Health(_Reply):
     status: Literal["healthy", "degraded", "unhealthy"] = Field(
-        description="degraded: serving, with `reasons`; unhealthy (503): not serving."
+        description="degraded: serving, with `reasons` (503 on /health while a GPU ran out of"
+        " memory or a queue is saturated); unhealthy (503): not serving."
     )
     uptime: int = Field(description="Seconds since the pool started.")
     modelsLoaded: int
     queueDepth: int
-    reason: str | None = Field(None, description="Why the pool is unhealthy.")
+    reason: str | None = Field(
+        None,
+        description="Why /health answers 503: not serving, a GPU out of memory, a saturated queue.",
+    )
     reasons: list[HealthReason] | None = Field(
         None, description="What degrades the pool; left out when nothing does."
     )

@@ -106,10 +106,11 @@ def register(app: Quart, ctx: AppContext) -> None:
     @blueprint.get("/health")
     async def health() -> Response:
         """200 while serving (``healthy``, or ``degraded`` with its ``reasons``); 503 with
-        the reason when every model failed or on shutdown."""
+        the reason on a GPU out of memory or a saturated queue (still ``degraded``), when
+        every model failed, or on shutdown."""
         health = pool.health()
         body = health_body(health, cluster_status(pool))
-        return json_response(body, 200 if health.serving else 503)
+        return json_response(body, 200 if health.available else 503)
 
     @blueprint.get("/api/status")
     async def full_status() -> Response:
