@@ -9,7 +9,7 @@ from pool.actors._admission import Admission, new_request_id
 from pool.actors._affinity import AFFINITY_MIN_SHARE, longest_held
 from pool.actors._budgets import BudgetCounters, Budgets, LocalCounters
 from pool.actors._caller import CALLER, Caller
-from pool.actors._details import ModelDetails
+from pool.actors._details import ModelDetails, quantization_name, same_quantization
 from pool.actors._events import (
     Delta,
     Embedded,
@@ -139,5 +139,7 @@ __all__ = [
     "new_request_id",
     "open_pool",
     "parse_keep_alive",
+    "quantization_name",
+    "same_quantization",
     "trio_task_count",
 ]

@@ -207,6 +207,8 @@ class ModelActor:
         self.placement: tuple[GpuPlacement, ...] = ()
         # How far the load under way has come (0..1), per replica, where reported.
         self._progress: dict[int, float] = {}
+        # Trio clock time the load under way began (its ETA counts from here).
+        self._loading_since = 0.0
         self.observed_per_gpu: dict[int, int] | None = None
         self.resident_since = 0.0
         self.loaded_at: float | None = None
@@ -555,6 +557,8 @@ class ModelActor:
     def _set_state(self, state: RuntimeState) -> None:
         if state != self.state:
             log.info("model=%s state %s -> %s", self.name, self.state, state)
+        if state == "loading" and self.state != "loading":
+            self._loading_since = trio.current_time()
         self.state = state
         self._state_changed.set()
         self._state_changed = trio.Event()
@@ -790,6 +794,14 @@ class ModelActor:
         if self.state != "loading" or not self._progress:
             return None
         return sum(self._progress.values()) / max(1, self.selected_replicas)
+
+    def load_eta_s(self) -> float | None:
+        """Seconds the load under way still needs, by the last measured load like it
+        (:meth:`expected_load_s`); None when not loading or never measured."""
+        expected = self.expected_load_s() if self.state == "loading" else None
+        if expected is None:
+            return None
+        return max(0.0, expected - (trio.current_time() - self._loading_since))
 
     async def _do_unload(self, reason: UnloadReason, *, sleep: bool = False) -> ModelSnapshot:
         if self.state in ("unloaded", "failed"):

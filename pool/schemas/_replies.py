@@ -645,6 +645,10 @@ class GpuMemory(_Reply):
 class LoadedModel(_Reply):
     id: str
     backend: str
+    quantization: str | None = Field(
+        description="From the model's own metadata, spelled as the runner spec does"
+        " (`awq-4bit`, `fp16`, `bf16`; a GGUF type as `q4_k_m`); null where unknown."
+    )
     contextLength: int | None
     loadedAt: int
     gpuMemoryMB: int | None
@@ -654,7 +658,10 @@ class LoadedModel(_Reply):
 class LoadingModel(_Reply):
     id: str
     progress: float | None
-    eta: float | None
+    eta: int | None = Field(
+        description="Seconds left, by the last measured load of the same model and"
+        " settings; null before a first measured load or while the model is fetched."
+    )
 
 
 class RunnerModels(_Reply):
@@ -714,7 +721,12 @@ class LoadTaskState(_Reply):
     gpuMemoryUsedMB: int | None = None
     error: str | None = None
     errorCode: str | None = None
-    eta: float | None = Field(None, description="Only in the 202 that starts the task.")
+    eta: int | None = Field(
+        None,
+        description="Seconds: in the 202 the whole of the last measured load like this one,"
+        " while polling what is left of it; null before a first measured load or while the"
+        " model is fetched. Absent once the task ended.",
+    )
 
 
 class RunnerUnloaded(_Reply):

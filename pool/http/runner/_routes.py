@@ -3,6 +3,7 @@ metrics, and ``GET /api/status``."""
 
 from __future__ import annotations
 
+import math
 import socket
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from pool.http.runner._render import (
     capabilities_body,
     cluster_status,
     health_body,
+    load_eta,
     load_task_body,
     status_body,
 )
@@ -62,13 +64,20 @@ def register(app: Quart, ctx: AppContext) -> None:
                     f" {body.gpuMemoryBudgetMB} MiB",
                 )
         task = pool.start_load_task(body.modelId, load, body.evictModel)
-        return json_response(load_task_body(task) | {"eta": None}, 202)
+        # The whole of the last measured load like this one (None before a first).
+        expected = actor.expected_load_s()
+        eta = None if expected is None or task.phase == "fetching" else math.ceil(expected)
+        return json_response(load_task_body(task) | {"eta": eta}, 202)
 
     @blueprint.get("/v1/models/load/<task_id>")
     async def runner_load_status(task_id: str) -> Response:
         """The state of a load task: loading, completed or failed, with timings."""
         require(ctx, "admin")
-        return json_response(load_task_body(pool.load_tasks.get(task_id)))
+        task = pool.load_tasks.get(task_id)
+        body = load_task_body(task)
+        if task.status == "loading":
+            body["eta"] = load_eta(pool, task.model)
+        return json_response(body)
 
     @blueprint.post("/v1/models/unload")
     async def runner_unload() -> Response:
