@@ -121,6 +121,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0
 

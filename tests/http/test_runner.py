@@ -62,3 +62,63 @@ async def test_a_loading_entry_has_an_eta_once_a_load_was_measured(
         polled = (await client.get(f"/v1/models/load/{second.json()['taskId']}")).json()
         assert polled["status"] != "loading" or isinstance(polled["eta"], int)
         await _done(client, second.json()["taskId"])
+
+
+async def test_a_runner_load_takes_the_models_own_quantization(nursery: trio.Nursery) -> None:
+    models = {
+        "smol": {"backend": "stub", "model_path": GGUF},
+        "echo": {"backend": "stub"},
+    }
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        # Optional, as the spec says; any spelling of the model's own is accepted.
+        for body in ({"modelId": "smol"}, {"modelId": "smol", "quantization": "Q4_1"}):
+            started = await client.post("/v1/models/load", json=body)
+            assert started.status_code == 202, started.text
+            assert (await _done(client, started.json()["taskId"]))["status"] == "completed"
+            await client.post("/v1/models/unload", json={"modelId": "smol"})
+        for body, says in (
+            ({"modelId": "smol", "quantization": "awq-4bit"}, "is q4_1, not 'awq-4bit'"),
+            ({"modelId": "echo", "quantization": "fp16"}, "does not say its quantization"),
+        ):
+            refused = await client.post("/v1/models/load", json=body)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "invalid_load_request" and error["field"] == "quantization"
+            assert says in error["message"]
+        assert info.pool.snapshot("echo").state == "unloaded"
+
+
+async def test_a_memory_budget_sizes_the_runtimes_context(nursery: trio.Nursery) -> None:
+    # The real llama.cpp runtime: a budget below the estimate at the configured context
+    # (4096) loads it with the longest context whose estimate fits, not a refusal.
+    smol = {"backend": "llama_cpp", "model_path": GGUF, "gguf_n_ctx": 4096}
+    info = await start_server(nursery, {"smol": smol})
+    actor = info.pool.model("smol")
+    whole = actor.vram_estimate().mib
+    assert whole is not None
+    budget = whole - 40
+    async with httpx.AsyncClient(base_url=info.url, timeout=60) as client:
+        started = await client.post(
+            "/v1/models/load", json={"modelId": "smol", "gpuMemoryBudgetMB": budget}
+        )
+        assert started.status_code == 202, started.text
+        assert (await _done(client, started.json()["taskId"]))["status"] == "completed"
+        context = info.pool.snapshot("smol").context_length
+        assert context is not None and context < 4096
+        # What the runtime got, and the estimate of it within the budget.
+        [replica] = actor.replicas
+        assert replica.runtime._llama.n_ctx() == context  # type: ignore[union-attr]
+        assert actor.vram_estimate().mib is not None
+        assert actor.vram_estimate().mib <= budget  # type: ignore[operator]
+        # llama.cpp pads a context to 256 tokens: 256 more would not have fitted.
+        assert context % 256 == 0
+        longer = actor.definition.model_copy(update={"gguf_n_ctx": context + 256})
+        assert actor.vram_estimate(definition=longer, replicas=1).mib > budget  # type: ignore[operator]
+        # A budget not even the smallest context fits is refused, naming the field.
+        await client.post("/v1/models/unload", json={"modelId": "smol"})
+        refused = await client.post(
+            "/v1/models/load", json={"modelId": "smol", "gpuMemoryBudgetMB": 1}
+        )
+        assert refused.status_code == 400
+        assert refused.json()["error"]["field"] == "gpuMemoryBudgetMB"

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from quart import Blueprint, Quart, Response
 
+from pool.actors import fit_memory_budget
 from pool.errors import PoolError
 from pool.http._common import (
     POOL_ERRORS,
@@ -54,15 +55,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Start loading a model in the background (202 with a task id)."""
         body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
         actor = pool.model(body.modelId)
-        load = load_request(body, actor.definition)
+        load = load_request(body, actor.definition, actor.details.quantization_level)
         if body.gpuMemoryBudgetMB is not None:
-            estimate = actor.vram_estimate().mib
-            if estimate is not None and estimate > body.gpuMemoryBudgetMB:
-                raise PoolError(
-                    "invalid_load_request",
-                    f"model {body.modelId!r} needs about {estimate} MiB, over the budget of"
-                    f" {body.gpuMemoryBudgetMB} MiB",
-                )
+            load = fit_memory_budget(actor, load, body.gpuMemoryBudgetMB)
         task = pool.start_load_task(body.modelId, load, body.evictModel)
         # The whole of the last measured load like this one (None before a first).
         expected = actor.expected_load_s()
