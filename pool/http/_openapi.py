@@ -268,7 +268,8 @@ ROUTES: list[Route] = [
     Route("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
      " over a recent window), capability flags (`embeddings`: some configured model serves"
-     " them) and health; 503 with the same body while unhealthy. In a cluster, `cluster`"
+     " them) and health; 503 with the same body while unhealthy, and 503 `starting`"
+     " (`Retry-After`) on every route while the pool starts. In a cluster, `cluster`"
      " as in /health.", reply=RunnerDescriptor),
     Route("post", "/v1/models/load", "runner", "Start an asynchronous load",
      "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"

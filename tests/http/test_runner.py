@@ -4,10 +4,14 @@ of loaded and loading models, and what a runner load does with ``quantization`` 
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import httpx
 import trio
+
+from pool import serve
+from pool.config import build_settings
 
 from .conftest import start_server
 
@@ -122,3 +126,30 @@ async def test_a_memory_budget_sizes_the_runtimes_context(nursery: trio.Nursery)
         )
         assert refused.status_code == 400
         assert refused.json()["error"]["field"] == "gpuMemoryBudgetMB"
+
+
+async def test_a_starting_pool_answers_503(nursery: trio.Nursery) -> None:
+    # The enabled model takes a minute to load at startup: until the pool is open, a
+    # request gets 503 `starting` with Retry-After instead of a refused connection.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = build_settings(
+        {"engine": {"models": {"m": {"backend": "stub", "enabled": True,
+                                     "stub_load_seconds": 60}}}}
+    )  # fmt: skip
+    nursery.start_soon(lambda: serve(settings, host="127.0.0.1", port=port))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        with trio.fail_after(20):
+            while True:
+                try:
+                    reply = await client.get("/v1/capabilities")
+                    break
+                except httpx.ConnectError:  # not bound yet: the pool has not started
+                    await trio.sleep(0.01)
+        assert reply.status_code == 503
+        assert reply.headers["retry-after"] == "5"
+        assert reply.json()["error"]["code"] == "starting"
+        posted = await client.post("/v1/models/load", json={"modelId": "m"})
+        assert posted.status_code == 503
+    nursery.cancel_scope.cancel()
