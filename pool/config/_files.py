@@ -206,7 +206,7 @@ def _number(name: str, value: str) -> float:
 def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings the runner spec's environment variables ask for, as a settings overlay.
 
-    ``MAX_QUEUE_DEPTH`` is ``engine.max_queue``; ``QUEUE_TIMEOUT_MS`` is
+    ``MAX_QUEUE_DEPTH`` is ``engine.max_queue_total`` (runner-wide); ``QUEUE_TIMEOUT_MS`` is
     ``engine.queue_timeout_s`` (in milliseconds); ``DEFAULT_RATE_LIMIT`` and
     ``TENANT_RATE_LIMIT_default`` are ``service.tenancy.default.requests_per_minute``;
     ``TENANT_RATE_LIMIT_<tenant>`` is that tenant's ``requests_per_minute`` (rates are
@@ -236,7 +236,7 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
         elif depth is not None and depth < 0:
             problems.append(f"${ENV_MAX_QUEUE_DEPTH}: {value!r} is below 0")
         elif depth is not None:
-            engine["max_queue"] = int(depth)
+            engine["max_queue_total"] = int(depth)
     if value := env.get(ENV_QUEUE_TIMEOUT_MS, "").strip():
         millis = attempt(_number, ENV_QUEUE_TIMEOUT_MS, value)
         if millis is not None and millis <= 0:

@@ -458,6 +458,12 @@ class EngineSettings(BaseModel):
     queue_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
         300.0, description="Longest time a request waits in a model's queue."
     )
+    max_queue_total: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        None,
+        description="Queued requests of all models together (the runner spec's"
+        " MAX_QUEUE_DEPTH); past it a request that cannot start at once gets 503"
+        " `queue_full`. Null: only each model's `max_queue`.",
+    )
     prefix_affinity: bool = Field(
         True,
         description="Send a request to the free replica that was given the longest part of"

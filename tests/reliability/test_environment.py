@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from pool import PoolError, serve
+from pool import Pool, PoolError, open_pool, request_from_responses, serve
 from pool.actors import RateLimiter
 from pool.config import load_settings
 from pool.errors import ConfigError
@@ -49,7 +49,8 @@ def test_spec_variables_map_onto_settings(tmp_path: Path) -> None:
     settings = load_settings(
         _settings_file(tmp_path), environ={**SPEC_ENV, "VERIFIED_OP_TOKEN_KEY_PATH": str(key)}
     )
-    assert settings.engine.max_queue == 16
+    assert settings.engine.max_queue_total == 16  # runner-wide, not per model
+    assert settings.engine.max_queue == 64
     assert settings.engine.queue_timeout_s == 30.0
     tenancy = settings.service.tenancy
     assert tenancy.default.requests_per_minute == 100
@@ -68,7 +69,7 @@ def test_the_environment_wins_over_the_files(tmp_path: Path) -> None:
     )
     assert load_settings(path, environ={}).engine.max_queue == 4
     settings = load_settings(path, environ={"MAX_QUEUE_DEPTH": "9", "DEFAULT_RATE_LIMIT": "60/min"})
-    assert settings.engine.max_queue == 9
+    assert settings.engine.max_queue_total == 9 and settings.engine.max_queue == 4
     assert settings.engine.queue_timeout_s == 5  # not set in the environment: the file's
     # The environment's rate comes with its own burst (the count it names).
     assert settings.service.tenancy.default.requests_per_minute == 60
@@ -95,6 +96,31 @@ async def test_a_spec_rate_allows_its_whole_count_at_once(tmp_path: Path) -> Non
         limiter.admit("someone")
     limit = hourly.value.details["limit"]  # 2 an hour: 0.033 a minute, shown as a whole 1
     assert isinstance(limit, int) and limit == 1
+
+
+async def test_max_queue_depth_bounds_the_queues_of_all_models(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    # MAX_QUEUE_DEPTH=1: with one request waiting for model m, a request that would wait
+    # for model n is refused too, though n's own queue (max_queue 64) is empty.
+    slow = {"backend": "stub", "enabled": True, "stub_reply": words(50),
+            "stub_tokens_per_second": 1}  # fmt: skip
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": {"models": {"m": slow, "n": slow}}}))
+    settings = load_settings(path, environ={"MAX_QUEUE_DEPTH": "1"})
+    async with open_pool(settings) as pool, trio.open_nursery() as requests:
+        # m and n run one request each, then one waits for m.
+        for count, model in enumerate(("m", "n", "m"), start=1):
+            requests.start_soon(
+                pool.respond, request_from_responses({"model": model, "input": "x"})
+            )
+            await wait_for(lambda count=count: _taken(pool) == count, 5)  # type: ignore[misc]
+        with pytest.raises(PoolError) as full:
+            await pool.respond(request_from_responses({"model": "n", "input": "x"}))
+        assert full.value.code == "queue_full"
+        assert full.value.details["queue_depth"] == 1 and full.value.details["max_depth"] == 1
+        assert pool.queue_stats().max_depth == 1
+        requests.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
@@ -166,6 +192,11 @@ async def test_the_served_pool_applies_them(tmp_path: Path, nursery: trio.Nurser
         assert (await client.post("/v1/responses", json=body, headers=tight)).status_code == 200
         limited = await client.post("/v1/responses", json=body, headers=tight)
         assert limited.status_code == 429 and "Retry-After" in limited.headers
+
+
+def _taken(pool: Pool) -> int:
+    """Requests running or queued, all models together."""
+    return pool.queue_stats().depth + sum(s.running for s in pool.snapshots())
 
 
 def _claims(nonce: str) -> dict[str, Any]:
