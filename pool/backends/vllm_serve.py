@@ -62,6 +62,10 @@ def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> i
     return d.vllm_tensor_parallel_size
 
 
+# Switches whose vLLM default is on: false is spelled --no-<flag>.
+_NEGATABLE = frozenset({"enable_prefix_caching"})
+
+
 def command_line(
     d: VllmServeModel,
     binary: str,
@@ -84,6 +88,8 @@ def command_line(
         if isinstance(value, bool):
             if value:
                 args.append(flag)
+            elif name in _NEGATABLE:  # off where vLLM's default is on
+                args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
     if d.vllm_serve_api_key is not None:

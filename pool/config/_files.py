@@ -40,6 +40,19 @@ ENV_QUEUE_TIMEOUT_MS = "QUEUE_TIMEOUT_MS"
 ENV_DEFAULT_RATE_LIMIT = "DEFAULT_RATE_LIMIT"
 ENV_TENANT_RATE_LIMIT_PREFIX = "TENANT_RATE_LIMIT_"
 ENV_OP_TOKEN_KEY_PATH = "VERIFIED_OP_TOKEN_KEY_PATH"
+ENV_MODEL_BASE_PATH = "MODEL_BASE_PATH"
+ENV_MULTI_TENANT = "ENABLE_MULTI_TENANT"
+ENV_METRICS = "ENABLE_METRICS"
+ENV_METRICS_PORT = "METRICS_PORT"
+# Defaults for every vllm and vllm_serve model that does not set the field itself.
+VLLM_ENVIRONMENT = {
+    "VLLM_ENABLE_PREFIX_CACHING": "vllm_enable_prefix_caching",
+    "VLLM_MAX_MODEL_LEN": "vllm_max_model_len",
+    "VLLM_GPU_MEMORY_UTILIZATION": "vllm_gpu_memory_utilization",
+}
+_VLLM_BACKENDS = ("vllm", "vllm_serve")
+_SWITCHES = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}  # fmt: skip
 _RATE = re.compile(
     r"^\s*(\d+(?:\.\d+)?)\s*(?:req|requests?)?\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$",
     re.IGNORECASE,
@@ -203,6 +216,56 @@ def _number(name: str, value: str) -> float:
         raise ConfigError([f"${name}: {value!r} is not a number"]) from None
 
 
+def _switch(name: str, value: str) -> bool:
+    try:
+        return _SWITCHES[value.lower()]
+    except KeyError:
+        raise ConfigError([f"${name}: {value!r} is not true or false"]) from None
+
+
+def _whole(name: str, value: str) -> int:
+    number = _number(name, value)
+    if not number.is_integer():
+        raise ConfigError([f"${name}: {value!r} is not a whole number"])
+    return int(number)
+
+
+def _vllm_value(name: str, value: str) -> Any:
+    if name == "VLLM_ENABLE_PREFIX_CACHING":
+        return _switch(name, value)
+    if name == "VLLM_MAX_MODEL_LEN":
+        return _whole(name, value)
+    return _number(name, value)
+
+
+def vllm_environment_defaults(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Set the runner spec's ``VLLM_*`` variables on every ``vllm``/``vllm_serve`` model
+    of the merged settings ``data`` that does not set the field itself: they are the
+    defaults of a runner's vLLM, and a model's own setting is the more specific one.
+
+    Raises:
+        ConfigError: a value of the wrong kind, naming the variable.
+    """
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for name, field_name in VLLM_ENVIRONMENT.items():
+        if value := environ.get(name, "").strip():
+            try:
+                values[field_name] = _vllm_value(name, value)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    engine = data.get("engine")
+    if not values or not isinstance(engine, dict) or not isinstance(engine.get("models"), dict):
+        return
+    default_backend = engine.get("backend", "llama_cpp")
+    for model in engine["models"].values():
+        if isinstance(model, dict) and model.get("backend", default_backend) in _VLLM_BACKENDS:
+            for field_name, value in values.items():
+                model.setdefault(field_name, value)
+
+
 def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings the runner spec's environment variables ask for, as a settings overlay.
 
@@ -212,7 +275,12 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
     ``TENANT_RATE_LIMIT_<tenant>`` is that tenant's ``requests_per_minute`` (rates are
     ``100req/min``, ``/s`` or ``/h``; the count is also the ``burst``: a window's
     requests may come at once); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
-    ``service.auth.op_token_key_path``. Unset or empty variables add nothing.
+    ``service.auth.op_token_key_path``; ``MODEL_BASE_PATH`` is
+    ``engine.model_base_path``; ``ENABLE_MULTI_TENANT`` is
+    ``service.tenancy.multi_tenant``; ``ENABLE_METRICS`` and ``METRICS_PORT`` are
+    ``service.metrics`` and ``service.metrics_port``. (The ``VLLM_*`` variables are
+    per-model defaults: :func:`vllm_environment_defaults`.) Unset or empty variables add
+    nothing.
 
     Raises:
         ConfigError: a value that is not a number or a rate, naming the variable.
@@ -267,6 +335,21 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
         service["tenancy"] = tenancy
     if value := env.get(ENV_OP_TOKEN_KEY_PATH, "").strip():
         service["auth"] = {"op_token_key_path": value}
+    if value := env.get(ENV_MODEL_BASE_PATH, "").strip():
+        engine["model_base_path"] = value
+    if value := env.get(ENV_MULTI_TENANT, "").strip():
+        switch = attempt(_switch, ENV_MULTI_TENANT, value)
+        if switch is not None:
+            tenancy["multi_tenant"] = switch
+            service["tenancy"] = tenancy
+    if value := env.get(ENV_METRICS, "").strip():
+        switch = attempt(_switch, ENV_METRICS, value)
+        if switch is not None:
+            service["metrics"] = switch
+    if value := env.get(ENV_METRICS_PORT, "").strip():
+        port = attempt(_whole, ENV_METRICS_PORT, value)
+        if port is not None:
+            service["metrics_port"] = port
     if problems:
         raise ConfigError(problems)
     overlay: dict[str, Any] = {}
@@ -299,6 +382,7 @@ def load_settings(
     data: dict[str, Any] = {}
     for _, file_data in files:
         data = merge(data, file_data)
+    vllm_environment_defaults(data, os.environ if environ is None else environ)
     settings = build_settings(data, files)
     settings.source_files = [f for f in settings.source_files if f != str(ENVIRONMENT_SOURCE)]
     return settings

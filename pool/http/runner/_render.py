@@ -147,7 +147,7 @@ def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
         "capabilities": {
             "streaming": True,
             "prefixCaching": pool.prefix_caching(),
-            "multiTenant": True,
+            "multiTenant": pool.settings.service.tenancy.multi_tenant,
             "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
             "audioInput": False,
             "functionCalling": any(s.capabilities.tools for s in snapshots),

@@ -126,6 +126,8 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def metrics() -> Response:
         """Prometheus text exposition."""
         require(ctx, "admin")
+        if not ctx.settings.service.metrics:
+            raise PoolError("not_found", "metrics are off (service.metrics, ENABLE_METRICS)")
         return Response(pool.metrics.render(), content_type=PROMETHEUS_TYPE)
 
     app.register_blueprint(blueprint)
