@@ -55,7 +55,7 @@ def metrics_app(pool: Pool, auth: Authenticator) -> Callable[..., Awaitable[None
 
 def _answer(pool: Pool, auth: Authenticator, scope: dict[str, Any]) -> tuple[int, bytes, bytes]:
     try:
-        if scope["path"] != "/metrics" or scope["method"] not in ("GET", "HEAD"):
+        if scope["path"] != "/metrics" or scope["method"] != "GET":
             raise PoolError("not_found", "this port serves GET /metrics only")
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization")

@@ -473,7 +473,9 @@ ROUTES: list[Route] = [
      "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
      " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
      " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
-    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
+    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format;"
+     " 404 while `service.metrics` is off (ENABLE_METRICS). `service.metrics_port` serves it"
+     " alone on a port of its own too.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
      text=("application/json", {"type": "object"})),
