@@ -44,7 +44,7 @@ async def test_loaded_entries_carry_the_quantization(nursery: trio.Nursery) -> N
 async def test_a_loading_entry_has_an_eta_once_a_load_was_measured(
     nursery: trio.Nursery,
 ) -> None:
-    info = await start_server(nursery, {"slow": {"backend": "stub", "stub_load_seconds": 1}})
+    info = await start_server(nursery, {"slow": {"backend": "stub", "stub_load_seconds": 2}})
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
         first = await client.post("/v1/models/load", json={"modelId": "slow"})
         assert first.status_code == 202 and first.json()["eta"] is None  # never measured
