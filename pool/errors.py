@@ -53,6 +53,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "model_loading": 503,
     "queue_full": 503,
     "shutting_down": 503,
+    "starting": 503,
     "queue_timeout": 504,
     "backend_timeout": 504,
 }

@@ -9,7 +9,7 @@ from pool.actors._admission import Admission, new_request_id
 from pool.actors._affinity import AFFINITY_MIN_SHARE, longest_held
 from pool.actors._budgets import BudgetCounters, Budgets, LocalCounters
 from pool.actors._caller import CALLER, Caller
-from pool.actors._details import ModelDetails
+from pool.actors._details import ModelDetails, quantization_name, same_quantization
 from pool.actors._events import (
     Delta,
     Embedded,
@@ -26,6 +26,7 @@ from pool.actors._events import (
 from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
 from pool.actors._keep_alive import parse_keep_alive
 from pool.actors._ledger import LedgerBinding, SharedLedger
+from pool.actors._memory_budget import fit_memory_budget
 from pool.actors._metrics import trio_task_count
 from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
 from pool.actors._rate_limit import RateLimiter
@@ -135,9 +136,12 @@ __all__ = [
     "VramEstimate",
     "WaitReason",
     "Waiting",
+    "fit_memory_budget",
     "longest_held",
     "new_request_id",
     "open_pool",
     "parse_keep_alive",
+    "quantization_name",
+    "same_quantization",
     "trio_task_count",
 ]

@@ -72,6 +72,36 @@ class ModelDetails:
     vocab_size: int | None = None
 
 
+# The runner spec's spelling of the plain float types (``fp16``, ``bf16``).
+_FLOAT_NAMES = {"f16": "fp16", "f32": "fp32", "bf16": "bf16", "fp8": "fp8"}
+
+
+def quantization_name(level: str | None) -> str | None:
+    """A quantization level as the runner spec spells one (``awq-4bit``, ``gptq-4bit``,
+    ``fp16``, ``bf16``): lower case, the bits joined by a dash; a GGUF type keeps its
+    name (``q4_k_m``)."""
+    if not level:
+        return None
+    text = level.strip().lower()
+    if text in _FLOAT_NAMES:
+        return _FLOAT_NAMES[text]
+    method, _, bits = text.partition(" ")
+    return f"{method}-{bits.replace('-', '')}" if bits else text
+
+
+def same_quantization(asked: str, level: str | None) -> bool:
+    """Whether ``asked`` (a runner load's ``quantization``) names the model's ``level``,
+    whatever the case and separators (``AWQ 4-bit``, ``awq-4bit``, ``awq_4bit``)."""
+    name = quantization_name(level)
+    if name is None:
+        return False
+
+    def bare(text: str) -> str:
+        return "".join(c for c in text.lower() if c.isalnum())
+
+    return bare(quantization_name(asked) or "") == bare(name)
+
+
 def human_parameters(count: int) -> str:
     """A parameter count as Ollama shows it: one decimal for billions and more, two
     for millions and thousands."""

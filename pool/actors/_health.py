@@ -13,6 +13,7 @@ from pool.actors._model import ModelActor
 from pool.actors._snapshots import FlushResult, HealthIssue, PoolHealth, QueueStats
 from pool.actors._stats import percentile
 from pool.backends import CacheUsage
+from pool.errors import PoolError
 
 # A queue this full of its max_queue is saturated: the next few requests get queue_full.
 SATURATED_SHARE = 0.9
@@ -33,14 +34,32 @@ def health(
         reason = "the pool is shutting down"
     elif actors and all(a.state == "failed" for a in actors):
         reason = "every model failed to load"
+    found = tuple(issues(actors, oom_window_s))
     return PoolHealth(
         serving=reason is None,
         uptime_s=time.time() - started_at,
         models_loaded=sum(1 for a in actors if a.state == "loaded"),
         queue_depth=sum(a.queue_depth for a in actors),
-        reason=reason,
-        issues=tuple(issues(actors, oom_window_s)),
+        reason=reason or unavailable_reason(found),
+        issues=found,
     )
+
+
+def unavailable_reason(found: Iterable[HealthIssue]) -> str | None:
+    """Why a serving pool answers 503 (its GPU out-of-memories and saturated queues, by
+    model), or None when nothing does."""
+    said = []
+    for issue in found:
+        if issue.code == "gpu_oom":
+            gpu = issue.details.get("gpu")
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            said.append(f"model {issue.model!r} ran out of GPU memory{where}")
+        elif issue.code == "queue_saturated":
+            said.append(
+                f"the queue of model {issue.model!r} is saturated"
+                f" ({issue.details['queueDepth']}/{issue.details['maxQueue']})"
+            )
+    return "; ".join(dict.fromkeys(said)) or None
 
 
 def issues(actors: Iterable[ModelActor], oom_window_s: float) -> Iterator[HealthIssue]:
@@ -66,16 +85,42 @@ def issues(actors: Iterable[ModelActor], oom_window_s: float) -> Iterator[Health
             yield HealthIssue("model_failed", actor.name, {"error": actor.last_error})
 
 
-def queue_stats(actors: Iterable[ModelActor]) -> QueueStats:
-    """Every model's queue together; ``max_depth`` counts loaded models only."""
+def queue_stats(actors: Iterable[ModelActor], limit: int | None = None) -> QueueStats:
+    """Every model's queue together; ``max_depth`` counts loaded models only, and is at
+    most ``limit`` (``engine.max_queue_total``)."""
     actors = list(actors)
     waits = [w for a in actors for w in a.scheduler.stats.waits_ms]
+    max_depth = sum(a.scheduler.max_queue for a in actors if a.state == "loaded")
     return QueueStats(
         depth=sum(a.queue_depth for a in actors),
-        max_depth=sum(a.scheduler.max_queue for a in actors if a.state == "loaded"),
+        max_depth=max_depth if limit is None else min(max_depth, limit),
         avg_wait_ms=sum(waits) / len(waits) if waits else 0.0,
         p95_wait_ms=percentile(waits, 0.95),
     )
+
+
+def check_runner_queue(actors: Iterable[ModelActor], limit: int | None, actor: ModelActor) -> None:
+    """Refuse a request to ``actor`` that would wait while the queues of all models
+    together hold ``limit`` requests (``engine.max_queue_total``, the runner spec's
+    ``MAX_QUEUE_DEPTH``): a runner-wide bound beside each model's ``max_queue``.
+
+    Raises:
+        PoolError: ``queue_full`` (503) with the runner's figures.
+    """
+    if limit is None or actor.scheduler.next_position == 0:
+        return
+    stats = queue_stats(actors, limit)
+    if stats.depth >= limit:
+        raise PoolError(
+            "queue_full",
+            f"queue depth {stats.depth}/{limit} (MAX_QUEUE_DEPTH, all models together)",
+            retry_after_s=actor.scheduler.stats.retry_after_s(trio.current_time()),
+            details={
+                "queue_depth": stats.depth,
+                "max_depth": limit,
+                "avg_wait_ms": round(stats.avg_wait_ms, 1),
+            },
+        )
 
 
 async def flush_caches(

@@ -219,6 +219,8 @@ class ModelActor:
         self.placement: tuple[GpuPlacement, ...] = ()
         # How far the load under way has come (0..1), per replica, where reported.
         self._progress: dict[int, float] = {}
+        # Trio clock time the state last became "loading" (a load's ETA counts from here).
+        self.loading_since = 0.0
         self.loaded_at: float | None = None
         self.loaded_at_wall: float | None = None
         # When the latest load ended (perf_counter): a request's trace ends its load wait
@@ -456,6 +458,8 @@ class ModelActor:
     def _set_state(self, state: RuntimeState) -> None:
         if state != self.state:
             log.info("model=%s state %s -> %s", self.name, self.state, state)
+        if state == "loading" and self.state != "loading":
+            self.loading_since = trio.current_time()
         self.state = state
         self._state_changed.set()
         self._state_changed = trio.Event()

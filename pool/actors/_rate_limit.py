@@ -186,7 +186,8 @@ def _refuse_if_spent(
             f"{whose} {name!r} exceeded {limit:g} {unit} per minute",
             retry_after_s=wait,
             details={
-                "limit": limit,
+                # A whole count, as the spec's body has it (a rate from "/h" rounds).
+                "limit": max(1, round(limit or 0)),
                 "remaining": 0,
                 "reset_at": math.ceil(time.time() + cell.reset_after(now)),
                 whose: name,

@@ -130,6 +130,15 @@ class Residency:
         kept across restarts); None before one was measured."""
         return self.residence(name).expected_load_s()
 
+    def load_eta_s(self, name: str) -> float | None:
+        """Seconds the load of ``name`` under way still needs, by its last measured load
+        like it; None when not loading or never measured (no guess)."""
+        actor = self.residence(name).actor
+        expected = self.expected_load_s(name) if actor.state == "loading" else None
+        if expected is None:
+            return None
+        return max(0.0, expected - (trio.current_time() - actor.loading_since))
+
     def _spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in the background (a footprint file written): the load or unload
         that asked for it does not wait."""

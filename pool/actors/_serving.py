@@ -17,6 +17,7 @@ from pool.actors._affinity import PendingKeys
 from pool.actors._budgets import Budgets
 from pool.actors._caller import CALLER
 from pool.actors._events import Finished, Waiting
+from pool.actors._health import check_runner_queue
 from pool.actors._intake import (
     build_embedding_job,
     build_generation_request,
@@ -171,7 +172,7 @@ class Serving:
                     self.rate_limiter.admit(tenant, key_limit)
                     job = await inline_images(job, self.media)
                 deadline = trio.current_time() + actor.queue_timeout_s
-                enqueue = partial(
+                admit = partial(
                     actor.admit,
                     job,
                     tenant=tenant,
@@ -182,6 +183,13 @@ class Serving:
                     # Hashed once: what the router hashed, the scheduler uses.
                     prefix_keys=prefix_keys.value if prefix_keys is not None else None,
                 )
+
+                def enqueue() -> Ticket:
+                    check_runner_queue(
+                        self.residency.models.values(), self.settings.engine.max_queue_total, actor
+                    )
+                    return admit()
+
                 ticket: Ticket | None = None
                 steps: AsyncGenerator[Waiting | Ticket, None] | None = None
                 door_closed = self.residency.door_closed(actor)

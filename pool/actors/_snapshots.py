@@ -120,6 +120,9 @@ class OutOfMemory:
 # Why a serving pool is degraded (docs/api.md, "Health"): a model's queue is at or near
 # its max_queue, a GPU ran out of memory lately, a model failed.
 HealthCode = Literal["queue_saturated", "gpu_oom", "model_failed"]
+# The issues that make /health answer 503 though the pool serves (spec: model-runner-api,
+# "Health Check": GPU OOM, queue saturated); a failed model among others does not.
+UNAVAILABLE_CODES: frozenset[HealthCode] = frozenset({"queue_saturated", "gpu_oom"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,12 @@ class PoolHealth:
         if not self.serving:
             return "unhealthy"
         return "degraded" if self.issues else "healthy"
+
+    @property
+    def available(self) -> bool:
+        """Whether ``/health`` answers 200: serving, with no GPU out of memory and no
+        saturated queue (those are ``degraded`` with a 503, and ``reason`` says which)."""
+        return self.serving and not any(i.code in UNAVAILABLE_CODES for i in self.issues)
 
 
 @dataclass(frozen=True, slots=True)

@@ -377,8 +377,9 @@ class Pool:
         )
 
     def queue_stats(self) -> QueueStats:
-        """Every model's queue together; ``max_depth`` counts loaded models only."""
-        return _health.queue_stats(self.models.values())
+        """Every model's queue together; ``max_depth`` counts loaded models only (at
+        most ``engine.max_queue_total``)."""
+        return _health.queue_stats(self.models.values(), self.settings.engine.max_queue_total)
 
 
 @asynccontextmanager

@@ -395,6 +395,11 @@ class Backend(ABC, Generic[ConfigT]):
         load_recommendations: presets shown beside the constraints.
         context_field: the load override that sets the context length (the runner API's
             ``maxContextLength``, Ollama's ``num_ctx``); None where there is none.
+        context_padding: the runtime rounds a context length up to a multiple of this
+            (llama.cpp pads to 256), so a context chosen to fit is a multiple of it.
+        cache_bytes_field: the load override that sizes the runtime's KV cache in bytes
+            (vLLM's), which a runner load's ``gpuMemoryBudgetMB`` sets; None where there
+            is none (the context length sizes the cache there).
         even_gpu_split: a replica split over several GPUs takes the same share of each
             (tensor parallelism), not shares in proportion to each GPU's free memory.
         stay_warm_s: the stay-warm window of this backend's generation models when the
@@ -407,6 +412,8 @@ class Backend(ABC, Generic[ConfigT]):
     load_constraints: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     load_recommendations: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     context_field: str | None = None
+    context_padding: int = 1
+    cache_bytes_field: str | None = None
     even_gpu_split: bool = False
     # The seed's per-kind windows (spec: coordinator-architecture, "Per-category
     # stay_warm"): an LLM 300 s; the slow loaders get the seed's longest (900 s, its

@@ -26,6 +26,11 @@ class VllmFields(CommonModelFields):
     vllm_kv_cache_memory_bytes: PositiveInt | None = None
     vllm_kv_cache_dtype: str | None = None
     vllm_max_model_len: PositiveInt | None = None
+    vllm_enable_prefix_caching: bool | None = Field(
+        None,
+        description="vLLM's automatic prefix caching (null: vLLM's default, on); false turns"
+        " it off, and a cache flush or scope then has nothing to act on.",
+    )
     vllm_tensor_parallel_size: PositiveInt = 1
     vllm_trust_remote_code: bool = False
     vllm_enforce_eager: bool = False
@@ -156,6 +161,7 @@ def engine_arguments(d: VllmFields) -> dict[str, Any]:
         "kv_cache_memory_bytes": d.vllm_kv_cache_memory_bytes,
         "kv_cache_dtype": d.vllm_kv_cache_dtype,
         "max_model_len": d.vllm_max_model_len,
+        "enable_prefix_caching": d.vllm_enable_prefix_caching,
         "max_num_seqs": d.vllm_max_num_seqs,
         "limit_mm_per_prompt": d.vllm_limit_mm_per_prompt,
         "mm_processor_kwargs": processor_kwargs(d),

@@ -541,6 +541,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
     load_constraints = LOAD_CONSTRAINTS
     load_recommendations = LOAD_RECOMMENDATIONS
     context_field = "gguf_n_ctx"
+    # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
+    context_padding = 256
 
     def memory_profile(self, definition: LlamaCppModel) -> MemoryProfile:
         return MemoryProfile(

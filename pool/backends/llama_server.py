@@ -230,6 +230,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     load_overrides = LlamaServerLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = "llama_server_n_ctx"
+    # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
+    context_padding = 256
 
     def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
         # llama-server's -c is the whole context, shared by its parallel slots.

@@ -454,6 +454,7 @@ class VllmBackend(Backend[VllmModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to load (30-240 s measured on CPU; CUDA graphs on a GPU): the seed's longest window.
     stay_warm_s = 900.0
 

@@ -62,6 +62,10 @@ def tensor_parallel_size(d: VllmServeModel, placement: GpuPlacement | None) -> i
     return d.vllm_tensor_parallel_size
 
 
+# Switches whose vLLM default is on: false is spelled --no-<flag>.
+_NEGATABLE = frozenset({"enable_prefix_caching"})
+
+
 def command_line(
     d: VllmServeModel,
     binary: str,
@@ -84,6 +88,8 @@ def command_line(
         if isinstance(value, bool):
             if value:
                 args.append(flag)
+            elif name in _NEGATABLE:  # off where vLLM's default is on
+                args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
     if d.vllm_serve_api_key is not None:
@@ -121,6 +127,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
     load_overrides = VllmLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
+    cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0
 

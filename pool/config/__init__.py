@@ -9,6 +9,7 @@ registry hands this package its lookup of model classes when it is imported
 
 from pool.config._cluster import ClusterSettings
 from pool.config._files import (
+    CACHE_DIR_ENV,
     ENV_OP_TOKEN_KEY_PATH,
     LOCAL_SETTINGS_ENV,
     SETTINGS_ENV,
@@ -72,6 +73,7 @@ from pool.config._sampling import (
 )
 
 __all__ = [
+    "CACHE_DIR_ENV",
     "ENV_OP_TOKEN_KEY_PATH",
     "LOCAL_SETTINGS_ENV",
     "LOGIT_BIAS_DESCRIPTION",

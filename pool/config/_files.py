@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -40,6 +41,19 @@ ENV_QUEUE_TIMEOUT_MS = "QUEUE_TIMEOUT_MS"
 ENV_DEFAULT_RATE_LIMIT = "DEFAULT_RATE_LIMIT"
 ENV_TENANT_RATE_LIMIT_PREFIX = "TENANT_RATE_LIMIT_"
 ENV_OP_TOKEN_KEY_PATH = "VERIFIED_OP_TOKEN_KEY_PATH"
+ENV_MODEL_BASE_PATH = "MODEL_BASE_PATH"
+ENV_MULTI_TENANT = "ENABLE_MULTI_TENANT"
+ENV_METRICS = "ENABLE_METRICS"
+ENV_METRICS_PORT = "METRICS_PORT"
+# Defaults for every vllm and vllm_serve model that does not set the field itself.
+VLLM_ENVIRONMENT = {
+    "VLLM_ENABLE_PREFIX_CACHING": "vllm_enable_prefix_caching",
+    "VLLM_MAX_MODEL_LEN": "vllm_max_model_len",
+    "VLLM_GPU_MEMORY_UTILIZATION": "vllm_gpu_memory_utilization",
+}
+_VLLM_BACKENDS = ("vllm", "vllm_serve")
+_SWITCHES = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}  # fmt: skip
 _RATE = re.compile(
     r"^\s*(\d+(?:\.\d+)?)\s*(?:req|requests?)?\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$",
     re.IGNORECASE,
@@ -182,7 +196,10 @@ def build_settings(
     return Settings(service=service, engine=engine, source_files=[str(p) for p, _ in files])
 
 
-def _requests_per_minute(name: str, value: str) -> float:
+def _request_limits(name: str, value: str) -> dict[str, Any]:
+    """A rate like ``100req/min`` as tenant limits: the rate, and a burst of the count it
+    names, so the window's requests may all come at once ("100 requests in a minute",
+    not one every 0.6 s)."""
     match = _RATE.match(value)
     if match is None:
         raise ConfigError([f"${name}: {value!r} is not a rate like '100req/min' (s, min or h)"])
@@ -190,7 +207,7 @@ def _requests_per_minute(name: str, value: str) -> float:
     per_minute = count * _PER_MINUTE.get(unit, 1.0 / 60.0)
     if per_minute <= 0:
         raise ConfigError([f"${name}: the rate must be above zero"])
-    return per_minute
+    return {"requests_per_minute": per_minute, "burst": max(1, math.floor(count))}
 
 
 def _number(name: str, value: str) -> float:
@@ -200,15 +217,71 @@ def _number(name: str, value: str) -> float:
         raise ConfigError([f"${name}: {value!r} is not a number"]) from None
 
 
+def _switch(name: str, value: str) -> bool:
+    try:
+        return _SWITCHES[value.lower()]
+    except KeyError:
+        raise ConfigError([f"${name}: {value!r} is not true or false"]) from None
+
+
+def _whole(name: str, value: str) -> int:
+    number = _number(name, value)
+    if not number.is_integer():
+        raise ConfigError([f"${name}: {value!r} is not a whole number"])
+    return int(number)
+
+
+def _vllm_value(name: str, value: str) -> Any:
+    if name == "VLLM_ENABLE_PREFIX_CACHING":
+        return _switch(name, value)
+    if name == "VLLM_MAX_MODEL_LEN":
+        return _whole(name, value)
+    return _number(name, value)
+
+
+def vllm_environment_defaults(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Set the runner spec's ``VLLM_*`` variables on every ``vllm``/``vllm_serve`` model
+    of the merged settings ``data`` that does not set the field itself: they are the
+    defaults of a runner's vLLM, and a model's own setting is the more specific one.
+
+    Raises:
+        ConfigError: a value of the wrong kind, naming the variable.
+    """
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for name, field_name in VLLM_ENVIRONMENT.items():
+        if value := environ.get(name, "").strip():
+            try:
+                values[field_name] = _vllm_value(name, value)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    engine = data.get("engine")
+    if not values or not isinstance(engine, dict) or not isinstance(engine.get("models"), dict):
+        return
+    default_backend = engine.get("backend", "llama_cpp")
+    for model in engine["models"].values():
+        if isinstance(model, dict) and model.get("backend", default_backend) in _VLLM_BACKENDS:
+            for field_name, value in values.items():
+                model.setdefault(field_name, value)
+
+
 def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings the runner spec's environment variables ask for, as a settings overlay.
 
-    ``MAX_QUEUE_DEPTH`` is ``engine.max_queue``; ``QUEUE_TIMEOUT_MS`` is
+    ``MAX_QUEUE_DEPTH`` is ``engine.max_queue_total`` (runner-wide); ``QUEUE_TIMEOUT_MS`` is
     ``engine.queue_timeout_s`` (in milliseconds); ``DEFAULT_RATE_LIMIT`` and
     ``TENANT_RATE_LIMIT_default`` are ``service.tenancy.default.requests_per_minute``;
     ``TENANT_RATE_LIMIT_<tenant>`` is that tenant's ``requests_per_minute`` (rates are
-    ``100req/min``, ``/s`` or ``/h``); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
-    ``service.auth.op_token_key_path``. Unset or empty variables add nothing.
+    ``100req/min``, ``/s`` or ``/h``; the count is also the ``burst``: a window's
+    requests may come at once); ``VERIFIED_OP_TOKEN_KEY_PATH`` is
+    ``service.auth.op_token_key_path``; ``MODEL_BASE_PATH`` is
+    ``engine.model_base_path``; ``ENABLE_MULTI_TENANT`` is
+    ``service.tenancy.multi_tenant``; ``ENABLE_METRICS`` and ``METRICS_PORT`` are
+    ``service.metrics`` and ``service.metrics_port``. (The ``VLLM_*`` variables are
+    per-model defaults: :func:`vllm_environment_defaults`.) Unset or empty variables add
+    nothing.
 
     Raises:
         ConfigError: a value that is not a number or a rate, naming the variable.
@@ -232,7 +305,7 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
         elif depth is not None and depth < 0:
             problems.append(f"${ENV_MAX_QUEUE_DEPTH}: {value!r} is below 0")
         elif depth is not None:
-            engine["max_queue"] = int(depth)
+            engine["max_queue_total"] = int(depth)
     if value := env.get(ENV_QUEUE_TIMEOUT_MS, "").strip():
         millis = attempt(_number, ENV_QUEUE_TIMEOUT_MS, value)
         if millis is not None and millis <= 0:
@@ -241,28 +314,43 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
             engine["queue_timeout_s"] = millis / 1000.0
     tenancy: dict[str, Any] = {}
     if value := env.get(ENV_DEFAULT_RATE_LIMIT, "").strip():
-        rate = attempt(_requests_per_minute, ENV_DEFAULT_RATE_LIMIT, value)
+        rate = attempt(_request_limits, ENV_DEFAULT_RATE_LIMIT, value)
         if rate is not None:
-            tenancy["default"] = {"requests_per_minute": rate}
+            tenancy["default"] = rate
     for name in sorted(env):
         tenant = name[len(ENV_TENANT_RATE_LIMIT_PREFIX) :]
         if not name.startswith(ENV_TENANT_RATE_LIMIT_PREFIX) or not tenant:
             continue
         if not (value := env[name].strip()):
             continue
-        rate = attempt(_requests_per_minute, name, value)
+        rate = attempt(_request_limits, name, value)
         if rate is None:
             continue
         # The spec's `TENANT_RATE_LIMIT_default` is the default tenant; it is the more
         # specific of the two names, so it wins over DEFAULT_RATE_LIMIT.
         if tenant == "default":
-            tenancy["default"] = {"requests_per_minute": rate}
+            tenancy["default"] = rate
         else:
-            tenancy.setdefault("tenants", {})[tenant] = {"requests_per_minute": rate}
+            tenancy.setdefault("tenants", {})[tenant] = rate
     if tenancy:
         service["tenancy"] = tenancy
     if value := env.get(ENV_OP_TOKEN_KEY_PATH, "").strip():
         service["auth"] = {"op_token_key_path": value}
+    if value := env.get(ENV_MODEL_BASE_PATH, "").strip():
+        engine["model_base_path"] = value
+    if value := env.get(ENV_MULTI_TENANT, "").strip():
+        switch = attempt(_switch, ENV_MULTI_TENANT, value)
+        if switch is not None:
+            tenancy["multi_tenant"] = switch
+            service["tenancy"] = tenancy
+    if value := env.get(ENV_METRICS, "").strip():
+        switch = attempt(_switch, ENV_METRICS, value)
+        if switch is not None:
+            service["metrics"] = switch
+    if value := env.get(ENV_METRICS_PORT, "").strip():
+        port = attempt(_whole, ENV_METRICS_PORT, value)
+        if port is not None:
+            service["metrics_port"] = port
     if problems:
         raise ConfigError(problems)
     overlay: dict[str, Any] = {}
@@ -296,6 +384,7 @@ def load_settings(
     data: dict[str, Any] = {}
     for _, file_data in files:
         data = merge(data, file_data)
+    vllm_environment_defaults(data, os.environ if environ is None else environ)
     settings = build_settings(data, files)
     settings.source_files = [f for f in settings.source_files if f != str(ENVIRONMENT_SOURCE)]
     return settings

@@ -66,6 +66,11 @@ class TenancySettings(_Strict):
     max_tenants_tracked: Annotated[int, Field(ge=1)] = Field(
         10_000, description="Rate-limit state kept for at most this many tenants (LRU)."
     )
+    multi_tenant: bool = Field(
+        True,
+        description="Read `X-Tenant-ID` (the runner spec's ENABLE_MULTI_TENANT); false: the"
+        " header is ignored and requests are the `default` tenant's, or their key's tenant.",
+    )
 
 
 KeyRole = Literal["inference", "admin"]
@@ -280,6 +285,14 @@ class ServiceSettings(_Strict):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     runner_id: str | None = Field(None, description="Name in /v1/capabilities; default: host name.")
+    metrics: bool = Field(
+        True, description="Serve `/metrics` (the runner spec's ENABLE_METRICS); false: 404."
+    )
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
+        None,
+        description="Also serve `/metrics` alone on this port of `host` (the runner spec's"
+        " METRICS_PORT), with the same token rule as on the main port.",
+    )
     max_load_tasks: Annotated[int, Field(ge=1, le=100_000)] = Field(
         256, description="Finished async load tasks kept for polling."
     )
@@ -463,6 +476,18 @@ class EngineSettings(BaseModel):
     queue_timeout_s: Annotated[float, Field(gt=0.0)] = Field(
         300.0, description="Longest time a request waits in a model's queue."
     )
+    model_base_path: str | None = Field(
+        None,
+        description="Folder that relative model files (`model_path`, a projector, a draft"
+        " model, a chat template file) and local pull sources start from (the runner"
+        " spec's MODEL_BASE_PATH); default: the settings file's folder.",
+    )
+    max_queue_total: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        None,
+        description="Queued requests of all models together (the runner spec's"
+        " MAX_QUEUE_DEPTH); past it a request that cannot start at once gets 503"
+        " `queue_full`. Null: only each model's `max_queue`.",
+    )
     prefix_affinity: bool = Field(
         True,
         description="Send a request to the free replica that was given the longest part of"
@@ -567,7 +592,10 @@ class Settings(BaseModel):
 
     @property
     def base_dir(self) -> str | None:
-        """The folder of the settings file: relative model paths start there."""
+        """Where relative model paths start: ``engine.model_base_path``, else the folder
+        of the settings file."""
+        if self.engine.model_base_path:
+            return os.path.abspath(os.path.expanduser(self.engine.model_base_path))
         if not self.source_files:
             return None
         return os.path.dirname(os.path.abspath(self.source_files[0]))

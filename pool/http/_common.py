@@ -95,6 +95,9 @@ class PipelineRequest:
 # Set by the request pipeline for every request: the accessors below read it, and
 # Quart's own request only where none is set (a view called outside the pipeline).
 pipeline_request: ContextVar[PipelineRequest | None] = ContextVar("pipeline_request", default=None)
+# Whether the current request's X-Tenant-ID counts (service.tenancy.multi_tenant), set
+# with its caller by `require`.
+_MULTI_TENANT: ContextVar[bool] = ContextVar("llm_pool_multi_tenant", default=True)
 
 
 class SchemaError(Exception):
@@ -167,6 +170,18 @@ def error_body(exc: PoolError) -> dict[str, Any]:
     """``{"error": {"code", "message", ...details}}``."""
     details = {_DETAIL_NAMES.get(k, k): v for k, v in exc.details.items()}
     return {"error": {"code": exc.code, "message": exc.message, **details}}
+
+
+# What a 503 ``queue_full`` and a 429 ``rate_limit_exceeded`` say about the backpressure
+# (spec: model-runner-api, "Backpressure and Rate Limiting"), in the runner's names.
+_BACKPRESSURE = ("queue_depth", "avg_wait_ms", "limit", "remaining", "reset_at")
+
+
+def backpressure_fields(exc: PoolError) -> dict[str, Any]:
+    """The backpressure details of ``exc`` (``queueDepth``, ``avgWaitMs``; ``limit``,
+    ``remaining``, ``resetAt``) for dialects whose error object has no room for the
+    pool's other details; empty for other errors."""
+    return {_DETAIL_NAMES.get(k, k): exc.details[k] for k in _BACKPRESSURE if k in exc.details}
 
 
 def retry_after(exc: PoolError) -> dict[str, str]:
@@ -325,10 +340,12 @@ def tenant_and_priority() -> tuple[str, str]:
     malformed), within what the caller's key allows (:func:`require` found it).
 
     A key that names a tenant makes it the request's tenant; ``X-Tenant-ID`` may repeat
-    it, and naming another is 403 ``tenant_forbidden``. A key's priority is the default
-    and the ceiling: ``X-Priority`` may lower it, and a higher one is lowered to it.
+    it, and naming another is 403 ``tenant_forbidden``; with
+    ``service.tenancy.multi_tenant`` off the header is not read at all. A key's priority
+    is the default and the ceiling: ``X-Priority`` may lower it, and a higher one is
+    lowered to it.
     """
-    sent = headers().get("x-tenant-id", "").strip()
+    sent = headers().get("x-tenant-id", "").strip() if _MULTI_TENANT.get() else ""
     if len(sent) > 128 or not sent.isprintable():
         raise PoolError(
             "invalid_request", "X-Tenant-ID must be printable and at most 128 characters"
@@ -370,6 +387,7 @@ def require(ctx: AppContext, access: Access, *, api_key: bool = False) -> Caller
     )
     # Set on every authenticated request, so nothing carries over from another.
     CALLER.set(caller)
+    _MULTI_TENANT.set(ctx.settings.service.tenancy.multi_tenant)
     return caller
 
 

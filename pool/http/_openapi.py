@@ -268,7 +268,8 @@ ROUTES: list[Route] = [
     Route("get", "/v1/capabilities", "runner", "Runner descriptor",
      "Loaded, loading and available models, resources, queue figures (average and p95 wait"
      " over a recent window), capability flags (`embeddings`: some configured model serves"
-     " them) and health; 503 with the same body while unhealthy. In a cluster, `cluster`"
+     " them) and health; 503 with the same body while unhealthy, and 503 `starting`"
+     " (`Retry-After`) on every route while the pool starts. In a cluster, `cluster`"
      " as in /health.", reply=RunnerDescriptor),
     Route("post", "/v1/models/load", "runner", "Start an asynchronous load",
      "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
@@ -470,7 +471,8 @@ ROUTES: list[Route] = [
     Route("get", "/health", "operations", "Health",
      "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
      " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
-     " model); 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
+     " model); 503 `degraded` with `reason` while a queue is saturated or a GPU ran out of"
+     " memory; 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
      " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
      " the node serves on by itself), `error`, `peers`.", reply=Health),
     Route("get", "/api/status", "operations", "Full status",
@@ -480,7 +482,9 @@ ROUTES: list[Route] = [
      " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
      " models the model store holds, and their `count`) and each GPU's memory in MiB."
      " Always 200: `status` says whether the pool serves.", reply=PoolStatus),
-    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
+    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format;"
+     " 404 while `service.metrics` is off (ENABLE_METRICS). `service.metrics_port` serves it"
+     " alone on a port of its own too.",
      text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
      text=("application/json", {"type": "object"})),
@@ -1019,7 +1023,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if server_reply is not None:
         status, model = server_reply
         responses[str(status)] = {
-            "description": "Unhealthy: the same body as a success",
+            "description": "Unhealthy (or, on /health, degraded by a GPU out of memory or a"
+            " saturated queue): the same body as a success",
             "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
         }
     responses["5XX"] = {

@@ -17,6 +17,8 @@ from pool.http._access_log import AccessLog
 from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
 from pool.http._hosts import HostAllowList
+from pool.http._metrics_port import serve_metrics
+from pool.http._starting import StartingResponder
 from pool.tracing import open_tracing
 
 log = logging.getLogger("pool.server")
@@ -83,8 +85,8 @@ async def serve(
     config.websocket_max_message_size = settings.service.max_body_bytes
     # Bound before anything else: a port in use fails at once, and the port served
     # (port 0: the one picked here) is known to what is named after it, the pool's node
-    # id in the cluster first. The socket listens (connections are refused until then)
-    # once Hypercorn, handed it by its file descriptor, serves.
+    # id in the cluster first. Until Hypercorn, handed it by its file descriptor, serves,
+    # the socket answers 503 `starting` (pool/http/_starting.py).
     try:
         listening = config.create_sockets().insecure_sockets
     except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
@@ -104,6 +106,12 @@ async def serve(
             sock.set_inheritable(False)  # no backend started meanwhile holds the port
         port = int(listening[0].getsockname()[1])
         async with trio.open_nursery() as monitors:
+            # Until the pool is open (the enabled models loaded), a request is answered
+            # 503 `starting` instead of its connection being refused.
+            starting = StartingResponder()
+            for sock in listening:
+                sock.listen(config.backlog)
+            monitors.start_soon(starting.run, listening)
             if gpus is None and not settings.engine.virtual_gpus:
                 monitor = await monitors.start(GpuMonitor().run)
                 # No NVIDIA GPU but budgets declared: the pool runs on virtual GPUs instead.
@@ -119,6 +127,7 @@ async def serve(
                     tracing=open_tracing(settings.service.tracing),
                 ) as pool,
             ):
+                await starting.stop()
                 config.bind = [f"fd://{sock.detach()}" for sock in listening]
                 await _serve_pool(pool, settings, config, host, port, auth, task_status, cluster)
             monitors.cancel_scope.cancel()
@@ -190,6 +199,9 @@ async def _serve_pool(
         stopping = trio.Event()
         info_box.append(ServerInfo("", host, 0, pool, stopping))
         binds = await nursery.start(run_http)
+        service = settings.service
+        if service.metrics and service.metrics_port is not None:
+            await nursery.start(serve_metrics, pool, auth, host, service.metrics_port)
         url = binds[0]
         bound_port = int(url.rsplit(":", 1)[1])
         hosts.listening_on(bound_port)

@@ -25,10 +25,11 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pool.config import cache_dir
+from pool.config import CACHE_DIR_ENV, cache_dir
 from pool.errors import PoolError
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
@@ -38,9 +39,15 @@ MANIFEST_DIR = ".manifests"
 RESUME_FILE = ".resume.json"
 
 
-def default_store() -> Path:
-    """``$LLM_POOL_CACHE_DIR/model-store``, else ``~/.cache/llm-pool/model-store``."""
-    return cache_dir() / "model-store"
+def default_store(environ: Mapping[str, str] | None = None) -> Path:
+    """Where pulls go when ``service.model_store`` is unset:
+    ``$LLM_POOL_CACHE_DIR/model-store``; else, as the runner spec keeps models in the
+    Hugging Face home, ``$HF_HOME/llm-pool-models``; else
+    ``~/.cache/llm-pool/model-store``. (The pool's own variable is the more specific.)"""
+    env = os.environ if environ is None else environ
+    if not env.get(CACHE_DIR_ENV) and (hf_home := env.get("HF_HOME")):
+        return Path(hf_home).expanduser() / "llm-pool-models"
+    return cache_dir(env) / "model-store"
 
 
 def safe_name(name: str, what: str = "model name") -> str:

@@ -165,6 +165,14 @@ class OpenAIErrorDetail(_Reply):
     type: str
     param: str | None
     code: str
+    # The runner API's backpressure fields, on a 503 queue_full and a 429.
+    queueDepth: int | None = Field(None, description="queue_full: requests waiting.")
+    avgWaitMs: float | None = Field(None, description="queue_full: the model's mean queue wait.")
+    limit: int | None = Field(None, description="rate_limit_exceeded: the limit per minute.")
+    remaining: int | None = Field(None, description="rate_limit_exceeded: requests left (0).")
+    resetAt: int | None = Field(
+        None, description="rate_limit_exceeded: Unix time the whole burst is back."
+    )
 
 
 class OpenAIError(_Reply):
@@ -656,6 +664,10 @@ class GpuMemory(_Reply):
 class LoadedModel(_Reply):
     id: str
     backend: str
+    quantization: str | None = Field(
+        description="From the model's own metadata, spelled as the runner spec does"
+        " (`awq-4bit`, `fp16`, `bf16`; a GGUF type as `q4_k_m`); null where unknown."
+    )
     contextLength: int | None
     loadedAt: int
     gpuMemoryMB: int | None
@@ -665,7 +677,10 @@ class LoadedModel(_Reply):
 class LoadingModel(_Reply):
     id: str
     progress: float | None
-    eta: float | None
+    eta: int | None = Field(
+        description="Seconds left, by the last measured load of the same model and"
+        " settings; null before a first measured load or while the model is fetched."
+    )
 
 
 class RunnerModels(_Reply):
@@ -725,7 +740,12 @@ class LoadTaskState(_Reply):
     gpuMemoryUsedMB: int | None = None
     error: str | None = None
     errorCode: str | None = None
-    eta: float | None = Field(None, description="Only in the 202 that starts the task.")
+    eta: int | None = Field(
+        None,
+        description="Seconds: in the 202 the whole of the last measured load like this one,"
+        " while polling what is left of it; null before a first measured load or while the"
+        " model is fetched. Absent once the task ended.",
+    )
 
 
 class RunnerUnloaded(_Reply):
@@ -763,12 +783,16 @@ class HealthReason(_Reply):
 
 class Health(_Reply):
     status: Literal["healthy", "degraded", "unhealthy"] = Field(
-        description="degraded: serving, with `reasons`; unhealthy (503): not serving."
+        description="degraded: serving, with `reasons` (503 on /health while a GPU ran out of"
+        " memory or a queue is saturated); unhealthy (503): not serving."
     )
     uptime: int = Field(description="Seconds since the pool started.")
     modelsLoaded: int
     queueDepth: int
-    reason: str | None = Field(None, description="Why the pool is unhealthy.")
+    reason: str | None = Field(
+        None,
+        description="Why /health answers 503: not serving, a GPU out of memory, a saturated queue.",
+    )
     reasons: list[HealthReason] | None = Field(
         None, description="What degrades the pool; left out when nothing does."
     )

@@ -17,13 +17,19 @@ class RunnerLoadRequest(BaseModel):
 
     modelId: ModelId = Field(description="A configured model name.")
     quantization: str | None = Field(
-        None, description="Must be omitted: a model id has one quantization (use another id)."
+        None,
+        description="Optional: the model's own quantization (`awq-4bit`, `fp16`, `q4_k_m`;"
+        " any case or separator); another, or one a model without metadata cannot confirm,"
+        " is a 400 `invalid_load_request` (a model id has one quantization).",
     )
     maxContextLength: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(
         None, description="Becomes the backend's context-length load override."
     )
     gpuMemoryBudgetMB: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Refused (400) when the model's VRAM estimate is larger."
+        None,
+        description="Applied to the runtime, shared by the replicas: the longest context"
+        " whose VRAM estimate fits, and for vLLM the KV cache bytes the budget leaves beside"
+        " the weights. 400 when not even the smallest context fits.",
     )
     evictModel: ModelId | None = Field(None, description="Unloaded first, to make room.")
     # Checked as the admin load body (`LoadRequest`): the document refers to its schema.

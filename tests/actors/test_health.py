@@ -74,13 +74,17 @@ async def test_an_oom_on_a_request_degrades_for_the_window(
         [issue] = health.issues
         assert (issue.code, issue.model, issue.details["gpu"]) == ("gpu_oom", "m", 1)
         assert "out of memory" in issue.details["message"]
+        # The spec's 503 for a GPU out of memory (/health answers it), with the reason.
+        assert not health.available
+        assert health.reason == "model 'm' ran out of GPU memory on GPU 1"
         # The model still serves (the next request may fit); the OOM is reported until
         # the window has passed.
         assert pool.snapshot("m").state == "loaded"
         await trio.sleep(WINDOW_S - 1)
         assert pool.health().status == "degraded"
         await trio.sleep(2)
-        assert pool.health().status == "healthy"
+        assert pool.health().status == "healthy" and pool.health().available
+        assert pool.health().reason is None
 
 
 async def test_an_oom_on_load_degrades_with_the_failed_model(
@@ -94,7 +98,7 @@ async def test_an_oom_on_load_degrades_with_the_failed_model(
         with pytest.raises(PoolError):
             await pool.load("m")
         health = pool.health()
-        assert health.serving and health.status == "degraded"
+        assert health.serving and health.status == "degraded" and not health.available
         codes = sorted((i.code, i.model) for i in health.issues)
         assert codes == [("gpu_oom", "m"), ("model_failed", "m")]
         failed = next(i for i in health.issues if i.code == "model_failed")
@@ -105,7 +109,7 @@ async def test_a_failure_that_is_not_an_oom_is_only_a_failed_model() -> None:
     config = settings({"bad": {"enabled": True, "stub_fail_load": True}, "ok": {"enabled": True}})
     async with open_pool(config) as pool:
         health = pool.health()
-        assert health.status == "degraded"
+        assert health.status == "degraded" and health.available  # one failed model: 200
         assert [(i.code, i.model) for i in health.issues] == [("model_failed", "bad")]
 
 

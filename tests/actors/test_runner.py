@@ -112,3 +112,21 @@ async def test_loading_models_are_listed_while_loading(autojump_clock: trio.abc.
         await wait_until(lambda: pool.snapshot("m").state == "loading")
         assert [s.name for s in pool.snapshots() if s.state == "loading"] == ["m"]
         await task.done.wait()
+
+
+async def test_a_load_eta_counts_down_from_the_last_measured_load(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_pool(stub_settings({"m": {"stub_load_seconds": 30}})) as pool:
+        actor = pool.model("m")
+        task = pool.start_load_task("m")
+        await wait_until(lambda: actor.state == "loading")
+        assert pool.residency.load_eta_s("m") is None  # never measured: no guess
+        await task.done.wait()
+        assert pool.residency.load_eta_s("m") is None  # not loading
+        await pool.unload("m")
+        again = pool.start_load_task("m")
+        await wait_until(lambda: actor.state == "loading")
+        await trio.sleep(10)
+        assert pool.residency.load_eta_s("m") == pytest.approx(20, abs=0.1)
+        await again.done.wait()

@@ -63,13 +63,22 @@ async def test_a_saturated_queue_degrades_and_clears(nursery: trio.Nursery) -> N
         with trio.fail_after(20):
             while (await client.get("/health")).json()["status"] != "degraded":
                 await trio.sleep(0.02)
-        reasons = (await client.get("/health")).json()["reasons"]
+        saturated = await client.get("/health")
         capabilities = await client.get("/v1/capabilities")
         # Degraded still serves: the runner descriptor says so with a 200.
         assert capabilities.status_code == 200 and capabilities.json()["health"] == "degraded"
-    assert reasons == [{"code": "queue_saturated", "model": "busy", "queueDepth": 1, "maxQueue": 1}]
+    # The spec's 503 for a saturated queue, still "degraded", with the reason.
+    assert saturated.status_code == 503
+    body = saturated.json()
+    assert body["status"] == "degraded"
+    assert body["reason"] == "the queue of model 'busy' is saturated (1/1)"
+    assert body["reasons"] == [
+        {"code": "queue_saturated", "model": "busy", "queueDepth": 1, "maxQueue": 1}
+    ]
     async with httpx.AsyncClient(base_url=info.url) as client:
-        assert (await client.get("/health")).json()["status"] == "healthy"
+        cleared = await client.get("/health")
+        assert cleared.status_code == 200 and cleared.json()["status"] == "healthy"
+        assert "reason" not in cleared.json()
 
 
 async def test_the_full_status(nursery: trio.Nursery) -> None:
@@ -119,3 +128,26 @@ async def test_the_full_status_needs_an_inference_token(nursery: trio.Nursery) -
         assert authorized.status_code == 200 and authorized.json()["status"] == "healthy"
         # /health stays open for probes.
         assert (await client.get("/health")).status_code == 200
+
+
+async def test_the_runner_form_is_served_for_the_ollama_seeds_states(
+    nursery: trio.Nursery,
+) -> None:
+    # The seeds disagree on /health (docs/api.md, "Health"): the runner's later form is
+    # served. The Ollama seed's "idle" (nothing loaded) is healthy with modelsLoaded 0,
+    # and its "loading" (503 there) is no /health state: a loading model is a row state.
+    slow = {"backend": "stub", "on_demand": True, "stub_load_seconds": 30}
+    info = await start_server(nursery, {"slow": slow})
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        idle = await client.get("/health")
+        assert idle.status_code == 200
+        assert {k: idle.json()[k] for k in ("status", "modelsLoaded", "queueDepth")} == {
+            "status": "healthy", "modelsLoaded": 0, "queueDepth": 0
+        }  # fmt: skip
+        await client.post("/v1/models/load", json={"modelId": "slow"})
+        with trio.fail_after(10):
+            while info.pool.snapshot("slow").state != "loading":
+                await trio.sleep(0.01)
+        loading = await client.get("/health")
+        assert loading.status_code == 200 and loading.json()["status"] == "healthy"
+        assert set(loading.json()) == {"status", "uptime", "modelsLoaded", "queueDepth"}

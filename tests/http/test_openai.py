@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import time
+
 import httpx
 import openai
 import pytest
+import trio
 
 from pool import ServerInfo
 
-from .conftest import running, wait_stopped
+from .conftest import running, start_server, wait_stopped
 
 
 def _client(server: ServerInfo) -> openai.AsyncOpenAI:
@@ -97,3 +101,49 @@ async def test_closing_a_chat_stream_stops_generation(endless: ServerInfo) -> No
         assert await running(http, "endless") == 1  # generating when the client leaves
         await stream.close()
         await wait_stopped(http, "endless")  # long before its 100 s of words ran out
+
+
+async def test_backpressure_bodies_carry_the_runner_fields(nursery: trio.Nursery) -> None:
+    # The 503 and 429 of both completion routes say how busy the pool is, in the names
+    # of the runner API's own routes (queueDepth/avgWaitMs; limit/remaining/resetAt).
+    models = {
+        "busy": {
+            "backend": "stub",
+            "enabled": True,
+            "max_queue": 0,
+            "stub_reply": " ".join(["word"] * 400),
+            "stub_tokens_per_second": 20,
+        },
+        "echo": {"backend": "stub", "enabled": True},
+    }
+    info = await start_server(
+        nursery, models, tenancy={"tenants": {"metered": {"requests_per_minute": 1}}}
+    )
+    bodies = {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+        "/v1/completions": {"prompt": "x"},
+    }
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        async with trio.open_nursery() as holder:  # the one slot, taken by a long stream
+            hold = {"model": "busy", "input": "x"}
+            holder.start_soon(functools.partial(client.post, "/v1/responses", json=hold))
+            with trio.fail_after(10):
+                while info.pool.snapshot("busy").running != 1:
+                    await trio.sleep(0.01)
+            for path, body in bodies.items():
+                full = await client.post(path, json=body | {"model": "busy"})
+                assert full.status_code == 503, full.text
+                error = full.json()["error"]
+                assert error["code"] == "queue_full"
+                assert error["queueDepth"] == 0 and isinstance(error["avgWaitMs"], int | float)
+            holder.cancel_scope.cancel()
+        metered = {"X-Tenant-ID": "metered"}
+        first = await client.post("/v1/completions", json=bodies["/v1/completions"]
+                                  | {"model": "echo"}, headers=metered)  # fmt: skip
+        assert first.status_code == 200, first.text
+        for path, body in bodies.items():
+            limited = await client.post(path, json=body | {"model": "echo"}, headers=metered)
+            assert limited.status_code == 429, limited.text
+            error = limited.json()["error"]
+            assert (error["limit"], error["remaining"]) == (1, 0)
+            assert isinstance(error["resetAt"], int) and error["resetAt"] >= time.time() - 1

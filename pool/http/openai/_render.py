@@ -14,7 +14,14 @@ from quart import Response
 
 from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta
 from pool.errors import PoolError
-from pool.http._common import ErrorShape, SchemaError, dumps, json_response, retry_after
+from pool.http._common import (
+    ErrorShape,
+    SchemaError,
+    backpressure_fields,
+    dumps,
+    json_response,
+    retry_after,
+)
 from pool.http._streaming import StreamRenderer
 from pool.http._tools import chat_call
 from pool.schemas import EmbeddingsRequest
@@ -39,6 +46,8 @@ def pool_error(exc: PoolError) -> Response:
     body = openai_error(
         exc.status, exc.code, exc.message, param if isinstance(param, str) else None
     )
+    # A 503 or 429 says how busy the pool is, as the runner API's own routes do.
+    body["error"].update(backpressure_fields(exc))
     return json_response(body, exc.status, retry_after(exc))
 
 
@@ -146,7 +155,9 @@ class _SseStream(StreamRenderer):
     reports_waits = True
 
     def render_error(self, admission: Admission, exc: PoolError) -> bytes:
-        return _event(openai_error(exc.status, exc.code, exc.message))
+        body = openai_error(exc.status, exc.code, exc.message)
+        body["error"].update(backpressure_fields(exc))
+        return _event(body)
 
 
 class ChatCompletionStream(_SseStream):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pool._version import __version__
-from pool.actors import GpuView, LoadTask, ModelSnapshot, Pool, PoolHealth
+from pool.actors import GpuView, LoadTask, ModelSnapshot, Pool, PoolHealth, quantization_name
 
 
 def health_body(health: PoolHealth, cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -66,6 +66,8 @@ def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
     return {
         "id": snapshot.name,
         "backend": snapshot.definition.backend,
+        # From the artifact's own metadata; null where it has none (stub, remote).
+        "quantization": quantization_name(snapshot.details.quantization_level),
         "contextLength": snapshot.context_length,
         "loadedAt": round(snapshot.loaded_at_wall or 0),
         "gpuMemoryMB": snapshot.vram.mib,
@@ -79,9 +81,21 @@ def _fetching(pool: Pool, model: str) -> bool:
 
 
 def _load_progress(pool: Pool, model: str) -> float | None:
-    """The progress of the model's running load task (None: loaded another way)."""
+    """The progress of the model's running load task, else what its runtime reports
+    (None where neither says)."""
     task = pool.load_tasks.latest(model)
-    return task.progress if task is not None and task.status == "loading" else None
+    if task is not None and task.status == "loading":
+        return task.progress
+    return pool.model(model).load_progress
+
+
+def load_eta(pool: Pool, model: str) -> int | None:
+    """Whole seconds the model's load still needs, by its last measured load like it;
+    None before a first measured load (or while it is fetched)."""
+    if _fetching(pool, model):
+        return None
+    eta = pool.residency.load_eta_s(model)
+    return None if eta is None else math.ceil(eta)
 
 
 def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
@@ -99,7 +113,11 @@ def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
         "models": {
             "loaded": [_loaded_model(s) for s in snapshots if s.state == "loaded"],
             "loading": [
-                {"id": s.name, "progress": _load_progress(pool, s.name), "eta": None}
+                {
+                    "id": s.name,
+                    "progress": _load_progress(pool, s.name),
+                    "eta": load_eta(pool, s.name),
+                }
                 for s in snapshots
                 if s.state == "loading" or _fetching(pool, s.name)
             ],
@@ -129,7 +147,7 @@ def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
         "capabilities": {
             "streaming": True,
             "prefixCaching": pool.prefix_caching(),
-            "multiTenant": True,
+            "multiTenant": pool.settings.service.tenancy.multi_tenant,
             "visionInput": any("image" in s.capabilities.modalities for s in snapshots),
             "audioInput": False,
             "functionCalling": any(s.capabilities.tools for s in snapshots),

@@ -3,12 +3,14 @@ metrics, and ``GET /api/status``."""
 
 from __future__ import annotations
 
+import math
 import socket
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from quart import Blueprint, Quart, Response
 
+from pool.actors import fit_memory_budget
 from pool.errors import PoolError
 from pool.http._common import (
     POOL_ERRORS,
@@ -24,6 +26,7 @@ from pool.http.runner._render import (
     capabilities_body,
     cluster_status,
     health_body,
+    load_eta,
     load_task_body,
     status_body,
 )
@@ -52,23 +55,25 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Start loading a model in the background (202 with a task id)."""
         body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
         actor = pool.model(body.modelId)
-        load = load_request(body, actor.definition)
+        residence = pool.residency.residence(body.modelId)
+        load = load_request(body, actor.definition, residence.details.quantization_level)
         if body.gpuMemoryBudgetMB is not None:
-            estimate = actor.vram_estimate().mib
-            if estimate is not None and estimate > body.gpuMemoryBudgetMB:
-                raise PoolError(
-                    "invalid_load_request",
-                    f"model {body.modelId!r} needs about {estimate} MiB, over the budget of"
-                    f" {body.gpuMemoryBudgetMB} MiB",
-                )
+            load = fit_memory_budget(residence, load, body.gpuMemoryBudgetMB)
         task = pool.start_load_task(body.modelId, load, body.evictModel)
-        return json_response(load_task_body(task) | {"eta": None}, 202)
+        # The whole of the last measured load like this one (None before a first).
+        expected = pool.residency.expected_load_s(body.modelId)
+        eta = None if expected is None or task.phase == "fetching" else math.ceil(expected)
+        return json_response(load_task_body(task) | {"eta": eta}, 202)
 
     @blueprint.get("/v1/models/load/<task_id>")
     async def runner_load_status(task_id: str) -> Response:
         """The state of a load task: loading, completed or failed, with timings."""
         require(ctx, "admin")
-        return json_response(load_task_body(pool.load_tasks.get(task_id)))
+        task = pool.load_tasks.get(task_id)
+        body = load_task_body(task)
+        if task.status == "loading":
+            body["eta"] = load_eta(pool, task.model)
+        return json_response(body)
 
     @blueprint.post("/v1/models/unload")
     async def runner_unload() -> Response:
@@ -106,10 +111,11 @@ def register(app: Quart, ctx: AppContext) -> None:
     @blueprint.get("/health")
     async def health() -> Response:
         """200 while serving (``healthy``, or ``degraded`` with its ``reasons``); 503 with
-        the reason when every model failed or on shutdown."""
+        the reason on a GPU out of memory or a saturated queue (still ``degraded``), when
+        every model failed, or on shutdown."""
         health = pool.health()
         body = health_body(health, cluster_status(pool))
-        return json_response(body, 200 if health.serving else 503)
+        return json_response(body, 200 if health.available else 503)
 
     @blueprint.get("/api/status")
     async def full_status() -> Response:
@@ -121,6 +127,8 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def metrics() -> Response:
         """Prometheus text exposition."""
         require(ctx, "admin")
+        if not ctx.settings.service.metrics:
+            raise PoolError("not_found", "metrics are off (service.metrics, ENABLE_METRICS)")
         return Response(pool.metrics.render(), content_type=PROMETHEUS_TYPE)
 
     app.register_blueprint(blueprint)
