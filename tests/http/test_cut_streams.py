@@ -187,7 +187,7 @@ async def test_a_cut_request_is_charged_and_spends_the_budget(
 
         # The tenant's token counters count the cut streams too.
         metrics = (await client.get("/metrics")).text
-        assert "llm_pool_tenant_prompt_tokens_total{tenant=\"default\"} 6.0" in metrics
+        assert 'llm_pool_tenant_prompt_tokens_total{tenant="default"} 6.0' in metrics
         by_key = (await client.get("/v1/admin/usage", params={"group_by": "key"})).json()
         (totals,) = by_key["usage"]
         assert totals["requests"] == 3

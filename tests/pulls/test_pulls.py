@@ -685,9 +685,7 @@ async def test_pull_from_a_hub_repo(tmp_path: Path, files: FileServer) -> None:
         assert not _partials(tmp_path)
 
 
-@pytest.mark.parametrize(
-    "variable", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"]
-)
+@pytest.mark.parametrize("variable", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"])
 async def test_hub_pulls_send_the_token_of_each_variable(
     tmp_path: Path, files: FileServer, monkeypatch: pytest.MonkeyPatch, variable: str
 ) -> None:
