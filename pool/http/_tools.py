@@ -36,8 +36,13 @@ _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "co
 _MAX_SCHEMA_DEPTH = 64
 
 
-def invalid(param: str, message: str) -> PoolError:
-    return PoolError("invalid_request", f"{param}: {message}", details={"param": param})
+def invalid(param: str, message: str, code: str = "invalid_request") -> PoolError:
+    return PoolError(code, f"{param}: {message}", details={"param": param})
+
+
+def unmatched(param: str, message: str) -> PoolError:
+    """``tool_choice`` asks for a tool that ``tools`` does not offer."""
+    return invalid(param, message, "tool_choice_unmatched")
 
 
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
@@ -113,7 +118,9 @@ def _unique(tools: list[ToolSpec], where: str) -> tuple[ToolSpec, ...]:
     seen: set[str] = set()
     for index, tool in enumerate(tools):
         if tool.name in seen:
-            raise invalid(f"{where}[{index}].name", f"two tools are called {tool.name!r}")
+            raise invalid(
+                f"{where}[{index}].name", f"two tools are called {tool.name!r}", "duplicate_tool"
+            )
         seen.add(tool.name)
     return tuple(tools)
 
@@ -161,12 +168,12 @@ def messages_tool_choice(
         return ToolChoice("auto"), True
     parallel = not value.disable_parallel_tool_use
     if value.type in ("any", "tool") and not tools:
-        raise invalid("tool_choice", f"{value.type} needs tools")
+        raise unmatched("tool_choice", f"{value.type} needs tools")
     if value.type == "any":
         return ToolChoice("required"), parallel
     if value.type == "tool":
         if value.name not in {t.name for t in tools}:
-            raise invalid("tool_choice.name", f"tool {value.name!r} is not among the tools")
+            raise unmatched("tool_choice.name", f"tool {value.name!r} is not among the tools")
         return ToolChoice("function", value.name), parallel
     return ToolChoice(value.type), parallel
 
@@ -179,11 +186,11 @@ def tool_choice(
         return ToolChoice("auto")
     if isinstance(value, str):
         if value in ("required",) and not tools:
-            raise invalid("tool_choice", "required needs tools")
+            raise unmatched("tool_choice", "required needs tools")
         return ToolChoice(value)  # type: ignore[arg-type]
     name = value.function.name if isinstance(value, ChatToolChoiceFunction) else value.name
     if name not in {t.name for t in tools}:
-        raise invalid("tool_choice", f"function {name!r} is not among the tools")
+        raise unmatched("tool_choice", f"function {name!r} is not among the tools")
     return ToolChoice("function", name)
 
 
