@@ -93,6 +93,7 @@ from pool.schemas import (
     TextCompletionStreamEvent,
     UsageReport,
 )
+from pool.schemas._documented import JSON_SCHEMA_COMPONENT, JSON_SCHEMA_DEFINITION
 
 ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
 SSE = "text/event-stream"
@@ -1153,6 +1154,7 @@ def openapi_document(
     )
     components = dict(schema.get("$defs", {}))
     components["Error"] = _POOL_ERROR
+    components[JSON_SCHEMA_COMPONENT] = JSON_SCHEMA_DEFINITION
     states = "\n".join(f"- `{k}`: {v}" for k, v in STATE_DESCRIPTIONS.items())
     paths: dict[str, Any] = {}
     for route in routes:

@@ -43,6 +43,14 @@ from pool.schemas._tools import (
     ResponseFormat,
 )
 
+# Ollama's images: base64 (standard alphabet, padded), as pool/http/ollama reads them.
+Base64Image = Annotated[
+    str,
+    StringConstraints(
+        max_length=MAX_TEXT_CHARS,
+        pattern=r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    ),
+]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Stop = StopString
 
@@ -236,12 +244,7 @@ class OllamaMessage(_Lenient):
     tool_name: Annotated[str, StringConstraints(max_length=256)] | None = Field(
         None, description="A `tool` message: the function whose result it is."
     )
-    images: (
-        Annotated[
-            list[Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]], Field(max_length=16)
-        ]
-        | None
-    ) = None
+    images: Annotated[list[Base64Image], Field(max_length=16)] | None = None
 
 
 class OllamaChatRequest(_Lenient):
@@ -268,12 +271,7 @@ class OllamaGenerateRequest(_Lenient):
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     prompt: Text = ""
     system: Text | None = None
-    images: (
-        Annotated[
-            list[Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]], Field(max_length=16)
-        ]
-        | None
-    ) = None
+    images: Annotated[list[Base64Image], Field(max_length=16)] | None = None
     stream: bool = True
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     keep_alive: KeepAlive = None

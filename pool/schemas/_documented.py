@@ -21,33 +21,49 @@ FUNCTION_NAME: JsonSchema = {
     "pattern": "^[A-Za-z0-9_-]{1,64}$",
     "description": "Required: letters, digits, `_` and `-`, at most 64.",
 }
-_SCHEMAS: JsonSchema = {"type": "object", "additionalProperties": {"type": ["object", "boolean"]}}
-_SCHEMA: JsonSchema = {"type": ["object", "boolean"]}
-_SCHEMA_LIST: JsonSchema = {"type": "array", "minItems": 1, "items": _SCHEMA}
-# A JSON schema as pool/http/_tools.py (check_schema) takes it: the keywords it looks into
-# well formed (to one level: the sub-schemas are checked as deep as they go).
-JSON_SCHEMA: JsonSchema = {
-    "type": "object",
-    "properties": {
-        "type": {"enum": ["object", "array", "string", "number", "integer", "boolean", "null"]},
-        "required": {"type": "array", "items": {"type": "string"}},
-        "enum": {"type": "array"},
-        **dict.fromkeys(
-            ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"),
-            _SCHEMAS,
-        ),
-        **dict.fromkeys(("anyOf", "oneOf", "allOf", "prefixItems"), _SCHEMA_LIST),
-        **dict.fromkeys(
-            ("items", "additionalProperties", "not", "if", "then", "else", "contains"), _SCHEMA
-        ),
-    },
-}
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_TYPES = ["object", "array", "string", "number", "integer", "boolean", "null"]
+
+
+def _json_schema(depth: int) -> JsonSchema:
+    """A JSON schema as pool/http/_tools.py (check_schema) takes it: the keywords it looks
+    into, well formed, ``depth`` levels down (below that, any object or boolean: the
+    document stays finite, and generating from it cheap)."""
+    if depth == 0:
+        return {"type": ["object", "boolean"]}
+    sub: JsonSchema = {"anyOf": [_json_schema(depth - 1), {"type": "boolean"}]}
+    # (null stands for an absent keyword, except where a schema is the value)
+    return {
+        "type": "object",
+        "properties": {
+            "type": {"enum": [*_TYPES, None]},
+            "required": {"type": ["array", "null"], "items": {"type": "string"}},
+            "enum": {"type": ["array", "null"]},
+            **{
+                key: {"type": ["object", "null"], "additionalProperties": sub}
+                for key in _SCHEMA_MAPS
+            },
+            **{
+                key: {"type": ["array", "null"], "minItems": 1, "items": sub}
+                for key in ("anyOf", "oneOf", "allOf", "prefixItems")
+            },
+            **dict.fromkeys(
+                ("items", "additionalProperties", "not", "if", "then", "else", "contains"), sub
+            ),
+        },
+    }
+
+
+# In the document once, as a component (pool/http/_openapi.py adds it): the use sites
+# refer to it.
+JSON_SCHEMA_COMPONENT = "ToolJsonSchema"
+JSON_SCHEMA_DEFINITION = _json_schema(2)
+JSON_SCHEMA: JsonSchema = {"$ref": f"#/components/schemas/{JSON_SCHEMA_COMPONENT}"}
 # A function's arguments: a JSON schema of an object.
 ARGUMENTS_SCHEMA: JsonSchema = {
     "anyOf": [
         {
-            **JSON_SCHEMA,
-            "properties": {**JSON_SCHEMA["properties"], "type": {"const": "object"}},
+            "allOf": [JSON_SCHEMA, {"properties": {"type": {"const": "object"}}}],
             "description": "A JSON schema of the arguments object (default: no arguments).",
         },
         {"type": "null"},

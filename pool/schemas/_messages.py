@@ -44,14 +44,17 @@ class MessagesImageSource(_Lenient):
         json_schema_extra={
             "anyOf": [
                 {
-                    "properties": {"type": {"const": "url"}, "url": {"minLength": 1}},
+                    "properties": {
+                        "type": {"const": "url"},
+                        "url": {"type": "string", "minLength": 1},
+                    },
                     "required": ["url"],
                 },
                 {
                     "properties": {
                         "type": {"const": "base64"},
-                        "media_type": {"minLength": 1},
-                        "data": {"minLength": 1},
+                        "media_type": {"type": "string", "minLength": 1},
+                        "data": {"type": "string", "minLength": 1},
                     },
                     "required": ["media_type", "data"],
                 },
