@@ -30,6 +30,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "dimensions_unsupported": 400,
     "tool_choice_unmatched": 400,
     "duplicate_tool": 400,
+    "invalid_json_schema": 400,
+    "stream_multiple_prompts": 400,
     "invalid_conversation": 400,
     "unauthorized": 401,
     "host_not_allowed": 403,

@@ -595,14 +595,18 @@ _GENERATION_REFUSALS = (
     "duplicate_tool",
     "invalid_conversation",
     "tool_choice_unmatched",
+    # A tool's or output format's JSON schema deeper than the document describes it.
+    "invalid_json_schema",
 )
+_COMPLETION_REFUSALS = (*_GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
 _EMBEDDING_REFUSALS = ("dimensions_unsupported", "embeddings_unsupported", "remote_not_allowed")
 _VALID_INPUT_REFUSALS: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/responses"): _GENERATION_REFUSALS,
     ("post", "/v1/chat/completions"): _GENERATION_REFUSALS,
     ("post", "/openai/v1/chat/completions"): _GENERATION_REFUSALS,
-    ("post", "/v1/completions"): (*_GENERATION_REFUSALS, "logprobs_unsupported"),
-    ("post", "/openai/v1/completions"): (*_GENERATION_REFUSALS, "logprobs_unsupported"),
+    # A stream of several prompts (the schema cannot tie `stream` to `prompt`).
+    ("post", "/v1/completions"): (*_COMPLETION_REFUSALS,),
+    ("post", "/openai/v1/completions"): (*_COMPLETION_REFUSALS,),
     ("post", "/openai/v1/responses"): _GENERATION_REFUSALS,
     ("post", "/v1/messages"): _GENERATION_REFUSALS,
     ("post", "/v1/messages/count_tokens"): _GENERATION_REFUSALS,

@@ -40,43 +40,50 @@ def invalid(param: str, message: str, code: str = "invalid_request") -> PoolErro
     return PoolError(code, f"{param}: {message}", details={"param": param})
 
 
+def _not_a_schema(param: str, message: str) -> PoolError:
+    return invalid(param, message, "invalid_json_schema")
+
+
 def unmatched(param: str, message: str) -> PoolError:
     """``tool_choice`` asks for a tool that ``tools`` does not offer."""
     return invalid(param, message, "tool_choice_unmatched")
 
 
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
-    """A 400 naming the first place where ``schema`` is not a JSON schema.
+    """A 400 ``invalid_json_schema`` naming the first place where ``schema`` is not a
+    JSON schema.
 
     It checks the structure a grammar converter and the backends rely on (types,
     ``properties``, ``required``, nested schemas), not every keyword of the standard.
+    The OpenAPI document describes a schema two levels deep (a recursive description
+    makes fuzzing it take minutes); deeper, this check is what holds.
     """
     if depth > _MAX_SCHEMA_DEPTH:
-        raise invalid(where, "the schema is nested too deeply")
+        raise _not_a_schema(where, "the schema is nested too deeply")
     if isinstance(schema, bool):
         return
     if not isinstance(schema, Mapping):
-        raise invalid(where, "a JSON schema must be an object")
+        raise _not_a_schema(where, "a JSON schema must be an object")
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         for value in kinds:
             if not isinstance(value, str) or value not in _JSON_TYPES:
-                raise invalid(f"{where}.type", f"{value!r} is not a JSON schema type")
+                raise _not_a_schema(f"{where}.type", f"{value!r} is not a JSON schema type")
     required = schema.get("required")
     if required is not None and (
         not isinstance(required, list) or not all(isinstance(r, str) for r in required)
     ):
-        raise invalid(f"{where}.required", "must be a list of property names")
+        raise _not_a_schema(f"{where}.required", "must be a list of property names")
     enum = schema.get("enum")
     if enum is not None and not isinstance(enum, list):
-        raise invalid(f"{where}.enum", "must be a list")
+        raise _not_a_schema(f"{where}.enum", "must be a list")
     for key in _SCHEMA_MAPS:
         value = schema.get(key)
         if value is None:
             continue
         if not isinstance(value, Mapping):
-            raise invalid(f"{where}.{key}", "must be an object of schemas")
+            raise _not_a_schema(f"{where}.{key}", "must be an object of schemas")
         for name, sub in value.items():
             check_schema(sub, f"{where}.{key}.{name}", depth + 1)
     for key in _SCHEMA_LISTS:
@@ -84,7 +91,7 @@ def check_schema(schema: Any, where: str, depth: int = 0) -> None:
         if value is None:
             continue
         if not isinstance(value, list) or not value:
-            raise invalid(f"{where}.{key}", "must be a non-empty list of schemas")
+            raise _not_a_schema(f"{where}.{key}", "must be a non-empty list of schemas")
         for index, sub in enumerate(value):
             check_schema(sub, f"{where}.{key}[{index}]", depth + 1)
     for key in _SCHEMA_ONE:
