@@ -75,13 +75,13 @@ def check_tools(request: InferenceRequest, capabilities: Capabilities) -> None:
     choice = request.tool_choice
     if choice.mode in ("required", "function") and not request.tools:
         raise PoolError(
-            "invalid_request",
+            "tool_choice_unmatched",
             "tool_choice asks for a tool call, but no tools are given",
             details={"param": "tool_choice"},
         )
     if choice.mode == "function" and choice.name not in {t.name for t in request.tools}:
         raise PoolError(
-            "invalid_request",
+            "tool_choice_unmatched",
             f"tool_choice names function {choice.name!r}, which is not among the tools",
             details={"param": "tool_choice"},
         )
@@ -109,7 +109,8 @@ def build_embedding_job(
 
     Raises:
         PoolError: ``embeddings_unsupported`` for a generation model, ``invalid_request``
-            for no input or an unsupported ``dimensions``, ``remote_not_allowed``.
+            for no input, ``dimensions_unsupported`` for a ``dimensions`` the model cannot
+            give, ``remote_not_allowed``.
     """
     name = request.model
     if not capabilities.embeddings:
@@ -123,7 +124,7 @@ def build_embedding_job(
     if request.dimensions is not None:
         if not capabilities.embedding_dimensions:
             raise PoolError(
-                "invalid_request",
+                "dimensions_unsupported",
                 f"model {name!r} cannot shorten its embeddings: leave dimensions out",
                 details={"param": "dimensions"},
             )

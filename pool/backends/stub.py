@@ -141,7 +141,7 @@ class StubRuntime:
         width = self._definition.stub_embedding_dim
         if job.dimensions is not None and job.dimensions > width:
             raise PoolError(
-                "invalid_request",
+                "dimensions_unsupported",
                 f"dimensions {job.dimensions} is larger than the model's {width}",
                 details={"param": "dimensions"},
             )

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, WithJsonSchema
 
 # -- the limits of each field's value, as every schema that accepts it checks them ----------
 BeamSize = Annotated[int, Field(ge=1, le=64)]
@@ -46,7 +46,18 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 StopList = Annotated[list[StopString], Field(max_length=64)]
 MinP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-LogitBias = dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]
+# The keys are token ids; pool/http/_common.py refuses another key with a 400 naming
+# the field, and the document says so.
+LogitBias = Annotated[
+    dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        }
+    ),
+]
 
 LOGIT_BIAS_DESCRIPTION = "Token id (as a string) to a bias from -100 to 100."
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pool.http")
 
 T = TypeVar("T", bound=BaseModel)
+# The response header that carries an error answer's code (STATUS_BY_CODE's), whatever
+# the dialect's body looks like.
+ERROR_CODE_HEADER = "X-Error-Code"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 JSON_TYPE = "application/json"
 
@@ -75,11 +78,18 @@ class AppContext:
         return self.path_dialects[max(owning, key=len)] if owning else None
 
     def error_answer(self, exc: PoolError | SchemaError, dialect: str | None) -> Response:
-        """``exc`` in the error shape of ``dialect`` (a blueprint name)."""
+        """``exc`` in the error shape of ``dialect`` (a blueprint name), with the pool's
+        code in ``X-Error-Code``: Ollama's and Anthropic's bodies have no place for it,
+        and a client (or tests/http/test_schemathesis.py) tells a 400 for this model
+        (``tools_unsupported``) from one for the body by it on every dialect."""
         shape = self.error_shapes.get(dialect or "", POOL_ERRORS)
         if isinstance(exc, SchemaError):
-            return shape.schema_error(exc)
-        return shape.pool_error(exc)
+            response = shape.schema_error(exc)
+            response.headers[ERROR_CODE_HEADER] = "validation_error"
+        else:
+            response = shape.pool_error(exc)
+            response.headers[ERROR_CODE_HEADER] = exc.code
+        return response
 
 
 @dataclass(slots=True)
@@ -285,7 +295,7 @@ def chat_request(model: str, turns: list[Turn], **fields: Any) -> InferenceReque
     """
     if not turns or turns[-1].role not in ("user", "tool"):
         # (or be a tool result; the wording predates tools and is pinned by golden tests)
-        raise PoolError("invalid_request", "the last message must come from the user")
+        raise PoolError("invalid_conversation", "the last message must come from the user")
     return InferenceRequest(model=model, turns=tuple(turns), multi_turn=len(turns) > 1, **fields)
 
 

@@ -93,6 +93,7 @@ from pool.schemas import (
     TextCompletionStreamEvent,
     UsageReport,
 )
+from pool.schemas._documented import JSON_SCHEMA_COMPONENT, JSON_SCHEMA_DEFINITION
 
 ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
 SSE = "text/event-stream"
@@ -133,6 +134,14 @@ class Route:
 
 
 _PLAIN = ("text/plain", {"type": "string"})
+# A time in a query: RFC 3339 or seconds since the epoch (pool/http/admin/_parse.py).
+_INSTANT: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "format": "date-time"},
+        {"const": "", "description": "No bound."},
+        {"type": "string", "pattern": "^[+-]?[0-9]{1,15}(\\.[0-9]{1,9})?$"},
+    ]
+}
 ROUTES: list[Route] = [
     Route("post", "/v1/responses", "inference", "Run a request",
      "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
@@ -236,8 +245,9 @@ ROUTES: list[Route] = [
      " database within `service.usage.flush_ms`. 400 `invalid_request` for a bad parameter,"
      " 409 `usage_disabled` when `service.usage.enabled` is off.", reply=UsageReport,
      query=(("group_by", "string", "`key`, `tenant` (default) or `model`."),
-            ("since", "string", "From this time on (RFC 3339 or epoch seconds)."),
-            ("until", "string", "Before this time (RFC 3339 or epoch seconds)."),
+            ("since", _INSTANT, "From this time on (RFC 3339 or epoch seconds)."),
+            ("until", _INSTANT, "Before this time (RFC 3339 or epoch seconds); a window that"
+             " ends before it starts holds nothing."),
             ("bucket", "string", "`hour` or `day`: one row per UTC hour or day."))),
     Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
      "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
@@ -573,10 +583,63 @@ _REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
 # A route not listed above (one added without an entry): a route with a body is taken
 # for an inference route, one with a path parameter may not find what it names.
 _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
-# The mark on a 400 that a body the schema accepts may get (OpenAPI extension): the model
-# it names, its backend or its state refuses a value. A client (and schemathesis, in
-# tests/http/test_schemathesis.py) reads it as "valid shape, refused here".
-VALID_BODY_REFUSED = "x-refuses-valid-bodies"
+# The mark on an operation's 400 (OpenAPI extension): the codes a request that this
+# document calls valid can still get, because what refuses it lies outside the document:
+# the model it names (its kind, backend, capabilities), the pool's settings (the media
+# policy, remote models) or its state (a load's overrides while loaded). Every error
+# answer carries its code in X-Error-Code (and, where the dialect has one, in the body);
+# a 400 with any other code says the request broke the document.
+# tests/http/test_schemathesis.py holds the pool to it.
+VALID_INPUT_CODES = "x-valid-input-codes"
+# Refusals of the model a generation request names (pool/actors/_intake.py) and of the
+# media it links (pool/media).
+_GENERATION_REFUSALS = (
+    "generation_unsupported",
+    "image_refused",
+    "modality_unsupported",
+    "multi_turn_unsupported",
+    "remote_not_allowed",
+    "sampling_unsupported",
+    "structured_output_unsupported",
+    "thinking_unsupported",
+    "tools_unsupported",
+    # Rules between fields: `tool_choice` names a tool that `tools` lacks, two tools
+    # share a name, the last turn is not the user's, a block its role cannot carry.
+    "duplicate_tool",
+    "invalid_conversation",
+    "tool_choice_unmatched",
+    # A tool's or output format's JSON schema deeper than the document describes it.
+    "invalid_json_schema",
+)
+_COMPLETION_REFUSALS = (*_GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
+_EMBEDDING_REFUSALS = ("dimensions_unsupported", "embeddings_unsupported", "remote_not_allowed")
+_VALID_INPUT_REFUSALS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("post", "/v1/responses"): _GENERATION_REFUSALS,
+    ("post", "/v1/chat/completions"): _GENERATION_REFUSALS,
+    ("post", "/openai/v1/chat/completions"): _GENERATION_REFUSALS,
+    # A stream of several prompts (the schema cannot tie `stream` to `prompt`).
+    ("post", "/v1/completions"): (*_COMPLETION_REFUSALS,),
+    ("post", "/openai/v1/completions"): (*_COMPLETION_REFUSALS,),
+    ("post", "/openai/v1/responses"): _GENERATION_REFUSALS,
+    ("post", "/v1/messages"): _GENERATION_REFUSALS,
+    ("post", "/v1/messages/count_tokens"): _GENERATION_REFUSALS,
+    ("post", "/api/chat"): _GENERATION_REFUSALS,
+    ("post", "/api/generate"): _GENERATION_REFUSALS,
+    ("post", "/v1/embeddings"): _EMBEDDING_REFUSALS,
+    ("post", "/openai/v1/embeddings"): _EMBEDDING_REFUSALS,
+    ("post", "/api/embed"): _EMBEDDING_REFUSALS,
+    ("post", "/api/embeddings"): _EMBEDDING_REFUSALS,
+    # Another backend's override, or overrides while the model is loaded.
+    ("post", "/v1/admin/models/{name}/load"): ("invalid_load_request",),
+    ("post", "/v1/models/load"): ("invalid_load_request",),
+    ("post", "/api/pull"): ("no_pull_source",),
+    ("post", "/api/copy"): ("copy_unsupported",),
+}
+_ERROR_CODE_HEADER = {
+    "description": "The error's code (one of the codes the document's description lists),"
+    " on every dialect.",
+    "schema": {"type": "string", "enum": sorted(STATUS_BY_CODE)},
+}
 # Why a status is answered, by status (the codes are STATUS_BY_CODE's).
 _WHY: dict[int, str] = {
     400: "The body is not JSON, or a query parameter is out of range",
@@ -652,12 +715,6 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
 }
 _PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
-# Routes whose query parameters can be refused (400) in a shape the schema allows, and
-# why; the 400 carries VALID_BODY_REFUSED as a body's would.
-_REFUSED_VALID_QUERIES: dict[tuple[str, str], str] = {
-    ("get", "/v1/admin/usage"): "A parameter is not one of its values or times, or `until` is"
-    " before `since` (`invalid_request`, naming it)",
-}
 # Query parameters with a closed set of values, and examples: (path, name) -> ...
 _QUERY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/admin/usage", "group_by"): {"enum": ["key", "tenant", "model"], "default": "tenant"},
@@ -870,10 +927,6 @@ def _listed_refusals(route: Route) -> tuple[int, ...]:
     return (404,) if "{" in route.path else ()
 
 
-def _refuses_valid_bodies(route: Route) -> bool:
-    return route.request is not None and 400 in (route.status, *_listed_refusals(route))
-
-
 def _refusal_statuses(route: Route) -> list[int]:
     """Every 4xx status ``route`` can answer, in order."""
     statuses = set(_listed_refusals(route))
@@ -989,8 +1042,9 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
     if content:
         success["content"] = content
-    if route.status == 400 and _refuses_valid_bodies(route):
-        success[VALID_BODY_REFUSED] = True  # /api/copy: refused, whatever the body
+    valid_input_codes = list(_VALID_INPUT_REFUSALS.get(key, ()))
+    if route.status == 400:
+        success[VALID_INPUT_CODES] = valid_input_codes  # /api/copy: refused, whatever the body
     if route.status == 101:
         success["description"] = "Switching Protocols: the WebSocket is open"
     elif route.status == 308:
@@ -1000,22 +1054,23 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     responses: dict[str, Any] = {str(route.status): success}
     error = {"application/json": {"schema": _error_schema(route.errors)}}
     for status in _refusal_statuses(route):
-        answer: dict[str, Any] = {"description": _WHY[status], "content": error}
-        if status == 400 and (route.method, route.path) in _REFUSED_VALID_QUERIES:
-            answer["description"] = _REFUSED_VALID_QUERIES[(route.method, route.path)]
-            answer[VALID_BODY_REFUSED] = True
-        elif status == 400 and _refuses_valid_bodies(route):
+        answer: dict[str, Any] = {
+            "description": _WHY[status],
+            "headers": {"X-Error-Code": _ERROR_CODE_HEADER},
+            "content": error,
+        }
+        if status == 400 and valid_input_codes:
             answer["description"] += (
-                ", or a value valid in its shape is refused for the model it names, its"
-                " backend or its state (the codes of 400)"
+                ", or the model it names, its backend, the pool's settings or its state"
+                " refuse a valid request: "
+                + ", ".join(f"`{code}`" for code in valid_input_codes)
+                + " (`X-Error-Code`)"
             )
-            answer[VALID_BODY_REFUSED] = True
+            answer[VALID_INPUT_CODES] = valid_input_codes
         if status == 426:
-            answer["headers"] = {
-                "Upgrade": {"schema": {"const": "websocket"}, "required": True},
-            }
+            answer["headers"]["Upgrade"] = {"schema": {"const": "websocket"}, "required": True}
         elif status == 429:
-            answer["headers"] = {"Retry-After": {"schema": {"type": "string"}, "required": True}}
+            answer["headers"]["Retry-After"] = {"schema": {"type": "string"}, "required": True}
             if runs_a_model(route):
                 answer["headers"].update(_RATE_LIMIT_HEADERS)
         responses[str(status)] = answer
@@ -1113,6 +1168,7 @@ def openapi_document(
     )
     components = dict(schema.get("$defs", {}))
     components["Error"] = _POOL_ERROR
+    components[JSON_SCHEMA_COMPONENT] = JSON_SCHEMA_DEFINITION
     states = "\n".join(f"- `{k}`: {v}" for k, v in STATE_DESCRIPTIONS.items())
     paths: dict[str, Any] = {}
     for route in routes:

@@ -36,42 +36,54 @@ _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "co
 _MAX_SCHEMA_DEPTH = 64
 
 
-def invalid(param: str, message: str) -> PoolError:
-    return PoolError("invalid_request", f"{param}: {message}", details={"param": param})
+def invalid(param: str, message: str, code: str = "invalid_request") -> PoolError:
+    return PoolError(code, f"{param}: {message}", details={"param": param})
+
+
+def _not_a_schema(param: str, message: str) -> PoolError:
+    return invalid(param, message, "invalid_json_schema")
+
+
+def unmatched(param: str, message: str) -> PoolError:
+    """``tool_choice`` asks for a tool that ``tools`` does not offer."""
+    return invalid(param, message, "tool_choice_unmatched")
 
 
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
-    """A 400 naming the first place where ``schema`` is not a JSON schema.
+    """A 400 ``invalid_json_schema`` naming the first place where ``schema`` is not a
+    JSON schema.
 
     It checks the structure a grammar converter and the backends rely on (types,
     ``properties``, ``required``, nested schemas), not every keyword of the standard.
+    The OpenAPI document describes a schema two levels deep (a recursive description
+    makes fuzzing it take minutes); deeper, this check is what holds.
     """
     if depth > _MAX_SCHEMA_DEPTH:
-        raise invalid(where, "the schema is nested too deeply")
+        raise _not_a_schema(where, "the schema is nested too deeply")
     if isinstance(schema, bool):
         return
     if not isinstance(schema, Mapping):
-        raise invalid(where, "a JSON schema must be an object")
+        raise _not_a_schema(where, "a JSON schema must be an object")
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         for value in kinds:
             if not isinstance(value, str) or value not in _JSON_TYPES:
-                raise invalid(f"{where}.type", f"{value!r} is not a JSON schema type")
+                raise _not_a_schema(f"{where}.type", f"{value!r} is not a JSON schema type")
     required = schema.get("required")
     if required is not None and (
         not isinstance(required, list) or not all(isinstance(r, str) for r in required)
     ):
-        raise invalid(f"{where}.required", "must be a list of property names")
+        raise _not_a_schema(f"{where}.required", "must be a list of property names")
     enum = schema.get("enum")
     if enum is not None and not isinstance(enum, list):
-        raise invalid(f"{where}.enum", "must be a list")
+        raise _not_a_schema(f"{where}.enum", "must be a list")
     for key in _SCHEMA_MAPS:
         value = schema.get(key)
         if value is None:
             continue
         if not isinstance(value, Mapping):
-            raise invalid(f"{where}.{key}", "must be an object of schemas")
+            raise _not_a_schema(f"{where}.{key}", "must be an object of schemas")
         for name, sub in value.items():
             check_schema(sub, f"{where}.{key}.{name}", depth + 1)
     for key in _SCHEMA_LISTS:
@@ -79,7 +91,7 @@ def check_schema(schema: Any, where: str, depth: int = 0) -> None:
         if value is None:
             continue
         if not isinstance(value, list) or not value:
-            raise invalid(f"{where}.{key}", "must be a non-empty list of schemas")
+            raise _not_a_schema(f"{where}.{key}", "must be a non-empty list of schemas")
         for index, sub in enumerate(value):
             check_schema(sub, f"{where}.{key}[{index}]", depth + 1)
     for key in _SCHEMA_ONE:
@@ -113,7 +125,9 @@ def _unique(tools: list[ToolSpec], where: str) -> tuple[ToolSpec, ...]:
     seen: set[str] = set()
     for index, tool in enumerate(tools):
         if tool.name in seen:
-            raise invalid(f"{where}[{index}].name", f"two tools are called {tool.name!r}")
+            raise invalid(
+                f"{where}[{index}].name", f"two tools are called {tool.name!r}", "duplicate_tool"
+            )
         seen.add(tool.name)
     return tuple(tools)
 
@@ -161,12 +175,12 @@ def messages_tool_choice(
         return ToolChoice("auto"), True
     parallel = not value.disable_parallel_tool_use
     if value.type in ("any", "tool") and not tools:
-        raise invalid("tool_choice", f"{value.type} needs tools")
+        raise unmatched("tool_choice", f"{value.type} needs tools")
     if value.type == "any":
         return ToolChoice("required"), parallel
     if value.type == "tool":
         if value.name not in {t.name for t in tools}:
-            raise invalid("tool_choice.name", f"tool {value.name!r} is not among the tools")
+            raise unmatched("tool_choice.name", f"tool {value.name!r} is not among the tools")
         return ToolChoice("function", value.name), parallel
     return ToolChoice(value.type), parallel
 
@@ -179,11 +193,11 @@ def tool_choice(
         return ToolChoice("auto")
     if isinstance(value, str):
         if value in ("required",) and not tools:
-            raise invalid("tool_choice", "required needs tools")
+            raise unmatched("tool_choice", "required needs tools")
         return ToolChoice(value)  # type: ignore[arg-type]
     name = value.function.name if isinstance(value, ChatToolChoiceFunction) else value.name
     if name not in {t.name for t in tools}:
-        raise invalid("tool_choice", f"function {name!r} is not among the tools")
+        raise unmatched("tool_choice", f"function {name!r} is not among the tools")
     return ToolChoice("function", name)
 
 

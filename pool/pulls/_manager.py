@@ -161,7 +161,7 @@ class PullManager:
                 )
             source = actor.definition.source
             if not source:
-                raise PoolError("invalid_request", f"model {model!r} has no `source` to pull from")
+                raise PoolError("no_pull_source", f"model {model!r} has no `source` to pull from")
         classify_source(source)
         if self._nursery is None:
             raise PoolError("shutting_down", "the pull manager is not running")

@@ -31,16 +31,26 @@ from pool.config import (
     TopK,
     TopP,
 )
+from pool.schemas._documented import OLLAMA_FORMAT
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS, ImageUrl
 from pool.schemas._tools import (
     MAX_TOOLS,
     ChatTool,
     ChatToolCall,
     ChatToolChoice,
+    KeepAlive,
     OllamaToolCall,
     ResponseFormat,
 )
 
+# Ollama's images: base64 (standard alphabet, padded), as pool/http/ollama reads them.
+Base64Image = Annotated[
+    str,
+    StringConstraints(
+        max_length=MAX_TEXT_CHARS,
+        pattern=r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    ),
+]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Stop = StopString
 
@@ -102,7 +112,7 @@ class OpenAISampling(_Lenient):
     repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Pool extension (as vLLM takes it)."
     )
-    keep_alive: float | str | None = Field(
+    keep_alive: KeepAlive = Field(
         None, description="Ollama's keep_alive, for on-demand models (seconds or a duration)."
     )
 
@@ -183,7 +193,7 @@ class EmbeddingsRequest(_Lenient):
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
     user: str | None = None
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
-    keep_alive: float | str | None = None
+    keep_alive: KeepAlive = None
 
 
 class OllamaEmbedRequest(_Lenient):
@@ -193,7 +203,7 @@ class OllamaEmbedRequest(_Lenient):
     input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]
     truncate: bool = True
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
-    keep_alive: float | str | None = None
+    keep_alive: KeepAlive = None
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
 
 
@@ -202,7 +212,7 @@ class OllamaEmbeddingsRequest(_Lenient):
 
     model: ModelName
     prompt: Text
-    keep_alive: float | str | None = None
+    keep_alive: KeepAlive = None
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
 
 
@@ -234,12 +244,7 @@ class OllamaMessage(_Lenient):
     tool_name: Annotated[str, StringConstraints(max_length=256)] | None = Field(
         None, description="A `tool` message: the function whose result it is."
     )
-    images: (
-        Annotated[
-            list[Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]], Field(max_length=16)
-        ]
-        | None
-    ) = None
+    images: Annotated[list[Base64Image], Field(max_length=16)] | None = None
 
 
 class OllamaChatRequest(_Lenient):
@@ -249,8 +254,12 @@ class OllamaChatRequest(_Lenient):
     )
     stream: bool = True
     options: OllamaOptions = Field(default_factory=OllamaOptions)
-    keep_alive: float | str | None = None
-    format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
+    keep_alive: KeepAlive = None
+    format: Any = Field(
+        None,
+        description='"json" or a JSON schema the reply must follow.',
+        json_schema_extra=OLLAMA_FORMAT,
+    )
     think: bool | None = None
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = Field(
@@ -262,18 +271,17 @@ class OllamaGenerateRequest(_Lenient):
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     prompt: Text = ""
     system: Text | None = None
-    images: (
-        Annotated[
-            list[Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]], Field(max_length=16)
-        ]
-        | None
-    ) = None
+    images: Annotated[list[Base64Image], Field(max_length=16)] | None = None
     stream: bool = True
     options: OllamaOptions = Field(default_factory=OllamaOptions)
-    keep_alive: float | str | None = None
+    keep_alive: KeepAlive = None
     think: bool | None = None
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
-    format: Any = Field(None, description='"json" or a JSON schema the reply must follow.')
+    format: Any = Field(
+        None,
+        description='"json" or a JSON schema the reply must follow.',
+        json_schema_extra=OLLAMA_FORMAT,
+    )
 
 
 # Either of the two names of a model, for the schema (the validator below checks it).

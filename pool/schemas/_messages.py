@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, StringConstraints, Tag
 
 from pool.config import ClientTemperature, MaxTokens, StopString, TopK, TopP
+from pool.schemas._documented import ARGUMENTS_SCHEMA, FUNCTION_NAME, fields, nothing
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
-from pool.schemas._tools import MAX_TOOLS, ToolName
+from pool.schemas._tools import MAX_TOOLS, KeepAlive, ToolName
 
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, StringConstraints(max_length=256)]
@@ -37,6 +38,29 @@ class MessagesTextBlock(_Lenient):
 class MessagesImageSource(_Lenient):
     """``base64`` (``media_type`` and ``data``) or ``url``; the URL follows the pool's
     media policy (``service.media_fetch``, ``service.media_dirs``) as on every surface."""
+
+    # What each type needs is refused with a sentence of its own (pool/http/anthropic).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "properties": {
+                        "type": {"const": "url"},
+                        "url": {"type": "string", "minLength": 1},
+                    },
+                    "required": ["url"],
+                },
+                {
+                    "properties": {
+                        "type": {"const": "base64"},
+                        "media_type": {"type": "string", "minLength": 1},
+                        "data": {"type": "string", "minLength": 1},
+                    },
+                    "required": ["media_type", "data"],
+                },
+            ]
+        }
+    )
 
     type: Literal["base64", "url"]
     media_type: Name | None = None
@@ -85,7 +109,9 @@ class MessagesThinkingBlock(_Lenient):
 
 class MessagesOtherBlock(_Lenient):
     """Any other block type (documents, search results, server tool blocks): refused
-    with a 400 naming it."""
+    with a 400 naming it, so the document has no such block."""
+
+    model_config = ConfigDict(json_schema_extra=nothing)
 
     type: Name
 
@@ -127,6 +153,14 @@ class MessagesTool(_Lenient):
 
     A typed server tool (``web_search_...``, ``bash_...``) is a 400: the pool runs none.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra=fields(
+            {"name": FUNCTION_NAME},
+            type={"enum": ["custom", None], "description": 'Absent or "custom".'},
+            input_schema=ARGUMENTS_SCHEMA,
+        )
+    )
 
     type: Name | None = Field(None, description='Absent or "custom"; server tools are refused.')
     name: ToolName | None = None
@@ -196,7 +230,7 @@ class MessagesRequest(MessagesTokensRequest):
     metadata: MessagesMetadata | None = None
     output_config: MessagesOutputConfig | None = None
     stream: bool = False
-    keep_alive: float | str | None = Field(
+    keep_alive: KeepAlive = Field(
         None, description="Pool extension, as on Ollama's routes (an on-demand model's idle time)."
     )
     allow_remote: bool = Field(False, description="Pool extension: required for remote models.")

@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, StringConstraints, Tag
 
 from pool.config import ClientTemperature, MaxTokens, TopK, TopP
+from pool.schemas._documented import ARGUMENTS_SCHEMA, FUNCTION_NAME, any_of_given, both, fields
 from pool.schemas._responses import MAX_ITEMS, MAX_TEXT_CHARS
-from pool.schemas._tools import MAX_TOOLS, TextFormat
+from pool.schemas._tools import MAX_TOOLS, KeepAlive, TextFormat
 
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -127,6 +128,12 @@ class ResponsesTool(_Lenient):
     """A function tool, ``{"type": "function", "name", "description", "parameters",
     "strict"}``; other tool types (hosted tools) are a 400 naming ``tools[i].type``."""
 
+    model_config = ConfigDict(
+        json_schema_extra=fields(
+            {"name": FUNCTION_NAME, "type": {"const": "function"}}, parameters=ARGUMENTS_SCHEMA
+        ),
+    )
+
     type: Annotated[str, StringConstraints(max_length=64)]
     name: ToolName | None = None
     description: Text | None = None
@@ -136,6 +143,10 @@ class ResponsesTool(_Lenient):
 
 class ToolChoiceObject(_Lenient):
     """``{"type": "function", "name": ...}`` forces that function."""
+
+    model_config = ConfigDict(
+        json_schema_extra=fields({"type": {"const": "function"}, "name": FUNCTION_NAME})
+    )
 
     type: Annotated[str, StringConstraints(max_length=64)]
     name: ToolName | None = None
@@ -165,6 +176,18 @@ Metadata = Annotated[
 
 class OpenAIResponseRequest(_Lenient):
     """Body of ``POST /openai/v1/responses``: OpenAI's fields, plus a few of the pool's."""
+
+    # Refused with a sentence of their own (pool/http/openai_responses/_parse.py): no
+    # background runs, no conversations, and something to answer.
+    model_config = ConfigDict(
+        json_schema_extra=both(
+            fields(
+                background={"enum": [False, None], "description": "Only false."},
+                conversation={"type": "null", "description": "Use `previous_response_id`."},
+            ),
+            any_of_given("input", "previous_response_id"),
+        ),
+    )
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=512)]
     input: Text | Annotated[list[InputItem], Field(max_length=MAX_ITEMS)] | None = Field(
@@ -197,7 +220,7 @@ class OpenAIResponseRequest(_Lenient):
     top_k: TopK | None = None
     seed: int | None = None
     thinking: Literal["default", "enabled", "disabled"] = "default"
-    keep_alive: float | str | None = Field(
+    keep_alive: KeepAlive = Field(
         None, description="On-demand models: idle time before unload (seconds or '5m')."
     )
     allow_remote: bool = Field(False, description="Must be true to use a remote backend.")

@@ -22,6 +22,7 @@ from pool.schemas._tools import (
     FunctionCallOutput,
     FunctionCallOutputItem,
     FunctionTool,
+    KeepAlive,
     ResponsesToolChoice,
     TextOptions,
 )
@@ -110,7 +111,7 @@ class ResponseRequest(_Strict):
     stream: bool = Field(False, description="true: Server-Sent Events; false: one JSON body.")
     thinking: Literal["default", "enabled", "disabled"] = "default"
     decoding: DecodingRequest = Field(default_factory=DecodingRequest)
-    keep_alive: float | str | None = Field(
+    keep_alive: KeepAlive = Field(
         None, description="On-demand models: idle time before unload (seconds or '5m')."
     )
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = Field(

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from pool.schemas._documented import fields
+
 ModelId = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 OpToken = Annotated[str, StringConstraints(min_length=1, max_length=16_384)] | dict[str, Any]
 
@@ -13,7 +15,16 @@ OpToken = Annotated[str, StringConstraints(min_length=1, max_length=16_384)] | d
 class RunnerLoadRequest(BaseModel):
     """Start loading a configured model; answered with 202 and a task id."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Any quantization is refused with a sentence of its own (pool/http/runner/_parse.py).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra=fields(
+            quantization={
+                "type": "null",
+                "description": "Must be omitted: a model id has one quantization (use another id).",
+            }
+        ),
+    )
 
     modelId: ModelId = Field(description="A configured model name.")
     quantization: str | None = Field(

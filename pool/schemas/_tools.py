@@ -11,9 +11,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from pool.schemas._documented import ARGUMENTS_SCHEMA, FUNCTION_NAME, fields, with_format
+
 MAX_TEXT_CHARS = 4_000_000  # as every other text of a request
 MAX_TOOLS = 128
 ToolName = Annotated[str, StringConstraints(max_length=256)]
+# Ollama's keep_alive: seconds, or a Go duration (`5m`, `1h30m`, `-1`), as
+# pool/actors/_keep_alive.py reads it.
+KeepAlive = (
+    float
+    | Annotated[
+        str,
+        StringConstraints(
+            pattern=r"^[+-]?([0-9]+(\.[0-9]+)?|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
+        ),
+    ]
+    | None
+)
 Arguments = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 
 
@@ -28,6 +42,10 @@ class _Strict(BaseModel):
 class FunctionDefinition(_Lenient):
     """A function the model may call (Chat Completions and Ollama spell it so)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=fields({"name": FUNCTION_NAME}, parameters=ARGUMENTS_SCHEMA)
+    )
+
     name: ToolName | None = Field(
         None, description="Required: letters, digits, `_` and `-`, at most 64."
     )
@@ -40,6 +58,10 @@ class FunctionDefinition(_Lenient):
 
 class ChatTool(_Lenient):
     """``{"type": "function", "function": {...}}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra=fields(type={"const": "function", "default": "function"})
+    )
 
     type: str = Field("function", description='Only "function" tools.')
     function: FunctionDefinition
@@ -84,6 +106,8 @@ class JsonSchemaFormat(_Lenient):
 class ResponseFormat(_Lenient):
     """``response_format``: free text, any JSON object, or JSON of a schema."""
 
+    model_config = ConfigDict(json_schema_extra=with_format("nested", "json_schema"))
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -99,6 +123,10 @@ class OllamaToolCall(_Lenient):
 
 class FunctionTool(_Strict):
     """A Responses API function tool: ``{"type": "function", "name", "parameters"}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra=fields({"name": FUNCTION_NAME}, parameters=ARGUMENTS_SCHEMA),
+    )
 
     type: Literal["function"]
     name: ToolName | None = Field(
@@ -140,6 +168,8 @@ class FunctionCallOutputItem(_Strict):
 
 class TextFormat(_Strict):
     """``text.format`` of the Responses API."""
+
+    model_config = ConfigDict(json_schema_extra=with_format("flat", "schema"))
 
     type: Literal["text", "json_object", "json_schema"]
     name: Annotated[str, StringConstraints(max_length=256)] | None = None

@@ -65,7 +65,7 @@ async def test_headers_and_refusals(client: httpx.AsyncClient) -> None:
     r = await client.post(
         "/v1/completions", json={"model": "echo", "prompt": ["a", "b"], "stream": True}
     )
-    assert r.status_code == 400
+    assert r.status_code == 400 and r.json()["error"]["code"] == "stream_multiple_prompts"
     r = await client.post("/v1/completions", json={"model": "missing", "prompt": "hi"})
     assert r.status_code == 404
 

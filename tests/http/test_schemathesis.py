@@ -2,12 +2,18 @@
 
 Every operation, every check, a fixed seed and a bounded number of examples, then the
 stateful phase along the document's links; once on an open pool and once with tokens
-configured (where ``ignored_auth`` must find nothing). Any finding fails the test with
-schemathesis' report. docs/api.md says how to run the same by hand.
+configured (where ``ignored_auth`` must find nothing), and once more with schema-valid
+requests only, which must be served. Any finding fails the test with schemathesis'
+report. docs/api.md says how to run the same by hand.
+
+A schema-valid request may get a 400 only where the model it names refuses it: with a
+code that its operation lists in ``x-valid-input-codes`` (``valid_input_served`` in
+tests/http/schemathesis_hooks.py). A route that refused every valid request fails here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,14 +24,19 @@ import pytest
 import trio
 
 from pool import ServerInfo
-from pool.http._openapi import VALID_BODY_REFUSED
+from pool.http._openapi import VALID_INPUT_CODES
 from tests.http.conftest import start_server
 
 ST = Path(sys.executable).with_name("st")
+HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
+ROOT = Path(__file__).parents[2]
 SEED = 31
 # Per operation: enough for the examples, the coverage phase's boundary cases and a few
 # random bodies; the whole run stays within a minute or two on a 2-core machine.
 MAX_EXAMPLES = 8
+# The run with schema-valid requests only has no coverage phase, so it affords more: with
+# 8, hypothesis' small bodies leave most optional fields (sampling, limits) unset.
+POSITIVE_EXAMPLES = 25
 ADMIN_TOKEN = "admin-secret"
 USER_TOKEN = "user-secret"
 
@@ -41,15 +52,20 @@ _REFUSED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422"
 def st_config(document: dict[str, Any]) -> str:
     """The schemathesis.toml of a run against ``document``.
 
-    Where the document marks a 400 with ``x-refuses-valid-bodies`` (a body valid in its
-    shape refused for the model it names: a generation model asked for embeddings, a
-    sampling field its backend cannot honour, another backend's load override, a model
-    without a `source` to pull; /api/copy refuses every body), that 400 is an accepted
-    answer to a schema-valid body; so is a documented 426 (the plain GET of the
-    WebSocket route, which has no other answer without the handshake).
+    schemathesis' defaults, without its crash cache, with the hooks of
+    tests/http/schemathesis_hooks.py. Where an
+    operation's 400 lists ``x-valid-input-codes``, schemathesis' own check takes that
+    400 for a schema-valid request and ``valid_input_served`` holds it to those codes; a
+    documented 426 is an answer too (the plain GET of the WebSocket route, which has no
+    other without the handshake).
     """
     refused = ", ".join(f'"{s}"' for s in _REFUSED)
-    blocks = [f"[checks.negative_data_rejection]\nexpected-statuses = [{refused}]\n"]
+    blocks = [
+        f'hooks = "{HOOKS}"\n',
+        # No crash cache: a run replays no earlier run's findings and leaves no files.
+        "[cache]\nenabled = false\n",
+        f"[checks.negative_data_rejection]\nexpected-statuses = [{refused}]\n",
+    ]
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             responses = operation["responses"]
@@ -57,7 +73,7 @@ def st_config(document: dict[str, Any]) -> str:
                 status
                 for status in ("400", "426")
                 if status in responses
-                and (status == "426" or responses[status].get(VALID_BODY_REFUSED))
+                and (status == "426" or responses[status].get(VALID_INPUT_CODES))
             ]
             if not extra:
                 continue
@@ -88,15 +104,30 @@ def models(tmp_path: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def backends(models: dict[str, dict[str, Any]]) -> str:
+    """``LLM_POOL_TEST_BACKENDS`` of the hooks: each model's backend."""
+    return json.dumps({name: model["backend"] for name, model in models.items()})
+
+
 ALL_PHASES = "examples,coverage,fuzzing,stateful"
 # The coverage phase's cases (boundary values, undeclared methods, missing headers) do
 # not depend on tokens and are most of a run's time: the run with tokens leaves them to
 # the open run. `ignored_auth` checks every answer of the phases it runs.
 AUTH_PHASES = "examples,fuzzing,stateful"
+POSITIVE_PHASES = "examples,fuzzing,stateful"
+# A key added through the API puts the pool under tokens: every later request of a run
+# on the open pool would be a 401, which tells nothing. The run with tokens adds keys.
+OPEN_ONLY = ("POST /v1/admin/keys",)
 
 
 async def run_schemathesis(
-    server: ServerInfo, tmp_path: Path, phases: str, *headers: str
+    server: ServerInfo,
+    tmp_path: Path,
+    phases: str,
+    *headers: str,
+    mode: str = "all",
+    exclude: tuple[str, ...] = (),
+    max_examples: int = MAX_EXAMPLES,
 ) -> tuple[int, str]:
     assert ST.exists(), f"schemathesis (a test dependency) is not installed: no {ST}"
     async with httpx.AsyncClient(timeout=30) as client:
@@ -113,10 +144,12 @@ async def run_schemathesis(
         "all",
         "--phases",
         phases,
+        "--mode",
+        mode,
         "--seed",
         str(SEED),
         "--max-examples",
-        str(MAX_EXAMPLES),
+        str(max_examples),
         "--generation-database",
         "none",
         "--workers",
@@ -127,6 +160,7 @@ async def run_schemathesis(
         "--warnings",
         "off",
         *(arg for header in headers for arg in ("-H", header)),
+        *(arg for name in exclude for arg in ("--exclude-name", name)),
     ]
     result = await trio.run_process(
         command,
@@ -134,7 +168,8 @@ async def run_schemathesis(
         capture_stdout=True,
         capture_stderr=True,
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SCHEMATHESIS_")},
+        env={k: v for k, v in os.environ.items() if not k.startswith("SCHEMATHESIS_")}
+        | {"PYTHONPATH": str(ROOT), "LLM_POOL_TEST_BACKENDS": backends(models(tmp_path))},
     )
     report = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
     return result.returncode, report
@@ -146,11 +181,30 @@ def _assert_clean(code: int, report: str) -> None:
     assert "Stateful" in report, report[-5000:]
 
 
+# The coverage phase alone takes minutes on a busy 2-core machine.
+@pytest.mark.timeout(1200)
 async def test_open_pool_keeps_its_document(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await start_server(
         nursery, models(tmp_path), model_store=str(tmp_path / "store"), hf_endpoint=None
     )
-    _assert_clean(*await run_schemathesis(server, tmp_path, ALL_PHASES))
+    _assert_clean(*await run_schemathesis(server, tmp_path, ALL_PHASES, exclude=OPEN_ONLY))
+
+
+async def test_schema_valid_requests_are_served(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Schema-valid requests only: each is served, or refused by the model it names with
+    a code its operation documents (``valid_input_served``)."""
+    server = await start_server(
+        nursery, models(tmp_path), model_store=str(tmp_path / "store"), hf_endpoint=None
+    )
+    code, report = await run_schemathesis(
+        server,
+        tmp_path,
+        POSITIVE_PHASES,
+        mode="positive",
+        exclude=OPEN_ONLY,
+        max_examples=POSITIVE_EXAMPLES,
+    )
+    _assert_clean(code, report)
 
 
 async def test_pool_with_tokens_keeps_its_document(nursery: trio.Nursery, tmp_path: Path) -> None:

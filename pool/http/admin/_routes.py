@@ -11,7 +11,6 @@ from quart import Blueprint, Quart, Response, request
 from pool.actors import USAGE_BUCKETS, USAGE_GROUPS, UsageBucket, UsageGroupBy
 from pool.backends import LoadRequest
 from pool.config import KeyFields
-from pool.errors import PoolError
 from pool.http._common import (
     POOL_ERRORS,
     AppContext,
@@ -141,8 +140,8 @@ def register(app: Quart, ctx: AppContext) -> None:
         bucket = cast(UsageBucket | None, choice("bucket", args.get("bucket"), USAGE_BUCKETS))
         since = parse_time(args["since"], "since") if args.get("since") else None
         until = parse_time(args["until"], "until") if args.get("until") else None
-        if since is not None and until is not None and until < since:
-            raise PoolError("invalid_request", "until must not be before since")
+        # A window that ends before it starts holds no request: no rows, as for any
+        # window without one.
         totals = await pool.usage_totals(group_by, since=since, until=until, bucket=bucket)
         return json_response({"usage": [usage_row(group_by, t) for t in totals]})
 

@@ -88,6 +88,7 @@ def _turns(index: int, message: MessagesMessage) -> Iterator[Turn]:
             raise invalid(
                 f"{where}.type",
                 f"{block.type!r} blocks are not supported in {message.role} messages",
+                "invalid_conversation",
             )
     if message.role == "assistant":
         yield Turn("assistant", tuple(parts) or (TextPart(""),), tuple(calls))

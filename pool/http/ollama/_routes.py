@@ -20,6 +20,7 @@ from pool.http._common import (
     require,
 )
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
+from pool.http._tools import chat_tools, ollama_output_format
 from pool.http.ollama._artifacts import Artifacts
 from pool.http.ollama._parse import (
     chat_inference_request,
@@ -227,6 +228,9 @@ async def _chat_or_generate(
     """
     actor = pool.model(opened.body.model)
     if empty:
+        # The load leaves them unused, but a malformed one is refused as on a request.
+        ollama_output_format(opened.body.format)
+        chat_tools(getattr(opened.body, "tools", None))
         return await _load_or_unload(pool, opened, actor, piece)
     return await _generation(pool, opened, actor, opened.neutral(parse(opened.body)), piece)
 

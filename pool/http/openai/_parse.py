@@ -125,7 +125,7 @@ def completion_requests(body: CompletionRequest) -> list[InferenceRequest]:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if body.stream and len(prompts) > 1:
         raise PoolError(
-            "invalid_request",
+            "stream_multiple_prompts",
             "stream: true takes one prompt; send several prompts without streaming",
             details={"param": "prompt"},
         )

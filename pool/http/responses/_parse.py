@@ -76,7 +76,7 @@ def inference_request(body: ResponseRequest) -> InferenceRequest:
             or (isinstance(last, Message) and last.role == "user")
         ):
             raise PoolError(
-                "invalid_request",
+                "invalid_conversation",
                 "the last message must have role `user` (or be a function_call_output)",
             )
         turns = _conversation(body.messages)
