@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from pool.actors import Admission, Failed, Finished, InferenceRequest, Pool
+from pool.actors import Admission, Finished, InferenceRequest, Pool
 from pool.http._common import Opened, inference_headers
 from pool.http._streaming import StreamRenderer
 
@@ -46,7 +46,7 @@ async def collected(
     Args:
         renderer: a dialect that builds its reply from the events as they come (OpenAI's
             Responses API builds the same items streamed or not) is fed every event;
-            what it renders is not sent.
+            what it renders is not sent (a failure is raised all the same).
         load_hint: load overrides for the load this request may start (Ollama's
             ``num_ctx``), as :meth:`Pool.admit` takes them.
     """
@@ -58,8 +58,8 @@ async def collected(
         # Closed here, not left to the garbage collector (Admission.collect says why).
         async with contextlib.aclosing(admission.events()) as events:
             async for event in events:
-                if isinstance(event, Failed):
-                    raise event.error  # an HTTP error, never a rendered failure
                 renderer.render(admission, event)
+        if admission.failed is not None:
+            raise admission.failed  # what the renderer made of it is dropped
         assert admission.finished is not None, "events() ends with Finished or Failed"
         return Collected(admission, admission.finished)

@@ -352,7 +352,9 @@ async def test_a_conversation_has_user_and_assistant_turns_and_ends_with_the_use
     assert error["errors"][0]["loc"] == ["messages", 0, "role"], error
 
     assistant = {"role": "assistant", "content": "Noted."}
-    ending = await client.post("/v1/responses", json={"model": "echo", "messages": [user, assistant]})
+    ending = await client.post(
+        "/v1/responses", json={"model": "echo", "messages": [user, assistant]}
+    )
     assert ending.status_code == 400
     assert ending.json()["error"] == {
         "code": "invalid_request",

@@ -9,7 +9,8 @@ with its ``sequence_number``: ``response.output_item.added``,
 function-call argument events, and the ending ``response.completed`` (or
 ``.incomplete``, ``.failed``). The JSON answer is the same builder's final response,
 so streamed and plain answers agree item for item; :class:`ResponseStream` frames its
-events as SSE for a streamed answer.
+events as SSE for a streamed answer, as ``/v1/responses`` frames its own
+(pool/http/_responses_core.py has what the two share).
 
 Thinking models write their reasoning between ``<think>`` and ``</think>`` at the start
 of the reply (Qwen3, DeepSeek-R1 and their templates); :class:`~pool.http._thinking.ThinkSplitter`
