@@ -91,3 +91,14 @@ def test_the_boundary_check_sees_a_crossing() -> None:
     assert _allowed_owner(ROOT / "pool/http/_app.py") == "pool.http"
     assert _allowed_owner(ROOT / "tests/actors/test_scheduler.py") == "pool.actors"
     assert _allowed_owner(ROOT / "benchmarks/harness.py") is None
+
+
+def test_wire_schemas_import_no_actor() -> None:
+    """A wire shape knows no actor: nothing in pool/schemas imports from pool/actors."""
+    crossings = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in ROOT.glob("pool/schemas/**/*.py")
+        for line, module in _imported_modules(path)
+        if module == "pool.actors" or module.startswith("pool.actors.")
+    ]
+    assert not crossings, "\n".join(crossings)

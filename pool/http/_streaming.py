@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from quart import Response
 
@@ -55,38 +55,60 @@ SSE_KEEP_ALIVE = b": keep-alive\n\n"
 
 SSE = "text/event-stream"
 
+Out = TypeVar("Out")
 
-class StreamRenderer:
+
+class StreamRenderer(Generic[Out]):
     """One stream's renderer, as each dialect's ``_render.py`` defines it: what
-    :func:`admitted_stream` calls. ``render`` and ``render_error`` are the dialect's own;
-    the others send nothing unless the dialect overrides them.
+    :func:`admitted_stream` calls (``Out`` is ``bytes`` there), and what the WebSocket
+    of ``/v1/responses`` and :func:`~pool.http._collected.collected` feed (``Out`` the
+    event objects of a Responses wire).
+
+    :meth:`render` is the one place that tells the events apart: a dialect defines
+    ``render_delta``, ``render_finished`` and ``render_error``; the others send nothing
+    unless the dialect overrides them.
 
     ``reports_waits``: a request that waits for VRAM or a load (and, with a heartbeat,
-    for a busy replica) streams at once, its wait rendered by ``render_wait`` (by
-    default an SSE comment, which every SSE client skips).
+    for a busy replica) streams at once, its wait rendered by ``render_wait``.
     """
 
     reports_waits: ClassVar[bool] = False
 
-    def opening(self, admission: Admission) -> bytes | None:
+    def opening(self, admission: Admission) -> Out | None:
         """What goes first (e.g. ``response.created``)."""
         return None
 
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes | None:
-        """A delta, or the final :class:`Finished`."""
+    def render(self, admission: Admission, event: Event) -> Out | None:
+        """Any event of :meth:`Admission.events`, by its kind (a delta first: nearly
+        every event is one)."""
+        if type(event) is Delta:
+            return self.render_delta(admission, event)
+        if isinstance(event, ToolCallDelta):
+            return self.render_tool_call(admission, event)
+        if isinstance(event, Finished):
+            return self.render_finished(admission, event)
+        assert isinstance(event, Failed)
+        return self.render_error(admission, event.error)
+
+    def render_delta(self, admission: Admission, delta: Delta) -> Out | None:
+        """A piece of the reply's text."""
         raise NotImplementedError
 
-    def render_error(self, admission: Admission, exc: PoolError) -> bytes:
+    def render_finished(self, admission: Admission, finished: Finished) -> Out | None:
+        """The end of a generation."""
+        raise NotImplementedError
+
+    def render_error(self, admission: Admission, exc: PoolError) -> Out:
         """A :class:`Failed`; the stream ends after it."""
         raise NotImplementedError
 
-    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes | None:
+    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> Out | None:
         """A tool-call piece (a dialect without tools is never offered any)."""
         return None
 
-    def render_wait(self, admission: Admission, waiting: Waiting) -> bytes:
-        """A ``Queued``/``Loading`` report, with ``reports_waits``."""
-        return SSE_KEEP_ALIVE
+    def render_wait(self, admission: Admission, waiting: Waiting) -> Out:
+        """A ``Queued``/``Loading`` report (only with ``reports_waits``)."""
+        raise NotImplementedError
 
 
 def streamed_answer(
@@ -135,7 +157,7 @@ async def admitted_stream(
     pool: Pool,
     opened: Opened[Any],
     request: InferenceRequest,
-    stream: StreamRenderer,
+    stream: StreamRenderer[bytes],
     *,
     heartbeat_s: float | None = None,
     load_hint: dict[str, Any] | None = None,
@@ -173,14 +195,8 @@ async def admitted_stream(
                 assert not isinstance(batch, Admission)
                 out = []
                 for event in batch:
-                    if isinstance(event, Failed):
-                        out.append(stream.render_error(admission, event.error))
-                        break
-                    if isinstance(event, ToolCallDelta):
-                        chunk = stream.render_tool_call(admission, event)
-                    else:
-                        chunk = render(admission, event)
-                    if chunk:
+                    # A Failed ends the events (and so the batch): nothing follows it.
+                    if chunk := render(admission, event):
                         out.append(chunk)
                 if out:
                     yield b"".join(out)

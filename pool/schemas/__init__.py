@@ -130,6 +130,7 @@ from pool.schemas._responses import (
     ResponseRequest,
     ResponseStreamEvent,
     TextContent,
+    WaitingFor,
 )
 from pool.schemas._runner import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
 from pool.schemas._tools import (
@@ -286,4 +287,5 @@ __all__ = [
     "TextFormat",
     "UsageReport",
     "UsageRow",
+    "WaitingFor",
 ]

@@ -14,7 +14,6 @@ from pydantic import (
     model_validator,
 )
 
-from pool.actors import WaitReason
 from pool.config import request_fields
 from pool.schemas._tools import (
     MAX_TOOLS,
@@ -31,6 +30,11 @@ from pool.schemas._tools import (
 # 422 before it reaches a model.
 MAX_TEXT_CHARS = 4_000_000
 MAX_ITEMS = 1024
+
+# What a waiting request waits for, as the wire names it: room on the GPUs, its model's
+# load, or a free replica slot. The actors have their own name for the same values
+# (pool.actors.WaitReason, which a test holds this to): a wire shape knows no actor.
+WaitingFor = Literal["vram", "load", "replica"]
 
 BoundedText = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 LangCode = Annotated[str, StringConstraints(min_length=1, max_length=35)]
@@ -192,7 +196,7 @@ class ResponseQueuedEvent(BaseModel):
 
     type: Literal["response.queued"]
     position: int = Field(description="Its place among the model's waiting requests (1: next).")
-    waiting_for: WaitReason
+    waiting_for: WaitingFor
 
 
 class ResponseLoadingEvent(BaseModel):

@@ -20,10 +20,12 @@ import trio
 from pool import ServerInfo
 from pool.actors import open_pool
 from pool.backends import register_backend, unregister_backend
-from pool.config import build_settings
+from pool.backends.stub import StubRuntime
+from pool.config import build_settings, state_dir
+from pool.errors import BackendError
 from pool.http import create_app
 from pool.http._thinking import ThinkSplitter
-from pool.http.openai_responses._store import ResponseStore
+from pool.http.openai_responses._store import FILE_NAME, ResponseStore
 
 from . import recording_backend, tool_backend
 from .conftest import running, sse_events, start_server, wait_stopped
@@ -384,6 +386,34 @@ async def test_a_failure_after_the_stream_started_is_response_failed(
         "response.output_item.done",
         "response.failed",
     ]
+
+
+async def _fail_after_two_tokens(self: StubRuntime, request: Any, sink: Any) -> Any:
+    await sink.send("The")
+    await sink.send(" capital")
+    raise BackendError("the runtime fell over")
+
+
+async def test_a_failure_without_stream_is_an_http_error_and_nothing_is_stored(
+    info: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The JSON answer is built from the events as they come: a generation that fails
+    # midway is the client's HTTP error (OpenAI's error object), never a 500 or a
+    # half-built response, and there is no response to retrieve afterwards.
+    works = StubRuntime.generate
+    monkeypatch.setattr(StubRuntime, "generate", _fail_after_two_tokens)
+    async with httpx.AsyncClient(base_url=info.url + "/openai/v1", timeout=30) as http:
+        reply = await http.post("/responses", json={"model": "echo", "input": "hi"})
+        assert reply.status_code == 502, reply.text
+        assert reply.json()["error"]["code"] == "backend_error"
+        assert "fell over" in reply.json()["error"]["message"]
+        # Once the runtime works again, the one response stored is the new one.
+        monkeypatch.setattr(StubRuntime, "generate", works)
+        kept = await http.post("/responses", json={"model": "echo", "input": "hi"})
+        assert kept.status_code == 200, kept.text
+    with sqlite3.connect(state_dir() / FILE_NAME) as db:
+        rows = db.execute("SELECT id FROM responses").fetchall()
+    assert rows == [(kept.json()["id"],)]
 
 
 async def test_the_other_openai_routes_share_the_base_url(info: ServerInfo) -> None:

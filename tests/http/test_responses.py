@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import typing
 
 import httpx
 import pytest
 import trio
 
 from pool import ServerInfo
+from pool.actors import WaitReason
 from pool.http._common import dumps
 from pool.http.responses._render import sse
+from pool.schemas import WaitingFor
 
 from .conftest import WAITING_MODELS, running, sse_events, start_server, wait_stopped
 
@@ -329,3 +332,43 @@ async def test_leaving_a_stream_while_it_waits_leaves_the_queue(nursery: trio.Nu
 async def _queued(client: httpx.AsyncClient, model: str) -> int:
     row = (await client.get(f"/v1/admin/models/{model}")).json()
     return int(row["queue_depth"])
+
+
+async def test_a_conversation_has_user_and_assistant_turns_and_ends_with_the_user(
+    client: httpx.AsyncClient,
+) -> None:
+    """The spec's rules for ``messages``: only user and assistant roles (``instructions``
+    is the system prompt), so a ``system`` turn fails the schema (422); and the last
+    message is the user's, so one that ends with the assistant is a 400 (a valid shape
+    with a wrong value)."""
+    user = {"role": "user", "content": "My favourite colour is teal."}
+    system = await client.post(
+        "/v1/responses",
+        json={"model": "echo", "messages": [{"role": "system", "content": "Be terse."}, user]},
+    )
+    assert system.status_code == 422
+    error = system.json()["error"]
+    assert error["code"] == "validation_error"
+    assert error["errors"][0]["loc"] == ["messages", 0, "role"], error
+
+    assistant = {"role": "assistant", "content": "Noted."}
+    ending = await client.post(
+        "/v1/responses", json={"model": "echo", "messages": [user, assistant]}
+    )
+    assert ending.status_code == 400
+    assert ending.json()["error"] == {
+        "code": "invalid_request",
+        "message": "the last message must have role `user` (or be a function_call_output)",
+    }
+
+    # The same turns, ending with the user's, are answered.
+    again = {"role": "user", "content": "What is my favourite colour?"}
+    answered = await client.post(
+        "/v1/responses", json={"model": "echo", "messages": [user, assistant, again]}
+    )
+    assert answered.status_code == 200, answered.text
+
+
+def test_the_wire_names_every_wait_the_actors_report() -> None:
+    # The schema keeps its own copy (a wire shape imports no actor): the two must agree.
+    assert typing.get_args(WaitingFor) == typing.get_args(WaitReason)

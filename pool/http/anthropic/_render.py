@@ -151,7 +151,7 @@ def sse(event: dict[str, Any]) -> bytes:
 PING = sse({"type": "ping"})
 
 
-class MessageStream(StreamRenderer):
+class MessageStream(StreamRenderer[bytes]):
     """The stream of one reply, as Anthropic sends it: ``message_start``; per content
     block ``content_block_start``, its deltas (``thinking_delta``, ``text_delta``,
     ``input_json_delta``) and ``content_block_stop``; ``message_delta`` (the stop
@@ -185,11 +185,11 @@ class MessageStream(StreamRenderer):
         }
         return sse({"type": "message_start", "message": message}) + PING
 
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
-        if type(event) is Delta:
-            return self._pieces(self._splitter.feed(event.text))
-        assert isinstance(event, Finished)
-        return self._finish(event)
+    def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        return self._pieces(self._splitter.feed(delta.text))
+
+    def render_finished(self, admission: Admission, finished: Finished) -> bytes:
+        return self._finish(finished)
 
     def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
         key = f"tool:{piece.index}"

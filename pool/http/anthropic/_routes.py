@@ -5,9 +5,9 @@ from __future__ import annotations
 from quart import Blueprint, Quart, Response
 
 from pool.errors import PoolError
+from pool.http._collected import collected
 from pool.http._common import (
     AppContext,
-    inference_headers,
     json_response,
     open_model_route,
     request_id,
@@ -36,15 +36,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         stops = tuple(body.stop_sequences or ())
         rid = request_id()
         if not body.stream:
-            async with pool.admit(
-                request, tenant=opened.tenant, priority=opened.priority
-            ) as admission:
-                finished = await admission.collect()
-            out = inference_headers(
-                admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
-            )
-            out["request-id"] = rid
-            return json_response(message_body(admission, body.model, finished, stops), headers=out)
+            done = await collected(pool, opened, request)
+            reply = message_body(done.admission, body.model, done.finished, stops)
+            return json_response(reply, headers=done.headers() | {"request-id": rid})
 
         stream = MessageStream(body.model, stops, rid)
         admission, chunks = await admitted_stream(
@@ -57,15 +51,15 @@ def register(app: Quart, ctx: AppContext) -> None:
         """The prompt's tokens, counted by the model itself (it prefills the prompt)."""
         opened = await open_model_route(ctx, MessagesTokensRequest, api_key=True)
         request = opened.neutral(inference_request(opened.body, counting=True))
-        async with pool.admit(request, tenant=opened.tenant, priority=opened.priority) as admission:
-            finished = await admission.collect()
-        if finished.usage.prompt_tokens is None:
+        done = await collected(pool, opened, request)
+        prompt_tokens = done.finished.usage.prompt_tokens
+        if prompt_tokens is None:
             raise PoolError(
                 "backend_error",
                 f"model {opened.body.model!r} did not report how long the prompt is",
             )
-        out = inference_headers(admission.queue_wait_ms, finished.timings.backend_ms)
-        out["request-id"] = request_id()
-        return json_response(token_count_body(finished.usage.prompt_tokens), headers=out)
+        # A count answers no prompt: its headers report no cache reuse, as they always have.
+        headers = done.headers(cache=False) | {"request-id": request_id()}
+        return json_response(token_count_body(prompt_tokens), headers=headers)
 
     app.register_blueprint(blueprint)

@@ -46,22 +46,22 @@ def generation_body(model: str, piece: Piece, finished: Finished) -> dict[str, A
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationLines(StreamRenderer):
+class GenerationLines(StreamRenderer[bytes]):
     """The NDJSON lines of a streamed ``/api/chat`` or ``/api/generate``: its methods are
-    :func:`~pool.http._streaming.admitted_stream`'s ``render``, ``render_error`` and
-    ``render_wait``."""
+    :func:`~pool.http._streaming.admitted_stream`'s ``render_delta``,
+    ``render_finished``, ``render_error`` and ``render_wait``."""
 
     reports_waits = True
 
     model: str
     piece: Piece
 
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
-        if type(event) is Delta:
-            return _line(
-                {"model": self.model, "created_at": _now(), **self.piece(event.text), "done": False}
-            )
-        assert isinstance(event, Finished)
+    def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        return _line(
+            {"model": self.model, "created_at": _now(), **self.piece(delta.text), "done": False}
+        )
+
+    def render_finished(self, admission: Admission, event: Finished) -> bytes:
         line = _done(self.model, self.piece(""), event)
         if event.tool_calls and "message" in line:
             # Ollama sends whole calls in a message of their own before the end.

@@ -11,6 +11,7 @@ from quart import Blueprint, Quart, Response
 from pool._version import __version__
 from pool.actors import InferenceRequest, ModelActor, Pool, parse_keep_alive
 from pool.errors import PoolError
+from pool.http._collected import collected
 from pool.http._common import (
     AppContext,
     Opened,
@@ -261,11 +262,8 @@ async def _generation(
     """Run ``request``: one JSON object with ``stream: false``, else NDJSON lines."""
     hint = load_hint(opened.body.options, actor.definition.backend)
     if not opened.body.stream:
-        async with pool.admit(
-            request, tenant=opened.tenant, priority=opened.priority, load_hint=hint
-        ) as admission:
-            finished = await admission.collect()
-        return json_response(generation_body(actor.name, piece, finished))
+        done = await collected(pool, opened, request, load_hint=hint)
+        return json_response(generation_body(actor.name, piece, done.finished))
     lines = GenerationLines(actor.name, piece)
     admission, chunks = await admitted_stream(
         pool, opened, request, lines, heartbeat_s=HEARTBEAT_S, load_hint=hint

@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Response
 
-from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta
+from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta, Waiting
 from pool.errors import PoolError
 from pool.http._common import (
     ErrorShape,
@@ -22,7 +22,7 @@ from pool.http._common import (
     json_response,
     retry_after,
 )
-from pool.http._streaming import StreamRenderer
+from pool.http._streaming import SSE_KEEP_ALIVE, StreamRenderer
 from pool.http._tools import chat_call
 from pool.schemas import EmbeddingsRequest
 
@@ -147,7 +147,7 @@ def _event(payload: dict[str, Any]) -> bytes:
 _DONE = b"data: [DONE]\n\n"
 
 
-class _SseStream(StreamRenderer):
+class _SseStream(StreamRenderer[bytes]):
     """What OpenAI's two completion streams share: a failure is one ``data:`` event
     with the error object, and the stream ends there (no ``[DONE]``); while a request
     waits for a load or a slot, SSE comments, which OpenAI's clients skip."""
@@ -158,6 +158,9 @@ class _SseStream(StreamRenderer):
         body = openai_error(exc.status, exc.code, exc.message)
         body["error"].update(backpressure_fields(exc))
         return _event(body)
+
+    def render_wait(self, admission: Admission, waiting: Waiting) -> bytes:
+        return SSE_KEEP_ALIVE
 
 
 class ChatCompletionStream(_SseStream):
@@ -191,10 +194,10 @@ class ChatCompletionStream(_SseStream):
     def opening(self, admission: Admission) -> bytes:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
-        if type(event) is Delta:
-            return self._content(event.text)
-        assert isinstance(event, Finished)
+    def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        return self._content(delta.text)
+
+    def render_finished(self, admission: Admission, event: Finished) -> bytes:
         out = self._chunk({}, _FINISH[event.finish_reason])
         if self._include_usage:
             out += _event(
@@ -279,10 +282,10 @@ class CompletionStream(_SseStream):
             payload["usage"] = usage
         return _event(payload)
 
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
-        if type(event) is Delta:
-            return self._chunk([_choice(0, event.text, None)])
-        assert isinstance(event, Finished)
+    def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        return self._chunk([_choice(0, delta.text, None)])
+
+    def render_finished(self, admission: Admission, event: Finished) -> bytes:
         out = self._chunk([_choice(0, "", _FINISH[event.finish_reason])])
         if self._include_usage:
             out += self._chunk([], _usage(event))

@@ -8,7 +8,7 @@ import uuid
 
 from quart import Blueprint, Quart, Response
 
-from pool.actors import Finished, InferenceRequest, Pool
+from pool.http._collected import collected
 from pool.http._common import (
     AppContext,
     HotRoute,
@@ -47,17 +47,10 @@ def register(app: Quart, ctx: AppContext) -> None:
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
-            async with pool.admit(
-                request, tenant=opened.tenant, priority=opened.priority
-            ) as admission:
-                finished = await admission.collect()
+            done = await collected(pool, opened, request)
             return json_response(
-                chat_completion_body(completion_id, created, body.model, finished),
-                headers=inference_headers(
-                    admission.queue_wait_ms,
-                    finished.timings.backend_ms,
-                    finished.usage.cached_tokens,
-                ),
+                chat_completion_body(completion_id, created, body.model, done.finished),
+                headers=done.headers(),
             )
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = ChatCompletionStream(completion_id, created, body.model, include_usage)
@@ -93,9 +86,11 @@ def register(app: Quart, ctx: AppContext) -> None:
         completion_id = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
-            waits, finished = await _run_each(pool, requests, opened.tenant, opened.priority)
+            # Each prompt to its end, one after the other.
+            each = [await collected(pool, opened, one) for one in requests]
+            finished = [done.finished for done in each]
             headers = inference_headers(
-                sum(waits),
+                sum(done.admission.queue_wait_ms for done in each),
                 sum(f.timings.backend_ms or 0.0 for f in finished),
                 cached_tokens(finished),
             )
@@ -111,17 +106,3 @@ def register(app: Quart, ctx: AppContext) -> None:
         return streamed_answer(chunks, admission)
 
     app.register_blueprint(blueprint)
-
-
-async def _run_each(
-    pool: Pool, requests: list[InferenceRequest], tenant: str, priority: str
-) -> tuple[list[float], list[Finished]]:
-    """Each of a legacy completion's prompts to its end, one after the other: the queue
-    wait and the result of each, in order."""
-    waits: list[float] = []
-    finished: list[Finished] = []
-    for request in requests:
-        async with pool.admit(request, tenant=tenant, priority=priority) as admission:
-            finished.append(await admission.collect())
-        waits.append(admission.queue_wait_ms)
-    return waits, finished

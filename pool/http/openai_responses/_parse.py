@@ -15,7 +15,8 @@ from typing import Any
 from pool.actors import DecodingOverrides, InferenceRequest
 from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.http._common import chat_request
-from pool.http._tools import invalid, responses_output_format, responses_tools, tool_choice
+from pool.http._responses_core import Conversation, Parts, tool_fields
+from pool.http._tools import invalid
 from pool.http.openai_responses._render import ResponseFrame, new_id
 from pool.schemas import (
     FunctionCallInput,
@@ -83,7 +84,7 @@ def _message_item(item_id: str, role: str, parts: list[dict[str, Any]]) -> dict[
     return {"type": "message", "id": item_id, "role": role, "content": parts, "status": "completed"}
 
 
-def _parts(content: Any) -> tuple[TextPart | ImagePart, ...]:
+def _parts(content: Any) -> Parts:
     if isinstance(content, str):
         return (TextPart(content),)
     parts: list[TextPart | ImagePart] = []
@@ -103,13 +104,11 @@ def _text_of(content: Any) -> str:
 
 
 def conversation(items: list[dict[str, Any]]) -> tuple[list[str], list[Turn]]:
-    """System texts and turns of input and output items, in order.
-
-    Calls join the assistant turn before them (or open one of their own); each output
-    becomes a ``tool`` turn; reasoning items stay out of the prompt.
-    """
+    """System texts and turns of input and output items, in order (a
+    :class:`~pool.http._responses_core.Conversation`); reasoning items stay out of the
+    prompt."""
     system: list[str] = []
-    turns: list[Turn] = []
+    turns = Conversation()
     for item in items:
         kind = item.get("type", "message")
         if kind == "message":
@@ -117,17 +116,12 @@ def conversation(items: list[dict[str, Any]]) -> tuple[list[str], list[Turn]]:
             if role in ("system", "developer"):
                 system.append(_text_of(item["content"]))
             else:
-                turns.append(Turn(role, _parts(item["content"])))
+                turns.message(role, _parts(item["content"]))
         elif kind == "function_call":
-            call = ToolCall(item["call_id"], item["name"], item.get("arguments", "{}"))
-            last = turns[-1] if turns else None
-            if last is not None and last.role == "assistant":
-                turns[-1] = Turn("assistant", last.parts, (*last.tool_calls, call))
-            else:
-                turns.append(Turn("assistant", (TextPart(""),), (call,)))
+            turns.call(ToolCall(item["call_id"], item["name"], item.get("arguments", "{}")))
         elif kind == "function_call_output":
-            turns.append(Turn("tool", _parts(item["output"]), tool_call_id=item["call_id"]))
-    return system, turns
+            turns.output(item["call_id"], _parts(item["output"]))
+    return system, turns.turns
 
 
 # -- the request ---------------------------------------------------------------------------
@@ -178,7 +172,6 @@ def inference_request(
     system, turns = conversation([*history, *items])
     instructions = [body.instructions] if body.instructions else []
     instructions += system
-    tools = responses_tools(_tools(body))
     return chat_request(
         body.model,
         turns,
@@ -193,10 +186,12 @@ def inference_request(
         thinking=body.thinking,
         allow_remote=body.allow_remote,
         keep_alive=body.keep_alive,
-        tools=tools,
-        tool_choice=tool_choice(_choice(body), tools),
-        parallel_tool_calls=body.parallel_tool_calls,
-        output_format=responses_output_format(body.text.format if body.text else None),
+        **tool_fields(
+            _tools(body),
+            _choice(body),
+            body.parallel_tool_calls,
+            body.text.format if body.text else None,
+        ),
     )
 
 

@@ -9,7 +9,8 @@ with its ``sequence_number``: ``response.output_item.added``,
 function-call argument events, and the ending ``response.completed`` (or
 ``.incomplete``, ``.failed``). The JSON answer is the same builder's final response,
 so streamed and plain answers agree item for item; :class:`ResponseStream` frames its
-events as SSE for a streamed answer.
+events as SSE for a streamed answer, as ``/v1/responses`` frames its own
+(pool/http/_responses_core.py has what the two share).
 
 Thinking models write their reasoning between ``<think>`` and ``</think>`` at the start
 of the reply (Qwen3, DeepSeek-R1 and their templates); :class:`~pool.http._thinking.ThinkSplitter`
@@ -27,7 +28,13 @@ from typing import Any, Literal
 from pool.actors import Admission, Delta, Finished
 from pool.backends import ToolCallDelta
 from pool.errors import PoolError
-from pool.http._common import dumps
+from pool.http._responses_core import (
+    EventObjects,
+    SseEvents,
+    function_call_item,
+    sse,
+    sse_all,
+)
 from pool.http._streaming import StreamRenderer
 from pool.http._thinking import Kind, ThinkSplitter
 
@@ -49,8 +56,11 @@ class _Item:
     status: str = "in_progress"
 
     def render(self, status: str) -> dict[str, Any]:
+        if self.kind == "function_call":
+            arguments = self.text if status != "in_progress" else ""
+            return function_call_item(self.call_id, self.name, arguments, status)
+        content = [_part(self.kind, self.text)] if status != "in_progress" else []
         if self.kind == "message":
-            content = [output_text_part(self.text)] if status != "in_progress" else []
             return {
                 "type": "message",
                 "id": self.id,
@@ -58,30 +68,27 @@ class _Item:
                 "role": "assistant",
                 "content": content,
             }
-        if self.kind == "reasoning":
-            return {
-                "type": "reasoning",
-                "id": self.id,
-                "status": status,
-                "summary": [],
-                "content": (
-                    [{"type": "reasoning_text", "text": self.text}]
-                    if status != "in_progress"
-                    else []
-                ),
-            }
         return {
-            "type": "function_call",
+            "type": "reasoning",
             "id": self.id,
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": self.text if status != "in_progress" else "",
             "status": status,
+            "summary": [],
+            "content": content,
         }
 
 
 def output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+# A text item's part and its events, as OpenAI names them: a message's ``output_text``
+# events carry ``logprobs``, a reasoning item's ``reasoning_text`` events none.
+_TEXT_EVENTS = {"message": "response.output_text", "reasoning": "response.reasoning_text"}
+_LOGPROBS: dict[str, dict[str, Any]] = {"message": {"logprobs": []}, "reasoning": {}}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    return output_text_part(text) if kind == "message" else {"type": "reasoning_text", "text": text}
 
 
 @dataclass
@@ -146,12 +153,12 @@ class ResponseFrame:
         return body
 
 
-class OutputBuilder:
+class OutputBuilder(StreamRenderer[EventObjects]):
     """The items and stream events of one response (the module's doc).
 
-    Feed it :meth:`opening`, then every event in order (:meth:`delta`,
-    :meth:`tool_call`), then :meth:`finish` or :meth:`fail`; each returns the stream
-    events it caused. :attr:`response` is the final response object.
+    Feed it :meth:`opening`, then every event in order (:meth:`render`), up to the
+    :class:`Finished` or the error; each returns the stream events it caused.
+    :attr:`response` is the final response object.
     """
 
     def __init__(self, frame: ResponseFrame, new_item_id: Callable[[str], str] = new_id) -> None:
@@ -171,7 +178,14 @@ class OutputBuilder:
         self._sequence += 1
         return event
 
-    def opening(self) -> list[dict[str, Any]]:
+    def _item_event(self, kind: str, item: _Item, **fields: Any) -> dict[str, Any]:
+        return self._event(kind, item_id=item.id, output_index=self._index(item), **fields)
+
+    def _part_event(self, kind: str, item: _Item, **fields: Any) -> dict[str, Any]:
+        """An event of an item's one content part (its text)."""
+        return self._item_event(kind, item, content_index=0, **fields)
+
+    def opening(self, admission: Admission | None = None) -> EventObjects:
         """``response.created`` and ``response.in_progress``."""
         body = self.frame.body("in_progress", [])
         return [
@@ -180,71 +194,37 @@ class OutputBuilder:
         ]
 
     def _index(self, item: _Item) -> int:
-        return self._items.index(item)
+        # Nearly always the open, last item (every delta's): no search then.
+        last = len(self._items) - 1
+        return last if self._items[last] is item else self._items.index(item)
 
-    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> EventObjects:
         item, self._open = self._open, None
         if item is None or item.done:
             return []
         item.done, item.status = True, status
-        index = self._index(item)
-        events: list[dict[str, Any]] = []
-        if item.kind == "message":
-            part = output_text_part(item.text)
+        events: EventObjects = []
+        if item.kind == "function_call":
             events.append(
-                self._event(
-                    "response.output_text.done",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    text=item.text,
-                    logprobs=[],
-                )
-            )
-            events.append(
-                self._event(
-                    "response.content_part.done",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                )
-            )
-        elif item.kind == "reasoning":
-            events.append(
-                self._event(
-                    "response.reasoning_text.done",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    text=item.text,
-                )
-            )
-            events.append(
-                self._event(
-                    "response.content_part.done",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    part={"type": "reasoning_text", "text": item.text},
-                )
-            )
-        else:
-            events.append(
-                self._event(
+                self._item_event(
                     "response.function_call_arguments.done",
-                    item_id=item.id,
-                    output_index=index,
+                    item,
                     name=item.name,
                     arguments=item.text,
                 )
             )
+        else:
+            done = _TEXT_EVENTS[item.kind] + ".done"
+            events.append(self._part_event(done, item, text=item.text, **_LOGPROBS[item.kind]))
+            part = _part(item.kind, item.text)
+            events.append(self._part_event("response.content_part.done", item, part=part))
+        index = self._index(item)
         events.append(
             self._event("response.output_item.done", output_index=index, item=item.render(status))
         )
         return events
 
-    def _start(self, item: _Item) -> list[dict[str, Any]]:
+    def _start(self, item: _Item) -> EventObjects:
         events = self._close()
         self._items.append(item)
         self._open = item
@@ -254,68 +234,36 @@ class OutputBuilder:
                 "response.output_item.added", output_index=index, item=item.render("in_progress")
             )
         )
-        if item.kind == "message":
-            part: dict[str, Any] = output_text_part("")
-        elif item.kind == "reasoning":
-            part = {"type": "reasoning_text", "text": ""}
-        else:
-            return events
-        events.append(
-            self._event(
-                "response.content_part.added",
-                item_id=item.id,
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
-        )
+        if item.kind != "function_call":
+            part = _part(item.kind, "")
+            events.append(self._part_event("response.content_part.added", item, part=part))
         return events
 
-    def _text(self, kind: Kind, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _text(self, kind: Kind, text: str) -> EventObjects:
+        events: EventObjects = []
         wanted: Literal["message", "reasoning"] = "message" if kind == "text" else "reasoning"
         item = self._open
         if item is None or item.kind != wanted:
             item = _Item(wanted, self._new_id("msg" if kind == "text" else "rs"))
             events += self._start(item)
         item.text += text
-        index = len(self._items) - 1
-        if kind == "text":
-            events.append(
-                self._event(
-                    "response.output_text.delta",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    delta=text,
-                    logprobs=[],
-                )
-            )
-        else:
+        if wanted == "reasoning":
             self._reasoning_pieces += 1
-            events.append(
-                self._event(
-                    "response.reasoning_text.delta",
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    delta=text,
-                )
-            )
+        delta = _TEXT_EVENTS[wanted] + ".delta"
+        events.append(self._part_event(delta, item, delta=text, **_LOGPROBS[wanted]))
         return events
 
-    def delta(self, delta: Delta) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def render_delta(self, admission: Admission | None, delta: Delta) -> EventObjects:
+        events: EventObjects = []
         for kind, text in self._think.feed(delta.text):
             events += self._text(kind, text)
         return events
 
-    def tool_call(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def render_tool_call(self, admission: Admission | None, piece: ToolCallDelta) -> EventObjects:
+        events: EventObjects = []
         item = self._calls.get(piece.index)
         if item is None:
-            for kind, text in self._think.flush():
-                events += self._text(kind, text)
+            events += self._flush()
             call_id = piece.id or self._new_id("call")
             item = _Item("function_call", "fc_" + call_id, call_id=call_id, name=piece.name or "")
             self._calls[piece.index] = item
@@ -325,22 +273,19 @@ class OutputBuilder:
         if piece.arguments:
             item.text += piece.arguments
             events.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item.id,
-                    output_index=self._index(item),
-                    delta=piece.arguments,
+                self._item_event(
+                    "response.function_call_arguments.delta", item, delta=piece.arguments
                 )
             )
         return events
 
-    def _flush(self) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _flush(self) -> EventObjects:
+        events: EventObjects = []
         for kind, text in self._think.flush():
             events += self._text(kind, text)
         return events
 
-    def finish(self, finished: Finished) -> list[dict[str, Any]]:
+    def render_finished(self, admission: Admission | None, finished: Finished) -> EventObjects:
         """The closing events and ``response.completed`` (``.incomplete`` when the reply
         was cut at ``max_output_tokens``)."""
         events = self._flush()
@@ -348,7 +293,8 @@ class OutputBuilder:
         for index, call in enumerate(finished.tool_calls):
             item = self._calls.get(index)
             if item is None:
-                events += self.tool_call(ToolCallDelta(index, call.id, call.name, call.arguments))
+                piece = ToolCallDelta(index, call.id, call.name, call.arguments)
+                events += self.render_tool_call(admission, piece)
             else:
                 item.text, item.name = call.arguments, call.name
         # Cut short: at max_output_tokens ("length"), or stopped by the pool ("cancelled").
@@ -364,13 +310,13 @@ class OutputBuilder:
         events.append(self._event(f"response.{status}", response=self.response))
         return events
 
-    def fail(self, error: PoolError) -> list[dict[str, Any]]:
+    def render_error(self, admission: Admission | None, exc: PoolError) -> EventObjects:
         """The open item closed as incomplete, then ``response.failed``."""
         events = self._flush()
         events += self._close("incomplete")
         output = [item.render(item.status) for item in self._items]
         self.response = self.frame.body(
-            "failed", output, error={"code": error.code, "message": error.message}
+            "failed", output, error={"code": exc.code, "message": exc.message}
         )
         events.append(self._event("response.failed", response=self.response))
         return events
@@ -390,18 +336,9 @@ class OutputBuilder:
 
 
 # -- the wire ------------------------------------------------------------------------------
-def sse(event: dict[str, Any]) -> bytes:
-    kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
-
-
-def _sse_all(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(sse(e) for e in events)
-
-
-class ResponseStream(StreamRenderer):
-    """One streamed response's events as SSE: the renderers its view hands to
-    :func:`~pool.http._streaming.admitted_stream`, all fed to one :class:`OutputBuilder`.
+class ResponseStream(SseEvents):
+    """One streamed response's events as SSE, all made by one :class:`OutputBuilder`:
+    what its view hands to :func:`~pool.http._streaming.admitted_stream`.
 
     The last event (``response.completed``, ``.incomplete`` or ``.failed``) is held in
     :attr:`ending` rather than rendered, so the view sends it only once the response is
@@ -409,27 +346,20 @@ class ResponseStream(StreamRenderer):
     """
 
     def __init__(self, builder: OutputBuilder) -> None:
+        super().__init__(builder)
         self.builder = builder
         self.ending: list[bytes] = []
 
-    def opening(self, admission: Admission) -> bytes:
-        return _sse_all(self.builder.opening())
-
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes | None:
-        if type(event) is Delta:
-            return _sse_all(self.builder.delta(event))
-        assert isinstance(event, Finished)
-        *events, last = self.builder.finish(event)
+    def _held(self, events: EventObjects) -> bytes:
+        *rest, last = events
         self.ending.append(sse(last))
-        return _sse_all(events)
+        return sse_all(rest)
+
+    def render_finished(self, admission: Admission, finished: Finished) -> bytes:
+        return self._held(self.builder.render_finished(admission, finished))
 
     def render_error(self, admission: Admission, exc: PoolError) -> bytes:
-        *events, last = self.builder.fail(exc)
-        self.ending.append(sse(last))
-        return _sse_all(events)
-
-    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
-        return _sse_all(self.builder.tool_call(piece))
+        return self._held(self.builder.render_error(admission, exc))
 
 
 def deleted_body(response_id: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ answers in OpenAI's shapes (:mod:`._render`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,13 +11,12 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from pool.actors import Delta, Failed, Finished, InferenceRequest, Pool, ToolCallDelta
 from pool.config import state_dir
 from pool.errors import PoolError
+from pool.http._collected import collected
 from pool.http._common import (
     AppContext,
     HotRoute,
-    inference_headers,
     json_response,
     open_model_route,
     request_id,
@@ -98,15 +96,10 @@ def register(app: Quart, ctx: AppContext) -> None:
                 await store.save(tenant, builder.response, items)
 
         if not body.stream:
-            response = await _collect(pool, neutral, tenant, opened.priority, builder)
+            done = await collected(pool, opened, neutral, renderer=builder)
             await keep()
-            headers = inference_headers(
-                response.queue_wait_ms,
-                response.finished.timings.backend_ms,
-                response.finished.usage.cached_tokens,
-            )
             logged(str(builder.response["status"] if builder.response else "?"))
-            return json_response(builder.response, headers=headers)
+            return json_response(builder.response, headers=done.headers())
 
         stream = ResponseStream(builder)
         admission, chunks = await admitted_stream(pool, opened, neutral, stream)
@@ -199,34 +192,3 @@ def _page_args() -> tuple[int, str, str | None]:
     if order not in ("asc", "desc"):
         raise invalid("order", "must be asc or desc")
     return int(raw), order, request.args.get("after")
-
-
-class _Collected:
-    def __init__(self, finished: Finished, queue_wait_ms: float) -> None:
-        self.finished = finished
-        self.queue_wait_ms = queue_wait_ms
-
-
-async def _collect(
-    pool: Pool,
-    neutral: InferenceRequest,
-    tenant: str,
-    priority: str,
-    builder: OutputBuilder,
-) -> _Collected:
-    """Run the request to its end through ``builder`` (its events unsent); a failure is
-    raised, so the client gets an HTTP error."""
-    async with pool.admit(neutral, tenant=tenant, priority=priority) as admission:
-        events = admission.events()
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if type(event) is Delta:
-                    builder.delta(event)
-                elif isinstance(event, ToolCallDelta):
-                    builder.tool_call(event)
-                elif isinstance(event, Finished):
-                    builder.finish(event)
-                    return _Collected(event, admission.queue_wait_ms)
-                elif isinstance(event, Failed):
-                    raise event.error
-    raise AssertionError("events() always ends with Finished or Failed")

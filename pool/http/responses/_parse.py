@@ -14,7 +14,7 @@ from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.config import SAMPLING_NAMES
 from pool.errors import PoolError
 from pool.http._common import logit_bias
-from pool.http._tools import responses_output_format, responses_tools, tool_choice
+from pool.http._responses_core import Conversation, Parts, tool_fields
 from pool.schemas import (
     Content,
     DecodingRequest,
@@ -26,16 +26,15 @@ from pool.schemas import (
 )
 
 
-def _turn(role: str, content: Content) -> Turn:
+def _parts(content: Content) -> Parts:
     if isinstance(content, str):
-        return Turn(role, (TextPart(content),))  # type: ignore[arg-type]
-    parts: list[TextPart | ImagePart] = []
-    for item in content:
-        if isinstance(item, ImageContent):
-            parts.append(ImagePart(item.image_url.url, item.image_url.detail))
-        else:
-            parts.append(TextPart(item.text))
-    return Turn(role, tuple(parts))  # type: ignore[arg-type]
+        return (TextPart(content),)
+    return tuple(
+        ImagePart(item.image_url.url, item.image_url.detail)
+        if isinstance(item, ImageContent)
+        else TextPart(item.text)
+        for item in content
+    )
 
 
 def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
@@ -49,22 +48,15 @@ def decoding_overrides(asked: DecodingRequest) -> DecodingOverrides:
 def _conversation(
     items: list[Message | FunctionCallItem | FunctionCallOutputItem],
 ) -> tuple[Turn, ...]:
-    """Messages and function-call items as turns: consecutive calls join the assistant
-    turn before them (or a turn of their own), each output becomes a ``tool`` turn."""
-    turns: list[Turn] = []
+    conversation = Conversation()
     for item in items:
         if isinstance(item, Message):
-            turns.append(_turn(item.role, item.content))
+            conversation.message(item.role, _parts(item.content))
         elif isinstance(item, FunctionCallItem):
-            call = ToolCall(item.call_id, item.name, item.arguments)
-            last = turns[-1] if turns else None
-            if last is not None and last.role == "assistant":
-                turns[-1] = Turn("assistant", last.parts, (*last.tool_calls, call))
-            else:
-                turns.append(Turn("assistant", (TextPart(""),), (call,)))
+            conversation.call(ToolCall(item.call_id, item.name, item.arguments))
         else:
-            turns.append(Turn("tool", (TextPart(item.output),), tool_call_id=item.call_id))
-    return tuple(turns)
+            conversation.output(item.call_id, (TextPart(item.output),))
+    return tuple(conversation.turns)
 
 
 def inference_request(body: ResponseRequest) -> InferenceRequest:
@@ -82,8 +74,7 @@ def inference_request(body: ResponseRequest) -> InferenceRequest:
         turns = _conversation(body.messages)
     else:
         assert body.input is not None
-        turns = (_turn("user", body.input),)
-    tools = responses_tools(body.tools)
+        turns = (Turn("user", _parts(body.input)),)
     return InferenceRequest(
         model=body.model,
         turns=turns,
@@ -95,10 +86,12 @@ def inference_request(body: ResponseRequest) -> InferenceRequest:
         keep_alive=body.keep_alive,
         source_lang_code=body.source_lang_code,
         target_lang_code=body.target_lang_code,
-        tools=tools,
-        tool_choice=tool_choice(body.tool_choice, tools),
-        parallel_tool_calls=body.parallel_tool_calls,
-        output_format=responses_output_format(body.text.format if body.text else None),
+        **tool_fields(
+            body.tools,
+            body.tool_choice,
+            body.parallel_tool_calls,
+            body.text.format if body.text else None,
+        ),
     )
 
 

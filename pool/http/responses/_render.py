@@ -4,7 +4,9 @@ SSE and as WebSocket frames) and errors (``ERRORS``, the pool's error shape).
 The events are OpenAI's Responses names where one exists (``response.created``,
 ``response.output_text.delta``, ``response.function_call_arguments.*``,
 ``response.completed``) plus the pool's own (``response.queued``,
-``response.loading``, ``response.metrics``).
+``response.loading``, ``response.metrics``). :class:`ResponseEvents` builds them as
+objects; the SSE encoding and the ``function_call`` items are the ones OpenAI's Responses
+API uses too (pool/http/_responses_core.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from pool.errors import PoolError
 from pool.http._common import (
     POOL_ERRORS,
     SchemaError,
-    dumps,
     error_body,
     json_response,
     schema_error_body,
 )
+from pool.http._responses_core import EventObjects, SseEvents, function_call_item
+from pool.http._responses_core import sse as core_sse
 from pool.http._streaming import StreamRenderer
 from pool.schemas import FunctionCallOutput, OutputText, ResponseEnvelope, ResponseMetrics
 
@@ -54,74 +57,10 @@ def response_metrics(finished: Finished) -> ResponseMetrics:
     )
 
 
-def function_call_item(call: ToolCall) -> FunctionCallOutput:
-    return FunctionCallOutput(
-        id="fc_" + call.id, call_id=call.id, name=call.name, arguments=call.arguments
+def _call_output(call: ToolCall) -> FunctionCallOutput:
+    return FunctionCallOutput.model_validate(
+        function_call_item(call.id, call.name, call.arguments, "completed")
     )
-
-
-class CallEvents:
-    """The stream events of tool calls, as OpenAI's Responses API sends them.
-
-    A call's first piece opens its item (``response.output_item.added``), each
-    arguments piece is a ``response.function_call_arguments.delta``, and at the end
-    every call gets ``response.function_call_arguments.done`` and
-    ``response.output_item.done``.
-    """
-
-    def __init__(self) -> None:
-        self._items: dict[int, str] = {}
-
-    def piece(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if piece.id is not None and piece.index not in self._items:
-            item_id = "fc_" + piece.id
-            self._items[piece.index] = item_id
-            events.append(
-                {
-                    "type": "response.output_item.added",
-                    "output_index": piece.index,
-                    "item": {
-                        "type": "function_call",
-                        "id": item_id,
-                        "call_id": piece.id,
-                        "name": piece.name or "",
-                        "arguments": "",
-                        "status": "in_progress",
-                    },
-                }
-            )
-        if piece.arguments:
-            events.append(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": self._items.get(piece.index, ""),
-                    "output_index": piece.index,
-                    "delta": piece.arguments,
-                }
-            )
-        return events
-
-    def done(self, finished: Finished) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for index, call in enumerate(finished.tool_calls):
-            item = function_call_item(call)
-            events.append(
-                {
-                    "type": "response.function_call_arguments.done",
-                    "item_id": item.id,
-                    "output_index": index,
-                    "arguments": call.arguments,
-                }
-            )
-            events.append(
-                {
-                    "type": "response.output_item.done",
-                    "output_index": index,
-                    "item": item.model_dump(),
-                }
-            )
-        return events
 
 
 def envelope(admission: Admission, finished: Finished) -> ResponseEnvelope:
@@ -129,7 +68,7 @@ def envelope(admission: Admission, finished: Finished) -> ResponseEnvelope:
     if finished.tool_calls:
         # A reply of calls only has no text item, as OpenAI's.
         output = output if finished.text else []
-        output += [function_call_item(call) for call in finished.tool_calls]
+        output += [_call_output(call) for call in finished.tool_calls]
     return ResponseEnvelope(
         id=admission.id,
         model=admission.model,
@@ -155,7 +94,7 @@ def upgrade_required(error: PoolError) -> Response:
     )
 
 
-# -- events ----------------------------------------------------------------------------
+# -- event objects ----------------------------------------------------------------------------
 
 
 def created_event(admission: Admission) -> dict[str, Any]:
@@ -198,6 +137,80 @@ def delta_event(text: str) -> dict[str, Any]:
     return {"type": _DELTA, "delta": text}
 
 
+class ResponseEvents(StreamRenderer[EventObjects]):
+    """The events of one request as objects, in order: ``response.created``, its waits,
+    the text deltas and tool-call events, then ``response.metrics`` and
+    ``response.completed`` (or an ``error`` event). The WebSocket sends each as a frame,
+    :class:`ResponseStream` as SSE.
+
+    Tool calls are sent as OpenAI's Responses API sends them: a call's first piece opens
+    its item (``response.output_item.added``), each arguments piece is a
+    ``response.function_call_arguments.delta``, and at the end every call gets
+    ``response.function_call_arguments.done`` and ``response.output_item.done``.
+
+    Args:
+        started: when the HTTP layer began the request (``time.perf_counter()``), for the
+            completed envelope's ``pool_total_wall_ms``; None keeps the engine's figure.
+    """
+
+    reports_waits = True
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = started
+        self._calls: dict[int, str] = {}  # item ids, by the pool's call index
+
+    def elapsed_ms(self) -> float | None:
+        return None if self.started is None else (time.perf_counter() - self.started) * 1000
+
+    def opening(self, admission: Admission) -> EventObjects:
+        return [created_event(admission)]
+
+    def render_wait(self, admission: Admission, waiting: Waiting) -> EventObjects:
+        return [wait_event(waiting)]
+
+    def render_delta(self, admission: Admission, delta: Delta) -> EventObjects:
+        return [delta_event(delta.text)]
+
+    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> EventObjects:
+        events: EventObjects = []
+        if piece.id is not None and piece.index not in self._calls:
+            item = function_call_item(piece.id, piece.name or "", "", "in_progress")
+            self._calls[piece.index] = item["id"]
+            events.append(
+                {"type": "response.output_item.added", "output_index": piece.index, "item": item}
+            )
+        if piece.arguments:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": self._calls.get(piece.index, ""),
+                    "output_index": piece.index,
+                    "delta": piece.arguments,
+                }
+            )
+        return events
+
+    def render_finished(self, admission: Admission, finished: Finished) -> EventObjects:
+        events: EventObjects = []
+        for index, call in enumerate(finished.tool_calls):
+            item = function_call_item(call.id, call.name, call.arguments, "completed")
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "arguments": call.arguments,
+                }
+            )
+            events.append(
+                {"type": "response.output_item.done", "output_index": index, "item": item}
+            )
+        return [*events, *finished_events(admission, finished, self.elapsed_ms())]
+
+    def render_error(self, admission: Admission, exc: PoolError) -> EventObjects:
+        return [error_event(exc)]
+
+
 # -- as SSE ----------------------------------------------------------------------------
 
 
@@ -207,17 +220,14 @@ def sse_delta(text: str) -> bytes:
 
 
 def sse(event: dict[str, Any]) -> bytes:
-    kind: str = event["type"]
-    if kind == _DELTA and len(event) == 2:
+    if event["type"] == _DELTA and len(event) == 2:
         return sse_delta(event["delta"])
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
+    return core_sse(event)
 
 
-class ResponseStream(StreamRenderer):
-    """The SSE stream of one request: ``response.created``, its waits, the text deltas
-    and tool-call events, then ``response.metrics`` and ``response.completed`` (or an
-    ``error`` event). Its ``render*`` methods and :meth:`opening` are what
-    :func:`~pool.http._streaming.admitted_stream` takes.
+class ResponseStream(SseEvents):
+    """The SSE stream of one request: the :class:`ResponseEvents`, each its own event.
+    The log line says how it ended (its status line went out before the reply existed).
 
     Args:
         started: when the HTTP layer began the request (``time.perf_counter()``), for
@@ -227,47 +237,31 @@ class ResponseStream(StreamRenderer):
     reports_waits = True
 
     def __init__(self, request_id: str, model: str, tenant: str, started: float) -> None:
+        super().__init__(ResponseEvents(started))
         self.request_id = request_id
         self.model = model
         self.tenant = tenant
         self.started = started
-        self._calls = CallEvents()
 
-    def _elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.started) * 1000
+    def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        return sse_delta(delta.text)
 
-    @staticmethod
-    def opening(admission: Admission) -> bytes:
-        return sse(created_event(admission))
-
-    @staticmethod
-    def render_wait(admission: Admission, waiting: Waiting) -> bytes:
-        return sse(wait_event(waiting))
-
-    def render(self, admission: Admission, event: Delta | Finished) -> bytes:
-        if type(event) is Delta:
-            return sse_delta(event.text)
-        assert isinstance(event, Finished)
-        metrics, completed = finished_events(admission, event, self._elapsed_ms())
-        done = b"".join(sse(e) for e in self._calls.done(event))
-        # The status line went out before the reply existed: the log tells how it ended.
+    def render_finished(self, admission: Admission, finished: Finished) -> bytes:
+        out = super().render_finished(admission, finished)
         log.info(
             "request_id=%s model=%s tenant=%s stream=true status=200 ms=%.1f",
             self.request_id,
             self.model,
             self.tenant,
-            self._elapsed_ms(),
+            (time.perf_counter() - self.started) * 1000,
         )
-        return done + sse(metrics) + sse(completed)
-
-    def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
-        return b"".join(sse(e) for e in self._calls.piece(piece))
+        return out
 
     def render_error(self, admission: Admission, exc: PoolError) -> bytes:
         log.info(
             "request_id=%s model=%s stream=true error=%s", self.request_id, self.model, exc.code
         )
-        return sse(error_event(exc))
+        return super().render_error(admission, exc)
 
 
 # -- as WebSocket frames ---------------------------------------------------------------

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import trio
 from quart import Blueprint, Quart, Response, websocket
 
-from pool.actors import CacheMode, Caller, Delta, Failed, Finished, InferenceRequest, ToolCallDelta
+from pool.actors import CacheMode, Caller, InferenceRequest
 from pool.errors import PoolError
+from pool.http._collected import collected
 from pool.http._common import (
     AppContext,
     HotRoute,
     SchemaError,
     cache_headers_in,
-    inference_headers,
     json_response,
     open_model_route,
     parse_json,
@@ -28,21 +27,18 @@ from pool.http._common import (
     validate,
     with_cache,
 )
+from pool.http._responses_core import EventObjects
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http.responses._parse import inference_request
 from pool.http.responses._render import (
     ERRORS,
-    CallEvents,
+    ResponseEvents,
     ResponseStream,
     closing_frame,
-    created_event,
-    delta_event,
     error_event,
-    finished_events,
     response_body,
     socket_frame,
     upgrade_required,
-    wait_event,
 )
 from pool.schemas import ResponseRequest
 
@@ -64,14 +60,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         rid = request_id()
 
         if not body.stream:
-            async with pool.admit(
-                request, tenant=opened.tenant, priority=opened.priority
-            ) as admission:
-                finished = await admission.collect()
-            reply = response_body(admission, finished, (time.perf_counter() - started) * 1000)
-            headers = inference_headers(
-                admission.queue_wait_ms, finished.timings.backend_ms, finished.usage.cached_tokens
-            )
+            done = await collected(pool, opened, request)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            reply = response_body(done.admission, done.finished, elapsed_ms)
             log.info(
                 "request_id=%s model=%s tenant=%s status=200 ms=%.1f",
                 rid,
@@ -79,7 +70,7 @@ def register(app: Quart, ctx: AppContext) -> None:
                 opened.tenant,
                 (time.perf_counter() - started) * 1000,
             )
-            return json_response(reply, headers=headers)
+            return json_response(reply, headers=done.headers())
 
         stream = ResponseStream(rid, body.model, opened.tenant, started)
         admission, chunks = await admitted_stream(pool, opened, request, stream)
@@ -160,13 +151,16 @@ async def _socket_session(
             async for frame in outgoing_recv:
                 await websocket.send(frame)
 
-    async def send(event: dict[str, Any]) -> None:
-        await outgoing_send.send(socket_frame(event))
+    async def send(events: EventObjects | None) -> None:
+        for event in events or ():
+            await outgoing_send.send(socket_frame(event))
 
     async def run_one(request: InferenceRequest) -> None:
         # Each turn gets the request line an HTTP request would (the handshake has its own).
         started = time.perf_counter()
         rid, outcome = "-", "status=cancelled"
+        # The engine's pool_total_wall_ms stands: a socket's turn has no HTTP request.
+        events = ResponseEvents()
         with trio.CancelScope() as scope:
             running.append(scope)
             try:
@@ -174,26 +168,19 @@ async def _socket_session(
                     request, tenant=tenant, priority=priority, report_waits=True
                 ) as admission:
                     rid = admission.id
-                    await send(created_event(admission))
+                    await send(events.opening(admission))
                     async for waiting in admission.waits():
-                        await send(wait_event(waiting))
-                    calls = CallEvents()
+                        await send(events.render_wait(admission, waiting))
                     async for event in admission.events():
-                        if type(event) is Delta:
-                            await send(delta_event(event.text))
-                        elif isinstance(event, ToolCallDelta):
-                            for piece in calls.piece(event):
-                                await send(piece)
-                        elif isinstance(event, Finished):
-                            outcome = "status=200"
-                            for done in (*calls.done(event), *finished_events(admission, event)):
-                                await send(done)
-                        elif isinstance(event, Failed):
-                            outcome = f"error={event.error.code}"
-                            await send(error_event(event.error))
+                        await send(events.render(admission, event))
+                    outcome = (
+                        "status=200"
+                        if admission.failed is None
+                        else f"error={admission.failed.code}"
+                    )
             except PoolError as exc:
                 outcome = f"error={exc.code}"
-                await send(error_event(exc))
+                await send([error_event(exc)])
             finally:
                 running.remove(scope)
                 log.info(
@@ -205,7 +192,7 @@ async def _socket_session(
                     (time.perf_counter() - started) * 1000,
                 )
         if scope.cancelled_caught:
-            await send({"type": "response.cancelled"})
+            await send([{"type": "response.cancelled"}])
 
     async def reader(nursery: trio.Nursery) -> None:
         while True:
@@ -222,7 +209,7 @@ async def _socket_session(
                         running[0].cancel()
                     else:
                         await send(
-                            error_event(PoolError("invalid_request", "no request is running"))
+                            [error_event(PoolError("invalid_request", "no request is running"))]
                         )
                     continue
                 if running:
@@ -233,7 +220,7 @@ async def _socket_session(
                     data.pop("type", None)
                 request = with_cache(inference_request(validate(ResponseRequest, data)), cache)
             except (PoolError, SchemaError) as exc:
-                await send(error_event(exc))
+                await send([error_event(exc)])
                 continue
             nursery.start_soon(run_one, request)
 
