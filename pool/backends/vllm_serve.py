@@ -15,8 +15,9 @@ and the replica serves embeddings only (readiness: one vector).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -35,6 +36,7 @@ from pool.backends._vllm_fields import (
     engine_arguments,
     model_source,
     replica_concurrency,
+    table_checked,
 )
 from pool.errors import BackendError
 
@@ -140,6 +142,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
         size = definition.vllm_tensor_parallel_size
         return size if size > 1 else None
+
+    def check_load_override(self, patch: Mapping[str, Any]) -> None:
+        super().check_load_override(table_checked(patch))
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         return replica_concurrency(definition)
