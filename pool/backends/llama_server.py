@@ -29,7 +29,6 @@ from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_b
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
-    ALL_THINKING_MODES,
     Backend,
     Capabilities,
     LoadContext,
@@ -39,7 +38,7 @@ from pool.backends._protocol import (
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
-from pool.backends.prompt_formats import format_tool_family
+from pool.backends.prompt_formats import format_tool_family, thinking_modes
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
@@ -244,8 +243,10 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         return Capabilities(
             modalities=("text", "image") if images else ("text",),
             multi_turn=True,
-            # Sent as chat_template_kwargs.enable_thinking (read by --jinja templates).
-            thinking_modes=ALL_THINKING_MODES,
+            # Sent as chat_template_kwargs.enable_thinking, which only some templates
+            # read: offered where the prompt format's does (the pool's own template for
+            # qwen3/gemma4; otherwise the family the format names).
+            thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             # llama-server has no `dimensions`: a request setting it is a 400.

@@ -25,7 +25,7 @@ from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFiel
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._protocol import Backend, Capabilities, LoadContext
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -38,6 +38,7 @@ from pool.backends._vllm_fields import (
     replica_concurrency,
     table_checked,
 )
+from pool.backends.prompt_formats import thinking_modes
 from pool.errors import BackendError
 
 
@@ -130,8 +131,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
-            thinking_modes=ALL_THINKING_MODES,
+            # Sent as chat_template_kwargs.enable_thinking, which the model's own template
+            # reads only in families that have the switch: offered where the prompt
+            # format names one (qwen3, gemma4), as in-process vllm.
+            thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,

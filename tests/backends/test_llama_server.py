@@ -335,3 +335,39 @@ async def test_the_server_renders_a_built_in_format_as_the_pool_does(
                     # the format's unset default means, said with the closed channel.
                     expected += "<|channel>thought\n<channel|>"
                 assert rendered == expected, (request, rendered)
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "modes"),
+    [
+        ("qwen3_template", ["default", "enabled", "disabled"]),
+        ("gemma4_template", ["default", "enabled", "disabled"]),
+        ("mistral_template", ["default"]),
+        ("generic", ["default"]),
+    ],
+)
+def test_thinking_is_offered_only_where_the_format_has_the_switch(
+    prompt_format: str, modes: list[str]
+) -> None:
+    """The pool's templates for qwen3 and gemma4 read ``enable_thinking``; mistral's and
+    the GGUF's own (``generic``) are not known to (spec: runtime-admin-api)."""
+    definition = _settings("llama-server", prompt_format=prompt_format).engine.models["ls"]
+    assert list(get_backend("llama_server").capabilities(definition).thinking_modes) == modes
+
+
+async def test_both_thinking_modes_reach_the_template(llama_server_binary: str) -> None:
+    """Through the real server: ``disabled`` closes an empty think block after the
+    generation prompt (qwen3's switch), so the same question costs more prompt tokens
+    than with ``enabled``; a format without the switch refuses the request."""
+    async with open_pool(_settings(llama_server_binary)) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        used = {}
+        for mode in ("enabled", "disabled"):
+            reply = await pool.respond(_ask(thinking=mode, decoding={"max_tokens": 4}))
+            used[mode] = reply.usage.prompt_tokens
+        # "<think>\n\n</think>\n\n" in SmolLM2's tokens.
+        assert used["disabled"] > used["enabled"], used
+    async with open_pool(_settings(llama_server_binary, prompt_format="mistral_template")) as pool:
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(_ask(thinking="disabled"))
+        assert refused.value.code == "thinking_unsupported"

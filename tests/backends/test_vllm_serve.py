@@ -307,3 +307,24 @@ def test_tool_strict_level_becomes_the_flag_when_set() -> None:
         _model(vllm_model="/m", vllm_tool_strict_level="parameter"), "vllm", "/m", 1, "x"
     )
     assert _flag(strict, "--tool-strict-level") == "parameter"
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "modes"),
+    [
+        ("qwen3_template", ["default", "enabled", "disabled"]),
+        ("gemma4_template", ["default", "enabled", "disabled"]),
+        ("mistral_template", ["default"]),
+        ("generic", ["default"]),
+        ("model_template", ["default"]),
+    ],
+)
+def test_thinking_is_offered_only_where_the_format_has_the_switch(
+    prompt_format: str, modes: list[str]
+) -> None:
+    """vLLM's server hands ``enable_thinking`` to the model's template, which reads it
+    only in the families with a thinking switch (spec: runtime-admin-api)."""
+    capabilities = VllmServeBackend().capabilities(
+        _model(vllm_model="/m", prompt_format=prompt_format)
+    )
+    assert list(capabilities.thinking_modes) == modes
