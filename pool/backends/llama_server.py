@@ -73,6 +73,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_spec_draft_p_min: float | None = None
     llama_server_spec_draft_ngl: int | str | None = None
     llama_server_reasoning: str | None = None
+    llama_server_api_key: str | None = Field(
+        None,
+        description="The key the server demands (--api-key); the pool sends it as its"
+        " bearer token. Set it where other local users must not reach the server's port.",
+    )
     llama_server_extra_args: list[str] = Field(default_factory=list)
     tool_call_format: ToolCallFamily | None = Field(
         None,
@@ -193,6 +198,7 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
+    add("--api-key", d.llama_server_api_key)
     if d.embedding:
         args.append("--embeddings")
         add("--pooling", d.pooling)
@@ -290,7 +296,9 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             host=definition.llama_server_host,
             port=port,
             served_model=context.model_name,
+            # Public even with an API key: readiness needs none.
             health_path="/health",
+            api_key=definition.llama_server_api_key,
             # Each streamed chunk then carries `timings` (prompt_n, cache_n, predicted_n).
             counting_fields={"timings_per_token": True},
             start_timeout_s=definition.llama_server_start_timeout_s,
