@@ -352,3 +352,24 @@ async def test_cache_types_reach_the_llama_context() -> None:
     sizes = state_sizes
     assert sizes["q4_0"] < sizes["q8_0"] < 0.6 * sizes["f16"], sizes
     assert sizes["bf16"] == sizes["f16"], sizes
+
+
+@pytest.mark.real_model
+async def test_flash_attention_auto_follows_the_v_cache() -> None:
+    """llama-cpp-python takes flash attention as on/off only, so ``auto`` is mapped
+    (docs/backends.md): on where the V cache is quantized, which llama.cpp can only do
+    with it, else off; ``on`` and ``off`` are what they say."""
+    expected = {
+        ("auto", None): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        ("auto", "f16"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        ("auto", "q8_0"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        ("on", None): llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        ("off", "f16"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    }
+    async with open_pool(_settings(smol={"enabled": False})) as pool:
+        for (flash, type_v), kind in expected.items():
+            await pool.load("smol", {"gguf_flash_attn": flash, "gguf_type_v": type_v})
+            assert pool.snapshot("smol").state == "loaded", pool.snapshot("smol").last_error
+            runtime: Any = pool.model("smol").replicas[0].runtime
+            assert runtime._llama.context_params.flash_attn_type == kind, (flash, type_v)
+            await pool.unload("smol")
