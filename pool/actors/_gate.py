@@ -246,7 +246,8 @@ class Gate:
 
     def why_evict(self, victim: ModelActor, spared: Iterable[ModelActor] = ()) -> str:
         now = trio.current_time()
-        rank = f"priority {victim.definition.priority}"
+        # Larger is more important: the inverse of the coordinator spec (docs/vram.md).
+        rank = f"priority {victim.definition.priority} (larger is kept longer)"
         if self.settings.engine.eviction_policy == "lru":
             why = f"{rank}, least recently used of the idle models that may be evicted"
         else:
