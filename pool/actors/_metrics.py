@@ -73,7 +73,8 @@ class _LiveState(Collector):
         split = GaugeMetricFamily(
             "llm_pool_model_gpu_memory_bytes",
             "GPU memory of a model's loaded replicas by part: weights and kv_cache where"
-            " the runtime reports the split (llama.cpp), else unknown (the measured total;"
+            " the runtime reports the split (llama.cpp, vllm serve), else unknown (the"
+            " measured total;"
             " NaN when not measured)",
             labels=["model", "part"],
         )

@@ -38,6 +38,7 @@ from pool.backends._vllm_fields import (
     replica_concurrency,
     table_checked,
 )
+from pool.backends._vllm_memory import VLLM_MEMORY_LINES, vllm_memory_split
 from pool.backends.prompt_formats import thinking_modes
 from pool.errors import BackendError
 
@@ -186,6 +187,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
             # keeps each scope's cached blocks its own.
             cache=SaltCache(),
+            # vLLM's workers say what the weights and the KV cache took (/metrics).
+            memory_lines=VLLM_MEMORY_LINES,
+            memory_reader=vllm_memory_split,
         )
 
 
