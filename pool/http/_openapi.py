@@ -473,8 +473,11 @@ ROUTES: list[Route] = [
      "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
      " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
      " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
-    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format.",
-     text=_PLAIN),
+    Route("get", "/metrics", "operations", "Prometheus metrics",
+     "Text exposition format. Each loaded model's GPU memory is"
+     " `llm_pool_model_gpu_memory_bytes{model,part}`: `weights` and `kv_cache` where the"
+     " runtime reports its split (llama.cpp, vllm serve), else `unknown` (the measured"
+     " total, NaN when unmeasured).", text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
      text=("application/json", {"type": "object"})),
     Route("get", "/docs", "operations", "Readable API docs",
