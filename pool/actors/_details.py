@@ -57,7 +57,8 @@ class ModelDetails:
 
     ``parameter_size`` is written as Ollama writes it (``134.52M``, ``8.0B``);
     ``context_length`` is the context the model was trained for, not the one a load
-    configures (the snapshot's ``context_length``).
+    configures (the snapshot's ``context_length``). ``hidden_size`` (the embedding
+    width), ``num_layers`` and ``vocab_size`` describe the network's shape.
     """
 
     format: str | None = None
@@ -66,6 +67,9 @@ class ModelDetails:
     parameter_size: str | None = None
     quantization_level: str | None = None
     context_length: int | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    vocab_size: int | None = None
 
 
 def human_parameters(count: int) -> str:
@@ -91,7 +95,11 @@ def artifact_details(artifact: Artifact | None) -> ModelDetails:
 def _gguf_details(metadata: Mapping[str, Any], parameters: int) -> ModelDetails:
     family = metadata.get("general.architecture")
     family = family if isinstance(family, str) and family else None
-    context = metadata.get(f"{family}.context_length") if family else None
+
+    def arch(key: str) -> int | None:
+        # Shape keys are named after the architecture: ``llama.block_count``.
+        return _int(metadata, f"{family}.{key}") if family else None
+
     size = human_parameters(parameters) if parameters else metadata.get("general.size_label")
     file_type = metadata.get("general.file_type")
     return ModelDetails(
@@ -100,7 +108,12 @@ def _gguf_details(metadata: Mapping[str, Any], parameters: int) -> ModelDetails:
         parameter_count=parameters or None,
         parameter_size=size if isinstance(size, str) else None,
         quantization_level=_GGUF_FILE_TYPES.get(file_type) if isinstance(file_type, int) else None,
-        context_length=context if isinstance(context, int) and context > 0 else None,
+        context_length=arch("context_length"),
+        hidden_size=arch("embedding_length"),
+        num_layers=arch("block_count"),
+        # Not every converter writes it; the tokenizer's list of tokens (read as its
+        # length) is the vocabulary too.
+        vocab_size=arch("vocab_size") or _int(metadata, "tokenizer.ggml.tokens"),
     )
 
 
@@ -158,4 +171,7 @@ def _config_details(config: Mapping[str, Any], kind: str) -> ModelDetails:
         parameter_size=human_parameters(parameters) if parameters else None,
         quantization_level=level,
         context_length=_int(text, "max_position_embeddings", "n_positions", "max_seq_len"),
+        hidden_size=_int(text, "hidden_size", "n_embd", "d_model"),
+        num_layers=_int(text, "num_hidden_layers", "n_layer", "num_layers"),
+        vocab_size=_int(text, "vocab_size"),
     )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
+    from pool.actors._planner import ResidenceView, Target
 
 # The load speed assumed for a model whose load was never measured (MiB/s), and the
 # least a load is assumed to take.
@@ -31,7 +31,7 @@ MIN_RELOAD_S = 0.1
 
 
 def eligible_victim(
-    actor: ModelActor, *, incoming: ModelActor, now: float, min_resident_s: float
+    actor: ResidenceView, *, incoming: Target, now: float, min_resident_s: float
 ) -> bool:
     """The spec's filter, apart from being idle: loaded, unpinned, not more important
     than the model that needs the room, and resident for ``min_resident_s`` at least.
@@ -40,22 +40,22 @@ def eligible_victim(
     take turns on a GPU that holds one of them.
     """
     return (
-        actor is not incoming
+        actor.name != incoming.name
         and actor.state == "loaded"
-        and not actor.definition.pinned
-        and actor.definition.priority <= incoming.definition.priority
+        and not actor.pinned
+        and actor.priority <= incoming.priority
         and now - actor.resident_since >= min_resident_s
     )
 
 
 def eviction_candidates(
-    actors: Iterable[ModelActor],
+    actors: Iterable[ResidenceView],
     *,
-    incoming: ModelActor,
+    incoming: Target,
     now: float,
     min_resident_s: float = 0.0,
     busy: bool = False,
-) -> list[ModelActor]:
+) -> list[ResidenceView]:
     """Models that may be unloaded to make room for ``incoming``, lowest priority
     first, then the least recently used.
 
@@ -67,9 +67,9 @@ def eviction_candidates(
         a
         for a in actors
         if eligible_victim(a, incoming=incoming, now=now, min_resident_s=min_resident_s)
-        and (not a.idle and a.definition.on_demand if busy else a.idle)
+        and (not a.idle and a.on_demand if busy else a.idle)
     ]
-    return sorted(chosen, key=lambda a: (a.definition.priority, a.last_used_at))
+    return sorted(chosen, key=lambda a: (a.priority, a.last_used_at))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,23 +91,23 @@ class SwapCost:
         return f"reloads in {self.reload_s:.2f}s ({how}), {self.rate:.3f} requests/s lately"
 
 
-def reload_s(actor: ModelActor, mib: int) -> tuple[float, bool]:
-    """How long a load of ``actor`` (``mib`` on the GPUs) takes: measured where it was
-    (True), else assumed from its size (False)."""
-    measured = actor.expected_load_s()
+def reload_s(measured: float | None, mib: int) -> tuple[float, bool]:
+    """How long a load (``mib`` on the GPUs) takes: ``measured`` where it was (True),
+    else assumed from its size (False)."""
     seconds = measured if measured is not None else mib / ASSUMED_LOAD_MIB_PER_S
     return max(MIN_RELOAD_S, seconds), measured is not None
 
 
-def swap_cost(actor: ModelActor, now: float) -> SwapCost:
-    mib = sum(actor.releases().values())
-    seconds, measured = reload_s(actor, mib)
-    return SwapCost(seconds, measured, actor.request_rate(now), mib)
+def swap_cost(actor: ResidenceView, now: float) -> SwapCost:
+    """The cost of evicting ``actor``, with its request rate as read at ``now``."""
+    mib = sum(actor.releases.values())
+    seconds, measured = reload_s(actor.expected_load_s, mib)
+    return SwapCost(seconds, measured, actor.request_rate, mib)
 
 
-def warm_note(actor: ModelActor, now: float) -> str:
+def warm_note(actor: ResidenceView, now: float) -> str:
     """Where ``actor`` stands in its stay-warm window, for decisions."""
-    until = actor.warm_until()
+    until = actor.warm_until
     if until is None:
         return f"{actor.name!r} is past its stay-warm window"
     served = now - (actor.served_at if actor.served_at is not None else now)
@@ -118,12 +118,12 @@ def warm_note(actor: ModelActor, now: float) -> str:
 
 
 def choose_victim(
-    candidates: list[ModelActor],
+    candidates: list[ResidenceView],
     *,
     now: float,
     policy: str,
-    suffices: Callable[[ModelActor], bool],
-) -> ModelActor | None:
+    suffices: Callable[[ResidenceView], bool],
+) -> ResidenceView | None:
     """The model to evict first among ``candidates`` (as :func:`eviction_candidates`
     orders them); ``suffices(model)``: whether evicting that model alone makes the room.
 
@@ -135,8 +135,8 @@ def choose_victim(
         return None
     if policy == "lru":
         return candidates[0]
-    rank = candidates[0].definition.priority
-    tier = [c for c in candidates if c.definition.priority == rank]
+    rank = candidates[0].priority
+    tier = [c for c in candidates if c.priority == rank]
     costs = {c: swap_cost(c, now) for c in tier}
     enough = [c for c in tier if suffices(c)]
     if enough:

@@ -113,7 +113,7 @@ def _add_memory_split(family: GaugeMetricFamily, actor: ModelActor) -> None:
         family.add_metric([actor.name, "weights"], sum(s.weights_mib for s in known) * _MIB)
         family.add_metric([actor.name, "kv_cache"], sum(s.kv_cache_mib for s in known) * _MIB)
         return
-    measured = actor.observed_load_delta_mib
+    measured = actor.residence.observed_load_delta_mib
     family.add_metric([actor.name, "unknown"], math.nan if measured is None else measured * _MIB)
 
 

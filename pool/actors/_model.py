@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import trio
 
-from pool.actors._details import ModelDetails, artifact_details
-from pool.actors._estimate import (
-    Artifact,
-    closed_form_mib,
-    name_estimate_mib,
-    read_artifact,
-    size_estimate_mib,
-)
-from pool.actors._footprints import FootprintStore, load_key
-from pool.actors._keep_alive import parse_keep_alive
+from pool.actors._details import ModelDetails
 from pool.actors._metrics import PoolMetrics
-from pool.actors._plan import LoadPlan
 from pool.actors._replica import Replica
 from pool.actors._scheduler import Scheduler
 from pool.actors._snapshots import (
@@ -40,7 +29,6 @@ from pool.actors._snapshots import (
 )
 from pool.actors._stats import RecentStats
 from pool.actors._ticket import Ticket
-from pool.actors._vram import CudaContexts, LoadMeter, charges
 from pool.backends import (
     Backend,
     Capabilities,
@@ -57,11 +45,6 @@ from pool.errors import BackendError, PoolError
 
 log = logging.getLogger("pool.model")
 
-# How many of the latest requests the request rate is taken over, and the shortest span
-# it divides by (a burst of a few requests is not a rate of thousands a second).
-USES_KEPT = 16
-RATE_FLOOR_S = 1.0
-
 STATE_DESCRIPTIONS: dict[str, str] = {
     "unloaded": (
         "Known from config, no runtime; requests are rejected (an on_demand model, or one"
@@ -77,10 +60,54 @@ STATE_DESCRIPTIONS: dict[str, str] = {
 }
 
 
+class PlacedLoad(Protocol):
+    """A load the residency owner validated and placed (its LoadPlan): what the actor
+    needs of it to carry it out."""
+
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def patch(self) -> Mapping[str, Any]: ...
+    @property
+    def explicit(self) -> bool: ...
+    def effective(self, current: ModelDefinition) -> ModelDefinition: ...
+
+
+class ResidenceFacts(Protocol):
+    """The residency owner's record of this model (pool/actors/_residence.py): the
+    actor reports what happened to it, and reads back what its snapshot shows. The
+    numbers (estimates, footprints, load times, keep-alive) are the record's."""
+
+    async def read_files(self, model_path: str | None) -> None: ...
+    async def loading(self) -> None: ...
+    def load_abandoned(self) -> None: ...
+    async def loaded(self) -> None: ...
+    def woke(self) -> None: ...
+    def ready(self, idle: bool) -> None: ...
+    def keep_alive_for(self, asked: float | str | None) -> float | None: ...
+    def used(self, keep_alive_s: float | None) -> None: ...
+    def went_idle(self) -> None: ...
+    async def unloaded(self, *, replicas: int, slept: bool) -> None: ...
+    def failed(self) -> None: ...
+    def vram_estimate(
+        self, *, definition: ModelDefinition | None = None, replicas: int | None = None
+    ) -> VramEstimate: ...
+    @property
+    def keep_alive_s(self) -> float | None: ...
+    @property
+    def expires_in_s(self) -> float | None: ...
+    @property
+    def observed_load_delta_mib(self) -> int | None: ...
+    @property
+    def artifact_mib(self) -> int | None: ...
+    @property
+    def details(self) -> ModelDetails: ...
+
+
 @dataclass(slots=True)
 class _Command:
     kind: Literal["load", "unload", "replica_failed", "set_model_path"]
-    plan: LoadPlan | None = None
+    plan: PlacedLoad | None = None
     reason: str = ""
     unload_reason: UnloadReason = "requested"
     # An eviction that puts the replicas to sleep instead of closing them.
@@ -102,7 +129,6 @@ class Sleepers:
     replicas: list[Replica]
     definition: ModelDefinition
     placement: tuple[GpuPlacement, ...]
-    observed_per_gpu: dict[int, int] | None
     ram_mib: int
 
     def fits(
@@ -141,9 +167,7 @@ class ModelActor:
         metrics: PoolMetrics | None = None,
         on_change: Callable[[], None] | None = None,
         loader: OnDemandLoader | None = None,
-        meter: LoadMeter | None = None,
-        footprints: FootprintStore | None = None,
-        contexts: CudaContexts | None = None,
+        residence: Callable[[ModelActor], ResidenceFacts],
         on_recent_prompts: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
@@ -191,24 +215,10 @@ class ModelActor:
             self.engine.command_inbox_size
         )
         self._nursery: trio.Nursery | None = None
-        self.artifact: Artifact | None = None
-        self.artifact_mib: int | None = None
-        self.details = ModelDetails()
-        # VRAM: the GPUs of each replica (from the pool's gate), what this load was
-        # measured to take per GPU, and since when (Trio clock) the model is resident.
-        self._meter = meter
-        self._footprints = footprints
-        self._contexts = contexts
-        # GPUs whose CUDA context this (in-process) load paid at a size not known yet:
-        # its measured part there includes the context until an unload tells them apart.
-        self.unsplit_context: set[int] = set()
-        # The CUDA context the pool process already held per GPU when the last load began.
-        self._context_before: dict[int, int] = {}
+        # The GPUs of each replica (from the pool's gate).
         self.placement: tuple[GpuPlacement, ...] = ()
         # How far the load under way has come (0..1), per replica, where reported.
         self._progress: dict[int, float] = {}
-        self.observed_per_gpu: dict[int, int] | None = None
-        self.resident_since = 0.0
         self.loaded_at: float | None = None
         self.loaded_at_wall: float | None = None
         # When the latest load ended (perf_counter): a request's trace ends its load wait
@@ -217,13 +227,6 @@ class ModelActor:
         self.last_used_at: float = time.monotonic()
         self.load_count = 0
         self.unload_count = 0
-        # Trio clock times of the latest requests (the eviction policy's request rate),
-        # and how long the latest load took (the cost of bringing the model back).
-        self._uses: deque[float] = deque(maxlen=USES_KEPT)
-        self.load_seconds: float | None = None
-        # Trio clock time the loaded model last finished its requests (went idle): its
-        # stay-warm window runs from there (docs/vram.md, "Stay warm"); None since its load.
-        self.served_at: float | None = None
         # Replicas asleep since an eviction (their GPU memory handed back, weights in
         # host RAM), woken by the next load of the same plan; how often that happened.
         self._asleep: Sleepers | None = None
@@ -232,24 +235,18 @@ class ModelActor:
         # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
         self._loader = loader
-        # Keep-alive (on-demand models): seconds after the last request, and the Trio
-        # clock time at which an idle model unloads (None: busy, or kept forever).
-        self.keep_alive_s = parse_keep_alive(
-            definition.keep_alive if definition.keep_alive is not None else self.engine.keep_alive
-        )
-        self.expires_at: float | None = None
-        self._keep_alive_poke = trio.Event()
+        # The residency owner's record of this model: what happens here is reported to
+        # it; the numbers (estimates, footprints, load times, keep-alive) are its own.
+        self.residence = residence(self)
 
     # -- lifecycle of the actor itself -------------------------------------------
     async def run(
         self, *, task_status: trio.TaskStatus[ModelActor] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        await self._read_artifact(self.definition.model_path)
+        await self.residence.read_files(self.definition.model_path)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self.definition.on_demand:
-                    nursery.start_soon(self._keep_alive_loop)
                 task_status.started(self)
                 with self._inbox_recv:
                     async for command in self._inbox_recv:
@@ -273,7 +270,7 @@ class ModelActor:
     def effective_target_inflight(self) -> int:
         return max(1, self.backend.effective_target_inflight(self.active_definition))
 
-    async def load_placed(self, plan: LoadPlan, gpus: tuple[GpuPlacement, ...]) -> ModelSnapshot:
+    async def load_placed(self, plan: PlacedLoad, gpus: tuple[GpuPlacement, ...]) -> ModelSnapshot:
         """Carry out a load the residency owner let through (or return the row of a
         model that is loaded or loading).
 
@@ -353,9 +350,7 @@ class ModelActor:
         )
         if self.state != "loaded" and not on_demand_wait:
             raise self._state_error()
-        keep_alive_s = self.keep_alive_s
-        if keep_alive is not None and not self.definition.keep_alive_pinned:
-            keep_alive_s = parse_keep_alive(keep_alive)
+        keep_alive_s = self.residence.keep_alive_for(keep_alive)
         ticket = Ticket(request, tenant=tenant, priority=priority, buffer=buffer)  # type: ignore[arg-type]
         ticket.prefix_keys = prefix_keys
         ticket.waits_for_load = on_demand_wait
@@ -372,11 +367,7 @@ class ModelActor:
         ticket.waited = ticket.dispatched_at is None
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self.last_used_at = time.monotonic()
-        self._uses.append(trio.current_time())
-        if self.definition.on_demand:
-            # Ollama semantics: the latest request's keep_alive sets the idle timer.
-            self.keep_alive_s = keep_alive_s
-            self._set_expiry(None)
+        self.residence.used(keep_alive_s)
         if on_demand_wait and self._loader is not None:
             # An evicted model comes back with the load it had, whatever the request hints.
             self._loader.request(self, load_hint if self.definition.on_demand else self._comeback)
@@ -425,51 +416,6 @@ class ModelActor:
         recent = self.scheduler.recent_prompts
         return recent.newest() if recent is not None and self.state == "loaded" else []
 
-    def holding(self) -> dict[int, int]:
-        """MiB per GPU this model holds (loaded or unloading: as measured, else as
-        estimated over its placement) or is about to hold (loading); {} otherwise."""
-        if self.state not in ("loading", "loaded", "unloading"):
-            return {}
-        if self.state != "loading" and self.observed_per_gpu is not None:
-            return dict(self.observed_per_gpu)
-        per_replica = self.vram_estimate().per_replica_mib or 0
-        count = self.selected_replicas if self.state == "loading" else len(self.replicas)
-        return charges(self.placement, per_replica, replicas=count)
-
-    def releases(self) -> dict[int, int]:
-        """What unloading this model hands back per GPU: what it holds, less a CUDA
-        context it paid for (an in-process runtime's stays with the pool process)."""
-        held = self.holding()
-        if self.observed_per_gpu is not None and self._contexts is not None:
-            for gpu in self.unsplit_context:
-                paid = self._contexts.expected_mib(gpu) - self._context_before.get(gpu, 0)
-                held[gpu] = max(0, held.get(gpu, 0) - max(0, paid))
-        return held
-
-    def runtime_holdings(self) -> list[tuple[int, int]]:
-        """(GPU, MiB) that each loaded replica's runtime reports holding, spread over
-        the replica's GPUs as its placement says (what virtual GPUs show as used)."""
-        held: list[tuple[int, int]] = []
-        for index, replica in enumerate(self.replicas):
-            mib = replica.runtime.vram_mib if replica.runtime is not None else None
-            if not mib:
-                continue
-            if index < len(self.placement):
-                placement = self.placement[index]
-                held.extend(zip(placement.gpus, placement.scaled(mib), strict=True))
-            else:
-                held.append((0, mib))
-        return held
-
-    def sleep_ram_mib(self) -> int | None:
-        """Host RAM a sleep of every loaded replica would hold; None when one of them
-        cannot sleep (not a SleepingRuntime, or started without sleep mode)."""
-        runtimes = [r.runtime for r in self.replicas]
-        if not runtimes or not all(isinstance(rt, SleepingRuntime) for rt in runtimes):
-            return None
-        held = [rt.sleep_ram_mib for rt in runtimes if isinstance(rt, SleepingRuntime)]
-        return None if any(mib is None for mib in held) else sum(m or 0 for m in held)
-
     @property
     def asleep_ram_mib(self) -> int | None:
         """Host RAM the sleeping replicas hold; None when none sleeps."""
@@ -484,51 +430,6 @@ class ModelActor:
     def placed_on(self) -> list[list[int]]:
         """The GPUs of each replica (for logs and decisions)."""
         return [list(p.gpus) for p in self.placement]
-
-    def request_rate(self, now: float) -> float:
-        """Requests per second lately: the latest requests over the time since the first
-        of them until ``now`` (Trio clock), so it falls while the model sits idle."""
-        if not self._uses:
-            return 0.0
-        return len(self._uses) / max(now - self._uses[0], RATE_FLOOR_S)
-
-    @property
-    def stay_warm_s(self) -> float:
-        """This load's stay-warm window: the definition's (or load override's), else
-        its kind's default (``Backend.default_stay_warm_s``)."""
-        window = self.active_definition.stay_warm_s
-        if window is None:
-            return self.backend.default_stay_warm_s(self.active_definition)
-        return window
-
-    def warm_until(self) -> float | None:
-        """Trio clock time at which the stay-warm window of this loaded model ends, while
-        it is in it; None when it is not (it has not served since its load, has no
-        window, or the window is over)."""
-        if self.state != "loaded" or self.served_at is None:
-            return None
-        # The same sum as the owner's wake-up time: it wakes when this turns None.
-        until = self.served_at + self.stay_warm_s
-        return until if trio.current_time() < until else None
-
-    def expected_load_s(self, definition: ModelDefinition | None = None) -> float | None:
-        """How long a load of this model took last (kept across restarts beside its
-        footprint, per load: files and memory settings); None before the first measured
-        load."""
-        definition = definition or self.active_definition
-        if self._footprints is not None:
-            stored = self._footprints.load_time(self.name, self._load_key(definition))
-            if stored is not None:
-                return stored
-        return self.load_seconds
-
-    def _keep_load_time(self, seconds: float) -> None:
-        self.load_seconds = seconds
-        if self._footprints is not None:
-            load = self._load_key(self.active_definition)
-            self._footprints.record_load_time(self.name, load, seconds)
-            if self._nursery is not None:
-                self._nursery.start_soon(self._footprints.save)
 
     # -- command handling (inside the actor task) ---------------------------------
     async def _handle(self, command: _Command) -> None:
@@ -599,14 +500,10 @@ class ModelActor:
         self.active_definition = effective
         self.selected_replicas = plan.replicas
         self.placement = command.gpus
-        self.observed_per_gpu = None
         self._progress = {}
         self._set_state("loading")
         started_at = time.perf_counter()
-        load_began = trio.current_time()
-        mark = await self._meter.start() if self._meter is not None else None
-        if self._contexts is not None:
-            self._context_before = self._contexts.already_held(self, mark)
+        await self.residence.loading()
         capacity = max(1, self.backend.effective_target_inflight(effective))
         replicas: list[Replica] = []
         try:
@@ -631,13 +528,11 @@ class ModelActor:
                 await self._nursery.start(replica.run)
                 replicas.append(replica)
         except trio.Cancelled:
-            if self._meter is not None:
-                self._meter.abandon(mark)
+            self.residence.load_abandoned()
             await self._stop_replicas(replicas)
             raise
         except BaseException as exc:
-            if self._meter is not None:
-                self._meter.abandon(mark)
+            self.residence.load_abandoned()
             leaf = _collapse(exc)
             if not isinstance(leaf, Exception):
                 raise
@@ -646,7 +541,7 @@ class ModelActor:
             self.last_error = str(leaf) if str(leaf) else type(leaf).__name__
             log.warning("model=%s load failed: %s", self.name, self.last_error)
             if out_of_memory(leaf):
-                self._note_out_of_memory(self._placed_gpus(), self.last_error)
+                self._note_out_of_memory(self.placed_gpus(), self.last_error)
             self.unload_reason, self._comeback = None, None
             self._set_state("failed")
             if self.metrics is not None:
@@ -664,11 +559,7 @@ class ModelActor:
                 details={"last_error": self.last_error},
             ) from leaf
         self.replicas = replicas
-        if self._meter is not None:
-            self._record_footprint(await self._meter.finish(mark))
-        self.resident_since = trio.current_time()
-        self.served_at = None
-        self._keep_load_time(self.resident_since - load_began)
+        await self.residence.loaded()
         self.last_error = None
         self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()
@@ -681,8 +572,7 @@ class ModelActor:
             self.metrics.load_duration.labels(self.name).observe(time.perf_counter() - started_at)
         self._set_state("loaded")
         self.scheduler.set_replicas(replicas)
-        if self.definition.on_demand and self._idle.is_set():
-            self._arm_keep_alive()
+        self.residence.ready(self._idle.is_set())
         log.info(
             "model=%s loaded %d replica(s) in %.1f ms",
             self.name,
@@ -691,7 +581,7 @@ class ModelActor:
         )
         return self.snapshot()
 
-    async def _wake(self, asleep: Sleepers, plan: LoadPlan) -> ModelSnapshot | None:
+    async def _wake(self, asleep: Sleepers, plan: PlacedLoad) -> ModelSnapshot | None:
         """Wake the sleeping replicas as this load; None when one would not wake (they
         are closed then, and the load goes on as a fresh one)."""
         self.load_override = dict(plan.patch)
@@ -711,10 +601,7 @@ class ModelActor:
             await self._stop_replicas(asleep.replicas)
             return None
         self.replicas = asleep.replicas
-        # Its footprint is the one measured at its load; its load time stays the cold one.
-        self.observed_per_gpu = asleep.observed_per_gpu
-        self.resident_since = trio.current_time()
-        self.served_at = None
+        self.residence.woke()
         self.last_error = None
         self.unload_reason, self._comeback = None, None
         self.loaded_at = time.monotonic()
@@ -726,8 +613,7 @@ class ModelActor:
             self.metrics.loads.labels(self.name, "loaded").inc()
         self._set_state("loaded")
         self.scheduler.set_replicas(self.replicas)
-        if self.definition.on_demand and self._idle.is_set():
-            self._arm_keep_alive()
+        self.residence.ready(self._idle.is_set())
         log.info(
             "model=%s woke %d replica(s) in %.2f s",
             self.name,
@@ -750,9 +636,7 @@ class ModelActor:
             log.warning("model=%s did not go to sleep (%s); unloading it", self.name, exc)
             return False
         ram = self.sleep_ram_mib_of(replicas)
-        self._asleep = Sleepers(
-            replicas, self.active_definition, self.placement, self.observed_per_gpu, ram
-        )
+        self._asleep = Sleepers(replicas, self.active_definition, self.placement, ram)
         log.info(
             "model=%s asleep: %d replica(s), %s MiB in host RAM", self.name, len(replicas), ram
         )
@@ -807,9 +691,10 @@ class ModelActor:
         await self._drain()
         replicas, self.replicas = self.replicas, []
         self.scheduler.set_replicas(())
-        if not (sleep and reason == "evicted" and await self._put_to_sleep(replicas)):
+        slept = sleep and reason == "evicted" and await self._put_to_sleep(replicas)
+        if not slept:
             await self._stop_replicas(replicas)
-            await self._learn_context(len(replicas))
+        await self.residence.unloaded(replicas=len(replicas), slept=slept)
         self._forget_unload(reason)
         if reason == "evicted":
             body = {**self.load_override}
@@ -820,7 +705,6 @@ class ModelActor:
         self.active_definition = self.definition
         self.selected_replicas = self.definition.replicas
         self.loaded_at = None
-        self.expires_at = None
         self.unload_count += 1
         if self.metrics is not None:
             self.metrics.unloads.labels(self.name).inc()
@@ -875,83 +759,9 @@ class ModelActor:
                 ended += 1
         return ended
 
-    async def _read_artifact(self, model_path: str | None) -> None:
-        self.artifact = await trio.to_thread.run_sync(
-            read_artifact, model_path, self.settings.base_dir
-        )
-        self.artifact_mib = self.artifact.size_mib if self.artifact is not None else None
-        self.details = artifact_details(self.artifact)
-
-    @property
-    def _in_process_gpu(self) -> bool:
-        return self._contexts is not None and self.backend.holds_cuda_context(
-            self.active_definition
-        )
-
-    def _placed_gpus(self) -> set[int]:
-        return {gpu for placement in self.placement for gpu in placement.gpus}
-
-    def _record_footprint(self, per_gpu: dict[int, int] | None) -> None:
-        """Keep a measured load's footprint for the estimate chain and the next boot.
-
-        An in-process load's CUDA context is not the model's: where the context's size
-        is known it is taken out (CudaContexts)."""
-        self.unsplit_context = set()
-        if self._in_process_gpu:
-            assert self._contexts is not None
-            if per_gpu is None:
-                self._contexts.opened |= self._placed_gpus()  # paid, though not measured
-            else:
-                per_gpu, self.unsplit_context = self._contexts.split(
-                    per_gpu, self._placed_gpus(), self._context_before
-                )
-        self.observed_per_gpu = per_gpu
-        if per_gpu is None:
-            return
-        total = sum(per_gpu.values())
-        log.info("model=%s load measured at %d MiB on the GPUs %s", self.name, total, per_gpu)
-        self._keep_footprint(len(self.replicas), total)
-
-    def _load_key(self, definition: ModelDefinition) -> str:
-        """What a load of ``definition`` is, for the footprint store: its settings and
-        the identity of the model files as last read (at boot, or when a pull set them)."""
-        return load_key(definition, self.artifact.identity if self.artifact else None)
-
-    def _keep_footprint(self, replicas: int, mib: int) -> None:
-        if self._footprints is not None:
-            load = self._load_key(self.active_definition)
-            self._footprints.record(self.name, load, replicas, mib)
-            # Written in the background: the load does not wait for a file.
-            assert self._nursery is not None
-            self._nursery.start_soon(self._footprints.save)
-
-    async def _learn_context(self, replicas: int) -> None:
-        """An in-process model unloaded: what the pool process still holds beyond the
-        other models is its CUDA context (CudaContexts.learn). A footprint that had to
-        include the context (the first load, its size unknown) is corrected."""
-        gpus = self._placed_gpus()
-        if not (self._in_process_gpu and gpus and self._meter is not None and self._meter.quiet):
-            return
-        assert self._contexts is not None
-        learned = self._contexts.learn(self, await self._meter.refresh(), gpus)
-        log.info("model=%s unloaded; the pool process keeps %s MiB per GPU", self.name, learned)
-        if self.unsplit_context and self.observed_per_gpu is not None:
-            # Only the context that grew during the load was in its measured delta.
-            own = sum(
-                mib - max(0, learned.get(gpu, 0) - self._context_before.get(gpu, 0))
-                if gpu in self.unsplit_context
-                else mib
-                for gpu, mib in self.observed_per_gpu.items()
-            )
-            self._keep_footprint(replicas, max(0, own))
-        elif learned and self._footprints is not None:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._footprints.save)
-        self.unsplit_context = set()
-
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
         await self._drop_sleepers()  # they hold the old files' weights
-        await self._read_artifact(command.model_path)
+        await self.residence.read_files(command.model_path)
         self.definition = self.definition.model_copy(update={"model_path": command.model_path})
         log.info("model=%s model_path=%s", self.name, command.model_path)
         return self.snapshot()
@@ -995,7 +805,7 @@ class ModelActor:
         self.load_override = {}
         self.active_definition = self.definition
         self.loaded_at = None
-        self.expires_at = None
+        self.residence.failed()
 
     async def _stop_replicas(self, replicas: list[Replica]) -> None:
         for replica in replicas:
@@ -1006,98 +816,23 @@ class ModelActor:
 
     def _on_idle(self) -> None:
         self._idle.set()
-        if self.state == "loaded":
-            self.served_at = trio.current_time()
-        if self.definition.on_demand and self.state == "loaded":
-            self._arm_keep_alive()
+        self.residence.went_idle()
         if self._on_change is not None:
             self._on_change()
 
-    # -- keep-alive (on-demand models) -----------------------------------------------
-    def _arm_keep_alive(self) -> None:
-        # A pinned model stays resident: keep_alive never unloads it (spec: Model Pinning).
-        if self.keep_alive_s is None or self.definition.pinned:
-            self._set_expiry(None)
-        else:
-            self._set_expiry(trio.current_time() + self.keep_alive_s)
+    def placed_gpus(self) -> set[int]:
+        """Every GPU a replica of this model is placed on."""
+        return {gpu for placement in self.placement for gpu in placement.gpus}
 
-    def _set_expiry(self, expires_at: float | None) -> None:
-        self.expires_at = expires_at
-        self._keep_alive_poke.set()
-        self._keep_alive_poke = trio.Event()
+    # -- what the HTTP layer and the cluster read of the residency record -------------
+    def vram_estimate(self) -> VramEstimate:
+        """The current load's VRAM estimate (the residency record's chain)."""
+        return self.residence.vram_estimate()
 
     @property
-    def expires_in_s(self) -> float | None:
-        """Seconds until an idle on-demand model unloads; None if not counting down."""
-        if self.expires_at is None or self.state != "loaded":
-            return None
-        return max(0.0, self.expires_at - trio.current_time())
-
-    async def _keep_alive_loop(self) -> None:
-        while True:
-            poke = self._keep_alive_poke
-            if self.expires_at is None:
-                await poke.wait()
-                continue
-            with trio.move_on_at(self.expires_at):
-                await poke.wait()
-                continue
-            idle = self.scheduler.queue_depth == 0 and self.scheduler.running == 0
-            if self.state == "loaded" and idle and self.expires_at is not None:
-                log.info("model=%s keep_alive expired; unloading", self.name)
-                self.expires_at = None
-                try:
-                    await self.unload("keep_alive")
-                except PoolError as exc:  # e.g. shutting down under us
-                    log.warning("model=%s keep-alive unload failed: %s", self.name, exc.message)
-
-    # -- snapshots ---------------------------------------------------------------------
-    @property
-    def observed_load_delta_mib(self) -> int | None:
-        """What the current load was measured to take on the GPUs; None when not measured."""
-        if not self.replicas or self.observed_per_gpu is None:
-            return None
-        return sum(self.observed_per_gpu.values())
-
-    def vram_estimate(
-        self, *, definition: ModelDefinition | None = None, replicas: int | None = None
-    ) -> VramEstimate:
-        """The estimate chain (pool/actors/_estimate.py): the first step that answers.
-
-        By default for the current load (or the next one with the configured
-        definition); with ``definition``/``replicas``, for a load with those instead.
-        """
-        current = definition is None and replicas is None
-        count = replicas or len(self.replicas) or self.selected_replicas
-        definition = definition or self.active_definition
-        if definition.vram_mb is not None:
-            return VramEstimate(definition.vram_mb * count, count, "configured_vram_mb")
-        observed = self.observed_load_delta_mib if current else None
-        if observed is not None:
-            return VramEstimate(observed, count, "observed_load_delta")
-        runtimes = [r.runtime for r in self.replicas if r.runtime is not None] if current else []
-        reported = [rt.vram_mib for rt in runtimes if rt.vram_mib]
-        if reported and len(reported) == len(runtimes):
-            return VramEstimate(
-                sum(o for o in reported if o is not None), len(runtimes), "observed_load_delta"
-            )
-        profile = self.backend.memory_profile(definition)
-        if self._footprints is not None:
-            stored = self._footprints.lookup(self.name, self._load_key(definition), count)
-            if stored is not None:
-                return VramEstimate(stored, count, "observed_load_delta")
-        declared = self.backend.declared_vram_mib(definition)
-        if declared is None and self.artifact is not None:
-            declared = closed_form_mib(self.artifact, profile)
-        if declared is not None:
-            return VramEstimate(declared * count, count, "artifact_metadata")
-        if self.artifact is not None:
-            size = size_estimate_mib(self.artifact, profile.gpu_layers)
-            return VramEstimate(size * count, count, "model_artifact_size")
-        guess = name_estimate_mib(definition.model_path, self.name, gpu_layers=profile.gpu_layers)
-        if guess is not None:
-            return VramEstimate(guess * count, count, "name_heuristic")
-        return VramEstimate(None, count, "unavailable")
+    def keep_alive_s(self) -> float | None:
+        """Seconds an idle on-demand model stays loaded (None: forever)."""
+        return self.residence.keep_alive_s
 
     def snapshot(self) -> ModelSnapshot:
         """This model's configuration and live state, taken in one step."""
@@ -1114,7 +849,7 @@ class ModelActor:
             max_queue=self.scheduler.max_queue,
             effective_target_inflight=self.effective_target_inflight,
             last_error=self.last_error,
-            vram=self.vram_estimate(),
+            vram=self.residence.vram_estimate(),
             load_override=dict(self.load_override),
             load_constraints=self.backend.load_constraints,
             load_recommendations=self.backend.load_recommendations,
@@ -1122,11 +857,11 @@ class ModelActor:
             context_length=(
                 getattr(self.active_definition, context_field, None) if context_field else None
             ),
-            artifact_mib=self.artifact_mib,
-            details=self.details,
+            artifact_mib=self.residence.artifact_mib,
+            details=self.residence.details,
             loaded_at_wall=self.loaded_at_wall,
-            expires_in_s=self.expires_in_s,
-            observed_load_delta_mib=self.observed_load_delta_mib,
+            expires_in_s=self.residence.expires_in_s,
+            observed_load_delta_mib=self.residence.observed_load_delta_mib,
             placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
             unload_reason=self.unload_reason,
             asleep_ram_mib=self.asleep_ram_mib,

@@ -2,34 +2,49 @@
 
 Every entry point (admin, runner API, startup, on-demand requests, Ollama preload,
 pulls, the cluster) hands :class:`Residency` a load request. It validates it once
-(:func:`plan_load`), places it on the GPUs (the VRAM gate: ``_gate.py``, its
-arithmetic in ``_vram.py``), evicts what the rules allow and the policy chooses
-(``_eviction.py``), claims the shared lease, waits where a load may
-wait, and hands the model actor an already validated and placed plan
-(:meth:`ModelActor.load_placed`). Each placement, eviction, wait and refusal is
-recorded with its reason (``_decisions.py``). docs/vram.md tells the rules.
+(:func:`plan_load`), asks the planner (``_planner.py``, a pure function; the gate,
+``_gate.py``, gives it its records) where it goes, carries the plan out (evicts, one
+model at a time, what the rules allow and the policy chooses: ``_eviction.py``),
+claims the shared lease, waits where a load may wait, and hands the model actor an
+already validated and placed plan (:meth:`ModelActor.load_placed`). Each placement,
+eviction, wait and refusal is recorded with its reason (``_decisions.py``).
+docs/vram.md tells the rules.
 
-It reads the model actors through their narrow methods only (``holding``,
-``releases``, ``idle``, ``queue_depth``...), never their placement or replicas.
+It keeps one record per model (:class:`Residence`, ``_residence.py``): the model actor
+reports facts to it (loaded, used, idle, unloaded), and the numbers the owner decides
+with are the record's. Every unload the pool decides on (an eviction, a keep-alive that
+ran out) is started here.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
 
 import trio
 
 from pool.actors._decisions import DecisionLog
 from pool.actors._events import WaitReason
 from pool.actors._eviction import eviction_candidates, reload_s, warm_note
-from pool.actors._gate import Choice, Gate, Placements, held_mib
+from pool.actors._footprints import FootprintStore
+from pool.actors._gate import Gate, held_mib
 from pool.actors._gpu import GpuSource
 from pool.actors._ledger import SharedLedger
 from pool.actors._model import ModelActor
 from pool.actors._plan import LoadPlan, plan_load
+from pool.actors._planner import (
+    Evict,
+    Place,
+    Placements,
+    Refuse,
+    ResidenceView,
+    Rules,
+    Target,
+    Wait,
+)
+from pool.actors._residence import Residence
 from pool.actors._sleep import read_host_ram, sleep_verdict
 from pool.actors._snapshots import ModelSnapshot
 from pool.actors._vram import CudaContexts, LoadMeter, charges
@@ -58,10 +73,14 @@ class Residency:
         *,
         contexts: CudaContexts,
         meter: LoadMeter,
+        footprints: FootprintStore | None,
         ledger: SharedLedger | None,
     ) -> None:
         self.settings = settings
         self.models = models
+        self.footprints = footprints
+        # The record of each model: its numbers, its keep-alive (residence_for).
+        self.residences: dict[str, Residence] = {}
         self.gpus = gpus
         self.contexts = contexts
         self.meter = meter
@@ -73,7 +92,7 @@ class Residency:
         self._was_unloading = False
         # The gate keeps the loads it let through, with the GPUs of each replica, until
         # they are `loading` (gate.reserved).
-        self.gate = Gate(settings, models, gpus, contexts=contexts, ledger=ledger)
+        self.gate = Gate(settings, models, self.residences, gpus, contexts=contexts, ledger=ledger)
         # Evictions and the decisions that lead to them, one at a time; models asked to
         # make way (new requests wait at their door), with who asked.
         self._room_lock = trio.Lock()
@@ -89,15 +108,65 @@ class Residency:
         except KeyError:
             raise PoolError("unknown_model", f"model {name!r} is not configured") from None
 
+    def residence_for(self, actor: ModelActor) -> Residence:
+        """Open the record of ``actor`` (ModelActor calls this as it is built)."""
+        residence = Residence(
+            actor,
+            footprints=self.footprints,
+            meter=self.meter,
+            contexts=self.contexts,
+            spawn=self._spawn,
+        )
+        self.residences[actor.name] = residence
+        return residence
+
+    def residence(self, name: str) -> Residence:
+        """The record of model ``name``."""
+        self.model(name)  # unknown_model
+        return self.residences[name]
+
+    def expected_load_s(self, name: str) -> float | None:
+        """How long the last measured load of ``name`` took (its current definition;
+        kept across restarts); None before one was measured."""
+        return self.residence(name).expected_load_s()
+
+    def _spawn(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` in the background (a footprint file written): the load or unload
+        that asked for it does not wait."""
+        if self._nursery is not None:
+            self._nursery.start_soon(work)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Carry out the owner's background work: evicted ``enabled`` models come back
-        when room frees."""
+        when room frees, and idle on-demand models unload when their keep-alive ends."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            for residence in self.residences.values():
+                if residence.actor.definition.on_demand:
+                    nursery.start_soon(self._keep_alive, residence)
             task_status.started()
             while True:
                 await self._changed.wait()
                 await self._bring_back_evicted()
+
+    async def _keep_alive(self, residence: Residence) -> None:
+        """Unload ``residence``'s model once its keep-alive expires while it is idle."""
+        actor = residence.actor
+        while True:
+            poke = residence.keep_alive_poke
+            if residence.expires_at is None:
+                await poke.wait()
+                continue
+            with trio.move_on_at(residence.expires_at):
+                await poke.wait()
+                continue
+            if actor.state == "loaded" and actor.idle and residence.expires_at is not None:
+                log.info("model=%s keep_alive expired; unloading", actor.name)
+                residence.expires_at = None
+                try:
+                    await actor.unload("keep_alive")
+                except PoolError as exc:  # e.g. shutting down under us
+                    log.warning("model=%s keep-alive unload failed: %s", actor.name, exc.message)
 
     # -- change notices ------------------------------------------------------------------
     def notify_change(self) -> None:
@@ -272,8 +341,7 @@ class Residency:
             ):
                 continue
             plan = self._hinted(actor, actor.comeback) or plan_load(None, actor.definition)
-            per_replica = self.gate.per_replica(actor, plan)[0]
-            if self.gate.fit(actor, plan, per_replica) is None:
+            if self.gate.fit(self.gate.target(actor, plan)) is None:
                 continue
             self.decisions.record(
                 "comeback", actor.name, "evicted earlier; room freed and nothing waits for it"
@@ -312,79 +380,86 @@ class Residency:
         """
         engine = self.settings.engine
         limit = engine.max_loaded_models if wait else 0
-        per_replica, source = self.gate.per_replica(actor, plan)
+        target = self.gate.target(actor, plan)
         asked_at = trio.current_time()
         # How long this load leaves models in their stay-warm windows alone when only
         # they could make the room. No starvation: never past engine.warm_wait_s, nor past
         # half of what its first request's queue_timeout_s leaves after its own load.
-        own_load_s, _ = reload_s(actor, per_replica * plan.replicas)
+        own_load_s, _ = reload_s(
+            self.residences[actor.name].expected_load_s(), target.per_replica_mib * plan.replicas
+        )
         spare_warm_until = asked_at + min(
             engine.warm_wait_s, max(0.0, actor.queue_timeout_s - own_load_s) / 2
         )
-        choice = Choice(None)
+
+        def rules(*, taken: bool = False, evict_warm: bool | None = None) -> Rules:
+            now = trio.current_time()
+            if evict_warm is None:
+                evict_warm = not (wait and now < spare_warm_until)
+            return self.gate.rules(
+                now, limit=limit, wait=wait, evict_warm=evict_warm, room_taken=taken
+            )
+
         while True:
             async with self._room_lock:
                 while True:
                     if wait and actor.queue_depth == 0:
                         return None
-                    gpus = self.gate.fit(actor, plan, per_replica)
-                    if gpus is not None and (not limit or self.gate.loaded_count(actor) < limit):
+                    taken = False
+                    outcome = self.gate.plan(target, rules())
+                    if isinstance(outcome, Place):
                         self._waiting_for_room.discard(actor)
-                        if await self._claim_lease(actor, gpus, per_replica):
-                            self.gate.reserved[actor] = gpus
+                        if await self._claim_lease(actor, outcome.gpus, target.per_replica_mib):
+                            self.gate.reserved[actor] = outcome.gpus
                             self._release_yields(actor)
-                            self._record_place(actor, plan, gpus, per_replica, source)
-                            return gpus
-                        gpus = None  # another holder took the room: evict or wait as if full
-                    if gpus is None and not self.gate.could_ever_fit(actor, plan, per_replica):
-                        reason = self.gate.refusal(actor, plan, per_replica, source)
-                        self.decisions.record(
-                            "refuse",
-                            actor.name,
-                            reason,
-                            **self.gate.room_numbers(actor, per_replica),
+                            self._record_place(actor, plan, outcome.gpus, target)
+                            return outcome.gpus
+                        # Another holder took the room: evict or wait as if full.
+                        taken = True
+                        outcome = self.gate.plan(target, rules(taken=True))
+                    if isinstance(outcome, Refuse):
+                        self._refuse(actor, target, outcome.reason)
+                    if isinstance(outcome, Evict) and outcome.steps:
+                        step = outcome.steps[0]
+                        assert step.victim is not None
+                        await self._evict(
+                            self.models[step.victim.name],
+                            actor,
+                            tuple(self.models[m.name] for m in step.spared),
                         )
-                        raise PoolError("load_failed", reason)
-                    spare_warm = wait and trio.current_time() < spare_warm_until
-                    choice = self.gate.choose(
-                        actor, plan, per_replica, limit, evict_warm=not spare_warm
-                    )
-                    victim = choice.victim
-                    if victim is None or (wait and self.gate.is_fresh(victim)):
-                        break
-                    await self._evict(victim, actor, choice.spared)
-            if not wait:
-                reason = self.gate.refusal(actor, plan, per_replica, source)
-                self.decisions.record(
-                    "refuse", actor.name, reason, **self.gate.room_numbers(actor, per_replica)
-                )
-                raise PoolError("load_failed", reason)
+                        continue
+                    break
+            assert isinstance(outcome, Wait)  # a load that does not wait is placed or refused
             now = trio.current_time()
-            held_warm = choice.spared if choice.victim is None else ()
+            held_warm = outcome.spared
             if actor not in self._waiting_for_room:
                 self._waiting_for_room.add(actor)
                 self.decisions.record(
                     "wait",
                     actor.name,
                     self._why_wait(held_warm, now, spare_warm_until),
-                    **self.gate.room_numbers(actor, per_replica),
+                    **self.gate.room_numbers(target),
                 )
                 self.notify_change()  # its requests now know they wait for VRAM
             yield_at = asked_at + engine.warm_wait_s
             if now >= yield_at:
-                self._ask_to_yield(actor, now)
+                self._ask_to_yield(actor, target, now)
             wake = [now + RECHECK_S, yield_at if yield_at > now else math.inf]
             if held_warm:
-                ends = [until for m in held_warm if (until := m.warm_until()) is not None]
+                ends = [until for m in held_warm if (until := m.warm_until) is not None]
                 wake.append(min([spare_warm_until, *ends]))
-            best = self.gate.choose(actor, plan, per_replica, limit).victim
-            if best is not None and self.gate.is_fresh(best):
-                wake.append(best.resident_since + engine.min_resident_s)
+            best = self.gate.plan(target, rules(taken=taken, evict_warm=True))
+            if isinstance(best, Wait) and best.fresh is not None:
+                wake.append(best.fresh.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
                 await self._changed.wait()
 
+    def _refuse(self, actor: ModelActor, target: Target, reason: str) -> NoReturn:
+        self.decisions.record("refuse", actor.name, reason, **self.gate.room_numbers(target))
+        raise PoolError("load_failed", reason)
+
     @staticmethod
-    def _why_wait(held_warm: tuple[ModelActor, ...], now: float, spare_until: float) -> str:
+    def _why_wait(held_warm: tuple[ResidenceView, ...], now: float, spare_until: float) -> str:
         if not held_warm:
             return (
                 "no GPU has room and no idle model may be evicted for it now; waits"
@@ -397,7 +472,7 @@ class Residency:
         )
 
     def _record_place(
-        self, actor: ModelActor, plan: LoadPlan, gpus: Placements, per_replica: int, source: str
+        self, actor: ModelActor, plan: LoadPlan, gpus: Placements, target: Target
     ) -> None:
         where = ", ".join(
             "+".join(f"GPU {g}: {m} MiB" for g, m in zip(p.gpus, p.mib, strict=True)) for p in gpus
@@ -405,24 +480,27 @@ class Residency:
         self.decisions.record(
             "place",
             actor.name,
-            f"{plan.replicas} replica(s) of {per_replica} MiB ({source}) fit"
+            f"{plan.replicas} replica(s) of {target.per_replica_mib} MiB ({target.source}) fit"
             + (f" on {where}" if where else " (no GPU to gate)"),
             gpus=[list(p.gpus) for p in gpus],
             gpu_split_mib=[list(p.mib) for p in gpus],
         )
 
-    def _ask_to_yield(self, actor: ModelActor, now: float) -> None:
+    def _ask_to_yield(self, actor: ModelActor, target: Target, now: float) -> None:
         """Warm promotion is over for ``actor``: the best busy model stops taking new
         requests (they wait at its door), serves what it has queued, then is evicted."""
         if any(claimant is actor for _, claimant in self._yielding.values()):
             return
-        busy = eviction_candidates(
-            self.models.values(),
-            incoming=actor,
-            now=now,
-            min_resident_s=self.settings.engine.min_resident_s,
-            busy=True,
-        )
+        busy = [
+            self.models[b.name]
+            for b in eviction_candidates(
+                self.gate.views(now),
+                incoming=target,
+                now=now,
+                min_resident_s=self.settings.engine.min_resident_s,
+                busy=True,
+            )
+        ]
         busy = [b for b in busy if b not in self._yielding]
         if busy:
             log.info("model=%s asks busy model %s to make way", actor.name, busy[0].name)
@@ -476,7 +554,8 @@ class Residency:
             victim.placed_on,
         )
         # A model that can sleep keeps its weights in host RAM where the host has it.
-        need = victim.sleep_ram_mib()
+        residence = self.residences[victim.name]
+        need = residence.sleep_ram_mib()
         ram = await trio.to_thread.run_sync(read_host_ram) if need is not None else None
         sleep, how = sleep_verdict(need, ram)
         why = self.gate.why_evict(victim, spared) + (f"; {how}" if how else "")
@@ -485,7 +564,7 @@ class Residency:
         # to finish (and then reloads it) instead of being refused by the unload.
         self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
-        expected = victim.releases()
+        expected = residence.releases()
         before = {g.index: held_mib(g) for g in view.gpus}
         # Loads under way may finish meanwhile: what they then hold is not the victim's.
         others_before = self.gate.charges(exclude=[victim])[0]

@@ -110,6 +110,7 @@ class Pool:
             self.gpus,
             contexts=self.contexts,
             meter=self.meter,
+            footprints=self.footprints,
             ledger=ledger,
         )
         if isinstance(gpus, VirtualGpus):
@@ -123,9 +124,7 @@ class Pool:
                 metrics=self.metrics,
                 on_change=self.residency.notify_change,
                 loader=self.residency,
-                meter=self.meter,
-                footprints=self.footprints,
-                contexts=self.contexts,
+                residence=self.residency.residence_for,
                 on_recent_prompts=router.prompts_changed if router is not None else None,
             )
         self.started_at = time.time()

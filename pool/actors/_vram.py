@@ -1,7 +1,8 @@
 """The VRAM policy's arithmetic: room per GPU, placement, what placements charge, and
 the measurement of a load. Everything here is synchronous except the meter's reads;
-the gate (``_gate.py``) applies it to the pool, the residency owner (``_residency.py``)
-waits and evicts, and ``_eviction.py`` chooses whom to evict.
+the planner (``_planner.py``) applies it to the records the gate (``_gate.py``) reads of
+the pool, the residency owner (``_residency.py``) waits and evicts, and
+``_eviction.py`` chooses whom to evict.
 
 Room on one GPU for a new load::
 

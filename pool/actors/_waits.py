@@ -141,11 +141,8 @@ class RequestWaits:
     async def at_door(self, actor: ModelActor, deadline: float) -> None:
         """Hold a request for a model that makes way for another (or an on-demand model
         that is unloading) until that is over; it then queues (and reloads the model)."""
-        while True:
+        while self._residency.door_closed(actor):
             door = self._residency.door(actor)
-            unloading = actor.definition.on_demand and actor.state == "unloading"
-            if door is None and not unloading:
-                return
             with trio.move_on_at(deadline) as scope:
                 if door is not None:
                     await door.wait()

@@ -25,6 +25,8 @@ from pool.backends._upstream import (
 from pool.errors import BackendError, PoolError
 
 _FINISH = {"stop": "stop", "length": "length"}
+# What an upstream answers for a request it will not take as it is.
+_REFUSED_REQUEST = frozenset({400, 413, 422})
 
 
 def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
@@ -165,7 +167,8 @@ async def stream_chat(
     """POST ``body`` to ``path`` with ``stream: true``; pass every content delta to ``sink``.
 
     Raises:
-        PoolError: ``backend_timeout`` when the upstream is too slow.
+        PoolError: ``backend_timeout`` when the upstream is too slow; ``invalid_request``
+            when it refuses the request itself (400, 413 or 422).
         UpstreamConnectionFailed: no connection, or it broke off.
         BackendError: for an upstream error status or a broken or malformed stream.
     """
@@ -186,6 +189,11 @@ async def stream_chat(
         async with transport.request("POST", path, body=payload, headers=headers) as response:
             if response.status != 200:
                 message = upstream_message(await response.read())
+                if response.status in _REFUSED_REQUEST:
+                    # The request itself was refused (more images than the model takes,
+                    # say): the client's to fix, not a broken backend. Other 4xx (auth,
+                    # an unknown model, a busy or unloading peer) stay backend errors.
+                    raise PoolError("invalid_request", f"{what} refused the request: {message}")
                 raise BackendError(f"{what} answered HTTP {response.status}: {message}")
             # Read on past [DONE] to the end of the body, so the connection can be reused.
             async for batch in sse_batches(response.chunks()):

@@ -62,7 +62,6 @@ from pool.backends.prompt_formats import (
     ModelTemplate,
     PromptFormat,
     RenderedPrompt,
-    format_traits,
     get_prompt_format,
     thinking_modes,
 )
@@ -890,10 +889,11 @@ class ExLlamaV3Backend(Backend[ExLlamaV3Model]):
         return definition.device != "cpu"  # torch's context and caching allocator stay
 
     def capabilities(self, definition: ExLlamaV3Model) -> Capabilities:
-        multi_turn, _ = format_traits(definition.prompt_format)
         return Capabilities(
             modalities=("text",),
-            multi_turn=multi_turn,
+            # Single-turn `input` for every prompt format: the spec puts ExLlamaV3 with
+            # CT2 among the single-turn backends (docs/backends.md, "exllamav3").
+            multi_turn=False,
             thinking_modes=thinking_modes(definition.prompt_format),
         )
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pool.config._manager_environment import manager_environment_settings
 from pool.config._models import (
     EngineSettings,
     ModelDefinition,
@@ -280,16 +281,17 @@ def load_settings(
 ) -> Settings:
     """Read ``settings.json`` and, when present, ``local.json`` merged over it.
 
-    The runner spec's environment variables (:func:`environment_settings`) are merged
-    over both files: the environment wins, as a container's ``-e`` should over the
-    config baked into its image. ``environ`` defaults to ``os.environ``.
+    The runner spec's environment variables (:func:`environment_settings`) and the
+    embedded-engine manager's (:func:`manager_environment_settings`) are merged over
+    both files: the environment wins, as a container's ``-e`` should over the config
+    baked into its image. ``environ`` defaults to ``os.environ``.
     """
     settings_path = settings_path or default_settings_path()
     files = [(settings_path, read_json(settings_path))]
     local_path = local_path or default_local_path(settings_path)
     if local_path.is_file():
         files.append((local_path, read_json(local_path)))
-    if overlay := environment_settings(environ):
+    if overlay := merge(manager_environment_settings(environ), environment_settings(environ)):
         files.append((ENVIRONMENT_SOURCE, overlay))
     data: dict[str, Any] = {}
     for _, file_data in files:

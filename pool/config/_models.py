@@ -271,6 +271,11 @@ class ServiceSettings(_Strict):
     pull_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         30.0, description="A pull's connect (at most 10 s) and read timeout per request."
     )
+    pull_heartbeat_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        30.0,
+        description="A streamed /api/pull repeats the pull's state after this long without"
+        " progress (queued, or a stalled download), so no idle timeout cuts it.",
+    )
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)

@@ -36,7 +36,6 @@ from pool.schemas import (
     Decisions,
     EmbeddingList,
     EmbeddingsRequest,
-    Empty,
     GpuMemory,
     Health,
     InputItemList,
@@ -89,6 +88,7 @@ from pool.schemas import (
     RunnerLoadRequest,
     RunnerUnloaded,
     RunnerUnloadRequest,
+    StatusSuccess,
     TextCompletion,
     TextCompletionStreamEvent,
     UsageReport,
@@ -451,18 +451,24 @@ ROUTES: list[Route] = [
      reply=OllamaVersion, errors="ollama"),
     Route("post", "/api/pull", "ollama", "Pull a model (Ollama)",
      "Pulls a configured model from its `source` in the background: NDJSON progress lines"
-     " (the pull's state) by default; with `stream: false` the final state (500 when the"
-     " pull failed). A client that disconnects stops watching only. Admin token.",
+     " (the pull's state), repeated every `service.pull_heartbeat_s` (30 s) while nothing"
+     " moves (queued, or a stalled download); with `stream: false` the final state (400,"
+     " with `error`, when the pull failed or was cancelled). A model the store already"
+     " holds from the same source succeeds at once, downloading nothing. A client that"
+     " disconnects stops watching only. Admin token.",
      OllamaStoreRequest, reply=PullState, stream=NDJSON, events=PullState, errors="ollama"),
     Route("get", "/api/pull/status/{model}", "ollama", "Pull status",
-     "The current or last pull of a model (404 when none).", reply=PullState,
+     "The current or last pull of a model (404 when none): its state in the pool's"
+     " terms (`status`, `completed`, `total`) and the embedded-engine spec's (`state`,"
+     " `progress` in percent, `total_bytes`, `downloaded_bytes`).", reply=PullState,
      errors="ollama"),
     Route("delete", "/api/pull/{model}", "ollama", "Cancel a pull",
      "Cancels a running pull; its partial files are removed (404 when none runs).",
      reply=PullCancelled, errors="ollama"),
     Route("delete", "/api/delete", "ollama", "Delete a pulled model (Ollama)",
-     "Removes a pulled model from the store: `{}`; 409 while it is loaded, 404 when it is"
-     " not in the store.", OllamaStoreRequest, reply=Empty, errors="ollama"),
+     "Removes a pulled model from the store: `{\"status\": \"success\"}`; 409 while it is"
+     " loaded, 404 when it is not in the store.", OllamaStoreRequest, reply=StatusSuccess,
+     errors="ollama"),
     Route("get", "/health", "operations", "Health",
      "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
      " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
@@ -471,8 +477,11 @@ ROUTES: list[Route] = [
      " the node serves on by itself), `error`, `peers`.", reply=Health),
     Route("get", "/api/status", "operations", "Full status",
      "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
-     " `idle_seconds`, `will_unload_in`, `error`, queue), the pulls under way and each"
-     " GPU's memory. Always 200: `status` says whether the pool serves.", reply=PoolStatus),
+     " `idle_seconds`, `will_unload_in`, `error`, queue), `engine.gpu_memory` (the"
+     " embedded-engine spec's `allocated_gb`, `reserved_gb`, `total_gb`), the pulls under"
+     " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
+     " models the model store holds, and their `count`) and each GPU's memory in MiB."
+     " Always 200: `status` says whether the pool serves.", reply=PoolStatus),
     Route("get", "/metrics", "operations", "Prometheus metrics",
      "Text exposition format. Each loaded model's GPU memory is"
      " `llm_pool_model_gpu_memory_bytes{model,part}`: `weights` and `kv_cache` where the"
@@ -586,10 +595,8 @@ _WHY: dict[int, str] = {
     " token budget (`budget_exceeded`); `Retry-After` set",
 }
 
-# A body the server answers with 500 or 503 other than an error (the pull's final state,
-# the health while unhealthy).
+# A body the server answers with 503 other than an error (the health while unhealthy).
 _SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
-    ("post", "/api/pull"): (500, PullState),
     ("get", "/health"): (503, Health),
     ("get", "/v1/capabilities"): (503, RunnerDescriptor),
 }
@@ -1017,9 +1024,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if server_reply is not None:
         status, model = server_reply
         responses[str(status)] = {
-            "description": "The pull failed: its final state"
-            if status == 500
-            else "Unhealthy: the same body as a success",
+            "description": "Unhealthy: the same body as a success",
             "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
         }
     responses["5XX"] = {

@@ -25,18 +25,32 @@ PullStatus = Literal[
 ]
 FINAL_STATUSES = frozenset({"success", "error", "cancelled"})
 
+# The embedded-engine spec's job states, by the pull's finer status.
+_SPEC_STATES: dict[str, str] = {
+    "queued": "queued",
+    "pulling manifest": "downloading",
+    "downloading": "downloading",
+    "verifying sha256 digest": "downloading",
+    "success": "completed",
+    "error": "failed",
+    "cancelled": "cancelled",
+}
+
 
 class PullEvents:
     """One watcher's progress events, as an async iterator of status dicts.
 
     It holds at most ``service.pull_progress_buffer`` unread events; past that it skips
     new intermediate ones (counted in :attr:`skipped`). Iteration ends after the final
-    event (``success``, ``error`` or ``cancelled``), which is never skipped.
+    event (``success``, ``error`` or ``cancelled``), which is never skipped. With
+    ``heartbeat_s``, a pull that reports nothing for that long (queued behind others,
+    or a stalled download) gives its current state again: a heartbeat.
     """
 
-    def __init__(self, handle: PullHandle, buffer: int) -> None:
+    def __init__(self, handle: PullHandle, buffer: int, heartbeat_s: float | None) -> None:
         self._handle = handle
         self._send, self._receive = trio.open_memory_channel[dict[str, Any]](buffer)
+        self._heartbeat_s = heartbeat_s
         self._ended = False
         self.skipped = 0
 
@@ -47,12 +61,21 @@ class PullEvents:
         if self._ended:
             raise StopAsyncIteration
         try:
-            event = await self._receive.receive()
+            if self._heartbeat_s is None:
+                event = await self._receive.receive()
+            else:
+                # A receive that is cancelled takes nothing off the channel.
+                with trio.move_on_after(self._heartbeat_s):
+                    return self._seen(await self._receive.receive())
+                event = self._handle.status()
         except trio.EndOfChannel:
             # The pull ended while this watcher's buffer was full: hand it the final state.
             event = self._handle.status()
         except trio.ClosedResourceError:
             raise StopAsyncIteration from None  # read after its `watch` block ended
+        return self._seen(event)
+
+    def _seen(self, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] in FINAL_STATUSES:
             self._ended = True
         return event
@@ -119,9 +142,25 @@ class PullHandle:
         Keys: ``model``, ``source``, ``status``, ``completed`` and ``total`` (bytes over
         all files), ``files_done``, ``files_total``, ``file`` (the current one),
         ``error``, ``path`` (the pulled file, or folder for several files),
-        ``started_at`` and ``finished_at`` (Unix times).
+        ``started_at`` and ``finished_at`` (Unix times). Always there too, the same
+        facts as the embedded-engine spec names them: ``state`` (``queued``,
+        ``downloading``, ``completed``, ``failed``, ``cancelled``), ``progress`` (percent,
+        100 once completed, 0 while the size is unknown), ``total_bytes`` (0 while
+        unknown) and ``downloaded_bytes``.
         """
-        return {key: value for key, value in self._state.items() if value is not None}
+        known = {key: value for key, value in self._state.items() if value is not None}
+        state = _SPEC_STATES[known["status"]]
+        total, done = known.get("total") or 0, known["completed"]
+        if state == "completed":
+            progress = 100.0
+        else:
+            progress = round(min(done, total) / total * 100, 1) if total else 0.0
+        return known | {
+            "state": state,
+            "progress": progress,
+            "total_bytes": total,
+            "downloaded_bytes": done,
+        }
 
     async def wait(self) -> dict[str, Any]:
         """Wait for the pull to end; its final state."""
@@ -134,9 +173,13 @@ class PullHandle:
         await self._done.wait()
 
     @asynccontextmanager
-    async def watch(self) -> AsyncIterator[PullEvents]:
-        """Follow this pull: the events start with its state at the time of subscribing."""
-        events = PullEvents(self, self._buffer)
+    async def watch(self, heartbeat_s: float | None = None) -> AsyncIterator[PullEvents]:
+        """Follow this pull: the events start with its state at the time of subscribing.
+
+        With ``heartbeat_s``, the state comes again whenever the pull reports nothing
+        for that long (see :class:`PullEvents`).
+        """
+        events = PullEvents(self, self._buffer, heartbeat_s)
         events._offer(self.status())
         if self.done:
             events._end()

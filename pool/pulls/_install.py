@@ -52,15 +52,21 @@ def install(store: ModelStore, model: str, source: str, files: list[PullFile]) -
     return path
 
 
-def completed_pull(store: ModelStore, model: str, source: str) -> Path | None:
+def completed_pull(
+    store: ModelStore, model: str, source: str, sha256: str | None = None
+) -> Path | None:
     """The path of a complete pull of ``model`` from ``source`` in the store, if any.
 
     A manifest that cannot be read, names another source or points outside the store
-    or at nothing counts as no pull (the unreadable kinds are logged).
+    or at nothing counts as no pull (the unreadable kinds are logged); with ``sha256``
+    (normalized hex), so does one that is not of a single file with that digest.
     """
     try:
         manifest = store.read_json(store.manifest_path(model))
         if manifest is None or manifest.get("source") != source:
+            return None
+        digests = [f.get("sha256") for f in manifest.get("files", [])]
+        if sha256 is not None and digests != [sha256]:
             return None
         path = store.root / str(manifest.get("path", ""))
         if store.contains(path) and path != store.root and path.exists():

@@ -6,6 +6,8 @@ running pull per model name; a second ``pull()`` joins it. A pull runs in four s
 each in a module of its own: its source becomes a list of files (``_sources``), they
 are downloaded and verified into ``<store>/.partial/<model>/`` (``_download``), then
 installed into ``<store>/<model>/`` (``_install``), and the model is pointed at them.
+A pull of a model whose store already holds a complete pull of the same source (and
+checksum, where one is asked for) succeeds at once, downloading nothing.
 
 What a failed pull leaves: nothing in the visible store, ever. Its partial files are
 deleted, except when the connection kept breaking after bytes had arrived (retries
@@ -182,10 +184,13 @@ class PullManager:
         return {model: h.status() for model, h in self._pulls.items() if not h.done}
 
     @asynccontextmanager
-    async def watch(self, model: str) -> AsyncIterator[PullEvents]:
+    async def watch(
+        self, model: str, heartbeat_s: float | None = None
+    ) -> AsyncIterator[PullEvents]:
         """Follow the current or last pull of ``model`` (see :class:`PullEvents`).
 
-        Leaving the block unsubscribes; the pull itself goes on.
+        Leaving the block unsubscribes; the pull itself goes on. With ``heartbeat_s``,
+        a pull that reports nothing for that long gives its state again.
 
         Raises:
             PoolError: ``not_found`` (404) when no pull of ``model`` is known.
@@ -193,8 +198,12 @@ class PullManager:
         handle = self._pulls.get(model)
         if handle is None:
             raise PoolError("not_found", f"no pull of {model!r}")
-        async with handle.watch() as events:
+        async with handle.watch(heartbeat_s) as events:
             yield events
+
+    async def stored_models(self) -> list[str]:
+        """The models whose pull the store holds complete, by name."""
+        return await self._thread(self.store.pulled_models)
 
     async def cancel(self, model: str) -> bool:
         """Stop the running pull of ``model`` and delete its partial files.
@@ -245,11 +254,16 @@ class PullManager:
         pulled: Path | None = None
         try:
             with handle.cancel_scope:
-                async with self._slots:
-                    handle.resolving()
-                    files = await self._resolve(handle.source, sha256)
-                    await self._downloader.fetch(model, files, handle)
-                    pulled = await self._thread(install, self.store, model, handle.source, files)
+                # A model the store already holds from this source is not fetched again
+                # (nor does it wait for a download slot): delete it to pull it afresh.
+                source = handle.source
+                pulled = await self._thread(completed_pull, self.store, model, source, sha256)
+                if pulled is None:
+                    async with self._slots:
+                        handle.resolving()
+                        files = await self._resolve(source, sha256)
+                        await self._downloader.fetch(model, files, handle)
+                        pulled = await self._thread(install, self.store, model, source, files)
             if handle.cancel_scope.cancelled_caught:
                 outcome = ("cancelled", "the pull was cancelled")
             else:

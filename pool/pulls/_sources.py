@@ -10,7 +10,8 @@ A source (``ModelDefinition.source``, or the ``source`` argument of a pull) is o
   (dotfiles aside); several ``.gguf`` files must be told apart with ``:file``. The
   endpoint is ``service.hf_endpoint``, else ``$HF_ENDPOINT``, else the public hub; the
   files then travel through the same HTTP path as URLs (same progress, resume and
-  checks), with the hub's own headers (its token, if one is configured).
+  checks), with the hub's own headers (its token, if one is configured:
+  :func:`hub_token`).
 
 Resolving a source lists and stats files (and asks the hub): callers run
 :meth:`Sources.files` in a worker thread.
@@ -28,6 +29,8 @@ from typing import Literal
 from pool.config import resolve_model_path
 from pool.errors import PoolError
 from pool.pulls._store import ModelStore, safe_name, safe_relative
+
+HUGGINGFACE_API_KEY_ENV = "HUGGINGFACE_API_KEY"
 
 SourceKind = Literal["path", "url", "hf"]
 
@@ -214,7 +217,7 @@ class Sources:
 
     def _hub_files(self, source: str) -> list[PullFile]:
         try:
-            from huggingface_hub import HfApi, get_token, hf_hub_url
+            from huggingface_hub import HfApi, hf_hub_url
             from huggingface_hub.hf_api import RepoFile
         except ImportError:
             raise PoolError(
@@ -225,11 +228,11 @@ class Sources:
         assert match is not None  # classify_source said "hf"
         repo, revision, wanted = match["repo"], match["revision"], match["file"]
         try:
-            tree = HfApi(endpoint=self.endpoint).list_repo_tree(
+            token = hub_token()
+            tree = HfApi(endpoint=self.endpoint, token=token).list_repo_tree(
                 repo, recursive=True, revision=revision
             )
             entries = [e for e in tree if isinstance(e, RepoFile)]
-            token = get_token()
             headers = {"Authorization": f"Bearer {token}"} if token else {}
         except Exception as exc:  # noqa: BLE001 - the hub client raises many kinds
             raise PoolError(
@@ -262,6 +265,15 @@ class Sources:
             )
             for e in entries
         ]
+
+
+def hub_token() -> str | None:
+    """The Hugging Face token: huggingface_hub's (``$HF_TOKEN``,
+    ``$HUGGING_FACE_HUB_TOKEN``, then a saved login), else ``$HUGGINGFACE_API_KEY``,
+    the embedded-engine spec's other name for it."""
+    from huggingface_hub import get_token
+
+    return get_token() or os.environ.get(HUGGINGFACE_API_KEY_ENV, "").strip() or None
 
 
 def _dotfile(relative: str) -> bool:

@@ -189,6 +189,13 @@ class ModelStore:
             return None
         return data if isinstance(data, dict) else None
 
+    def pulled_models(self) -> list[str]:
+        """The names with a manifest: the models whose pull completed, sorted."""
+        manifests = self.root / MANIFEST_DIR
+        if not manifests.is_dir():
+            return []
+        return sorted(p.stem for p in manifests.glob("*.json") if _COMPONENT.match(p.stem))
+
     # -- removing -----------------------------------------------------------------------
     def remove_partials(self, model: str) -> None:
         """Delete every partial file of ``model`` (and its resume notes)."""

@@ -149,6 +149,10 @@ class ModelCard(_Reply):
         description="The context a request gets: the configured one (the backend's context"
         " field), else the model's own from its artifact; null when neither is known.",
     )
+    loaded: bool = Field(
+        description="Whether the model is loaded now (in a cluster: on some node); an"
+        " on-demand or evicted model that is not loads on its first request."
+    )
 
 
 class ModelList(_Reply):
@@ -343,7 +347,11 @@ class OllamaShowReply(_Reply):
     parameters: str = Field(description="Decoding defaults, one `name value` a line.")
     template: str = Field(description="The pool's prompt format of the model.")
     details: OllamaModelDetails
-    model_info: dict[str, Any] = Field(description="The model's definition.")
+    model_info: dict[str, Any] = Field(
+        description="The model's definition, and from its artifact (where it says):"
+        " `general.architecture`, `general.parameter_count`, `<family>.context_length` and"
+        " the plain `context_length`, `hidden_size`, `num_layers`, `vocab_size`."
+    )
     capabilities: list[Literal["completion", "embedding", "tools", "thinking", "vision"]]
     modified_at: str
 
@@ -369,6 +377,15 @@ class PullState(_Reply):
     path: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    state: Literal["queued", "downloading", "completed", "failed", "cancelled"] = Field(
+        description="The embedded-engine spec's state: `status` in five values."
+    )
+    progress: float = Field(
+        description="Percent of `total_bytes` done: 100 once completed, 0 while the size"
+        " is unknown."
+    )
+    total_bytes: int = Field(description="`total`, 0 while unknown.")
+    downloaded_bytes: int = Field(description="`completed`.")
 
 
 class PullCancelled(_Reply):
@@ -376,8 +393,10 @@ class PullCancelled(_Reply):
     cancelled: Literal[True]
 
 
-class Empty(_Reply):
-    """``{}``."""
+class StatusSuccess(_Reply):
+    """``{"status": "success"}``, as Ollama and the embedded-engine spec answer."""
+
+    status: Literal["success"]
 
 
 class OllamaError(_Reply):
@@ -801,8 +820,21 @@ class EngineModelStatus(_Reply):
     vram_mib: int | None = Field(description="What the loaded model holds (or is estimated to).")
 
 
+class EngineGpuMemory(_Reply):
+    """The embedded-engine spec's GPU figures: GB (10^9 bytes), summed over the GPUs."""
+
+    allocated_gb: float | None = Field(
+        description="Held by this pool's runtimes; null where no GPU can tell."
+    )
+    reserved_gb: float = Field(description="In use on the GPUs, by this pool and others.")
+    total_gb: float
+
+
 class EngineStatus(_Reply):
     models: list[EngineModelStatus]
+    gpu_memory: EngineGpuMemory | None = Field(
+        description="The spec's summary of `gpu_memory` (below); null without GPUs."
+    )
 
 
 class GpuMemoryReading(_Reply):
@@ -818,6 +850,13 @@ class GpuMemoryReading(_Reply):
 class GpuMemoryStatus(_Reply):
     gpus: list[GpuMemoryReading]
     error: str | None = Field(description="Why there are no readings (no NVIDIA driver).")
+
+
+class StoreStatus(_Reply):
+    """The model store: what pulls downloaded (and ``/api/delete`` removes)."""
+
+    models: list[str] = Field(description="The models with a complete pull, by name.")
+    count: int
 
 
 _STATUS_EXAMPLE: dict[str, Any] = {
@@ -851,7 +890,8 @@ _STATUS_EXAMPLE: dict[str, Any] = {
                 "gpus": [[0]],
                 "vram_mib": 5120,
             }
-        ]
+        ],
+        "gpu_memory": {"allocated_gb": 20.45, "reserved_gb": 20.97, "total_gb": 24.15},
     },
     "pulls": {
         "llama": {
@@ -860,8 +900,13 @@ _STATUS_EXAMPLE: dict[str, Any] = {
             "status": "downloading",
             "completed": 1048576,
             "total": 4194304,
+            "state": "downloading",
+            "progress": 25.0,
+            "total_bytes": 4194304,
+            "downloaded_bytes": 1048576,
         }
     },
+    "cache": {"models": ["qwen"], "count": 1},
     "gpu_memory": {
         "gpus": [
             {
@@ -880,7 +925,7 @@ _STATUS_EXAMPLE: dict[str, Any] = {
 
 
 class PoolStatus(_Reply):
-    """``GET /api/status``: health, engine, pulls and GPU memory at once."""
+    """``GET /api/status``: health, engine, pulls, the model store and GPU memory at once."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_STATUS_EXAMPLE]})
 
@@ -890,4 +935,5 @@ class PoolStatus(_Reply):
     uptime: int = Field(description="Seconds since the pool started.")
     engine: EngineStatus
     pulls: dict[str, PullState] = Field(description="The pulls under way, by model.")
-    gpu_memory: GpuMemoryStatus
+    cache: StoreStatus = Field(description="The model store (the spec's model cache).")
+    gpu_memory: GpuMemoryStatus = Field(description="Each GPU's memory, in MiB.")

@@ -79,7 +79,7 @@ async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it
         in_process(pool, "a", "b")
         # The first load's delta holds the context too: its size is not known yet.
         assert (await pool.load("a")).observed_load_delta_mib == 1000 + CONTEXT
-        assert pool.model("a").unsplit_context == {0}
+        assert pool.residency.residence("a").unsplit_context == {0}
         # A later one pays none.
         assert (await pool.load("b")).observed_load_delta_mib == 2000
         # Unloading "a" shows what the pool process keeps beyond "b": the context.
@@ -102,7 +102,7 @@ async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it
         assert pool.footprints.context_mib(0) == CONTEXT
         assert pool.snapshot("b").vram.mib == 2000
         assert (await pool.load("b")).observed_load_delta_mib == 2000
-        assert pool.model("b").unsplit_context == set()
+        assert pool.residency.residence("b").unsplit_context == set()
 
 
 async def test_a_managed_runtime_pays_no_context(autojump_clock: trio.abc.Clock) -> None:

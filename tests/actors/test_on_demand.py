@@ -58,7 +58,7 @@ async def test_keep_alive_from_config_unloads_after_idle(autojump_clock: trio.ab
         await pool.respond(ask("m"))
         done_at = trio.current_time()
         await trio.testing.wait_all_tasks_blocked()  # the replica's job has wrapped up
-        assert pool.model("m").expires_in_s == pytest.approx(300)
+        assert pool.snapshot("m").expires_in_s == pytest.approx(300)
         await trio.sleep(299)
         assert pool.snapshot("m").state == "loaded"
         await pool.model("m").wait_state_change()  # unloading
@@ -89,7 +89,7 @@ async def test_request_keep_alive_overrides(autojump_clock: trio.abc.Clock) -> N
         await pool.respond(ask("m", keep_alive=-1))
         await trio.sleep(7 * 24 * 3600)
         assert pool.snapshot("m").state == "loaded"
-        assert pool.model("m").expires_in_s is None
+        assert pool.snapshot("m").expires_in_s is None
 
 
 async def test_pinned_keep_alive_ignores_client(autojump_clock: trio.abc.Clock) -> None:

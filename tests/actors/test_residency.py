@@ -102,7 +102,7 @@ async def test_the_cheapest_to_bring_back_goes_first(
             assert "reloads in 0.50s (measured)" in evict.reason
         else:
             assert "least recently used" in evict.reason
-        assert pool.model("slow").expected_load_s() == pytest.approx(20, abs=0.01)
+        assert pool.residency.expected_load_s("slow") == pytest.approx(20, abs=0.01)
 
 
 async def test_the_preview_says_what_the_load_then_does(autojump_clock: trio.abc.Clock) -> None:

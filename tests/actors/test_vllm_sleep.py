@@ -160,7 +160,7 @@ async def test_off_a_gpu_or_switched_off_the_engine_never_sleeps(
     async with open_pool(settings(tmp_path / "v")) as pool:  # virtual GPUs: no device
         await pool.load("a")
         assert engines.engines[-1].vllm_config.model_config.enable_sleep_mode is False
-        assert pool.model("a").sleep_ram_mib() is None  # an eviction would unload it
+        assert pool.residency.residence("a").sleep_ram_mib() is None  # an eviction would unload it
 
 
 def test_weights_size_of_a_folder(tmp_path: Path) -> None:

@@ -425,12 +425,12 @@ async def test_restart_keeps_learned_footprints(cache_dir: Path) -> None:
     (timing,) = [e for e in entries if "seconds" in e]
     assert timing["model"] == "m" and timing["seconds"] >= 0
     async with open_pool(settings) as pool:
-        assert pool.model("m").expected_load_s() == timing["seconds"]
+        assert pool.residency.expected_load_s("m") == timing["seconds"]
         snapshot = pool.snapshot("m")
         assert snapshot.state == "unloaded"
         assert (snapshot.vram.mib, snapshot.vram.source) == (2500, "observed_load_delta")
         # Another replica count of the same settings scales from it.
-        estimate = pool.model("m").vram_estimate(replicas=2)
+        estimate = pool.residency.residence("m").vram_estimate(replicas=2)
         assert (estimate.mib, estimate.source) == (5000, "observed_load_delta")
 
 
@@ -571,7 +571,7 @@ async def test_chain_gguf_closed_form_in_a_row() -> None:
     )
     async with open_pool(settings, startup_loads=False) as pool:
         estimate = pool.snapshot("s").vram
-        artifact = pool.model("s").artifact
+        artifact = pool.residency.residence("s").artifact
     assert artifact is not None and artifact.gguf is not None
     expected = gguf_closed_form_mib(artifact.gguf, MemoryProfile(context=4096, batch=512))
     assert (estimate.mib, estimate.source) == (expected, "artifact_metadata")
@@ -809,7 +809,7 @@ async def test_a_cpu_only_gguf_is_charged_nothing_on_the_gpu() -> None:
         }
     )
     async with open_pool(settings, startup_loads=False) as pool:
-        artifact = pool.model("cpu").artifact
+        artifact = pool.residency.residence("cpu").artifact
         assert artifact is not None and artifact.gguf is not None
         header = artifact.gguf
         estimates = {name: pool.snapshot(name).vram for name in ("cpu", "gpu", "half")}

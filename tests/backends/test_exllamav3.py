@@ -187,6 +187,31 @@ async def test_thinking_follows_the_prompt_format(world: fake.World, tmp_path: P
     assert "<think>\n\n</think>" in world.encoded[0]["text"]
 
 
+@pytest.mark.parametrize("prompt_format", ["qwen3_template", "generic", "translategemma_template"])
+async def test_single_turn_input_only_whatever_the_format(
+    world: fake.World, tmp_path: Path, prompt_format: str
+) -> None:
+    """A conversation is refused before it is queued, even where the format could render
+    one (qwen3_template and generic are multi-turn formats on llama_cpp)."""
+    async with open_pool(_settings(tmp_path, prompt_format=prompt_format)) as pool:
+        assert not pool.snapshot("exl").capabilities.multi_turn
+        await pool.load("exl")
+        conversation = request_from_responses(
+            {
+                "model": "exl",
+                "messages": [
+                    {"role": "user", "content": "My favourite colour is teal."},
+                    {"role": "assistant", "content": "Noted."},
+                    {"role": "user", "content": "What is my favourite colour?"},
+                ],
+            }
+        )
+        with pytest.raises(PoolError) as info:
+            await pool.respond(conversation)
+        assert info.value.code == "multi_turn_unsupported" and info.value.status == 400
+    assert world.jobs == []
+
+
 async def test_a_prompt_longer_than_the_cache_is_a_400(world: fake.World, tmp_path: Path) -> None:
     async with open_pool(_settings(tmp_path, exllama_cache_size=256)) as pool:
         await pool.load("exl")

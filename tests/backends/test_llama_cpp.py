@@ -275,6 +275,22 @@ async def test_images_are_refused_even_if_the_config_lists_them() -> None:
         assert info.value.code == "modality_unsupported"
 
 
+@pytest.mark.real_model
+async def test_a_text_only_content_array_is_one_prompt() -> None:
+    """A text model takes a content array of text parts, joined by newlines into one
+    prompt: the same prompt, and so the same greedy answer, as that text sent whole."""
+    parts = [QUESTION, "Answer in one sentence."]
+    content = [{"type": "text", "text": text} for text in parts]
+    async with open_pool(_settings(smol={"enabled": True})) as pool:
+        as_array = await pool.respond(request_from_responses({"model": "smol", "input": content}))
+        as_text = await pool.respond(_ask("smol", "\n".join(parts)))
+        first_only = await pool.respond(_ask("smol", parts[0]))
+    assert "Paris" in as_array.text
+    assert as_array.text == as_text.text
+    assert as_array.usage.prompt_tokens == as_text.usage.prompt_tokens
+    assert (as_array.usage.prompt_tokens or 0) > (first_only.usage.prompt_tokens or 0)
+
+
 @pytest.mark.parametrize(
     ("prompt_format", "multi_turn", "thinking", "tools"),
     [

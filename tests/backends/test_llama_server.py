@@ -3,6 +3,8 @@ and the SmolLM2 GGUF; openai_remote against that same server."""
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import shutil
 import signal
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from PIL import Image
 
 from pool import (
     Delta,
@@ -24,6 +27,7 @@ from pool.backends import get_backend
 from pool.backends.llama_server import command_line
 from pool.config import build_settings, resolve_model_path
 
+from . import tiny_mmproj
 from .streaming import assert_cut_is_charged, assert_streams
 from .test_process import _gone, assert_group_running, assert_killed_pool_leaves_no_server
 
@@ -250,6 +254,35 @@ async def test_mmproj_reaches_the_server_resolved_from_the_settings_folder(
     without = _settings(llama_server_binary, modalities=["text", "image"]).engine.models["ls"]
     assert backend.capabilities(without).modalities == ("text",)
     assert "--mmproj" not in command_line(without, "llama-server", "m.gguf", 1)
+
+
+async def test_images_reach_the_server_and_fill_the_prompt(
+    llama_server_binary: str, tmp_path: Path
+) -> None:
+    """With a projector (tiny_mmproj.py: random weights, 16 embeddings an image) the
+    server takes the pool's ``image_url`` parts: it decodes each image and puts its
+    embeddings in the prompt, in place among the text."""
+    projector = tiny_mmproj.write(tmp_path / "mmproj.gguf")
+    settings = _settings(
+        llama_server_binary,
+        llama_server_mmproj_path=str(projector),
+        modalities=["text", "image"],
+    )
+    buffer = io.BytesIO()
+    Image.new("RGB", (48, 40), (200, 30, 30)).save(buffer, format="PNG")
+    png = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    image = {"type": "image_url", "image_url": {"url": png}}
+    text = {"type": "text", "text": "What is in the picture?"}
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        assert pool.snapshot("ls").capabilities.modalities == ("text", "image")
+        prompt_tokens = []
+        for content in ([text], [text, image], [image, text, image]):
+            reply = await pool.respond(_ask(input=content, decoding={"max_tokens": 2}))
+            prompt_tokens.append(reply.usage.prompt_tokens or 0)
+    no_image, one, two = prompt_tokens
+    assert two - one == tiny_mmproj.TOKENS_PER_IMAGE, prompt_tokens
+    assert one - no_image >= tiny_mmproj.TOKENS_PER_IMAGE, prompt_tokens
 
 
 async def test_speculative_decoding_with_smollm2_as_its_own_draft(

@@ -1,9 +1,9 @@
-"""openai_remote against real upstreams on loopback: another pool, and a silent socket."""
+"""openai_remote against real upstreams on loopback: another pool, a server that records
+what it receives (recording_upstream.py), and a silent socket."""
 
 from __future__ import annotations
 
-import json
-import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +21,9 @@ from pool import (
 from pool.actors import EmbeddingRequest
 from pool.backends.stub import stub_embedding
 from pool.config import build_settings
+from tests.media.helpers import PNG, PNG_URL
+
+from .recording_upstream import RecordingUpstream
 
 
 async def _upstream(nursery: trio.Nursery) -> ServerInfo:
@@ -44,9 +47,10 @@ async def _upstream(nursery: trio.Nursery) -> ServerInfo:
     return info
 
 
-def _remote(base_url: str, **fields: Any) -> Any:
+def _remote(base_url: str, service: dict[str, Any] | None = None, **fields: Any) -> Any:
     return build_settings(
         {
+            "service": service or {},
             "engine": {
                 "models": {
                     "remote": {
@@ -57,7 +61,7 @@ def _remote(base_url: str, **fields: Any) -> Any:
                         **fields,
                     }
                 }
-            }
+            },
         }
     )
 
@@ -98,6 +102,19 @@ async def test_upstream_errors_become_backend_errors(nursery: trio.Nursery) -> N
         with pytest.raises(PoolError) as info:
             await pool.respond(_ask())
         assert info.value.code == "backend_error" and "404" in info.value.message
+
+
+async def test_a_request_the_upstream_refuses_is_the_clients_400(nursery: trio.Nursery) -> None:
+    """The upstream's 4xx for the request itself (here an image to its text-only model)
+    is the client's 400 ``invalid_request`` with the upstream's reason, not a 502."""
+    upstream = await _upstream(nursery)
+    async with open_pool(_remote(upstream.url + "/v1", modalities=["text", "image"])) as pool:
+        image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask(input=[{"type": "text", "text": "What is it?"}, image]))
+        assert info.value.code == "invalid_request" and info.value.status == 400
+        assert "accepts text input only" in info.value.message
+        assert (await pool.respond(_ask())).text == "alpha beta gamma delta"
 
 
 async def test_a_hanging_upstream_times_out(nursery: trio.Nursery) -> None:
@@ -226,30 +243,104 @@ async def test_the_stop_string_an_upstream_names(nursery: trio.Nursery) -> None:
             "usage": {"prompt_tokens": 5, "completion_tokens": 2},
         },
     ]
-    events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    answer = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
-        + f"content-length: {len(events)}\r\n\r\n{events}".encode()
-    )
-
-    async def answer_one(stream: trio.SocketStream) -> None:
-        async with stream:
-            received = b""
-            while b"\r\n\r\n" not in received:
-                received += await stream.receive_some()
-            head, _, body = received.partition(b"\r\n\r\n")
-            found = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
-            assert found is not None
-            while len(body) < int(found.group(1)):
-                body += await stream.receive_some()
-            assert json.loads(body)["stop"] == ["Paris"]
-            await stream.send_all(answer)
-
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    nursery.start_soon(trio.serve_listeners, answer_one, listeners)
-    port = listeners[0].socket.getsockname()[1]
-    async with open_pool(_remote(f"http://127.0.0.1:{port}/v1")) as pool:
+    upstream = await nursery.start(RecordingUpstream(chunks).run)
+    async with open_pool(_remote(upstream.url)) as pool:
         reply = await pool.respond(_ask(decoding={"stop": ["Paris"]}))
         assert reply.text == "It is " and reply.finish_reason == "stop"
         assert reply.stop_sequence == "Paris"
-    nursery.cancel_scope.cancel()
+    assert upstream.posted()[0]["stop"] == ["Paris"]
+
+
+async def test_the_api_key_is_the_bearer_token_of_every_call(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``remote_api_key_env`` names the variable; its value goes as ``Authorization:
+    Bearer`` on the health check and on each completion."""
+    monkeypatch.setenv("LLM_POOL_TEST_REMOTE_KEY", "sk-test-7f3a")
+    upstream = await nursery.start(RecordingUpstream().run)
+    settings = _remote(
+        upstream.url,
+        remote_api_key_env="LLM_POOL_TEST_REMOTE_KEY",
+        remote_health_check="models_endpoint",
+    )
+    async with open_pool(settings) as pool:
+        assert (await pool.respond(_ask())).text == "alpha beta"
+    assert [(r.method, r.path) for r in upstream.received] == [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+    ]
+    assert {r.headers.get("authorization") for r in upstream.received} == {"Bearer sk-test-7f3a"}
+    # Without a key configured, no Authorization header at all.
+    keyless = await nursery.start(RecordingUpstream().run)
+    async with open_pool(_remote(keyless.url)) as pool:
+        await pool.respond(_ask())
+    assert "authorization" not in keyless.received[0].headers
+
+
+async def test_remote_thinking_reaches_the_upstream(nursery: trio.Nursery) -> None:
+    """``remote_thinking`` is the provider's ``thinking`` field on every call; a
+    request's own ``thinking`` wins over it; with neither, no field is sent."""
+    upstream = await nursery.start(RecordingUpstream().run)
+    async with open_pool(_remote(upstream.url, remote_thinking="disabled")) as pool:
+        await pool.respond(_ask())
+        await pool.respond(_ask(thinking="enabled"))
+    plain = await nursery.start(RecordingUpstream().run)
+    async with open_pool(_remote(plain.url)) as pool:
+        await pool.respond(_ask())
+        await pool.respond(_ask(thinking="disabled"))
+    assert [b.get("thinking") for b in upstream.posted()] == [
+        {"type": "disabled"},
+        {"type": "enabled"},
+    ]
+    assert [b.get("thinking") for b in plain.posted()] == [None, {"type": "disabled"}]
+
+
+async def test_images_reach_the_upstream_as_image_url_parts(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A vision model's images go upstream as Chat Completions ``image_url`` parts, in
+    place among the text, with their ``detail``; a local file goes inline (the upstream
+    cannot read this machine's files)."""
+    (tmp_path / "cat.png").write_bytes(PNG)
+    upstream = await nursery.start(RecordingUpstream().run)
+    settings = _remote(
+        upstream.url, service={"media_dirs": [str(tmp_path)]}, modalities=["text", "image"]
+    )
+    content = [
+        {"type": "text", "text": "Compare"},
+        {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}},
+        {"type": "text", "text": "with"},
+        {"type": "image_url", "image_url": {"url": (tmp_path / "cat.png").as_uri()}},
+    ]
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("remote").capabilities.modalities == ("text", "image")
+        await pool.respond(_ask(input=content))
+    (body,) = upstream.posted()
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Compare"},
+                {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}},
+                {"type": "text", "text": "with"},
+                {"type": "image_url", "image_url": {"url": PNG_URL}},
+            ],
+        }
+    ]
+
+
+async def test_a_text_only_content_array_goes_as_one_text(nursery: trio.Nursery) -> None:
+    """A text model takes a content array of text parts: one prompt, the parts joined
+    by newlines, sent as plain string content."""
+    upstream = await nursery.start(RecordingUpstream().run)
+    content = [
+        {"type": "text", "text": "What is the capital of France?"},
+        {"type": "text", "text": "Answer in one word."},
+    ]
+    async with open_pool(_remote(upstream.url)) as pool:
+        assert pool.snapshot("remote").capabilities.modalities == ("text",)
+        assert (await pool.respond(_ask(input=content))).text == "alpha beta"
+    (body,) = upstream.posted()
+    assert body["messages"] == [
+        {"role": "user", "content": "What is the capital of France?\nAnswer in one word."}
+    ]

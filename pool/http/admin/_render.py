@@ -174,6 +174,8 @@ def cluster_model_list(
             "created": created,
             "owned_by": "llm-pool",
             "context_length": contexts.get(name),
+            # Loaded on some node of the cluster: a request there starts no load.
+            "loaded": bool(loaded.get(name)),
             "nodes": loaded.get(name, []),
         }
         for name in servable
@@ -183,15 +185,17 @@ def cluster_model_list(
 def model_list(pool: Pool) -> dict[str, Any]:
     """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
     created = int(pool.started_at)
+    snapshots = [pool.snapshot(name) for name in pool.servable_models()]
     data = [
         {
-            "id": name,
+            "id": s.name,
             "object": "model",
             "created": created,
             "owned_by": "llm-pool",
-            "context_length": pool.snapshot(name).served_context_length,
+            "context_length": s.served_context_length,
+            "loaded": s.state == "loaded",
         }
-        for name in pool.servable_models()
+        for s in snapshots
     ]
     if pool.router is not None:
         data = cluster_model_list(pool, data, created)

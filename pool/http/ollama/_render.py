@@ -248,7 +248,9 @@ def _details(snapshot: ModelSnapshot) -> dict[str, Any]:
 def _model_info(snapshot: ModelSnapshot) -> dict[str, Any]:
     """The definition, with the metadata keys Ollama clients read (as Ollama names
     them: ``general.architecture``, ``general.parameter_count``,
-    ``<family>.context_length``) where the artifact has them."""
+    ``<family>.context_length``) and the embedded-engine spec's plain ones
+    (``context_length``, ``hidden_size``, ``num_layers``, ``vocab_size``) where the
+    artifact has them."""
     info = definition_body(snapshot)
     facts = snapshot.details
     if facts.family:
@@ -257,6 +259,13 @@ def _model_info(snapshot: ModelSnapshot) -> dict[str, Any]:
             info[f"{facts.family}.context_length"] = facts.context_length
     if facts.parameter_count:
         info["general.parameter_count"] = facts.parameter_count
+    shape = {
+        "context_length": facts.context_length,
+        "hidden_size": facts.hidden_size,
+        "num_layers": facts.num_layers,
+        "vocab_size": facts.vocab_size,
+    }
+    info.update({key: value for key, value in shape.items() if value is not None})
     return info
 
 

@@ -153,6 +153,10 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Pull a configured model from its `source`: NDJSON progress unless `stream: false`.
 
         The pull runs in the background: a client that disconnects stops watching only.
+        A stream repeats the pull's state every ``service.pull_heartbeat_s`` while it
+        reports nothing (queued, or a stalled download), so that no idle timeout of a
+        client or proxy cuts it. Without a stream, a pull that ends other than in
+        success is a 400 with its state (the embedded-engine spec's answer).
         """
         require(ctx, "admin")
         body = await read_body(OllamaStoreRequest)
@@ -163,11 +167,13 @@ def register(app: Quart, ctx: AppContext) -> None:
                 final: dict[str, Any] = {}
                 async for event in events:
                     final = event
-            status = 200 if final.get("status") == "success" else 500
+            status = 200 if final.get("status") == "success" else 400
             return json_response(pull_line(final), status)
 
+        heartbeat_s = ctx.settings.service.pull_heartbeat_s
+
         async def lines() -> AsyncIterator[bytes]:
-            async with pulls.watch(body.target) as events:
+            async with pulls.watch(body.target, heartbeat_s) as events:
                 async for event in events:
                     yield pull_progress(event)
 
@@ -197,7 +203,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = await read_body(OllamaStoreRequest)
         if not await pool.pulls.delete(body.target):
             raise PoolError("not_found", f"model {body.target!r} is not in the model store")
-        return json_response({})
+        return json_response({"status": "success"})
 
     app.register_blueprint(blueprint)
 

@@ -195,15 +195,40 @@ def gpu_readings_body(view: GpuView) -> dict[str, Any]:
     }
 
 
-def status_body(pool: Pool) -> dict[str, Any]:
+def _gigabytes(mib: float) -> float:
+    return round(mib * 1024 * 1024 / 1e9, 2)
+
+
+def engine_gpu_memory(view: GpuView) -> dict[str, Any] | None:
+    """The embedded-engine spec's ``engine.gpu_memory``, in GB (10^9 bytes) summed over
+    the GPUs; None without any. ``allocated_gb``: what the pool's own runtimes hold (null
+    where no GPU can tell); ``reserved_gb``: all memory in use on the GPUs, the pool's
+    and others' (what no load can have); ``total_gb``: their size."""
+    if not view.gpus:
+        return None
+    held = [g.pool_used_mib for g in view.gpus if g.pool_used_mib is not None]
+    return {
+        "allocated_gb": _gigabytes(sum(held)) if held else None,
+        "reserved_gb": _gigabytes(sum(g.used_mib for g in view.gpus)),
+        "total_gb": _gigabytes(sum(g.total_mib for g in view.gpus)),
+    }
+
+
+def status_body(pool: Pool, stored: list[str]) -> dict[str, Any]:
+    """``/api/status``; ``stored``: the models the model store holds (its ``cache``)."""
     health = health_body(pool.health())
     now = time.monotonic()
+    view = pool.gpus.view()
     return {
         "status": health["status"],
         "reason": health.get("reason"),
         "reasons": health.get("reasons", []),
         "uptime": health["uptime"],
-        "engine": {"models": [_engine_row(pool, s, now) for s in pool.snapshots()]},
+        "engine": {
+            "models": [_engine_row(pool, s, now) for s in pool.snapshots()],
+            "gpu_memory": engine_gpu_memory(view),
+        },
         "pulls": pool.pulls.running(),
-        "gpu_memory": gpu_readings_body(pool.gpus.view()),
+        "cache": {"models": stored, "count": len(stored)},
+        "gpu_memory": gpu_readings_body(view),
     }

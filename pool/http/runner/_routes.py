@@ -113,9 +113,9 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @blueprint.get("/api/status")
     async def full_status() -> Response:
-        """Health, engine state per model, pulls under way and GPU memory."""
+        """Health, engine state per model, pulls under way, the model store and GPU memory."""
         require(ctx, "inference")
-        return json_response(status_body(pool))
+        return json_response(status_body(pool, await pool.pulls.stored_models()))
 
     @blueprint.get("/metrics")
     async def metrics() -> Response:
