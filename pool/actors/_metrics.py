@@ -7,6 +7,7 @@ scrape time by a collector, so they can never drift from the truth.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from pool.backends import SplitReportingRuntime
 
 if TYPE_CHECKING:
     from pool.actors._model import ModelActor
@@ -39,6 +42,7 @@ _LATENCY_BUCKETS = (
     120,
     300,
 )
+_MIB = 1024 * 1024
 _STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
 
 
@@ -66,13 +70,22 @@ class _LiveState(Collector):
             "1 for the model's current runtime state",
             labels=["model", "state"],
         )
+        split = GaugeMetricFamily(
+            "llm_pool_model_gpu_memory_bytes",
+            "GPU memory of a model's loaded replicas by part: weights and kv_cache where"
+            " the runtime reports the split (llama.cpp, vllm serve), else unknown (the"
+            " measured total;"
+            " NaN when not measured)",
+            labels=["model", "part"],
+        )
         for actor in self._models():
+            _add_memory_split(split, actor)
             depth.add_metric([actor.name], actor.scheduler.queue_depth)
             inflight.add_metric([actor.name], actor.scheduler.running)
             replicas.add_metric([actor.name], len(actor.replicas))
             for name in _STATES:
                 state.add_metric([actor.name, name], 1.0 if actor.state == name else 0.0)
-        yield from (depth, inflight, replicas, state)
+        yield from (depth, inflight, replicas, state, split)
         used = GaugeMetricFamily(
             "llm_pool_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]
         )
@@ -84,6 +97,24 @@ class _LiveState(Collector):
             total.add_metric([str(gpu.index)], gpu.total_mib * 1024 * 1024)
         yield from (used, total)
         yield from _runtime_figures()
+
+
+def _add_memory_split(family: GaugeMetricFamily, actor: ModelActor) -> None:
+    """The model's GPU memory as weights and KV cache where every replica's runtime
+    reports them; otherwise one ``unknown`` part, never a split made up here."""
+    runtimes = [r.runtime for r in actor.replicas if r.runtime is not None]
+    if not runtimes:
+        return
+    splits = [
+        rt.memory_split() if isinstance(rt, SplitReportingRuntime) else None for rt in runtimes
+    ]
+    known = [s for s in splits if s is not None]
+    if len(known) == len(runtimes):
+        family.add_metric([actor.name, "weights"], sum(s.weights_mib for s in known) * _MIB)
+        family.add_metric([actor.name, "kv_cache"], sum(s.kv_cache_mib for s in known) * _MIB)
+        return
+    measured = actor.residence.observed_load_delta_mib
+    family.add_metric([actor.name, "unknown"], math.nan if measured is None else measured * _MIB)
 
 
 def trio_task_count() -> int | None:

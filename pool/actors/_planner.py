@@ -366,7 +366,8 @@ def why_evict(
     victim: ResidenceView, spared: Iterable[ResidenceView], *, now: float, policy: str
 ) -> str:
     """The decision's explanation of an eviction."""
-    rank = f"priority {victim.priority}"
+    # Larger is more important: the inverse of the coordinator spec (docs/vram.md).
+    rank = f"priority {victim.priority} (larger is kept longer)"
     if policy == "lru":
         why = f"{rank}, least recently used of the idle models that may be evicted"
     else:

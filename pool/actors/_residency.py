@@ -556,7 +556,7 @@ class Residency:
     ) -> None:
         """Unload ``victim`` (idle) for ``incoming``, then wait (bounded) for its memory."""
         log.info(
-            "model=%s evicting model %s (priority %d, placed on %s)",
+            "model=%s evicting model %s (priority %d, larger is kept longer; placed on %s)",
             incoming.name,
             victim.name,
             victim.definition.priority,

@@ -10,7 +10,9 @@ the replica then fails the model.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from pool.backends._protocol import (
     EmbeddingResult,
     GenerationRequest,
     GenerationStats,
+    MemorySplit,
     TokenSink,
     TokensUsed,
 )
@@ -36,6 +39,9 @@ from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport, with_trace
 from pool.config import Decoding
 from pool.errors import BackendError
+
+# A server's split of its GPU memory, read from the output lines its process kept.
+MemoryReader = Callable[[Sequence[str]], MemorySplit | None]
 
 log = logging.getLogger("pool.process")
 
@@ -74,8 +80,12 @@ class ManagedServerRuntime:
         embedding_truncate: dict[str, Any] | None = None,
         grammar_calls: ToolCallFamily | None = None,
         cache: ServerCache | None = None,
+        memory_reader: MemoryReader | None = None,
     ) -> None:
         self.process = process
+        # Reads the server's own split of its GPU memory from the lines the process
+        # kept (None: the server does not say).
+        self._memory_reader = memory_reader
         # Set for an embedding model: the most texts per /v1/embeddings request, and
         # what tells the server it may cut texts longer than its context.
         self._embedding_batch = embedding_batch
@@ -98,6 +108,11 @@ class ManagedServerRuntime:
     @property
     def vram_mib(self) -> int | None:
         return None
+
+    def memory_split(self) -> MemorySplit | None:
+        if self._memory_reader is None:
+            return None
+        return self._memory_reader(self.process.kept)
 
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         d = request.decoding
@@ -333,6 +348,8 @@ async def launch(
     embedding_truncate: dict[str, Any] | None = None,
     grammar_calls: ToolCallFamily | None = None,
     cache: ServerCache | None = None,
+    memory_lines: re.Pattern[str] | None = None,
+    memory_reader: MemoryReader | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -343,7 +360,7 @@ async def launch(
     readiness probe is then one embedding rather than one generated token.
     ``embedding_truncate``: body fields that let the server cut over-long texts.
     """
-    process = ManagedProcess(label, command, env)
+    process = ManagedProcess(label, command, env, keep=memory_lines)
     process.spawn()
     runtime = ManagedServerRuntime(
         process,
@@ -358,6 +375,7 @@ async def launch(
         embedding_truncate=embedding_truncate,
         grammar_calls=grammar_calls,
         cache=cache,
+        memory_reader=memory_reader,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

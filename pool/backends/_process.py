@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ log = logging.getLogger("pool.process")
 
 _PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 40
+_KEPT_LINES = 64
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -116,8 +118,18 @@ def child_environment(
 
 
 class ManagedProcess:
-    def __init__(self, label: str, command: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        label: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        keep: re.Pattern[str] | None = None,
+    ) -> None:
         self.label = label
+        # Output lines matching ``keep``, beyond the tail's reach (a server's startup
+        # figures scroll out of it); bounded.
+        self._keep_pattern = keep
+        self.kept: list[str] = []
         self.command = list(command)
         self._env = dict(env)
         self._popen: subprocess.Popen[bytes] | None = None
@@ -193,6 +205,9 @@ class ManagedProcess:
         line = raw.decode("utf-8", "replace").rstrip()
         if line:
             self._tail.append(line)
+            keep = self._keep_pattern
+            if keep is not None and len(self.kept) < _KEPT_LINES and keep.search(line):
+                self.kept.append(line)
             log.info("%s: %s", self.label, line)
 
     async def output_read(self, timeout_s: float) -> None:

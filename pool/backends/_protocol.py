@@ -316,6 +316,24 @@ class SleepingRuntime(Runtime, Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class MemorySplit:
+    """The GPU memory a runtime reports it allocated, by part, in MiB."""
+
+    weights_mib: float
+    kv_cache_mib: float
+
+
+@runtime_checkable
+class SplitReportingRuntime(Runtime, Protocol):
+    """A runtime whose engine reports its GPU memory as weights and KV cache (llama.cpp
+    names each buffer as it loads); ``/metrics`` exports the split. Others' is unknown."""
+
+    def memory_split(self) -> MemorySplit | None:
+        """The split of this replica's GPU memory; None where the engine did not say."""
+        ...
+
+
 class EmbeddingRuntime(Runtime, Protocol):
     """A runtime of an embedding model (``Capabilities.embeddings``)."""
 

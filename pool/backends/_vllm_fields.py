@@ -9,6 +9,7 @@ Nothing here imports vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt
@@ -73,14 +74,14 @@ class VllmLoadOverrides(LoadOverrides):
 
 LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
     "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
-    # No fixed list: the installed vLLM decides (its CacheDType), checked at load, so a
-    # newer vLLM's cache types work without a pool release. A value it refuses is a 400.
+    # The spec's enum: the values a UI offers. The override check takes any other cache
+    # type too (check_kv_cache_dtype below): the installed vLLM decides at load, so a
+    # newer vLLM's cache types work without a pool release; one it refuses is a 400.
     "vllm_kv_cache_dtype": {
-        "kind": "string_or_null",
-        "format": "vllm_kv_cache_dtype",
-        "default": None,
-        "null_means": "auto",
-        "examples": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"],
+        "kind": "enum",
+        "default": "auto",
+        "allowed_values": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+        "examples": ["auto", "fp8"],
     },
     "vllm_kv_cache_memory_bytes": {
         "kind": "integer",
@@ -118,6 +119,17 @@ LOAD_CONSTRAINTS: dict[str, dict[str, Any]] = {
 }
 
 CONTEXT_FIELD = "vllm_max_model_len"
+
+
+def table_checked(patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``patch`` less a ``vllm_kv_cache_dtype`` that is a string or null, for the table
+    check: the table's enum is what a UI offers, and vLLM accepts more cache types
+    (its ``CacheDType``), judged by the installed vLLM at load (a refusal is a 400)."""
+    return {
+        k: v
+        for k, v in patch.items()
+        if not (k == "vllm_kv_cache_dtype" and (v is None or isinstance(v, str)))
+    }
 
 
 def speculative_config(d: VllmFields) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
+from pool.backends._llama_buffers import buffer_sizes, capture_load_log, memory_split
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache, scope_matches
 from pool.backends._protocol import (
@@ -40,6 +41,7 @@ from pool.backends._protocol import (
     LoadContext,
     LoadOverrides,
     MemoryProfile,
+    MemorySplit,
     TokenSink,
     TokensUsed,
 )
@@ -196,8 +198,11 @@ class LlamaCppRuntime:
         limiter: trio.CapacityLimiter,
         tool_family: ToolCallFamily = "hermes",
         disk: DiskStates | None = None,
+        buffers: dict[tuple[str, str], float] | None = None,
     ) -> None:
         self._llama = llama
+        # What llama.cpp said it allocated while loading: MiB by (device, model|KV).
+        self.buffers = buffers or {}
         self._definition = definition
         self._format = prompt_format
         self._tool_family = tool_family
@@ -211,6 +216,9 @@ class LlamaCppRuntime:
     @property
     def vram_mib(self) -> int | None:
         return None
+
+    def memory_split(self) -> MemorySplit | None:
+        return memory_split(self.buffers) if self.buffers else None
 
     async def flush_cache(
         self, *, scope: str, tenant: str | None = None, tag: str | None = None
@@ -613,13 +621,17 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                     raise BackendError(f"{field} {value!r} is not a supported GGML cache type")
                 kwargs[field.removeprefix("gguf_")] = _GGML_TYPES[value]
 
+        buffers: dict[tuple[str, str], float] = {}
+
         def load_blocking() -> Any:
             if definition.embedding and "pooling_type" not in kwargs:
                 kwargs["pooling_type"] = _default_pooling(path)
             try:
-                llama: Any = llama_cpp.Llama(**kwargs)
+                with capture_load_log(llama_cpp) as logged:
+                    llama: Any = llama_cpp.Llama(**kwargs)
             except (ValueError, RuntimeError, OSError) as exc:
                 raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+            buffers.update(buffer_sizes(logged))
             try:
                 # Warm-up, as llama-server does: the first forward pass touches every
                 # memory-mapped weight page and sizes the compute buffers. Paying for
@@ -656,7 +668,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 path.name, metadata.get("general.name"), metadata.get("general.architecture")
             )
         )
-        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk)
+        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk, buffers)
 
     async def flush_stored(
         self,

@@ -29,7 +29,6 @@ from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_b
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
-    ALL_THINKING_MODES,
     Backend,
     Capabilities,
     LoadContext,
@@ -39,7 +38,7 @@ from pool.backends._protocol import (
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
-from pool.backends.prompt_formats import format_tool_family
+from pool.backends.prompt_formats import format_tool_family, thinking_modes
 from pool.config import CommonModelFields, resolve_model_path
 from pool.errors import BackendError
 
@@ -74,6 +73,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_spec_draft_p_min: float | None = None
     llama_server_spec_draft_ngl: int | str | None = None
     llama_server_reasoning: str | None = None
+    llama_server_api_key: str | None = Field(
+        None,
+        description="The key the server demands (--api-key); the pool sends it as its"
+        " bearer token. Set it where other local users must not reach the server's port.",
+    )
     llama_server_extra_args: list[str] = Field(default_factory=list)
     tool_call_format: ToolCallFamily | None = Field(
         None,
@@ -194,6 +198,7 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
+    add("--api-key", d.llama_server_api_key)
     if d.embedding:
         args.append("--embeddings")
         add("--pooling", d.pooling)
@@ -246,8 +251,10 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         return Capabilities(
             modalities=("text", "image") if images else ("text",),
             multi_turn=True,
-            # Sent as chat_template_kwargs.enable_thinking (read by --jinja templates).
-            thinking_modes=ALL_THINKING_MODES,
+            # Sent as chat_template_kwargs.enable_thinking, which only some templates
+            # read: offered where the prompt format's does (the pool's own template for
+            # qwen3/gemma4; otherwise the family the format names).
+            thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             # llama-server has no `dimensions`: a request setting it is a 400.
@@ -291,7 +298,9 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             host=definition.llama_server_host,
             port=port,
             served_model=context.model_name,
+            # Public even with an API key: readiness needs none.
             health_path="/health",
+            api_key=definition.llama_server_api_key,
             # Each streamed chunk then carries `timings` (prompt_n, cache_n, predicted_n).
             counting_fields={"timings_per_token": True},
             start_timeout_s=definition.llama_server_start_timeout_s,

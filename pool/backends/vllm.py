@@ -44,6 +44,7 @@ import io
 import itertools
 import logging
 import multiprocessing
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,7 @@ from pool.backends._vllm_fields import (
     engine_arguments,
     model_source,
     replica_concurrency,
+    table_checked,
 )
 from pool.backends._vllm_tools import chat_spec
 from pool.backends.prompt_formats import (
@@ -469,6 +471,9 @@ class VllmBackend(Backend[VllmModel]):
             tools=format_renders_tools(definition.prompt_format),
             structured_output=True,
         )
+
+    def check_load_override(self, patch: Mapping[str, Any]) -> None:
+        super().check_load_override(table_checked(patch))
 
     def effective_target_inflight(self, definition: VllmModel) -> int:
         return replica_concurrency(definition)

@@ -15,8 +15,9 @@ and the replica serves embeddings only (readiness: one vector).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -24,7 +25,7 @@ from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFiel
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import ALL_THINKING_MODES, Backend, Capabilities, LoadContext
+from pool.backends._protocol import Backend, Capabilities, LoadContext
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -35,7 +36,10 @@ from pool.backends._vllm_fields import (
     engine_arguments,
     model_source,
     replica_concurrency,
+    table_checked,
 )
+from pool.backends._vllm_memory import VLLM_MEMORY_LINES, vllm_memory_split
+from pool.backends.prompt_formats import thinking_modes
 from pool.errors import BackendError
 
 
@@ -135,8 +139,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
         return Capabilities(
             modalities=tuple(definition.modalities),
             multi_turn=True,
-            # Sent as chat_template_kwargs.enable_thinking; the model's template decides.
-            thinking_modes=ALL_THINKING_MODES,
+            # Sent as chat_template_kwargs.enable_thinking, which the model's own template
+            # reads only in families that have the switch: offered where the prompt
+            # format names one (qwen3, gemma4), as in-process vllm.
+            thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
             embeddings=definition.embedding,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
@@ -147,6 +153,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
         size = definition.vllm_tensor_parallel_size
         return size if size > 1 else None
+
+    def check_load_override(self, patch: Mapping[str, Any]) -> None:
+        super().check_load_override(table_checked(patch))
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         return replica_concurrency(definition)
@@ -185,6 +194,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
             # keeps each scope's cached blocks its own.
             cache=SaltCache(),
+            # vLLM's workers say what the weights and the KV cache took (/metrics).
+            memory_lines=VLLM_MEMORY_LINES,
+            memory_reader=vllm_memory_split,
         )
 
 

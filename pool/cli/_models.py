@@ -33,7 +33,8 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 
 def _memory(row: dict[str, Any]) -> str:
-    measured = row.get("observed_load_delta")
+    # Held now only while loaded; an unloaded row's measurement is the estimate's basis.
+    measured = row.get("observed_load_delta") if row.get("is_loaded") else None
     if measured is not None:
         return f"{measured:,.0f} MiB"
     estimate = row.get("vram_estimate_mib")
@@ -59,7 +60,7 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             str(row.get("inflight_requests", 0)),
             str(row.get("queue_depth", 0)),
             _memory(row),
-            str(row.get("vram_estimate_source") or "-"),
+            str(row.get("vram_estimate_basis") or row.get("vram_estimate_source") or "-"),
             # One entry per replica; a replica split over GPUs shows them joined by "+".
             ",".join(
                 "+".join(str(g) for g in replica) if isinstance(replica, list) else str(replica)
@@ -87,7 +88,7 @@ async def ps(client: PoolClient, io: Io) -> int:
 def _row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['name']}: {row.get('runtime_state')}, {row.get('replicas', 0)} replica(s), "
-        f"GPU memory {_memory(row)} ({row.get('vram_estimate_source') or 'no estimate'})"
+        f"GPU memory {_memory(row)} ({row.get('vram_estimate_basis') or 'no estimate'})"
     )
 
 

@@ -381,7 +381,13 @@ class CommonModelFields(_Strict):
     keep_alive_pinned: bool = False
     source: str | None = None
     pinned: bool = False
-    priority: int = 0
+    priority: int = Field(
+        0,
+        description="Eviction rank: a larger number is more important and is evicted later."
+        " The coordinator spec counts the other way (a lower number is the higher"
+        " priority); the pool keeps its order so existing settings keep their meaning"
+        ' (docs/vram.md, "Eviction").',
+    )
     stay_warm_s: NonNegativeFloat | None = Field(
         None,
         description="Seconds after the model last served during which it is evicted only when"

@@ -178,10 +178,12 @@ ROUTES: list[Route] = [
      " models too, each entry with `nodes`: the nodes that have it loaded.", reply=ModelList),
     Route("get", "/v1/admin/models", "admin", "List configured models",
      "Every model of the merged config with its runtime state, queue and replica figures,"
-     " VRAM (`vram_estimate_mib` and its `vram_estimate_source`: configured_vram_mb,"
-     " observed_load_delta, artifact_metadata, model_artifact_size, name_heuristic or"
-     " unavailable; `observed_load_delta`: MiB the current load was measured to take, null"
-     " when none; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
+     " VRAM (`vram_estimate_mib`; its `vram_estimate_source`, the spec's"
+     " observed_load_delta, model_artifact_size or unavailable; `vram_estimate_basis`, the"
+     " step of the pool's chain: configured_vram_mb, observed_load_delta, artifact_metadata,"
+     " model_artifact_size, name_heuristic or unavailable; `observed_load_delta`: MiB"
+     " measured for this load, or kept from the same earlier load, null when never"
+     " measured; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
      " each of them), `unload_reason` (why it is unloaded: `evicted` by the pool, so its"
      " next request loads it again; `requested`; `keep_alive`), capabilities, load"
      " constraints and"
@@ -492,10 +494,12 @@ ROUTES: list[Route] = [
      " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
      " models the model store holds, and their `count`) and each GPU's memory in MiB."
      " Always 200: `status` says whether the pool serves.", reply=PoolStatus),
-    Route("get", "/metrics", "operations", "Prometheus metrics", "Text exposition format;"
-     " 404 while `service.metrics` is off (ENABLE_METRICS). `service.metrics_port` serves it"
-     " alone on a port of its own too.",
-     text=_PLAIN),
+    Route("get", "/metrics", "operations", "Prometheus metrics",
+     "Text exposition format; 404 while `service.metrics` is off (ENABLE_METRICS)."
+     " `service.metrics_port` serves it alone on a port of its own too. Each loaded model's"
+     " GPU memory is `llm_pool_model_gpu_memory_bytes{model,part}`: `weights` and"
+     " `kv_cache` where the runtime reports its split (llama.cpp, vllm serve), else"
+     " `unknown` (the measured total, NaN when unmeasured).", text=_PLAIN),
     Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
      text=("application/json", {"type": "object"})),
     Route("get", "/docs", "operations", "Readable API docs",

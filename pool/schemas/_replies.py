@@ -476,6 +476,24 @@ class RowDetails(_Reply):
     )
 
 
+# A row's VRAM fields (spec: runtime-admin-api; docs/vram.md, "The estimate chain").
+_SOURCE = (
+    "The spec's three: `observed_load_delta` (measured), `model_artifact_size` (estimated"
+    " without a measurement: `vram_estimate_basis` says how) or `unavailable`"
+    " (`vram_estimate_mib` null)."
+)
+_BASIS = (
+    "The step of the pool's estimate chain that gave `vram_estimate_mib`:"
+    " configured_vram_mb, observed_load_delta, artifact_metadata, model_artifact_size,"
+    " name_heuristic or unavailable."
+)
+_MEASURED = (
+    "MiB measured for this load: its delta (or its runtime's own figure) while loaded,"
+    " the footprint kept from the same earlier load when not; null when never measured."
+    " Never null when `vram_estimate_source` is `observed_load_delta`."
+)
+
+
 class ModelRow(_Reply):
     """One configured model with its live state (spec: runtime-admin-api)."""
 
@@ -506,8 +524,11 @@ class ModelRow(_Reply):
     )
     vram_estimate_mib: int | None
     vram_estimate_replica_count: int
-    vram_estimate_source: str
-    observed_load_delta: int | None
+    vram_estimate_source: Literal["observed_load_delta", "model_artifact_size", "unavailable"] = (
+        Field(description=_SOURCE)
+    )
+    vram_estimate_basis: str = Field(description=_BASIS)
+    observed_load_delta: int | None = Field(description=_MEASURED)
     gpus: list[list[int]] = Field(
         description="Per replica, the GPUs it runs on (one, or several for a split)."
     )
@@ -643,8 +664,11 @@ class GpuModelRow(_Reply):
     effective_target_inflight: int
     vram_estimate_mib: int | None
     vram_estimate_replica_count: int
-    vram_estimate_source: str
-    observed_load_delta: int | None
+    vram_estimate_source: Literal["observed_load_delta", "model_artifact_size", "unavailable"] = (
+        Field(description=_SOURCE)
+    )
+    vram_estimate_basis: str = Field(description=_BASIS)
+    observed_load_delta: int | None = Field(description=_MEASURED)
     gpus: list[list[int]] = Field(
         description="Per replica, the GPUs it runs on (one, or several for a split)."
     )

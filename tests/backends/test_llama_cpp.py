@@ -14,8 +14,9 @@ from llama_cpp._ggml import libggml
 
 from pool import Delta, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.backends import load_constraints
+from pool.backends._llama_buffers import buffer_sizes, memory_split
 from pool.backends.llama_cpp import _GGML_TYPES, LlamaCppBackend, LlamaCppModel
-from pool.config import build_settings
+from pool.config import build_settings, resolve_model_path
 
 from .streaming import assert_cut_is_charged, assert_streams
 
@@ -368,3 +369,63 @@ async def test_cache_types_reach_the_llama_context() -> None:
     sizes = state_sizes
     assert sizes["q4_0"] < sizes["q8_0"] < 0.6 * sizes["f16"], sizes
     assert sizes["bf16"] == sizes["f16"], sizes
+
+
+@pytest.mark.real_model
+async def test_flash_attention_auto_follows_the_v_cache() -> None:
+    """llama-cpp-python takes flash attention as on/off only, so ``auto`` is mapped
+    (docs/backends.md): on where the V cache is quantized, which llama.cpp can only do
+    with it, else off; ``on`` and ``off`` are what they say."""
+    expected = {
+        ("auto", None): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        ("auto", "f16"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        ("auto", "q8_0"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        ("on", None): llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        ("off", "f16"): llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    }
+    async with open_pool(_settings(smol={"enabled": False})) as pool:
+        for (flash, type_v), kind in expected.items():
+            await pool.load("smol", {"gguf_flash_attn": flash, "gguf_type_v": type_v})
+            assert pool.snapshot("smol").state == "loaded", pool.snapshot("smol").last_error
+            runtime: Any = pool.model("smol").replicas[0].runtime
+            assert runtime._llama.context_params.flash_attn_type == kind, (flash, type_v)
+            await pool.unload("smol")
+
+
+# llama.cpp's load log on a CUDA build, as llama-model.cpp and llama-kv-cache.cpp print it.
+_CUDA_LOAD_LOG = [
+    "load_tensors: offloaded 31/31 layers to GPU\n",
+    "load_tensors:   CPU_Mapped model buffer size =    10.50 MiB\n",
+    "load_tensors:        CUDA0 model buffer size =    81.60 MiB\n",
+    "llama_kv_cache:      CUDA0 KV buffer size =    22.50 MiB\n",
+    "llama_context:  CUDA_Host  output buffer size =     0.75 MiB\n",
+]
+
+
+def test_the_gpu_split_counts_gpu_buffers_only() -> None:
+    """Weights and KV cache on the GPUs, as llama.cpp names its buffers; the host's
+    (mapped weights, pinned output) are not GPU memory."""
+    split = memory_split(buffer_sizes(_CUDA_LOAD_LOG))
+    assert (split.weights_mib, split.kv_cache_mib) == (81.6, 22.5)
+    two_gpus = [*_CUDA_LOAD_LOG, "load_tensors:        CUDA1 model buffer size =    40.00 MiB\n"]
+    assert memory_split(buffer_sizes(two_gpus)).weights_mib == 121.6
+
+
+@pytest.mark.real_model
+async def test_the_runtime_keeps_what_llama_cpp_says_it_allocated() -> None:
+    """The real load's log, caught on the loading thread: the mapped weights (the GGUF's
+    size) and a KV cache that doubles with the context; on this CPU build neither is on
+    a GPU, so the split the metrics export is 0 and 0, not a guess."""
+    kv: dict[int, float] = {}
+    async with open_pool(_settings(smol={"enabled": False})) as pool:
+        for n_ctx in (512, 1024):
+            await pool.load("smol", {"gguf_n_ctx": n_ctx})
+            runtime: Any = pool.model("smol").replicas[0].runtime
+            assert runtime.buffers[("CPU_Mapped", "model")] == pytest.approx(
+                resolve_model_path(GGUF).stat().st_size / 2**20, rel=0.02
+            )
+            kv[n_ctx] = runtime.buffers[("CPU", "KV")]
+            split = runtime.memory_split()
+            assert (split.weights_mib, split.kv_cache_mib) == (0.0, 0.0)
+            await pool.unload("smol")
+    assert kv[1024] == 2 * kv[512], kv

@@ -368,3 +368,89 @@ async def test_the_server_renders_a_built_in_format_as_the_pool_does(
                     # the format's unset default means, said with the closed channel.
                     expected += "<|channel>thought\n<channel|>"
                 assert rendered == expected, (request, rendered)
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "modes"),
+    [
+        ("qwen3_template", ["default", "enabled", "disabled"]),
+        ("gemma4_template", ["default", "enabled", "disabled"]),
+        ("mistral_template", ["default"]),
+        ("generic", ["default"]),
+    ],
+)
+def test_thinking_is_offered_only_where_the_format_has_the_switch(
+    prompt_format: str, modes: list[str]
+) -> None:
+    """The pool's templates for qwen3 and gemma4 read ``enable_thinking``; mistral's and
+    the GGUF's own (``generic``) are not known to (spec: runtime-admin-api)."""
+    definition = _settings("llama-server", prompt_format=prompt_format).engine.models["ls"]
+    assert list(get_backend("llama_server").capabilities(definition).thinking_modes) == modes
+
+
+async def test_both_thinking_modes_reach_the_template(llama_server_binary: str) -> None:
+    """Through the real server: ``disabled`` closes an empty think block after the
+    generation prompt (qwen3's switch), so the same question costs more prompt tokens
+    than with ``enabled``; a format without the switch refuses the request."""
+    async with open_pool(_settings(llama_server_binary)) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        used = {}
+        for mode in ("enabled", "disabled"):
+            reply = await pool.respond(_ask(thinking=mode, decoding={"max_tokens": 4}))
+            used[mode] = reply.usage.prompt_tokens
+        # "<think>\n\n</think>\n\n" in SmolLM2's tokens.
+        assert used["disabled"] > used["enabled"], used
+    async with open_pool(_settings(llama_server_binary, prompt_format="mistral_template")) as pool:
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(_ask(thinking="disabled"))
+        assert refused.value.code == "thinking_unsupported"
+
+
+async def test_load_overrides_reach_the_real_servers_command_line(
+    llama_server_binary: str,
+) -> None:
+    """The spec's llama-server overrides of one live load are the native flags of the
+    server it starts: ``-c``, ``--image-max-tokens`` and ``--spec-draft-p-min`` in its
+    argv (and its context is the one asked for); ``--spec-type draft-mtp`` too, which
+    SmolLM2 (no MTP layers) makes the server refuse in its own words."""
+    import httpx
+
+    async with open_pool(_settings(llama_server_binary, enabled=False)) as pool:
+        overrides = {
+            "llama_server_n_ctx": 768,
+            "llama_server_image_max_tokens": 256,
+            "llama_server_spec_draft_p_min": 0.25,
+        }
+        await pool.load("ls", overrides)
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        argv = _cmdline(_server_pid(pool))
+        assert _flag(argv, "-c") == "768"
+        assert _flag(argv, "--image-max-tokens") == "256"
+        assert _flag(argv, "--spec-draft-p-min") == "0.25"
+        url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            props = (await http.get("/props")).json()
+        assert props["default_generation_settings"]["n_ctx"] == 768, props
+        await pool.unload("ls")
+        with pytest.raises(PoolError):
+            await pool.load("ls", {"llama_server_spec_type": "draft-mtp"})
+        row = pool.snapshot("ls")
+        assert row.state == "failed" and "MTP" in (row.last_error or ""), row.last_error
+
+
+async def test_an_api_key_guards_the_server_and_the_pool_sends_it(
+    llama_server_binary: str,
+) -> None:
+    """``llama_server_api_key`` is the server's ``--api-key``: a request without it is
+    refused by the server, and the pool's own requests carry it and are answered."""
+    import httpx
+
+    async with open_pool(_settings(llama_server_binary, llama_server_api_key="s3cret")) as pool:
+        assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
+        assert _flag(_cmdline(_server_pid(pool)), "--api-key") == "s3cret"
+        url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            refused = await http.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 401, refused.text
+        assert "Paris" in (await pool.respond(_ask())).text

@@ -21,6 +21,7 @@ from pool.backends.vllm import VllmModel, sampling_arguments
 from pool.backends.vllm_serve import VllmServeModel, command_line
 from pool.config import build_settings
 from pool.convert import cached_model
+from pool.errors import PoolError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,9 +72,15 @@ def test_both_vllm_backends_share_one_mapping() -> None:
 
 def test_any_kv_cache_dtype_passes_the_table() -> None:
     """The table does not fix the cache types: the installed vLLM decides at load."""
+    for name in ("vllm", "vllm_serve"):
+        backend = get_backend(name)
+        for dtype in ("bfloat16", "fp8_e5m2", "turboquant_k8v4", None):
+            backend.check_load_override({"vllm_kv_cache_dtype": dtype})
+        # Beyond the enum only by name: a number is no cache type.
+        with pytest.raises(PoolError) as refused:
+            backend.check_load_override({"vllm_kv_cache_dtype": 8})
+        assert refused.value.details["field"] == "vllm_kv_cache_dtype"
     backend = get_backend("vllm")
-    for dtype in ("bfloat16", "fp8_e5m2", "turboquant_k8v4", None):
-        backend.check_load_override({"vllm_kv_cache_dtype": dtype})
     backend.check_load_override(
         {"vllm_speculative_moe_backend": "triton", "vllm_speculative_attention_backend": "x"}
     )

@@ -395,3 +395,80 @@ def test_tool_strict_level_becomes_the_flag_when_set() -> None:
         _model(vllm_model="/m", vllm_tool_strict_level="parameter"), "vllm", "/m", 1, "x"
     )
     assert _flag(strict, "--tool-strict-level") == "parameter"
+
+
+@pytest.mark.parametrize(
+    ("prompt_format", "modes"),
+    [
+        ("qwen3_template", ["default", "enabled", "disabled"]),
+        ("gemma4_template", ["default", "enabled", "disabled"]),
+        ("mistral_template", ["default"]),
+        ("generic", ["default"]),
+        ("model_template", ["default"]),
+    ],
+)
+def test_thinking_is_offered_only_where_the_format_has_the_switch(
+    prompt_format: str, modes: list[str]
+) -> None:
+    """vLLM's server hands ``enable_thinking`` to the model's template, which reads it
+    only in the families with a thinking switch (spec: runtime-admin-api)."""
+    capabilities = VllmServeBackend().capabilities(
+        _model(vllm_model="/m", prompt_format=prompt_format)
+    )
+    assert list(capabilities.thinking_modes) == modes
+
+
+# vLLM's startup lines on a GPU with two tensor-parallel workers (gpu_model_runner.py and
+# gpu_worker.py), among enough others that they leave the process's tail.
+_VLLM_GPU_LINES = [
+    "(Worker_TP0 pid=101) INFO 11-27 10:00:01 [gpu_model_runner.py:5150] Model loading took"
+    " 7.5 GiB memory and 12.250000 seconds",
+    "(Worker_TP1 pid=102) INFO 11-27 10:00:01 [gpu_model_runner.py:5150] Model loading took"
+    " 7.5 GiB memory and 12.300000 seconds",
+    "(Worker_TP0 pid=101) INFO 11-27 10:00:09 [gpu_worker.py:760] Available KV cache memory:"
+    " 20.25 GiB",
+    "(Worker_TP1 pid=102) INFO 11-27 10:00:09 [gpu_worker.py:760] Available KV cache memory:"
+    " 20.25 GiB",
+    *(f"(EngineCore pid=100) INFO 11-27 10:00:10 [core.py:1] filler {n}" for n in range(60)),
+]
+
+
+@pytest.mark.parametrize("says", [True, False])
+async def test_the_split_vllm_logs_is_the_replicas(tmp_path: Path, says: bool) -> None:
+    """A server that prints vLLM's lines (then serves as the fake OpenAI server) reports
+    their sums as its weights and KV cache; one that prints none (vLLM on the CPU)
+    reports no split, which /metrics shows as unknown."""
+    import sys
+
+    fake = Path(__file__).with_name("fake_openai_server.py")
+    lines = tmp_path / "startup.txt"
+    lines.write_text("\n".join(_VLLM_GPU_LINES if says else ["no figures"]) + "\n")
+    binary = tmp_path / "vllm"
+    binary.write_text(f'#!/bin/sh\ncat {lines}\nexec {sys.executable} {fake} "$@"\n')
+    binary.chmod(0o755)
+    settings = build_settings(
+        {
+            "engine": {
+                "models": {
+                    "vs": {
+                        "backend": "vllm_serve",
+                        "vllm_serve_binary": str(binary),
+                        "vllm_model": "fake",
+                        "vllm_serve_start_timeout_s": 20,
+                        "enabled": True,
+                    }
+                }
+            }
+        }
+    )
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("vs").state == "loaded", pool.snapshot("vs").last_error
+        runtime = pool.model("vs").replicas[0].runtime
+        # The figures left the tail: only the kept lines still have them.
+        assert "Model loading took" not in runtime.process.tail()  # type: ignore[union-attr]
+        split = runtime.memory_split()  # type: ignore[union-attr]
+    if says:
+        assert split is not None
+        assert (split.weights_mib, split.kv_cache_mib) == (2 * 7.5 * 1024, 2 * 20.25 * 1024)
+    else:
+        assert split is None

@@ -439,7 +439,8 @@ async def test_load_dry_run_then_why_tells_the_decisions(nursery: trio.Nursery) 
     why = await cli(info, "why", "c")
     assert why.code == 0, why.err
     said = [line.split(" ", 1)[1] for line in why.out.splitlines()]
-    assert said[0].startswith("evicted a to make room for c: priority 0, ")
+    # The pool's rank, larger kept longer, the inverse of the coordinator spec's.
+    assert said[0].startswith("evicted a to make room for c: priority 0 (larger is kept longer), ")
     assert said[1].startswith("loaded c: 1 replica(s) of 5000 MiB")
     (latest,) = (await cli(info, "why", "--json", "-n", "1")).json_lines()
     assert (latest["action"], latest["model"]) == ("place", "c")

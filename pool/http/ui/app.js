@@ -237,7 +237,7 @@ function renderGpus(next) {
         if (!held) continue;
         pool += held.mib;
         const kind = held.measured ? "measured" : "estimate";
-        const what = held.measured ? "measured" : `estimate, ${row.vram_estimate_source}`;
+        const what = held.measured ? "measured" : `estimate, ${row.vram_estimate_basis}`;
         const title = `${row.name}: ${mib(held.mib)} (${what})`;
         bar.append(el("div", { class: `seg ${kind}`, title, width: `${(100 * held.mib) / gpu.total_mib}%` }));
         chips.push(`${row.name} ${held.measured ? "" : "~"}${mib(held.mib)}`);
@@ -362,12 +362,13 @@ function updateModel(entry, row) {
 }
 
 function renderModelMemory(p, row) {
-  const measured = row.observed_load_delta;
+  // Held now only while loaded; an unloaded row's measurement is the estimate's basis.
+  const measured = row.is_loaded ? row.observed_load_delta : null;
   const estimate = row.vram_estimate_mib;
   const text = [];
   if (measured !== null && measured !== undefined) text.push(`${mib(measured)} measured`);
   if (estimate !== null && estimate !== undefined) {
-    text.push(`~${mib(estimate)} est. (${row.vram_estimate_source.replaceAll("_", " ")})`);
+    text.push(`~${mib(estimate)} est. (${row.vram_estimate_basis.replaceAll("_", " ")})`);
   }
   if ((row.gpus || []).length) text.push(`GPU ${gpuNames(row)}`);
   p.memoryText.textContent = text.join(" · ") || "no estimate";
@@ -585,7 +586,7 @@ function openLoadForm(entry) {
     vram.textContent =
       per === null
         ? "VRAM: no estimate for this model"
-        : `VRAM: about ${mib(per * replicas)} for ${replicas} replica(s) (${row.vram_estimate_source.replaceAll("_", " ")})`;
+        : `VRAM: about ${mib(per * replicas)} for ${replicas} replica(s) (${row.vram_estimate_basis.replaceAll("_", " ")})`;
     formProblem.textContent = problems.join("; ");
     submit.disabled = problems.length > 0 || entry.form?.submitting;
     return problems.length ? null : values;
