@@ -97,7 +97,7 @@ async def test_openai_routes_take_keep_alive_as_ollama_does(nursery: trio.Nurser
         r = await http.post(
             "/v1/completions", json={"model": "gen", "keep_alive": "soon"} | {"prompt": "x"}
         )
-        assert r.status_code == 400 and "keep_alive" in r.json()["error"]["message"]
+        assert r.status_code == 422 and "keep_alive" in r.json()["error"]["message"]
 
 
 async def test_ps_reports_the_footprint_and_what_is_on_gpus(nursery: trio.Nursery) -> None:

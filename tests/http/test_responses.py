@@ -357,7 +357,7 @@ async def test_a_conversation_has_user_and_assistant_turns_and_ends_with_the_use
     )
     assert ending.status_code == 400
     assert ending.json()["error"] == {
-        "code": "invalid_request",
+        "code": "invalid_conversation",
         "message": "the last message must have role `user` (or be a function_call_output)",
     }
 
