@@ -92,8 +92,8 @@ from pool.schemas import (
     TextCompletion,
     TextCompletionStreamEvent,
     UsageReport,
+    with_components,
 )
-from pool.schemas._documented import JSON_SCHEMA_COMPONENT, JSON_SCHEMA_DEFINITION
 
 ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
 SSE = "text/event-stream"
@@ -1170,9 +1170,8 @@ def openapi_document(
         + [(m, "serialization") for m in sorted(replies, key=lambda m: m.__name__)],
         ref_template="#/components/schemas/{model}",
     )
-    components = dict(schema.get("$defs", {}))
+    components = with_components(schema.get("$defs", {}))
     components["Error"] = _POOL_ERROR
-    components[JSON_SCHEMA_COMPONENT] = JSON_SCHEMA_DEFINITION
     states = "\n".join(f"- `{k}`: {v}" for k, v in STATE_DESCRIPTIONS.items())
     paths: dict[str, Any] = {}
     for route in routes:

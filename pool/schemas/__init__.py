@@ -16,6 +16,7 @@ from pool.schemas._compat import (
     OllamaStoreRequest,
     OpenAISampling,
 )
+from pool.schemas._documented import with_components
 from pool.schemas._keys import KeyCreated, KeyCreateRequest, KeyList, KeyRevoked, KeyRow
 from pool.schemas._messages import (
     MessagesBlock,
@@ -288,4 +289,5 @@ __all__ = [
     "UsageReport",
     "UsageRow",
     "WaitingFor",
+    "with_components",
 ]

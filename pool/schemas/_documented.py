@@ -60,11 +60,32 @@ def _json_schema(depth: int) -> JsonSchema:
     }
 
 
-# In the document once, as a component (pool/http/_openapi.py adds it): the use sites
-# refer to it.
+# In the document once, as a component: the use sites refer to it. A model's own JSON
+# schema (model_json_schema, as an embedded user reads it) has no components to refer
+# to, so a use site is an object marked with the component's name there, and the
+# document (with_components) makes each mark a reference.
 JSON_SCHEMA_COMPONENT = "ToolJsonSchema"
-JSON_SCHEMA_DEFINITION = _json_schema(2)
-JSON_SCHEMA: JsonSchema = {"$ref": f"#/components/schemas/{JSON_SCHEMA_COMPONENT}"}
+_COMPONENT_MARK = "x-component"
+_COMPONENTS = {JSON_SCHEMA_COMPONENT: _json_schema(2)}
+JSON_SCHEMA: JsonSchema = {"type": "object", _COMPONENT_MARK: JSON_SCHEMA_COMPONENT}
+
+
+def with_components(schemas: dict[str, JsonSchema]) -> dict[str, JsonSchema]:
+    """The document's ``schemas`` with each marked use site a ``$ref`` to its component,
+    and those components."""
+
+    def linked(node: Any) -> Any:
+        if isinstance(node, dict):
+            if _COMPONENT_MARK in node:
+                return {"$ref": f"#/components/schemas/{node[_COMPONENT_MARK]}"}
+            return {key: linked(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [linked(value) for value in node]
+        return node
+
+    return {name: linked(schema) for name, schema in schemas.items()} | _COMPONENTS
+
+
 # A function's arguments: a JSON schema of an object.
 ARGUMENTS_SCHEMA: JsonSchema = {
     "anyOf": [
