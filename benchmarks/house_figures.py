@@ -3,7 +3,7 @@
 - ``ModelActor``'s size: the lines of its class statement, its methods (every ``def``
   in the class body, properties included) and its attributes (the distinct names it
   assigns on ``self`` anywhere in the class).
-- How many times an admin load enters ``pool/actors/_model.py`` before the first "does
+- How many times an admin load enters ``pool/actors/models/_model.py`` before the first "does
   it fit" answer: the calls (profile ``call`` events, so a property read counts as
   one) into functions written in that file, made by the task that runs
   ``Pool.load`` (the admin route's call), from its start until the first return of
@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_FILE = ROOT / "pool" / "actors" / "_model.py"
+MODEL_FILE = ROOT / "pool" / "actors" / "models" / "_model.py"
 # (file, function) pairs whose first return is the fit decision.
 FIT_ANSWERS = {("_planner.py", "plan"), ("_gate.py", "fit")}
 

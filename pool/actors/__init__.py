@@ -5,12 +5,43 @@ The actors speak typed values only: an :class:`InferenceRequest` in, :class:`Del
 rendered from these in ``pool.http``.
 """
 
-from pool.actors._admission import Admission, new_request_id
-from pool.actors._affinity import AFFINITY_MIN_SHARE, longest_held
-from pool.actors._budgets import BudgetCounters, Budgets, LocalCounters
-from pool.actors._caller import CALLER, Caller
-from pool.actors._details import ModelDetails, quantization_name, same_quantization
-from pool.actors._events import (
+from pool.actors._supervisor import Pool, open_pool
+from pool.actors.accounting._budgets import BudgetCounters, Budgets, LocalCounters
+from pool.actors.accounting._rate_limit import RateLimiter
+from pool.actors.accounting._usage import UsageRecorder, UsageSink
+from pool.actors.accounting._usage_store import BUCKETS as USAGE_BUCKETS
+from pool.actors.accounting._usage_store import FILE_NAME as USAGE_FILE_NAME
+from pool.actors.accounting._usage_store import GROUPS as USAGE_GROUPS
+from pool.actors.accounting._usage_store import Bucket as UsageBucket
+from pool.actors.accounting._usage_store import GroupBy as UsageGroupBy
+from pool.actors.accounting._usage_store import UsageRecord, UsageStore, UsageTotal
+from pool.actors.models._affinity import AFFINITY_MIN_SHARE, longest_held
+from pool.actors.models._metrics import trio_task_count
+from pool.actors.models._model import STATE_DESCRIPTIONS, ModelActor
+from pool.actors.residency._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
+from pool.actors.residency._keep_alive import parse_keep_alive
+from pool.actors.residency._ledger import LedgerBinding, SharedLedger
+from pool.actors.residency._memory_budget import fit_memory_budget
+from pool.actors.residency._tasks import LoadTask
+from pool.actors.serving._admission import Admission, new_request_id
+from pool.actors.serving._caller import CALLER, Caller
+from pool.actors.serving._relay import RELAY_HEADER, RELAYED, Route, Router
+from pool.actors.serving._request import (
+    CacheMode,
+    DecodingOverrides,
+    EmbeddingRequest,
+    InferenceRequest,
+)
+from pool.actors.serving._trace_protocol import (
+    FIRST_TOKEN_EVENT,
+    GENERATION_SPAN,
+    LOAD_SPAN,
+    QUEUE_SPAN,
+    RequestTrace,
+    Tracing,
+)
+from pool.actors.values._details import ModelDetails, quantization_name, same_quantization
+from pool.actors.values._events import (
     Delta,
     Embedded,
     Event,
@@ -23,21 +54,7 @@ from pool.actors._events import (
     Waiting,
     WaitReason,
 )
-from pool.actors._gpu import GpuMonitor, GpuSource, NoGpus, VirtualGpus
-from pool.actors._keep_alive import parse_keep_alive
-from pool.actors._ledger import LedgerBinding, SharedLedger
-from pool.actors._memory_budget import fit_memory_budget
-from pool.actors._metrics import trio_task_count
-from pool.actors._model import STATE_DESCRIPTIONS, ModelActor
-from pool.actors._rate_limit import RateLimiter
-from pool.actors._relay import RELAY_HEADER, RELAYED, Route, Router
-from pool.actors._request import (
-    CacheMode,
-    DecodingOverrides,
-    EmbeddingRequest,
-    InferenceRequest,
-)
-from pool.actors._snapshots import (
+from pool.actors.values._snapshots import (
     FlushResult,
     GpuReading,
     GpuView,
@@ -50,23 +67,6 @@ from pool.actors._snapshots import (
     UnloadReason,
     VramEstimate,
 )
-from pool.actors._supervisor import Pool, open_pool
-from pool.actors._tasks import LoadTask
-from pool.actors._trace_protocol import (
-    FIRST_TOKEN_EVENT,
-    GENERATION_SPAN,
-    LOAD_SPAN,
-    QUEUE_SPAN,
-    RequestTrace,
-    Tracing,
-)
-from pool.actors._usage import UsageRecorder, UsageSink
-from pool.actors._usage_store import BUCKETS as USAGE_BUCKETS
-from pool.actors._usage_store import FILE_NAME as USAGE_FILE_NAME
-from pool.actors._usage_store import GROUPS as USAGE_GROUPS
-from pool.actors._usage_store import Bucket as UsageBucket
-from pool.actors._usage_store import GroupBy as UsageGroupBy
-from pool.actors._usage_store import UsageRecord, UsageStore, UsageTotal
 from pool.backends import ToolCallDelta
 
 __all__ = [

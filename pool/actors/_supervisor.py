@@ -22,28 +22,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors import _health
-from pool.actors._admission import Admission
-from pool.actors._budgets import BudgetCounters, Budgets, Subject
-from pool.actors._decisions import Decision
-from pool.actors._events import Embedded, Event, Finished
-from pool.actors._footprints import FootprintStore, default_path
-from pool.actors._gpu import GpuSource, NoGpus, VirtualGpus
-from pool.actors._ledger import LedgerBinding, SharedLedger
-from pool.actors._metrics import PoolMetrics
-from pool.actors._model import ModelActor
-from pool.actors._plan import LoadPlan
-from pool.actors._rate_limit import RateLimiter
-from pool.actors._relay import Router
-from pool.actors._request import EmbeddingRequest, InferenceRequest
-from pool.actors._residency import Residency
-from pool.actors._serving import Serving
-from pool.actors._snapshots import FlushResult, ModelSnapshot, PoolHealth, QueueStats
-from pool.actors._tasks import LoadTask, LoadTasks
-from pool.actors._usage import UsageRecorder, UsageSink
-from pool.actors._usage_store import FILE_NAME as USAGE_FILE_NAME
-from pool.actors._usage_store import Bucket, GroupBy, UsageStore, UsageTotal
-from pool.actors._vram import CudaContexts, LoadMeter
+from pool.actors.accounting._budgets import BudgetCounters, Budgets, Subject
+from pool.actors.accounting._rate_limit import RateLimiter
+from pool.actors.accounting._usage import UsageRecorder, UsageSink
+from pool.actors.accounting._usage_store import FILE_NAME as USAGE_FILE_NAME
+from pool.actors.accounting._usage_store import Bucket, GroupBy, UsageStore, UsageTotal
+from pool.actors.models._metrics import PoolMetrics
+from pool.actors.models._model import ModelActor
+from pool.actors.residency._decisions import Decision
+from pool.actors.residency._footprints import FootprintStore, default_path
+from pool.actors.residency._gpu import GpuSource, NoGpus, VirtualGpus
+from pool.actors.residency._ledger import LedgerBinding, SharedLedger
+from pool.actors.residency._plan import LoadPlan
+from pool.actors.residency._residency import Residency
+from pool.actors.residency._tasks import LoadTask, LoadTasks
+from pool.actors.residency._vram import CudaContexts, LoadMeter
+from pool.actors.serving import _health
+from pool.actors.serving._admission import Admission
+from pool.actors.serving._relay import Router
+from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
+from pool.actors.serving._serving import Serving
+from pool.actors.values._events import Embedded, Event, Finished
+from pool.actors.values._snapshots import FlushResult, ModelSnapshot, PoolHealth, QueueStats
 from pool.backends import CacheUsage, LoadRequest
 from pool.config import Settings, state_dir
 from pool.errors import PoolError
@@ -51,7 +51,7 @@ from pool.media import MediaLoader
 from pool.pulls import PullManager
 
 if TYPE_CHECKING:
-    from pool.actors._trace_protocol import Tracing
+    from pool.actors.serving._trace_protocol import Tracing
 
 log = logging.getLogger("pool")
 
@@ -342,7 +342,7 @@ class Pool:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
         return self.load_tasks.start(self._nursery, name, body, evict)
 
-    # -- state taken together (pool/actors/_health.py) -----------------------------------
+    # -- state taken together (pool/actors/serving/_health.py) -----------------------------------
     async def flush_cache(
         self,
         scope: str,

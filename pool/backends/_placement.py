@@ -1,6 +1,6 @@
 """Where one replica runs: the GPUs the pool's VRAM gate placed it on.
 
-The gate (``pool/actors/_vram.py``) hands each replica a :class:`GpuPlacement`; each
+The gate (``pool/actors/residency/_vram.py``) hands each replica a :class:`GpuPlacement`; each
 backend turns it into its own option: ``CUDA_VISIBLE_DEVICES`` for a managed server,
 ``main_gpu``/``tensor_split`` for in-process llama.cpp, a ``gpu_split`` for ExLlamaV3,
 a ``device_index`` for CTranslate2.

@@ -349,7 +349,7 @@ class MemoryProfile:
     They feed the closed-form estimate (weights + KV cache for ``context`` tokens of
     ``parallel`` sequences in the ``type_k``/``type_v`` cache types + a compute
     buffer). ``None``: the backend's default, or not a knob of this backend. (Measured
-    footprints are keyed by the whole load instead: pool/actors/_footprints.py.)
+    footprints are keyed by the whole load instead: pool/actors/residency/_footprints.py.)
     """
 
     context: int | None = None

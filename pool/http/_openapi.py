@@ -595,7 +595,7 @@ _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
 # a 400 with any other code says the request broke the document.
 # tests/http/test_schemathesis.py holds the pool to it.
 VALID_INPUT_CODES = "x-valid-input-codes"
-# Refusals of the model a generation request names (pool/actors/_intake.py) and of the
+# Refusals of the model a generation request names (pool/actors/serving/_intake.py) and of the
 # media it links (pool/media).
 _GENERATION_REFUSALS = (
     "generation_unsupported",

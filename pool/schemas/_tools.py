@@ -17,7 +17,7 @@ MAX_TEXT_CHARS = 4_000_000  # as every other text of a request
 MAX_TOOLS = 128
 ToolName = Annotated[str, StringConstraints(max_length=256)]
 # Ollama's keep_alive: seconds, or a Go duration (`5m`, `1h30m`, `-1`), as
-# pool/actors/_keep_alive.py reads it.
+# pool/actors/residency/_keep_alive.py reads it.
 KeepAlive = (
     float
     | Annotated[

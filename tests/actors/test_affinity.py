@@ -3,15 +3,15 @@ prompt, within its cache scope, and never waits for it."""
 
 from __future__ import annotations
 
-from pool.actors._affinity import (
+from pool.actors.models._affinity import (
     BLOCK_CHARS,
     PrefixSummary,
     RecentPrompts,
     longest_held,
     prefix_keys,
 )
-from pool.actors._scheduler import Scheduler
-from pool.actors._ticket import Ticket
+from pool.actors.models._scheduler import Scheduler
+from pool.actors.models._ticket import Ticket
 from pool.backends import CacheScope, Decoding, GenerationRequest, TextPart, Turn
 
 SYSTEM = "You are a careful assistant. " * 40  # two whole blocks shared by every prompt

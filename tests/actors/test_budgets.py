@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool import PoolError, open_pool
 from pool.actors import Budgets, InferenceRequest
-from pool.actors._budgets import window
+from pool.actors.accounting._budgets import window
 from pool.config import BudgetRule, build_settings
 
 from .helpers import ask as plain_ask

@@ -1,4 +1,4 @@
-"""The caller a key makes (pool/actors/_caller.py): its name on the request, and its own
+"""The caller a key makes (pool/actors/serving/_caller.py): its name on the request, and its own
 request rate (``rate_limit_rpm``) beside its tenant's limits."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio
 
 from pool import PoolError, open_pool
 from pool.actors import CALLER, Caller, InferenceRequest
-from pool.actors import _serving as serving_module
+from pool.actors.serving import _serving as serving_module
 from pool.config import build_settings
 
 from .helpers import ask

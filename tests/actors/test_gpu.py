@@ -25,11 +25,11 @@ import pytest
 import trio
 
 from pool.actors import GpuMonitor
-from pool.actors._gpu import NO_NVIDIA_GPU, process_tree, read_gpus
+from pool.actors.residency._gpu import NO_NVIDIA_GPU, process_tree, read_gpus
 from tests.actors import fake_pynvml as fake
 from tests.actors.fake_pynvml import FakeDevice, FakeMachine, FakeProcess
 
-GPU_SOURCE = Path(__file__).resolve().parents[2] / "pool" / "actors" / "_gpu.py"
+GPU_SOURCE = Path(__file__).resolve().parents[2] / "pool" / "actors" / "residency" / "_gpu.py"
 # A pid no process can have (above the kernel's largest pid_max, 2**22): NVML of the
 # host shows it to a container that cannot see it.
 UNSEEN_PID = 2**22 + 1

@@ -1,4 +1,4 @@
-"""What degrades a serving pool (pool/actors/_health.py): a saturated queue, a GPU out
+"""What degrades a serving pool (pool/actors/serving/_health.py): a saturated queue, a GPU out
 of memory within the window, a failed model; and when it is unhealthy instead."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-import pool.actors._model as model_module
+import pool.actors.models._model as model_module
 from pool import PoolError, open_pool
 from pool.backends import GenerationRequest, GenerationStats, LoadContext, TokenSink
 from pool.backends.stub import StubBackend, StubModel, StubRuntime

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from pool.actors import DecodingOverrides, InferenceRequest
-from pool.actors._intake import HANDED_ON, build_generation_request, effective_decoding
+from pool.actors.serving._intake import HANDED_ON, build_generation_request, effective_decoding
 from pool.backends import (
     Capabilities,
     Decoding,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import trio
 
-import pool.actors._model as model_module
+import pool.actors.models._model as model_module
 from pool import Delta, Failed, PoolError, open_pool
 from pool.backends import LoadContext, LoadRequest, get_backend
 from pool.backends.stub import StubBackend, StubRuntime

@@ -1,4 +1,4 @@
-"""A runner load's GPU memory budget applied to the load (pool/actors/_memory_budget.py):
+"""A runner load's GPU memory budget applied to the load (pool/actors/residency/_memory_budget.py):
 vLLM's KV cache gets what the budget leaves beside the weights, and its context what
 that cache holds."""
 

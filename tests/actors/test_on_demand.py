@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
-from pool.actors._keep_alive import parse_keep_alive
+from pool.actors.residency._keep_alive import parse_keep_alive
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until
 

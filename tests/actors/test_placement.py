@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
-from pool.actors._vram import place, proportional_shares
+from pool.actors.residency._vram import place, proportional_shares
 from pool.backends import GpuPlacement
 from pool.backends.ct2 import Ct2Model, device_options
 from pool.backends.exllamav3 import ExLlamaV3Model, load_plan

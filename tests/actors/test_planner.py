@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pool.actors import GpuReading, GpuView
-from pool.actors._planner import (
+from pool.actors.residency._planner import (
     Evict,
     GpuRoom,
     Place,

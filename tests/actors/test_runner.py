@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-import pool.actors._model as model_module
+import pool.actors.models._model as model_module
 from pool import PoolError, open_pool
 from pool.actors import FlushResult
 from pool.backends import get_backend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.actors._intake import check_sampling
+from pool.actors.serving._intake import check_sampling
 from pool.backends import Capabilities, Decoding
 from pool.errors import PoolError
 

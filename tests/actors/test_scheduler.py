@@ -6,8 +6,8 @@ import pytest
 import trio
 
 from pool import Delta, PoolError, open_pool
-from pool.actors._scheduler import Scheduler
-from pool.actors._ticket import Ticket
+from pool.actors.models._scheduler import Scheduler
+from pool.actors.models._ticket import Ticket
 from pool.backends import Decoding, GenerationRequest, TextPart, Turn
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from pool import PoolError, open_pool
-from pool.actors._plan import plan_load
+from pool.actors.residency._plan import plan_load
 from pool.backends import get_backend
 from pool.config import model_definition
 

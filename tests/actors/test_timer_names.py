@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from pool.actors._events import Timings
-from pool.actors._ticket import JobEmbedded, JobFinished
-from pool.actors._usage_store import UsageRecord
+from pool.actors.accounting._usage_store import UsageRecord
+from pool.actors.models._ticket import JobEmbedded, JobFinished
+from pool.actors.values._events import Timings
 from pool.backends import GenerationStats
 
 TIMERS = {f.name for f in dataclasses.fields(Timings)}

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool import Failed, Pool, PoolError, open_pool
 from pool.actors import EmbeddingRequest, InferenceRequest, UsageRecord, UsageStore
-from pool.actors._usage_store import FILE_NAME
+from pool.actors.accounting._usage_store import FILE_NAME
 from pool.backends import TokenSink
 from pool.backends.stub import StubRuntime
 from pool.config import build_settings

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from pool import open_pool
-from pool.actors import _residency
-from pool.actors._sleep import HostRam
+from pool.actors.residency import _residency
+from pool.actors.residency._sleep import HostRam
 from pool.config import build_settings
 from tests.backends import fake_vllm, vllm_contract
 from tests.backends.fake_vllm import CONTEXT_MIB, KV_CACHE_MIB, WEIGHTS_MIB, FakeGpu

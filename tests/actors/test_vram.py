@@ -18,8 +18,13 @@ import trio
 from benchmarks.vram_swap import belady
 from pool import Pool, PoolError, open_pool
 from pool.actors import GpuView, VirtualGpus
-from pool.actors._estimate import Artifact, gguf_closed_form_mib, gpu_layer_shares, read_artifact
-from pool.actors._footprints import load_key
+from pool.actors.residency._estimate import (
+    Artifact,
+    gguf_closed_form_mib,
+    gpu_layer_shares,
+    read_artifact,
+)
+from pool.actors.residency._footprints import load_key
 from pool.backends import MemoryProfile, read_gguf_header
 from pool.config import Settings, build_settings, resolve_model_path
 

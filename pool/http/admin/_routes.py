@@ -129,7 +129,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     @blueprint.get("/v1/admin/usage")
     async def admin_usage() -> Response:
-        """Recorded usage (the usage database, pool/actors/_usage_store.py) summed by
+        """Recorded usage (the usage database, pool/actors/accounting/_usage_store.py) summed by
         ``group_by`` (key, tenant or model) over ``[since, until)``, per UTC hour or day
         with ``bucket``."""
         require(ctx, "admin")

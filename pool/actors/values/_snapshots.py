@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pool.actors._details import ModelDetails
+from pool.actors.values._details import ModelDetails
 from pool.backends import Capabilities, GpuPlacement
 from pool.config import ModelDefinition
 
@@ -20,7 +20,7 @@ RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 # another model (its next request loads it again), an unload was asked for (admin,
 # runner or Ollama API: it stays unloaded), or it sat idle past its keep_alive.
 UnloadReason = Literal["evicted", "requested", "keep_alive"]
-# The estimate chain, best first (pool/actors/_estimate.py, docs/vram.md).
+# The estimate chain, best first (pool/actors/residency/_estimate.py, docs/vram.md).
 VramSource = Literal[
     "configured_vram_mb",
     "observed_load_delta",

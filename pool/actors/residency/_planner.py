@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pool.actors._eviction import choose_victim, eviction_candidates, swap_cost, warm_note
-from pool.actors._snapshots import GpuView, RuntimeState
-from pool.actors._vram import gpu_ceilings, gpu_room, place
+from pool.actors.residency._eviction import choose_victim, eviction_candidates, swap_cost, warm_note
+from pool.actors.residency._vram import gpu_ceilings, gpu_room, place
+from pool.actors.values._snapshots import GpuView, RuntimeState
 from pool.backends import GpuPlacement
 
 Placements = tuple[GpuPlacement, ...]

@@ -46,7 +46,7 @@ class Timings:
     them otherwise, each renderer in one place: ``/v1/responses``' ``metrics`` object
     (``response_metrics``: ``gpu_generate_total_ms``, ``backend_inference_wall_ms``, ...),
     Ollama's ``*_duration`` fields, and the usage table's ``queue_ms`` and
-    ``generation_ms`` columns (pool/actors/_usage_store.py).
+    ``generation_ms`` columns (pool/actors/accounting/_usage_store.py).
     """
 
     backend_ms: float | None = None

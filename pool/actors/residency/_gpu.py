@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import trio
 
-from pool.actors._snapshots import GpuReading, GpuView
+from pool.actors.values._snapshots import GpuReading, GpuView
 
 log = logging.getLogger("pool.gpu")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pool.actors._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
+from pool.actors.serving._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
 from pool.backends import (
     CacheScope,
     Capabilities,

@@ -12,16 +12,24 @@ from typing import Any
 
 import trio
 
-from pool.actors import _planner as planner
-from pool.actors._eviction import eviction_candidates, warm_note
-from pool.actors._gpu import GpuSource
-from pool.actors._ledger import SharedLedger
-from pool.actors._model import ModelActor
-from pool.actors._plan import LoadPlan
-from pool.actors._planner import Evict, GpuRoom, Place, Placements, ResidenceView, Rules, Target
-from pool.actors._residence import Residence
-from pool.actors._snapshots import GpuReading
-from pool.actors._vram import CudaContexts, gpu_ceilings
+from pool.actors.models._model import ModelActor
+from pool.actors.residency import _planner as planner
+from pool.actors.residency._eviction import eviction_candidates, warm_note
+from pool.actors.residency._gpu import GpuSource
+from pool.actors.residency._ledger import SharedLedger
+from pool.actors.residency._plan import LoadPlan
+from pool.actors.residency._planner import (
+    Evict,
+    GpuRoom,
+    Place,
+    Placements,
+    ResidenceView,
+    Rules,
+    Target,
+)
+from pool.actors.residency._residence import Residence
+from pool.actors.residency._vram import CudaContexts, gpu_ceilings
+from pool.actors.values._snapshots import GpuReading
 from pool.config import Settings
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pool.actors._residence import Residence
+from pool.actors.residency._residence import Residence
 from pool.backends import LoadRequest, apply_override, validate_load_request
 from pool.config import invalid_load_request
 

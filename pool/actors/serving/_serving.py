@@ -12,34 +12,34 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pool.actors._admission import Admission, new_request_id
-from pool.actors._affinity import PendingKeys
-from pool.actors._budgets import Budgets
-from pool.actors._caller import CALLER
-from pool.actors._events import Finished, Waiting
-from pool.actors._health import check_runner_queue
-from pool.actors._intake import (
+from pool.actors.accounting._budgets import Budgets
+from pool.actors.accounting._rate_limit import RateLimiter
+from pool.actors.accounting._usage import UsageRecorder
+from pool.actors.accounting._usage_store import UsageRecord
+from pool.actors.models._affinity import PendingKeys
+from pool.actors.models._metrics import PoolMetrics
+from pool.actors.models._ticket import JobFinished, Ticket
+from pool.actors.residency._residency import Residency
+from pool.actors.serving._admission import Admission, new_request_id
+from pool.actors.serving._caller import CALLER
+from pool.actors.serving._health import check_runner_queue
+from pool.actors.serving._intake import (
     build_embedding_job,
     build_generation_request,
     cache_scope,
     inline_images,
 )
-from pool.actors._metrics import PoolMetrics
-from pool.actors._rate_limit import RateLimiter
-from pool.actors._relay import RELAYED, Route, Router, run_relay
-from pool.actors._request import EmbeddingRequest, InferenceRequest
-from pool.actors._residency import Residency
-from pool.actors._ticket import JobFinished, Ticket
-from pool.actors._usage import UsageRecorder
-from pool.actors._usage_store import UsageRecord
-from pool.actors._waits import RequestWaits
+from pool.actors.serving._relay import RELAYED, Route, Router, run_relay
+from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
+from pool.actors.serving._waits import RequestWaits
+from pool.actors.values._events import Finished, Waiting
 from pool.backends import ALL_THINKING_MODES, Capabilities, EmbeddingJob, GenerationRequest
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 
 if TYPE_CHECKING:
-    from pool.actors._trace_protocol import RequestTrace, Tracing
+    from pool.actors.serving._trace_protocol import RequestTrace, Tracing
 
 # What a request for a model this node does not have configured may ask of a peer;
 # the peer checks it against the model's own capabilities.

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from pool.actors._events import Delta
+from pool.actors.values._events import Delta
 from pool.backends import TokensUsed, ToolCallDelta
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors._affinity import ReplyRecorder
+    from pool.actors.models._affinity import ReplyRecorder
     from pool.backends import EmbeddingJob, EmbeddingResult, GenerationRequest, GenerationStats
 
 
@@ -60,7 +60,7 @@ class Ticket:
     enqueued_at: float = field(default_factory=time.perf_counter)
     dispatched_at: float | None = None
     sequence: int = 0
-    # The prompt's block keys (pool/actors/_affinity.py), hashed at the first dispatch
+    # The prompt's block keys (pool/actors/models/_affinity.py), hashed at the first dispatch
     # that has replicas to choose between, and what records the answer for the next turn.
     prefix_keys: tuple[bytes, ...] | None = None
     reply: ReplyRecorder | None = None

@@ -23,8 +23,8 @@ from typing import Protocol
 
 import trio
 
-from pool.actors._metrics import PoolMetrics
-from pool.actors._usage_store import UsageRecord
+from pool.actors.accounting._usage_store import UsageRecord
+from pool.actors.models._metrics import PoolMetrics
 from pool.config import UsageSettings
 
 log = logging.getLogger("pool.usage")
@@ -36,7 +36,7 @@ FINAL_FLUSH_S = 2.0
 
 
 class UsageSink(Protocol):
-    """Where batches go (:class:`~pool.actors._usage_store.UsageStore`; tests pass one
+    """Where batches go (:class:`~pool.actors.accounting._usage_store.UsageStore`; tests pass one
     that fails or blocks)."""
 
     def append(self, records: Sequence[UsageRecord]) -> None: ...

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pool.actors._admission import Admission
-    from pool.actors._model import ModelActor
-    from pool.actors._request import EmbeddingRequest, InferenceRequest
+    from pool.actors.models._model import ModelActor
+    from pool.actors.serving._admission import Admission
+    from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
 
 # The children of a request span, and the event of its first token (the request span
 # itself is "{operation} {model}", as the GenAI semantic conventions name it).

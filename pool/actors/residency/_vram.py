@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pool.actors._footprints import FootprintStore
-from pool.actors._gpu import GpuSource
-from pool.actors._snapshots import GpuReading, GpuView
+from pool.actors.residency._footprints import FootprintStore
+from pool.actors.residency._gpu import GpuSource
+from pool.actors.values._snapshots import GpuReading, GpuView
 from pool.backends import GpuPlacement
 
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from pool.actors._replica import _TicketSink
-from pool.actors._ticket import JobFailed, JobFinished, Ticket
+from pool.actors.models._replica import _TicketSink
+from pool.actors.models._ticket import JobFailed, JobFinished, Ticket
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
+    from pool.actors.models._model import ModelActor
     from pool.backends import GenerationRequest, GenerationStats, TokenSink
 
 log = logging.getLogger("pool.cluster")
@@ -55,7 +55,7 @@ class Router(Protocol):
     ) -> Route | None:
         """Where a request for ``model`` goes: a peer, or None to serve it here
         (``local`` is this node's actor for the model, if it has one; ``prefix_keys``
-        gives the request's prompt keys, pool/actors/_affinity.py; None: no affinity)."""
+        gives the request's prompt keys, pool/actors/models/_affinity.py; None: no affinity)."""
         ...
 
     def prompts_changed(self) -> None:

@@ -25,16 +25,15 @@ from typing import Any, NoReturn
 
 import trio
 
-from pool.actors._decisions import DecisionLog
-from pool.actors._events import WaitReason
-from pool.actors._eviction import eviction_candidates, reload_s, warm_note
-from pool.actors._footprints import FootprintStore
-from pool.actors._gate import Gate, held_mib
-from pool.actors._gpu import GpuSource
-from pool.actors._ledger import SharedLedger
-from pool.actors._model import ModelActor
-from pool.actors._plan import LoadPlan, plan_load
-from pool.actors._planner import (
+from pool.actors.models._model import ModelActor
+from pool.actors.residency._decisions import DecisionLog
+from pool.actors.residency._eviction import eviction_candidates, reload_s, warm_note
+from pool.actors.residency._footprints import FootprintStore
+from pool.actors.residency._gate import Gate, held_mib
+from pool.actors.residency._gpu import GpuSource
+from pool.actors.residency._ledger import SharedLedger
+from pool.actors.residency._plan import LoadPlan, plan_load
+from pool.actors.residency._planner import (
     Evict,
     Place,
     Placements,
@@ -44,10 +43,11 @@ from pool.actors._planner import (
     Target,
     Wait,
 )
-from pool.actors._residence import Residence
-from pool.actors._sleep import read_host_ram, sleep_verdict
-from pool.actors._snapshots import ModelSnapshot
-from pool.actors._vram import CudaContexts, LoadMeter, charges
+from pool.actors.residency._residence import Residence
+from pool.actors.residency._sleep import read_host_ram, sleep_verdict
+from pool.actors.residency._vram import CudaContexts, LoadMeter, charges
+from pool.actors.values._events import WaitReason
+from pool.actors.values._snapshots import ModelSnapshot
 from pool.backends import LoadRequest
 from pool.config import Settings
 from pool.errors import PoolError

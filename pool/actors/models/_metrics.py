@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 from pool.backends import SplitReportingRuntime
 
 if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
-    from pool.actors._snapshots import GpuReading
+    from pool.actors.models._model import ModelActor
+    from pool.actors.values._snapshots import GpuReading
 
 _LATENCY_BUCKETS = (
     0.001,

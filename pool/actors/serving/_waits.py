@@ -12,10 +12,10 @@ from collections.abc import AsyncGenerator, Callable
 
 import trio
 
-from pool.actors._events import Loading, Queued, Waiting, WaitReason
-from pool.actors._model import ModelActor
-from pool.actors._residency import Residency
-from pool.actors._ticket import Ticket
+from pool.actors.models._model import ModelActor
+from pool.actors.models._ticket import Ticket
+from pool.actors.residency._residency import Residency
+from pool.actors.values._events import Loading, Queued, Waiting, WaitReason
 from pool.errors import PoolError
 
 # A request that reports its wait looks at its place in the queue at least this often

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Iterator
 
 import trio
 
-from pool.actors._model import ModelActor
-from pool.actors._snapshots import FlushResult, HealthIssue, PoolHealth, QueueStats
-from pool.actors._stats import percentile
+from pool.actors.models._model import ModelActor
+from pool.actors.models._stats import percentile
+from pool.actors.values._snapshots import FlushResult, HealthIssue, PoolHealth, QueueStats
 from pool.backends import CacheUsage
 from pool.errors import PoolError
 

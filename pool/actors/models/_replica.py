@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors._events import Delta
-from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors.models._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors.values._events import Delta
 from pool.backends import EmbeddingJob, ToolCallDelta, out_of_memory
 from pool.errors import BackendError, PoolError
 

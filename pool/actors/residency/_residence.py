@@ -18,23 +18,23 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors._details import ModelDetails, artifact_details
-from pool.actors._estimate import (
+from pool.actors.residency._estimate import (
     Artifact,
     closed_form_mib,
     name_estimate_mib,
     read_artifact,
     size_estimate_mib,
 )
-from pool.actors._footprints import FootprintStore, load_key
-from pool.actors._keep_alive import parse_keep_alive
-from pool.actors._snapshots import VramEstimate
-from pool.actors._vram import CudaContexts, LoadMeter, MeterMark, charges
+from pool.actors.residency._footprints import FootprintStore, load_key
+from pool.actors.residency._keep_alive import parse_keep_alive
+from pool.actors.residency._vram import CudaContexts, LoadMeter, MeterMark, charges
+from pool.actors.values._details import ModelDetails, artifact_details
+from pool.actors.values._snapshots import VramEstimate
 from pool.backends import SleepingRuntime
 from pool.config import ModelDefinition
 
 if TYPE_CHECKING:
-    from pool.actors._model import ModelActor
+    from pool.actors.models._model import ModelActor
 
 log = logging.getLogger("pool.model")
 
@@ -210,7 +210,7 @@ class Residence:
     def vram_estimate(
         self, *, definition: ModelDefinition | None = None, replicas: int | None = None
     ) -> VramEstimate:
-        """The estimate chain (pool/actors/_estimate.py): the first step that answers.
+        """The estimate chain (pool/actors/residency/_estimate.py): the first step that answers.
 
         By default for the current load (or the next one with the configured
         definition); with ``definition``/``replicas``, for a load with those instead.

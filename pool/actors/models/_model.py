@@ -16,19 +16,19 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from pool.actors._details import ModelDetails
-from pool.actors._metrics import PoolMetrics
-from pool.actors._replica import Replica
-from pool.actors._scheduler import Scheduler
-from pool.actors._snapshots import (
+from pool.actors.models._metrics import PoolMetrics
+from pool.actors.models._replica import Replica
+from pool.actors.models._scheduler import Scheduler
+from pool.actors.models._stats import RecentStats
+from pool.actors.models._ticket import Ticket
+from pool.actors.values._details import ModelDetails
+from pool.actors.values._snapshots import (
     ModelSnapshot,
     OutOfMemory,
     RuntimeState,
     UnloadReason,
     VramEstimate,
 )
-from pool.actors._stats import RecentStats
-from pool.actors._ticket import Ticket
 from pool.backends import (
     Backend,
     Capabilities,
@@ -74,7 +74,7 @@ class PlacedLoad(Protocol):
 
 
 class ResidenceFacts(Protocol):
-    """The residency owner's record of this model (pool/actors/_residence.py): the
+    """The residency owner's record of this model (pool/actors/residency/_residence.py): the
     actor reports what happened to it, and reads back what its snapshot shows. The
     numbers (estimates, footprints, load times, keep-alive) are the record's."""
 
@@ -276,7 +276,7 @@ class ModelActor:
         """Carry out a load the residency owner let through (or return the row of a
         model that is loaded or loading).
 
-        Only the owner calls this (pool/actors/_residency.py): it has validated the
+        Only the owner calls this (pool/actors/residency/_residency.py): it has validated the
         body into ``plan`` and placed every replica (``gpus``), and it holds the
         reservation until this returns. Nothing else may load a model, or the budget
         would not hold.
@@ -394,7 +394,7 @@ class ModelActor:
     async def wait_state_change(self) -> None:
         await self._state_changed.wait()
 
-    # -- what the residency owner reads of the model (pool/actors/_residency.py) ------
+    # -- what the residency owner reads of the model (pool/actors/residency/_residency.py) ------
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
@@ -414,7 +414,7 @@ class ModelActor:
 
     def recent_prompts(self) -> list[bytes]:
         """The last keys of the prompts the model was given lately, newest first (what
-        the cluster's registry record says of it; pool/actors/_affinity.py)."""
+        the cluster's registry record says of it; pool/actors/models/_affinity.py)."""
         recent = self.scheduler.recent_prompts
         return recent.newest() if recent is not None and self.state == "loaded" else []
 

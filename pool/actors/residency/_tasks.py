@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from pool.actors._plan import LoadPlan
+from pool.actors.residency._plan import LoadPlan
 from pool.backends import LoadRequest
 from pool.config import resolve_model_path
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors._residency import Residency
+    from pool.actors.residency._residency import Residency
     from pool.pulls import PullManager
 
 log = logging.getLogger("pool.tasks")

@@ -81,7 +81,7 @@ class InferenceRequest:
     cache_mode: CacheMode = "auto"
     cache_tag: str | None = None
     # The name of the key that sent it (service.auth.keys), for whoever accounts per
-    # key: admission sets it from the authenticated caller (pool/actors/_caller.py);
+    # key: admission sets it from the authenticated caller (pool/actors/serving/_caller.py);
     # an embedded user of the pool may name one itself.
     key_name: str | None = None
 

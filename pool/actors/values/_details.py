@@ -8,9 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from pool.actors._estimate import Artifact
+from pool.backends import GgufHeader
+
+
+class ReadArtifact(Protocol):
+    """What the details read of an artifact (``Artifact``, pool/actors/residency/_estimate.py),
+    named here because the values floor imports nothing above it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def gguf(self) -> GgufHeader | None: ...
+    @property
+    def hf_config(self) -> Mapping[str, Any] | None: ...
+
 
 # llama.cpp's ``general.file_type`` (enum llama_ftype) as the names its quantizer uses.
 _GGUF_FILE_TYPES = {
@@ -111,7 +124,7 @@ def human_parameters(count: int) -> str:
     return str(count)
 
 
-def artifact_details(artifact: Artifact | None) -> ModelDetails:
+def artifact_details(artifact: ReadArtifact | None) -> ModelDetails:
     """The details of a read artifact (nothing for a model without one)."""
     if artifact is None:
         return ModelDetails()

@@ -9,7 +9,7 @@ the pool's per-request overhead to a few microseconds.
 Order: priority first (``high`` > ``normal`` > ``low``), then the least recently served
 tenant within a priority (round-robin among busy tenants, with a newcomer first), then
 arrival order within a tenant. The request next in that order goes to the free replica
-holding the longest part of its prompt (pool/actors/_affinity.py) when that is more
+holding the longest part of its prompt (pool/actors/models/_affinity.py) when that is more
 than half of it, else to the least loaded (and least filled) free replica: affinity chooses
 among free slots only, so it never makes a request wait.
 
@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import trio
 
-from pool.actors._affinity import (
+from pool.actors.models._affinity import (
     AFFINITY_MIN_SHARE,
     PrefixSummary,
     RecentPrompts,
     ReplyRecorder,
     prefix_keys,
 )
-from pool.actors._stats import RecentStats
+from pool.actors.models._stats import RecentStats
 from pool.backends import GenerationRequest
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors._ticket import Ticket
+    from pool.actors.models._ticket import Ticket
 
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")

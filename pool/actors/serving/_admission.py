@@ -13,7 +13,8 @@ from collections.abc import AsyncGenerator, Callable
 
 import trio
 
-from pool.actors._events import (
+from pool.actors.models._ticket import JobEmbedded, JobFailed, JobFinished, Output, Ticket
+from pool.actors.values._events import (
     Delta,
     Embedded,
     Event,
@@ -23,7 +24,6 @@ from pool.actors._events import (
     Usage,
     Waiting,
 )
-from pool.actors._ticket import JobEmbedded, JobFailed, JobFinished, Output, Ticket
 from pool.backends import ToolCallDelta, assemble_calls
 from pool.errors import PoolError
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pool.actors._planner import ResidenceView, Target
+    from pool.actors.residency._planner import ResidenceView, Target
 
 # The load speed assumed for a model whose load was never measured (MiB/s), and the
 # least a load is assumed to take.
