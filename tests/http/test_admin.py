@@ -539,3 +539,16 @@ async def test_metrics_split_gpu_memory_where_the_runtime_reports_it(
     assert set(parts) == {("smol", "weights"), ("smol", "kv_cache"), ("stub", "unknown")}
     assert parts[("smol", "weights")] == parts[("smol", "kv_cache")] == 0.0
     assert math.isnan(parts[("stub", "unknown")])
+
+
+async def test_rows_never_show_a_managed_servers_api_key(nursery: trio.Nursery) -> None:
+    # A key a managed server is started with stays out of the admin API: the row says
+    # one is set, and an unset key stays null.
+    keyed = {"backend": "llama_server", "model_path": "/nowhere.gguf", "llama_server_api_key": "s3"}
+    info = await start_server(nursery, {"keyed": keyed, "plain": {"backend": "stub"}})
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        listing = (await client.get("/v1/admin/models")).text
+        row = (await client.get("/v1/admin/models/keyed")).json()
+    assert "s3" not in listing
+    assert row["definition"]["llama_server_api_key"] == "<set>"
+    assert row["definition"].get("vllm_serve_api_key") is None

@@ -68,8 +68,17 @@ def vram_fields(snapshot: ModelSnapshot) -> dict[str, Any]:
     }
 
 
+# What the admin API never shows of a definition: a secret a managed server is started
+# with (`llama_server_api_key`, `vllm_serve_api_key`); the row says one is set.
+_SECRET_SUFFIX = "_api_key"
+_HIDDEN = "<set>"
+
+
 def definition_body(snapshot: ModelSnapshot) -> dict[str, Any]:
     body: dict[str, Any] = snapshot.definition.model_dump(mode="json")
+    for field, value in body.items():
+        if field.endswith(_SECRET_SUFFIX) and value is not None:
+            body[field] = _HIDDEN
     return body
 
 
