@@ -14,7 +14,7 @@ from importlib import resources
 from quart import Blueprint, Quart, Response, redirect
 
 from pool.http._common import AppContext
-from pool.http._route import Route, serves
+from pool.http._route import HTML, Route, serves
 
 _TYPES = {
     "index.html": "text/html; charset=utf-8",
@@ -40,7 +40,7 @@ UI_ROOT = Route(
     "Dashboard (redirect)",
     "308 to `ui/`, so the page's relative URLs resolve under `/ui/`.",
     status=308,
-    text=("text/html", {"type": "string"}),
+    text=HTML,
 )
 UI_PAGE = Route(
     "get",
@@ -50,7 +50,7 @@ UI_PAGE = Route(
     "An HTML page that shows and steers the pool through the admin API with the"
     ' operator\'s token (docs/operations.md, "The dashboard"); the page itself holds no'
     " data and needs no token.",
-    text=("text/html", {"type": "string"}),
+    text=HTML,
 )
 UI_SCRIPT = Route(
     "get",
@@ -68,12 +68,7 @@ UI_STYLE = Route(
     "The page's stylesheet.",
     text=("text/css", {"type": "string"}),
 )
-ROUTES = (
-    UI_ROOT,
-    UI_PAGE,
-    UI_SCRIPT,
-    UI_STYLE,
-)
+ROUTES = (UI_ROOT, UI_PAGE, UI_SCRIPT, UI_STYLE)
 
 
 def register(app: Quart, ctx: AppContext) -> None:

@@ -80,10 +80,7 @@ COUNT_TOKENS = Route(
     reply=MessagesTokenCount,
     errors="anthropic",
 )
-ROUTES = (
-    CREATE_MESSAGE,
-    COUNT_TOKENS,
-)
+ROUTES = (CREATE_MESSAGE, COUNT_TOKENS)
 
 
 def register(app: Quart, ctx: AppContext) -> None:

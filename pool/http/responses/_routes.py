@@ -78,7 +78,7 @@ CREATE_RESPONSE = Route(
     stream=SSE,
     events=ResponseStreamEvent,
 )
-RESPONSES_SOCKET_WITHOUT_UPGRADE = Route(
+RESPONSES_SOCKET = Route(
     "get",
     "/v1/responses",
     "inference",
@@ -89,10 +89,7 @@ RESPONSES_SOCKET_WITHOUT_UPGRADE = Route(
     " one (`response.cancelled`).",
     status=101,
 )
-ROUTES = (
-    CREATE_RESPONSE,
-    RESPONSES_SOCKET_WITHOUT_UPGRADE,
-)
+ROUTES = (CREATE_RESPONSE, RESPONSES_SOCKET)
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -128,7 +125,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     ctx.hot_routes["/v1/responses"] = HotRoute(create_response, blueprint.name)
 
-    @serves(blueprint, RESPONSES_SOCKET_WITHOUT_UPGRADE)
+    @serves(blueprint, RESPONSES_SOCKET)
     async def responses_socket_without_upgrade() -> Response:
         """A plain GET of the WebSocket route: 426 naming the upgrade it needs (RFC 9110)."""
         require(ctx, "inference")
@@ -140,7 +137,8 @@ def register(app: Quart, ctx: AppContext) -> None:
             )
         )
 
-    @blueprint.websocket("/v1/responses")
+    # The handshake is the GET that RESPONSES_SOCKET documents (101).
+    @blueprint.websocket(RESPONSES_SOCKET.path)
     async def responses_socket() -> None:
         """Request bodies in, the same events as SSE out; ``response.cancel`` cancels."""
         # Its bodies come in frames: the handshake's headers are read as a model route
