@@ -30,11 +30,9 @@ from pool.http._route import HTML, SSE, ErrorShape, Route
 from pool.http._surfaces import SURFACES
 from pool.schemas import (
     ChatCompletionStreamEvent,
-    Health,
     MessagesError,
     OllamaError,
     OpenAIError,
-    RunnerDescriptor,
     TextCompletionStreamEvent,
     with_components,
 )
@@ -214,12 +212,6 @@ _WHY: dict[int, str] = {
     426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
     429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
     " token budget (`budget_exceeded`); `Retry-After` set",
-}
-
-# A body the server answers with 503 other than an error (the health while unhealthy).
-_SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
-    ("get", "/health"): (503, Health),
-    ("get", "/v1/capabilities"): (503, RunnerDescriptor),
 }
 
 # -- examples and links ------------------------------------------------------------------
@@ -633,13 +625,11 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             if runs_a_model(route):
                 answer["headers"].update(_RATE_LIMIT_HEADERS)
         responses[str(status)] = answer
-    server_reply = _SERVER_REPLIES.get(key)
-    if server_reply is not None:
-        status, model = server_reply
-        responses[str(status)] = {
+    if route.reply is not None and route.unavailable_reply:
+        responses["503"] = {
             "description": "Unhealthy (or, on /health, degraded by a GPU out of memory or a"
             " saturated queue): the same body as a success",
-            "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
+            "content": {"application/json": {"schema": keyed[(route.reply, "serialization")]}},
         }
     responses["5XX"] = {
         "description": "Load failure, backend error, queue full, shutting down or timeout"
@@ -719,7 +709,6 @@ def openapi_document(
     replies = {r.reply for r in routes if r.reply is not None}
     replies |= {r.events for r in routes if r.events is not None}
     replies |= {m for m in _ERROR_MODELS.values() if m is not None}
-    replies |= {model for _, model in _SERVER_REPLIES.values()}
     keyed, schema = models_json_schema(
         [(m, "validation") for m in sorted(requests, key=lambda m: m.__name__)]
         + [(m, "serialization") for m in sorted(replies, key=lambda m: m.__name__)],

@@ -37,6 +37,8 @@ class Route:
             line): the union of every event the stream can send.
         errors: the error body of this surface: the pool's, OpenAI's, Ollama's or
             Anthropic's.
+        unavailable_reply: a 503 answers the success body too, not an error (the health
+            while unhealthy).
     """
 
     method: str
@@ -52,6 +54,7 @@ class Route:
     events: type[BaseModel] | None = None
     errors: ErrorShape = "pool"
     body_required: bool = True
+    unavailable_reply: bool = False
     # Query parameters: (name, JSON type or the whole schema, description).
     query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
 

@@ -60,6 +60,7 @@ CAPABILITIES = Route(
     " (`Retry-After`) on every route while the pool starts. In a cluster, `cluster`"
     " as in /health.",
     reply=RunnerDescriptor,
+    unavailable_reply=True,
 )
 RUNNER_LOAD = Route(
     "post",
@@ -115,6 +116,7 @@ HEALTH = Route(
     " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
     " the node serves on by itself), `error`, `peers`.",
     reply=Health,
+    unavailable_reply=True,
 )
 FULL_STATUS = Route(
     "get",
