@@ -22,16 +22,6 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from pool.actors import Pool
 from pool.config import Settings
 from pool.errors import STATUS_BY_CODE, PoolError
-from pool.http import (
-    _ui,
-    admin,
-    anthropic,
-    ollama,
-    openai,
-    openai_responses,
-    responses,
-    runner,
-)
 from pool.http._auth import Authenticator
 from pool.http._common import (
     AppContext,
@@ -41,8 +31,17 @@ from pool.http._common import (
     request_id,
 )
 from pool.http._hosts import HostAllowList
-from pool.http._openapi import PLACEHOLDER_MODEL, Served, docs_page, openapi_document
+from pool.http._openapi import (
+    DOCS_PAGE,
+    OPENAPI_JSON,
+    PLACEHOLDER_MODEL,
+    Served,
+    docs_page,
+    openapi_document,
+)
 from pool.http._pipeline import RequestPipeline
+from pool.http._route import serves
+from pool.http._surfaces import SURFACES
 from pool.http.openai._render import openai_error
 
 log = logging.getLogger("pool.http")
@@ -109,17 +108,8 @@ def create_app(
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )
-    for module in (
-        responses,
-        openai,
-        openai_responses,
-        anthropic,
-        ollama,
-        admin,
-        runner,
-        _ui,
-    ):
-        module.register(app, ctx)
+    for surface in SURFACES:
+        surface.register(app, ctx)
     pipeline = RequestPipeline(
         app.asgi_app,
         ctx,
@@ -195,12 +185,12 @@ def _register_document(app: QuartTrio, document: dict[str, Any]) -> None:
     """The OpenAPI document and its docs page, open to all (they hold no secrets)."""
     blueprint = Blueprint("document", __name__)
 
-    @blueprint.get("/openapi.json")
+    @serves(blueprint, OPENAPI_JSON)
     async def openapi() -> Response:
         """The OpenAPI 3.1 document of this service."""
         return json_response(document)
 
-    @blueprint.get("/docs")
+    @serves(blueprint, DOCS_PAGE)
     async def docs() -> Response:
         return Response(docs_page(document), content_type="text/html; charset=utf-8")
 

@@ -1,9 +1,10 @@
 """The OpenAPI document, generated from the pydantic models, and a small docs page.
 
-Every route the app serves has a :class:`Route` here: its request model (for a route
-that takes a body) and the model of its success body, or the media type of a text
-answer. tests/http/test_openapi.py checks the list against the app's URL map, validates
-the document, and validates real answers against the response schemas.
+Every route the app serves is declared where it is registered (pool/http/_route.py): its
+request model (for a route that takes a body) and the model of its success body, or the
+media type of a text answer. The document collects them from the modules that register
+them (pool/http/_surfaces.py). tests/http/test_openapi.py checks them against the app's
+URL map, validates the document, and validates real answers against the response schemas.
 
 Around the routes, tables say who may call each (its ``security``), which statuses it
 can refuse with (each with its surface's error body), the example bodies (naming models
@@ -24,486 +25,38 @@ from pydantic.json_schema import models_json_schema
 
 from pool._version import __version__
 from pool.actors import STATE_DESCRIPTIONS
-from pool.backends import LoadRequest
 from pool.errors import STATUS_BY_CODE
+from pool.http._route import HTML, SSE, ErrorShape, Route
+from pool.http._surfaces import SURFACES
 from pool.schemas import (
-    CacheFlushed,
-    CacheFlushRequest,
-    ChatCompletion,
-    ChatCompletionRequest,
     ChatCompletionStreamEvent,
-    CompletionRequest,
-    Decisions,
-    EmbeddingList,
-    EmbeddingsRequest,
-    GpuMemory,
-    Health,
-    InputItemList,
-    KeyCreated,
-    KeyCreateRequest,
-    KeyList,
-    KeyRevoked,
-    LoadAnswer,
-    LoadTaskState,
     MessagesError,
-    MessagesReply,
-    MessagesRequest,
-    MessagesStreamEvent,
-    MessagesTokenCount,
-    MessagesTokensRequest,
-    ModelCard,
-    ModelList,
-    ModelRow,
-    ModelRows,
-    OllamaChatReply,
-    OllamaChatRequest,
-    OllamaChatStreamLine,
-    OllamaCopyRequest,
-    OllamaEmbeddingsReply,
-    OllamaEmbeddingsRequest,
-    OllamaEmbedReply,
-    OllamaEmbedRequest,
     OllamaError,
-    OllamaGenerateReply,
-    OllamaGenerateRequest,
-    OllamaGenerateStreamLine,
-    OllamaModelRequest,
-    OllamaRunning,
-    OllamaShowReply,
-    OllamaStoreRequest,
-    OllamaTags,
-    OllamaVersion,
     OpenAIError,
-    OpenAIResponse,
-    OpenAIResponseRequest,
-    OpenAIResponseStreamEvent,
-    PoolStatus,
-    PullCancelled,
-    PullState,
-    ResponseDeleted,
-    ResponseEnvelope,
-    ResponseRequest,
-    ResponseStreamEvent,
-    RunnerDescriptor,
-    RunnerLoadRequest,
-    RunnerUnloaded,
-    RunnerUnloadRequest,
-    StatusSuccess,
-    TextCompletion,
     TextCompletionStreamEvent,
-    UsageReport,
     with_components,
 )
 
-ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
-SSE = "text/event-stream"
-NDJSON = "application/x-ndjson"
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One operation of the document.
-
-    Attributes:
-        request: the JSON body's model; None for a route without a body.
-        status: the success status.
-        reply: the model of the success body (JSON); None for a text answer or none.
-        text: the media type of a success body that is not JSON, and its schema.
-        stream: the media type of the streamed answer (``stream: true``).
-        events: the model of one streamed event's JSON (an SSE event's ``data``, an NDJSON
-            line): the union of every event the stream can send.
-        errors: the error body of this surface: the pool's, OpenAI's, Ollama's or
-            Anthropic's.
-    """
-
-    method: str
-    path: str
-    tag: str
-    summary: str
-    description: str
-    request: type[BaseModel] | None = None
-    status: int = 200
-    reply: type[BaseModel] | None = None
-    text: tuple[str, dict[str, Any]] | None = None
-    stream: str | None = None
-    events: type[BaseModel] | None = None
-    errors: ErrorShape = "pool"
-    body_required: bool = True
-    # Query parameters: (name, JSON type or the whole schema, description).
-    query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
-
-
-_PLAIN = ("text/plain", {"type": "string"})
-# A time in a query: RFC 3339 or seconds since the epoch (pool/http/admin/_parse.py).
-_INSTANT: dict[str, Any] = {
-    "anyOf": [
-        {"type": "string", "format": "date-time"},
-        {"const": "", "description": "No bound."},
-        {"type": "string", "pattern": "^[+-]?[0-9]{1,15}(\\.[0-9]{1,9})?$"},
-    ]
-}
+# The document's own routes (pool/http/_app.py serves them).
+OPENAPI_JSON = Route(
+    "get",
+    "/openapi.json",
+    "operations",
+    "This document",
+    "OpenAPI 3.1.",
+    text=("application/json", {"type": "object"}),
+)
+DOCS_PAGE = Route(
+    "get",
+    "/docs",
+    "operations",
+    "Readable API docs",
+    "A self-contained HTML page of every route.",
+    text=HTML,
+)
+# Every route the app serves, as each module that registers it declares it.
 ROUTES: list[Route] = [
-    Route("post", "/v1/responses", "inference", "Run a request",
-     "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
-     " `response.created`, one `response.output_text.delta` per generated piece,"
-     " `response.metrics`, `response.completed`; an error after the stream started is an"
-     " `error` event. A request that waits for VRAM or a load (an on-demand model not"
-     " loaded yet) streams at once and shows the wait before the first delta:"
-     " `response.queued` (`position`, `waiting_for`: vram/load/replica) and"
-     " `response.loading` (`progress` 0..1, null where unknown); its timeout is then an"
-     " `error` event. `queue_timeout` errors carry `waiting_for`. The same path accepts a"
-     " WebSocket (see `GET /v1/responses`)."
-     " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode` (prefix/auto"
-     " reuse the scope's cached prefix, none reuses nothing), `X-Cache-Tag` (cached state is"
-     " shared only within one tenant and tag); responses carry `X-Request-Id`,"
-     " `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`, `X-Cache-Tokens-Reused` (prompt"
-     " tokens the runtime reused; on a stream, only `metrics.engine_cached_prompt_tokens`"
-     " knows). Images are inlined before queueing: `data:` URLs always,"
-     " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
-     " and from public addresses; a refusal is 400 `image_refused` with a `reason`."
-     " Function tools (`tools`, `tool_choice`; `function_call`/`function_call_output` items in"
-     " `messages`) answer `function_call` output items (streamed as"
-     " `response.output_item.added` and `response.function_call_arguments.delta`/`.done`);"
-     " `text.format` constrains the reply to JSON.",
-     ResponseRequest, reply=ResponseEnvelope, stream=SSE, events=ResponseStreamEvent),
-    Route("get", "/v1/responses", "inference", "Run requests over a WebSocket",
-     "The WebSocket handshake (`Upgrade: websocket`, answered 101). Send request bodies"
-     " (`ResponseRequest`) as JSON text frames, one at a time; receive the events of"
-     " `stream: true` as frames; send `{\"type\": \"response.cancel\"}` to cancel the running"
-     " one (`response.cancelled`).", status=101),
-    Route("get", "/v1/models", "inference", "List servable models",
-     "OpenAI list format of the model ids that accept requests now: loaded models,"
-     " on-demand models and models the pool evicted (a request loads them again). In a"
-     " cluster (`engine.cluster`, docs/cluster.md) the peers'"
-     " models too, each entry with `nodes`: the nodes that have it loaded.", reply=ModelList),
-    Route("get", "/v1/admin/models", "admin", "List configured models",
-     "Every model of the merged config with its runtime state, queue and replica figures,"
-     " VRAM (`vram_estimate_mib`; its `vram_estimate_source`, the spec's"
-     " observed_load_delta, model_artifact_size or unavailable; `vram_estimate_basis`, the"
-     " step of the pool's chain: configured_vram_mb, observed_load_delta, artifact_metadata,"
-     " model_artifact_size, name_heuristic or unavailable; `observed_load_delta`: MiB"
-     " measured for this load, or kept from the same earlier load, null when never"
-     " measured; `gpus`: the GPUs of each replica, `gpu_split_mib`: the MiB planned on"
-     " each of them), `unload_reason` (why it is unloaded: `evicted` by the pool, so its"
-     " next request loads it again; `requested`; `keep_alive`), capabilities, load"
-     " constraints and"
-     " recommendations, load override and definition. In a cluster, `cluster` lists every"
-     " peer's models (`node`, `name`, `state`, `replicas`, `in_flight`, `queue_depth`,"
-     " `on_demand`, `vram_mib`).", reply=ModelRows),
-    Route("get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.",
-     reply=ModelRow),
-    Route("post", "/v1/admin/models/{name}/load", "admin", "Load a model",
-     "Optional body: `replicas`, `stay_warm_s` and the backend's live-only load overrides"
-     " (see the row's `load_constraints`). Answers when the load has finished: 200 with"
-     " the row, or 500 `load_failed` with `last_error`. On GPUs the load must fit its VRAM"
-     " budget: idle models it may evict (docs/vram.md) are unloaded first, else 500"
-     " `load_failed` at once. Idempotent while loaded or loading (overrides then give 400);"
-     " 409 `model_unloading` while unloading. A schema failure is 422, a value the"
-     " backend does not accept is 400 `invalid_load_request`. With `dry_run=true` nothing"
-     " changes: 200 with what the load would do now (`LoadPreview`: `fits`, `gpus` and"
-     " `gpu_split_mib` per replica, the models it would `evict`, those it spares for their"
-     " stay-warm windows (`spared_warm`), what it would `wait_for`,"
-     " `expected_load_s` from measurements, and the `error` with its `reason` it would"
-     " answer).", LoadRequest, reply=LoadAnswer, body_required=False,
-     query=(("dry_run", "boolean", "Answer what the load would do, changing nothing."),)),
-    Route("post", "/v1/admin/models/{name}/unload", "admin", "Unload a model",
-     "Graceful: new requests are refused at once, queued ones get `model_unloading`, running"
-     " ones finish (within `engine.unload_drain_s`; past it they end with `model_unloading`),"
-     " then the runtime is released. 200 if already unloaded. The model stays unloaded"
-     " (`unload_reason` `requested`), even one the pool had evicted.", reply=ModelRow),
-    Route("get", "/v1/admin/decisions", "admin", "Residency decisions, with their reasons",
-     "The latest decisions of the residency owner (docs/vram.md), newest first, at most 500"
-     " kept: `place` (a load let through, with `gpus` and `gpu_split_mib`), `evict` (whom,"
-     " `for` whom, and why the policy chose it), `wait` (a load that found no room),"
-     " `yield` (a busy model asked to make way), `refuse` (with `need_mib` and `room_mib`"
-     " per GPU), `comeback` (an evicted enabled model loading again). `?model=` keeps those"
-     " about one model (as `model` or `for`), `?limit=` the newest N.", reply=Decisions,
-     query=(("model", "string", "Only decisions about this model."),
-            ("limit", {"type": "integer", "minimum": 1},
-             "At most this many (the newest)."))),
-    Route("get", "/v1/admin/keys", "admin", "List keys",
-     "The keys in force, from `service.auth.keys` (`source: settings`) and added through"
-     " this API (`source: runtime`), with the identity each gives its requests: `tenant`"
-     " (null: `X-Tenant-ID` decides), `role`, `priority`, `rate_limit_rpm`, `created_at`."
-     " Never a key nor its digest.", reply=KeyList),
-    Route("post", "/v1/admin/keys", "admin", "Add a key",
-     "Adds a key, in force at once and kept across restarts (`keys.json` in the state"
-     " directory, which holds only SHA-256 digests). Without `key_sha256` the pool"
-     " generates the key (`sk-pool-` and 43 random characters) and answers it in `key` this"
-     " once: it cannot be shown again. 409 `key_exists` when a key of that name or with"
-     " that secret is in force.", KeyCreateRequest, status=201, reply=KeyCreated),
-    Route("delete", "/v1/admin/keys/{name}", "admin", "Revoke a key",
-     "Revokes a key, a settings key too (kept across restarts, until the settings give the"
-     " name another key). From the answer on, the key is refused (401) on every route, and"
-     " a WebSocket opened with it is closed with code 1008 after an `error` event. 404"
-     " `unknown_key` when no key of that name is in force.", reply=KeyRevoked),
-    Route("get", "/v1/admin/usage", "admin", "Token usage by key, tenant or model",
-     "Sums of the usage database (`usage.sqlite3` in the state directory; docs/operations.md):"
-     " one row per `group_by` value (`key`, `tenant` or `model`; default `tenant`) with"
-     " `requests` (finished requests of any status), `prompt_tokens`, `cached_tokens` and"
-     " `output_tokens`, over the requests that finished in `[since, until)`; with `bucket`,"
-     " one row per group and UTC hour or day, whose start is `bucket` (RFC 3339). Times are"
-     " RFC 3339 or seconds since the epoch; either bound may be left out. Records reach the"
-     " database within `service.usage.flush_ms`. 400 `invalid_request` for a bad parameter,"
-     " 409 `usage_disabled` when `service.usage.enabled` is off.", reply=UsageReport,
-     query=(("group_by", "string", "`key`, `tenant` (default) or `model`."),
-            ("since", _INSTANT, "From this time on (RFC 3339 or epoch seconds)."),
-            ("until", _INSTANT, "Before this time (RFC 3339 or epoch seconds); a window that"
-             " ends before it starts holds nothing."),
-            ("bucket", "string", "`hour` or `day`: one row per UTC hour or day."))),
-    Route("get", "/v1/admin/gpu-memory", "admin", "GPU memory and VRAM estimates",
-     "NVML readings per GPU (or the virtual GPUs of `engine.gpu_budget_mib`) and each"
-     " model's VRAM estimate, measured delta and GPUs; with no GPU, `gpus` is empty and"
-     " `error` says why.", reply=GpuMemory),
-    Route("get", "/v1/admin/events", "admin", "Admin state as Server-Sent Events",
-     "A long response of `state` events: the first at once, then one whenever a model's state"
-     " changes (at once) or a counter, pull or GPU reading does (looked at once a second; at"
-     " most four events a second); a `: keep-alive` comment every 15 s otherwise. Each event's"
-     " data is one JSON object: `models` (the rows of `/v1/admin/models`), `gpus` and"
-     " `gpu_error` (as `/v1/admin/gpu-memory`), `pulls` (each model's current or last pull,"
-     " as `/api/pull/status/{model}`), `shutting_down`. Each residency decision made while"
-     " the stream is open follows as a `decision` event (one entry of `/v1/admin/decisions`)."
-     " The stream ends when the pool shuts"
-     " down. The dashboard (`/ui/`) and `llm-pool events` follow it.",
-     text=(SSE, {"type": "string", "description": "Server-Sent Events"})),
-    Route("get", "/ui", "operations", "Dashboard (redirect)",
-     "308 to `ui/`, so the page's relative URLs resolve under `/ui/`.", status=308,
-     text=("text/html", {"type": "string"})),
-    Route("get", "/ui/", "operations", "Dashboard",
-     "An HTML page that shows and steers the pool through the admin API with the"
-     " operator's token (docs/operations.md, \"The dashboard\"); the page itself holds no"
-     " data and needs no token.", text=("text/html", {"type": "string"})),
-    Route("get", "/ui/app.js", "operations", "Dashboard script", "The page's script.",
-     text=("text/javascript", {"type": "string"})),
-    Route("get", "/ui/app.css", "operations", "Dashboard style", "The page's stylesheet.",
-     text=("text/css", {"type": "string"})),
-    Route("get", "/v1/capabilities", "runner", "Runner descriptor",
-     "Loaded, loading and available models, resources, queue figures (average and p95 wait"
-     " over a recent window), capability flags (`embeddings`: some configured model serves"
-     " them) and health; 503 with the same body while unhealthy, and 503 `starting`"
-     " (`Retry-After`) on every route while the pool starts. In a cluster, `cluster`"
-     " as in /health.", reply=RunnerDescriptor),
-    Route("post", "/v1/models/load", "runner", "Start an asynchronous load",
-     "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
-     " `verifiedOpToken` where configured. A model with a `source` that is not in the store"
-     " yet is pulled first (the task's `phase` is `fetching`, its progress follows the"
-     " bytes).", RunnerLoadRequest, 202, reply=LoadTaskState),
-    Route("get", "/v1/models/load/{task_id}", "runner", "Load task status",
-     "`loading`, `completed` or `failed`, with `loadTimeMs`.", reply=LoadTaskState),
-    Route("post", "/v1/models/unload", "runner", "Unload (runner API)",
-     "Graceful unload; says how much memory the model held.", RunnerUnloadRequest,
-     reply=RunnerUnloaded),
-    Route("post", "/v1/cache/flush", "runner", "Flush prompt caches",
-     "Scopes `all`, `model` (`modelId`), `tenant` (`tenantId`, narrowed by `tag`) and `tag`"
-     " (`tag`, narrowed by `tenantId`); `modelId` narrows any scope. Answers the entries"
-     " removed (saved states, llama-server slots, vLLM salt scopes) and the memory freed;"
-     " backends without a prompt cache report 0.",
-     CacheFlushRequest, reply=CacheFlushed),
-    Route("post", "/v1/chat/completions", "openai", "Chat Completions (OpenAI)",
-     "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`;"
-     " `chat.completion.chunk` events, then `data: [DONE]`). Prefix cache headers as"
-     " `/v1/responses`; `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens"
-     " the runtime reused. Sampling"
-     " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
-     " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes (the idle time of an"
-     " on-demand model; 0 unloads it after the request). An embedding model"
-     " answers 400 `generation_unsupported`. Tools (`tools`, `tool_choice`,"
-     " `parallel_tool_calls`, `tool` messages; calls come back in `message.tool_calls` and"
-     " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
-     " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
-     " naming the field in `param`.", ChatCompletionRequest, reply=ChatCompletion,
-     stream=SSE, events=ChatCompletionStreamEvent, errors="openai"),
-    Route("post", "/v1/completions", "openai", "Completions (OpenAI, legacy)",
-     "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
-     " `text_completion` chunks as Server-Sent Events, then `data: [DONE]`. `max_tokens`"
-     " defaults to 16 as in OpenAI's API; `echo` must be false; `logprobs` is a 400"
-     " `logprobs_unsupported`. The prompt is one user turn rendered by the model's prompt"
-     " format; `keep_alive` as on Ollama's routes. Headers as `/v1/responses`"
-     " (`X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, ...).",
-     CompletionRequest, reply=TextCompletion, stream=SSE, events=TextCompletionStreamEvent,
-     errors="openai"),
-    Route("post", "/v1/embeddings", "openai", "Embeddings (OpenAI)",
-     "One vector per input, in order, for a model with `embedding: true` (llama_cpp,"
-     " llama_server, vllm_serve, openai_remote, stub); `encoding_format` `float` or `base64`"
-     " (little-endian float32); `dimensions` only where the model can shorten its vectors"
-     " (else 400 naming `dimensions`). The inputs go through the same queue, replicas,"
-     " tenant limits and on-demand loads as generation, as one backend call (a server"
-     " backend splits them into requests of `embedding_batch_size`); `keep_alive` as on"
-     " Ollama's routes; a generation model answers 400 `embeddings_unsupported`.",
-     EmbeddingsRequest, reply=EmbeddingList, errors="openai"),
-    Route("post", "/openai/v1/responses", "openai", "Create a response (OpenAI Responses API)",
-     "OpenAI's Responses API as OpenAI's SDKs, the Agents SDK and Codex speak it (the pool's"
-     " own shape is `/v1/responses`). `input` is text or items: messages (`system` and"
-     " `developer` ones join `instructions`), `function_call`, `function_call_output` and"
-     " `reasoning` items (left out of the prompt). `output` holds `reasoning` items (the"
-     " `<think>` block a thinking model opens its reply with), `message` items with one"
-     " `output_text` part (`annotations: []`) and `function_call` items. `status` is"
-     " `completed`, or `incomplete` with `incomplete_details.reason: max_output_tokens`;"
-     " `usage` has `input_tokens` (`input_tokens_details.cached_tokens`: reused from the"
-     " runtime's prefix cache), `output_tokens` (`output_tokens_details.reasoning_tokens`),"
-     " `total_tokens`. Fields: `instructions`, `max_output_tokens`, `temperature`, `top_p`,"
-     " `tools` (function tools only; others are a 400 naming `tools[i].type`),"
-     " `tool_choice`, `parallel_tool_calls`, `text.format` (json_object, json_schema),"
-     " `metadata` (echoed), `store` (default true: kept per tenant for"
-     " `service.responses_retention_s`), `previous_response_id` (a stored response of the"
-     " same `X-Tenant-ID`; 404 otherwise); the pool adds `top_k`, `seed`, `thinking`,"
-     " `keep_alive`, `allow_remote`. `stream: true` answers Server-Sent Events, each with"
-     " `sequence_number`: `response.created`, `response.in_progress`, per item"
-     " `response.output_item.added`, `response.content_part.added`,"
-     " `response.output_text.delta`/`response.reasoning_text.delta` (or"
-     " `response.function_call_arguments.delta`), `response.output_text.done`"
-     " (`response.reasoning_text.done`, `response.function_call_arguments.done`),"
-     " `response.content_part.done`, `response.output_item.done`, and last"
-     " `response.completed`, `response.incomplete` or, for a failure after the stream"
-     " started, `response.failed` (`response.error`). Errors are OpenAI's error object.",
-     OpenAIResponseRequest, reply=OpenAIResponse, stream=SSE, events=OpenAIResponseStreamEvent,
-     errors="openai"),
-    Route("get", "/openai/v1/responses/{response_id}", "openai", "Retrieve a stored response",
-     "The response object as it was answered, for the tenant (`X-Tenant-ID`) that created"
-     " it; 404 for an unknown, expired, deleted or other tenant's id.", reply=OpenAIResponse,
-     errors="openai"),
-    Route("delete", "/openai/v1/responses/{response_id}", "openai", "Delete a stored response",
-     "Removes it (404 when this tenant has no such response); a continuation of it can no"
-     " longer see it.", reply=ResponseDeleted, errors="openai"),
-    Route("get", "/openai/v1/responses/{response_id}/input_items", "openai",
-     "Input items of a stored response",
-     "The items the response was created with (each with an `id`; text input as one user"
-     " `message`), a page at a time: `limit` 1 to 100 (20), `order` `desc` (default) or"
-     " `asc`, `after` an item id.", reply=InputItemList, errors="openai"),
-    Route("post", "/openai/v1/chat/completions", "openai", "Chat Completions (OpenAI base URL)",
-     "`POST /v1/chat/completions` under the base URL `/openai/v1`.", ChatCompletionRequest,
-     reply=ChatCompletion, stream=SSE, events=ChatCompletionStreamEvent, errors="openai"),
-    Route("post", "/openai/v1/completions", "openai", "Completions (OpenAI base URL)",
-     "`POST /v1/completions` under the base URL `/openai/v1`.", CompletionRequest,
-     reply=TextCompletion, stream=SSE, events=TextCompletionStreamEvent, errors="openai"),
-    Route("post", "/openai/v1/embeddings", "openai", "Embeddings (OpenAI base URL)",
-     "`POST /v1/embeddings` under the base URL `/openai/v1`.", EmbeddingsRequest,
-     reply=EmbeddingList, errors="openai"),
-    Route("get", "/openai/v1/models", "openai", "List models (OpenAI base URL)",
-     "As `GET /v1/models`, with OpenAI's error object.", reply=ModelList, errors="openai"),
-    Route("get", "/openai/v1/models/{model}", "openai", "One model (OpenAI base URL)",
-     "The entry of `GET /openai/v1/models` for `model`; 404 `unknown_model` for a name that"
-     " is not servable.", reply=ModelCard, errors="openai"),
-    Route("post", "/v1/messages", "anthropic", "Messages (Anthropic)",
-     "Anthropic's Messages API on every chat backend. `system` (a string or text blocks),"
-     " `messages` with `text`, `image` (`base64` or `url` sources, under the media policy"
-     " of `/v1/responses`), `tool_use` and `tool_result` blocks (earlier `thinking` blocks"
-     " are accepted and not shown to the model); `max_tokens` (required), `stop_sequences`,"
-     " `temperature`, `top_p`, `top_k`, `metadata`, `tools` (client tools with"
-     " `input_schema`; server tools are a 400) and `tool_choice` (`auto`, `any`, `tool`,"
-     " `none`; `disable_parallel_tool_use`) where the backend has tools, `thinking` where"
-     " the model can think. The answer's `content` holds `thinking` (a reply that opens with"
-     " `<think>...</think>`), `text` and `tool_use` blocks (`input` parsed); `stop_reason` is"
-     " `end_turn`, `max_tokens`, `stop_sequence` (with `stop_sequence`, where the backend"
-     " names the string it stopped at: stub, llama_cpp, ct2, exllamav3, vllm, vllm_serve) or"
-     " `tool_use`; `usage.input_tokens` counts the prompt tokens not served from the"
-     " prefix cache, `cache_read_input_tokens` those that were. `stream: true` answers"
-     " Server-Sent Events: `message_start`, `ping`, then per block `content_block_start`,"
-     " `content_block_delta` (`text_delta`, `thinking_delta`, `input_json_delta`) and"
-     " `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop`;"
-     " an error after the start is an `error` event. A stream that must wait (a busy"
-     " replica, a load, room on the GPUs) starts at once and sends a `ping` at least every"
-     " 5 s while it waits. Authentication: `x-api-key` or `Authorization: Bearer` with an"
-     " inference token; `anthropic-version` is accepted. Errors are"
-     " `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}` with the pool's"
-     " statuses (400 invalid_request_error, also for a body that does not validate; 401"
-     " authentication_error; 403 permission_error; 404 not_found_error; 413"
-     " request_too_large; 429 rate_limit_error; 503 overloaded_error; 504 timeout_error;"
-     " other 5xx api_error). Headers as `/v1/responses` (`X-Tenant-ID`, `X-Priority`,"
-     " `X-Cache-Mode`, `X-Cache-Tag`); answers carry `request-id`.",
-     MessagesRequest, reply=MessagesReply, stream=SSE, events=MessagesStreamEvent,
-     errors="anthropic"),
-    Route("post", "/v1/messages/count_tokens", "anthropic", "Count tokens (Anthropic)",
-     "`input_tokens`: the prompt of a Messages request (`model`, `system`, `messages`,"
-     " `tools`, `tool_choice`, `thinking`) in the model's own tokens, counted by the model"
-     " itself: it renders and prefills the prompt and generates one token, through the same"
-     " queue and on-demand load as a request (so the prefix is cached for the request that"
-     " follows). Authentication and errors as `/v1/messages`.",
-     MessagesTokensRequest, reply=MessagesTokenCount, errors="anthropic"),
-    Route("post", "/api/chat", "ollama", "Chat (Ollama)",
-     "NDJSON stream by default (one line per piece, the last with `done: true` and the"
-     " timings), one object with `stream: false`; no messages loads the model"
-     " (`keep_alive: 0` unloads it). `tools` and `tool` messages where the backend can call"
-     " tools (`message.tool_calls` in the reply); `format` (`\"json\"` or a schema)"
-     " constrains the reply.", OllamaChatRequest, reply=OllamaChatReply,
-     stream=NDJSON, events=OllamaChatStreamLine, errors="ollama"),
-    Route("post", "/api/generate", "ollama", "Generate (Ollama)",
-     "One prompt; NDJSON stream by default as `/api/chat`; an empty prompt loads the model.",
-     OllamaGenerateRequest, reply=OllamaGenerateReply, stream=NDJSON,
-     events=OllamaGenerateStreamLine, errors="ollama"),
-    Route("post", "/api/embed", "ollama", "Embed (Ollama)",
-     "`embeddings`: one L2-normalized vector per input.", OllamaEmbedRequest,
-     reply=OllamaEmbedReply, errors="ollama"),
-    Route("post", "/api/embeddings", "ollama", "Embeddings (Ollama, older)",
-     "`embedding`: the vector of one `prompt`.", OllamaEmbeddingsRequest,
-     reply=OllamaEmbeddingsReply, errors="ollama"),
-    Route("get", "/api/tags", "ollama", "List models (Ollama)",
-     "Every configured (and pulled) model: `loaded`, the artifact's `modified_at`, `size` and"
-     " SHA-256 `digest` (a model without a file: the settings file's mtime and the digest of"
-     " its definition).", reply=OllamaTags, errors="ollama"),
-    Route("get", "/api/ps", "ollama", "Loaded models (Ollama)",
-     "As `/api/tags`, loaded models only, with `expires_at` (when the keep-alive unloads"
-     " it), `size` (its memory footprint: the VRAM measurement or estimate) and `size_vram`"
-     " (the part on GPUs: 0 for a model on CPU or remote).", reply=OllamaRunning,
-     errors="ollama"),
-    Route("post", "/api/show", "ollama", "Show a model (Ollama)",
-     "Template (the pool's prompt format), parameters (decoding defaults), capabilities"
-     " (`completion` or `embedding`, `tools`, `thinking`, `vision`), details and the"
-     " definition.", OllamaModelRequest, reply=OllamaShowReply, errors="ollama"),
-    Route("post", "/api/copy", "ollama", "Copy a model (Ollama): refused",
-     "Always 400 `copy_unsupported` (404 for an unknown source): model names come from the"
-     " settings files; add an entry there instead.", OllamaCopyRequest, 400,
-     reply=OllamaError, errors="ollama"),
-    Route("get", "/", "ollama", "Ollama probe", "`Ollama is running` (text/plain).",
-     text=("text/plain", {"const": "Ollama is running"}), errors="ollama"),
-    Route("head", "/", "ollama", "Ollama probe (HEAD)", "200 with no body, as Ollama.",
-     errors="ollama"),
-    Route("get", "/api/version", "ollama", "Version (Ollama)", "The pool's version.",
-     reply=OllamaVersion, errors="ollama"),
-    Route("post", "/api/pull", "ollama", "Pull a model (Ollama)",
-     "Pulls a configured model from its `source` in the background: NDJSON progress lines"
-     " (the pull's state), repeated every `service.pull_heartbeat_s` (30 s) while nothing"
-     " moves (queued, or a stalled download); with `stream: false` the final state (400,"
-     " with `error`, when the pull failed or was cancelled). A model the store already"
-     " holds from the same source succeeds at once, downloading nothing. A client that"
-     " disconnects stops watching only. Admin token.",
-     OllamaStoreRequest, reply=PullState, stream=NDJSON, events=PullState, errors="ollama"),
-    Route("get", "/api/pull/status/{model}", "ollama", "Pull status",
-     "The current or last pull of a model (404 when none): its state in the pool's"
-     " terms (`status`, `completed`, `total`) and the embedded-engine spec's (`state`,"
-     " `progress` in percent, `total_bytes`, `downloaded_bytes`).", reply=PullState,
-     errors="ollama"),
-    Route("delete", "/api/pull/{model}", "ollama", "Cancel a pull",
-     "Cancels a running pull; its partial files are removed (404 when none runs).",
-     reply=PullCancelled, errors="ollama"),
-    Route("delete", "/api/delete", "ollama", "Delete a pulled model (Ollama)",
-     "Removes a pulled model from the store: `{\"status\": \"success\"}`; 409 while it is"
-     " loaded, 404 when it is not in the store.", OllamaStoreRequest, reply=StatusSuccess,
-     errors="ollama"),
-    Route("get", "/health", "operations", "Health",
-     "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
-     " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
-     " model); 503 `degraded` with `reason` while a queue is saturated or a GPU ran out of"
-     " memory; 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
-     " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
-     " the node serves on by itself), `error`, `peers`.", reply=Health),
-    Route("get", "/api/status", "operations", "Full status",
-     "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
-     " `idle_seconds`, `will_unload_in`, `error`, queue), `engine.gpu_memory` (the"
-     " embedded-engine spec's `allocated_gb`, `reserved_gb`, `total_gb`), the pulls under"
-     " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
-     " models the model store holds, and their `count`) and each GPU's memory in MiB."
-     " Always 200: `status` says whether the pool serves.", reply=PoolStatus),
-    Route("get", "/metrics", "operations", "Prometheus metrics",
-     "Text exposition format; 404 while `service.metrics` is off (ENABLE_METRICS)."
-     " `service.metrics_port` serves it alone on a port of its own too. Each loaded model's"
-     " GPU memory is `llm_pool_model_gpu_memory_bytes{model,part}`: `weights` and"
-     " `kv_cache` where the runtime reports its split (llama.cpp, vllm serve), else"
-     " `unknown` (the measured total, NaN when unmeasured).", text=_PLAIN),
-    Route("get", "/openapi.json", "operations", "This document", "OpenAPI 3.1.",
-     text=("application/json", {"type": "object"})),
-    Route("get", "/docs", "operations", "Readable API docs",
-     "A self-contained HTML page of every route.", text=("text/html", {"type": "string"})),
+    *(route for surface in SURFACES for route in surface.ROUTES), OPENAPI_JSON, DOCS_PAGE
 ]  # fmt: skip
 
 
@@ -659,12 +212,6 @@ _WHY: dict[int, str] = {
     426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
     429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
     " token budget (`budget_exceeded`); `Retry-After` set",
-}
-
-# A body the server answers with 503 other than an error (the health while unhealthy).
-_SERVER_REPLIES: dict[tuple[str, str], tuple[int, type[BaseModel]]] = {
-    ("get", "/health"): (503, Health),
-    ("get", "/v1/capabilities"): (503, RunnerDescriptor),
 }
 
 # -- examples and links ------------------------------------------------------------------
@@ -1078,13 +625,11 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             if runs_a_model(route):
                 answer["headers"].update(_RATE_LIMIT_HEADERS)
         responses[str(status)] = answer
-    server_reply = _SERVER_REPLIES.get(key)
-    if server_reply is not None:
-        status, model = server_reply
-        responses[str(status)] = {
+    if route.reply is not None and route.unavailable_reply:
+        responses["503"] = {
             "description": "Unhealthy (or, on /health, degraded by a GPU out of memory or a"
             " saturated queue): the same body as a success",
-            "content": {"application/json": {"schema": keyed[(model, "serialization")]}},
+            "content": {"application/json": {"schema": keyed[(route.reply, "serialization")]}},
         }
     responses["5XX"] = {
         "description": "Load failure, backend error, queue full, shutting down or timeout"
@@ -1164,7 +709,6 @@ def openapi_document(
     replies = {r.reply for r in routes if r.reply is not None}
     replies |= {r.events for r in routes if r.events is not None}
     replies |= {m for m in _ERROR_MODELS.values() if m is not None}
-    replies |= {model for _, model in _SERVER_REPLIES.values()}
     keyed, schema = models_json_schema(
         [(m, "validation") for m in sorted(requests, key=lambda m: m.__name__)]
         + [(m, "serialization") for m in sorted(replies, key=lambda m: m.__name__)],

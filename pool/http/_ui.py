@@ -14,6 +14,7 @@ from importlib import resources
 from quart import Blueprint, Quart, Response, redirect
 
 from pool.http._common import AppContext
+from pool.http._route import HTML, Route, serves
 
 _TYPES = {
     "index.html": "text/html; charset=utf-8",
@@ -31,6 +32,45 @@ def _asset(name: str) -> bytes:
     return resources.files("pool.http").joinpath("ui", name).read_bytes()
 
 
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+UI_ROOT = Route(
+    "get",
+    "/ui",
+    "operations",
+    "Dashboard (redirect)",
+    "308 to `ui/`, so the page's relative URLs resolve under `/ui/`.",
+    status=308,
+    text=HTML,
+)
+UI_PAGE = Route(
+    "get",
+    "/ui/",
+    "operations",
+    "Dashboard",
+    "An HTML page that shows and steers the pool through the admin API with the"
+    ' operator\'s token (docs/operations.md, "The dashboard"); the page itself holds no'
+    " data and needs no token.",
+    text=HTML,
+)
+UI_SCRIPT = Route(
+    "get",
+    "/ui/app.js",
+    "operations",
+    "Dashboard script",
+    "The page's script.",
+    text=("text/javascript", {"type": "string"}),
+)
+UI_STYLE = Route(
+    "get",
+    "/ui/app.css",
+    "operations",
+    "Dashboard style",
+    "The page's stylesheet.",
+    text=("text/css", {"type": "string"}),
+)
+ROUTES = (UI_ROOT, UI_PAGE, UI_SCRIPT, UI_STYLE)
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     assets = {name: _asset(name) for name in _TYPES}
     blueprint = Blueprint("ui", __name__)
@@ -44,21 +84,21 @@ def register(app: Quart, ctx: AppContext) -> None:
         response.headers["Cache-Control"] = "no-cache"
         return response
 
-    @blueprint.get("/ui")
+    @serves(blueprint, UI_ROOT)
     async def ui_root() -> Response:
         # The page's relative URLs resolve against /ui/, not against /.
         return redirect("ui/", 308)  # type: ignore[return-value]
 
-    @blueprint.get("/ui/")
+    @serves(blueprint, UI_PAGE)
     async def ui_page() -> Response:
         """The dashboard page."""
         return serve("index.html")
 
-    @blueprint.get("/ui/app.js")
+    @serves(blueprint, UI_SCRIPT)
     async def ui_script() -> Response:
         return serve("app.js")
 
-    @blueprint.get("/ui/app.css")
+    @serves(blueprint, UI_STYLE)
     async def ui_style() -> Response:
         return serve("app.css")
 

@@ -13,6 +13,6 @@ Anthropic's shape with the pool's statuses; a stream that has to wait (a busy re
 a load, room on the GPUs) sends its headers at once and ``ping`` events while it waits.
 """
 
-from pool.http.anthropic._routes import register
+from pool.http.anthropic._routes import ROUTES, register
 
-__all__ = ["register"]
+__all__ = ["ROUTES", "register"]

@@ -11,6 +11,6 @@ remote) shows the settings file's mtime and the digest of its definition.
 and a name that exists only in memory would vanish at the next restart.
 """
 
-from pool.http.ollama._routes import register
+from pool.http.ollama._routes import ROUTES, register
 
-__all__ = ["register"]
+__all__ = ["ROUTES", "register"]

@@ -20,6 +20,7 @@ from pool.http._common import (
     read_body,
     require,
 )
+from pool.http._route import Route, serves
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http._tools import chat_tools, ollama_output_format
 from pool.http.ollama._artifacts import Artifacts
@@ -49,13 +50,209 @@ from pool.http.ollama._render import (
     tag,
 )
 from pool.schemas import (
+    OllamaChatReply,
     OllamaChatRequest,
+    OllamaChatStreamLine,
     OllamaCopyRequest,
+    OllamaEmbeddingsReply,
     OllamaEmbeddingsRequest,
+    OllamaEmbedReply,
     OllamaEmbedRequest,
+    OllamaError,
+    OllamaGenerateReply,
     OllamaGenerateRequest,
+    OllamaGenerateStreamLine,
     OllamaModelRequest,
+    OllamaRunning,
+    OllamaShowReply,
     OllamaStoreRequest,
+    OllamaTags,
+    OllamaVersion,
+    PullCancelled,
+    PullState,
+    StatusSuccess,
+)
+
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+ROOT = Route(
+    "get",
+    "/",
+    "ollama",
+    "Ollama probe",
+    "`Ollama is running` (text/plain).",
+    text=("text/plain", {"const": "Ollama is running"}),
+    errors="ollama",
+)
+ROOT_HEAD = Route(
+    "head", "/", "ollama", "Ollama probe (HEAD)", "200 with no body, as Ollama.", errors="ollama"
+)
+CHAT = Route(
+    "post",
+    "/api/chat",
+    "ollama",
+    "Chat (Ollama)",
+    "NDJSON stream by default (one line per piece, the last with `done: true` and the"
+    " timings), one object with `stream: false`; no messages loads the model"
+    " (`keep_alive: 0` unloads it). `tools` and `tool` messages where the backend can call"
+    ' tools (`message.tool_calls` in the reply); `format` (`"json"` or a schema)'
+    " constrains the reply.",
+    OllamaChatRequest,
+    reply=OllamaChatReply,
+    stream=NDJSON,
+    events=OllamaChatStreamLine,
+    errors="ollama",
+)
+GENERATE = Route(
+    "post",
+    "/api/generate",
+    "ollama",
+    "Generate (Ollama)",
+    "One prompt; NDJSON stream by default as `/api/chat`; an empty prompt loads the model.",
+    OllamaGenerateRequest,
+    reply=OllamaGenerateReply,
+    stream=NDJSON,
+    events=OllamaGenerateStreamLine,
+    errors="ollama",
+)
+EMBED = Route(
+    "post",
+    "/api/embed",
+    "ollama",
+    "Embed (Ollama)",
+    "`embeddings`: one L2-normalized vector per input.",
+    OllamaEmbedRequest,
+    reply=OllamaEmbedReply,
+    errors="ollama",
+)
+EMBEDDINGS = Route(
+    "post",
+    "/api/embeddings",
+    "ollama",
+    "Embeddings (Ollama, older)",
+    "`embedding`: the vector of one `prompt`.",
+    OllamaEmbeddingsRequest,
+    reply=OllamaEmbeddingsReply,
+    errors="ollama",
+)
+TAGS = Route(
+    "get",
+    "/api/tags",
+    "ollama",
+    "List models (Ollama)",
+    "Every configured (and pulled) model: `loaded`, the artifact's `modified_at`, `size` and"
+    " SHA-256 `digest` (a model without a file: the settings file's mtime and the digest of"
+    " its definition).",
+    reply=OllamaTags,
+    errors="ollama",
+)
+PS = Route(
+    "get",
+    "/api/ps",
+    "ollama",
+    "Loaded models (Ollama)",
+    "As `/api/tags`, loaded models only, with `expires_at` (when the keep-alive unloads"
+    " it), `size` (its memory footprint: the VRAM measurement or estimate) and `size_vram`"
+    " (the part on GPUs: 0 for a model on CPU or remote).",
+    reply=OllamaRunning,
+    errors="ollama",
+)
+SHOW_MODEL = Route(
+    "post",
+    "/api/show",
+    "ollama",
+    "Show a model (Ollama)",
+    "Template (the pool's prompt format), parameters (decoding defaults), capabilities"
+    " (`completion` or `embedding`, `tools`, `thinking`, `vision`), details and the"
+    " definition.",
+    OllamaModelRequest,
+    reply=OllamaShowReply,
+    errors="ollama",
+)
+COPY = Route(
+    "post",
+    "/api/copy",
+    "ollama",
+    "Copy a model (Ollama): refused",
+    "Always 400 `copy_unsupported` (404 for an unknown source): model names come from the"
+    " settings files; add an entry there instead.",
+    OllamaCopyRequest,
+    400,
+    reply=OllamaError,
+    errors="ollama",
+)
+VERSION = Route(
+    "get",
+    "/api/version",
+    "ollama",
+    "Version (Ollama)",
+    "The pool's version.",
+    reply=OllamaVersion,
+    errors="ollama",
+)
+PULL = Route(
+    "post",
+    "/api/pull",
+    "ollama",
+    "Pull a model (Ollama)",
+    "Pulls a configured model from its `source` in the background: NDJSON progress lines"
+    " (the pull's state), repeated every `service.pull_heartbeat_s` (30 s) while nothing"
+    " moves (queued, or a stalled download); with `stream: false` the final state (400,"
+    " with `error`, when the pull failed or was cancelled). A model the store already"
+    " holds from the same source succeeds at once, downloading nothing. A client that"
+    " disconnects stops watching only. Admin token.",
+    OllamaStoreRequest,
+    reply=PullState,
+    stream=NDJSON,
+    events=PullState,
+    errors="ollama",
+)
+PULL_STATUS = Route(
+    "get",
+    "/api/pull/status/{model}",
+    "ollama",
+    "Pull status",
+    "The current or last pull of a model (404 when none): its state in the pool's"
+    " terms (`status`, `completed`, `total`) and the embedded-engine spec's (`state`,"
+    " `progress` in percent, `total_bytes`, `downloaded_bytes`).",
+    reply=PullState,
+    errors="ollama",
+)
+PULL_CANCEL = Route(
+    "delete",
+    "/api/pull/{model}",
+    "ollama",
+    "Cancel a pull",
+    "Cancels a running pull; its partial files are removed (404 when none runs).",
+    reply=PullCancelled,
+    errors="ollama",
+)
+DELETE = Route(
+    "delete",
+    "/api/delete",
+    "ollama",
+    "Delete a pulled model (Ollama)",
+    'Removes a pulled model from the store: `{"status": "success"}`; 409 while it is'
+    " loaded, 404 when it is not in the store.",
+    OllamaStoreRequest,
+    reply=StatusSuccess,
+    errors="ollama",
+)
+ROUTES = (
+    ROOT,
+    ROOT_HEAD,
+    CHAT,
+    GENERATE,
+    EMBED,
+    EMBEDDINGS,
+    TAGS,
+    PS,
+    SHOW_MODEL,
+    COPY,
+    VERSION,
+    PULL,
+    PULL_STATUS,
+    PULL_CANCEL,
+    DELETE,
 )
 
 
@@ -67,20 +264,20 @@ def register(app: Quart, ctx: AppContext) -> None:
     ctx.path_dialects["/api/"] = blueprint.name  # the runner's /api/status is its own route
 
     # -- the probe Ollama clients send first -------------------------------------
-    @blueprint.route("/", methods=["GET", "HEAD"])
+    @serves(blueprint, ROOT, ROOT_HEAD)
     async def root() -> Response:
         """``GET /`` and ``HEAD /``: "Ollama is running", as Ollama answers."""
         return Response("Ollama is running", content_type="text/plain; charset=utf-8")
 
     # -- inference ---------------------------------------------------------------
-    @blueprint.post("/api/chat")
+    @serves(blueprint, CHAT)
     async def chat() -> Response:
         """Ollama chat: NDJSON stream by default, ``stream: false`` for one object."""
         opened = await open_model_route(ctx, OllamaChatRequest)
         empty = not opened.body.messages
         return await _chat_or_generate(pool, opened, empty, chat_inference_request, chat_piece)
 
-    @blueprint.post("/api/generate")
+    @serves(blueprint, GENERATE)
     async def generate() -> Response:
         """Ollama completion of one prompt (with an optional system prompt)."""
         opened = await open_model_route(ctx, OllamaGenerateRequest)
@@ -90,7 +287,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
 
     # -- embeddings (the cache headers are read, and mean nothing to an embedding) --
-    @blueprint.post("/api/embed")
+    @serves(blueprint, EMBED)
     async def embed() -> Response:
         """Ollama embeddings of one text or several: ``embeddings``, one list per text."""
         opened = await open_model_route(ctx, OllamaEmbedRequest)
@@ -98,7 +295,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         done = await pool.embed(request, tenant=opened.tenant, priority=opened.priority)
         return json_response(embed_body(opened.body.model, done))
 
-    @blueprint.post("/api/embeddings")
+    @serves(blueprint, EMBEDDINGS)
     async def embeddings() -> Response:
         """Ollama's older endpoint: one ``prompt``, one ``embedding``."""
         opened = await open_model_route(ctx, OllamaEmbeddingsRequest)
@@ -107,14 +304,14 @@ def register(app: Quart, ctx: AppContext) -> None:
         return json_response(embeddings_body(done))
 
     # -- models ------------------------------------------------------------------
-    @blueprint.get("/api/tags")
+    @serves(blueprint, TAGS)
     async def tags() -> Response:
         """Every configured model, Ollama's list format."""
         require(ctx, "inference")
         listed = [tag(s, await artifacts.of(s)) for s in pool.snapshots()]
         return json_response({"models": listed})
 
-    @blueprint.get("/api/ps")
+    @serves(blueprint, PS)
     async def ps() -> Response:
         """Loaded models with the time their keep-alive runs out."""
         require(ctx, "inference")
@@ -123,7 +320,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         ]
         return json_response({"models": loaded})
 
-    @blueprint.post("/api/show")
+    @serves(blueprint, SHOW_MODEL)
     async def show_model() -> Response:
         """A model's definition, details and capabilities."""
         require(ctx, "inference")
@@ -133,7 +330,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         defaults = parameters(ctx.settings.engine.decoding, snapshot.context_length)
         return json_response(show(snapshot, artifact, defaults))
 
-    @blueprint.post("/api/copy")
+    @serves(blueprint, COPY)
     async def copy() -> Response:
         """Refused: models are named by the settings files (see the package docstring)."""
         require(ctx, "admin")
@@ -145,12 +342,12 @@ def register(app: Quart, ctx: AppContext) -> None:
             " settings files; add an entry for the new name there (or in config/local.json)",
         )
 
-    @blueprint.get("/api/version")
+    @serves(blueprint, VERSION)
     async def version() -> Response:
         return json_response({"version": __version__})
 
     # -- pulls -------------------------------------------------------------------
-    @blueprint.post("/api/pull")
+    @serves(blueprint, PULL)
     async def pull() -> Response:
         """Pull a configured model from its `source`: NDJSON progress unless `stream: false`.
 
@@ -181,7 +378,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
         return streamed_answer(lines(), None, NDJSON)
 
-    @blueprint.get("/api/pull/status/<model>")
+    @serves(blueprint, PULL_STATUS)
     async def pull_status(model: str) -> Response:
         """The current or last pull of a model."""
         require(ctx, "admin")
@@ -190,7 +387,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             raise PoolError("not_found", f"no pull of {model!r}")
         return json_response(state)
 
-    @blueprint.delete("/api/pull/<model>")
+    @serves(blueprint, PULL_CANCEL)
     async def pull_cancel(model: str) -> Response:
         """Cancel a running pull; its partial files are removed."""
         require(ctx, "admin")
@@ -198,7 +395,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             raise PoolError("not_found", f"no running pull of {model!r}")
         return json_response({"model": model, "cancelled": True})
 
-    @blueprint.delete("/api/delete")
+    @serves(blueprint, DELETE)
     async def delete() -> Response:
         """Remove a pulled model from the store (409 while it is loaded)."""
         require(ctx, "admin")

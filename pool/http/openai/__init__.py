@@ -10,6 +10,6 @@ object.
 errors) in OpenAI's shapes, ``_routes`` serves them.
 """
 
-from pool.http.openai._routes import register
+from pool.http.openai._routes import ROUTES, register
 
-__all__ = ["register"]
+__all__ = ["ROUTES", "register"]

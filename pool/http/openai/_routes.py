@@ -16,6 +16,7 @@ from pool.http._common import (
     json_response,
     open_model_route,
 )
+from pool.http._route import SSE, Route, serves
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
@@ -27,7 +28,116 @@ from pool.http.openai._render import (
     completion_body,
     embeddings_body,
 )
-from pool.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
+from pool.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatCompletionStreamEvent,
+    CompletionRequest,
+    EmbeddingList,
+    EmbeddingsRequest,
+    TextCompletion,
+    TextCompletionStreamEvent,
+)
+
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+CHAT_COMPLETIONS = Route(
+    "post",
+    "/v1/chat/completions",
+    "openai",
+    "Chat Completions (OpenAI)",
+    "OpenAI's Chat Completions, plain or streamed (`stream_options.include_usage`;"
+    " `chat.completion.chunk` events, then `data: [DONE]`). Prefix cache headers as"
+    " `/v1/responses`; `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens"
+    " the runtime reused. Sampling"
+    " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
+    " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes (the idle time of an"
+    " on-demand model; 0 unloads it after the request). An embedding model"
+    " answers 400 `generation_unsupported`. Tools (`tools`, `tool_choice`,"
+    " `parallel_tool_calls`, `tool` messages; calls come back in `message.tool_calls` and"
+    " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
+    " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
+    " naming the field in `param`.",
+    ChatCompletionRequest,
+    reply=ChatCompletion,
+    stream=SSE,
+    events=ChatCompletionStreamEvent,
+    errors="openai",
+)
+OPENAI_CHAT_COMPLETIONS = Route(
+    "post",
+    "/openai/v1/chat/completions",
+    "openai",
+    "Chat Completions (OpenAI base URL)",
+    "`POST /v1/chat/completions` under the base URL `/openai/v1`.",
+    ChatCompletionRequest,
+    reply=ChatCompletion,
+    stream=SSE,
+    events=ChatCompletionStreamEvent,
+    errors="openai",
+)
+EMBEDDINGS = Route(
+    "post",
+    "/v1/embeddings",
+    "openai",
+    "Embeddings (OpenAI)",
+    "One vector per input, in order, for a model with `embedding: true` (llama_cpp,"
+    " llama_server, vllm_serve, openai_remote, stub); `encoding_format` `float` or `base64`"
+    " (little-endian float32); `dimensions` only where the model can shorten its vectors"
+    " (else 400 naming `dimensions`). The inputs go through the same queue, replicas,"
+    " tenant limits and on-demand loads as generation, as one backend call (a server"
+    " backend splits them into requests of `embedding_batch_size`); `keep_alive` as on"
+    " Ollama's routes; a generation model answers 400 `embeddings_unsupported`.",
+    EmbeddingsRequest,
+    reply=EmbeddingList,
+    errors="openai",
+)
+OPENAI_EMBEDDINGS = Route(
+    "post",
+    "/openai/v1/embeddings",
+    "openai",
+    "Embeddings (OpenAI base URL)",
+    "`POST /v1/embeddings` under the base URL `/openai/v1`.",
+    EmbeddingsRequest,
+    reply=EmbeddingList,
+    errors="openai",
+)
+COMPLETIONS = Route(
+    "post",
+    "/v1/completions",
+    "openai",
+    "Completions (OpenAI, legacy)",
+    "One choice per prompt (`prompt` a string or a list); `stream: true` (one prompt) answers"
+    " `text_completion` chunks as Server-Sent Events, then `data: [DONE]`. `max_tokens`"
+    " defaults to 16 as in OpenAI's API; `echo` must be false; `logprobs` is a 400"
+    " `logprobs_unsupported`. The prompt is one user turn rendered by the model's prompt"
+    " format; `keep_alive` as on Ollama's routes. Headers as `/v1/responses`"
+    " (`X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, ...).",
+    CompletionRequest,
+    reply=TextCompletion,
+    stream=SSE,
+    events=TextCompletionStreamEvent,
+    errors="openai",
+)
+OPENAI_COMPLETIONS = Route(
+    "post",
+    "/openai/v1/completions",
+    "openai",
+    "Completions (OpenAI base URL)",
+    "`POST /v1/completions` under the base URL `/openai/v1`.",
+    CompletionRequest,
+    reply=TextCompletion,
+    stream=SSE,
+    events=TextCompletionStreamEvent,
+    errors="openai",
+)
+ROUTES = (
+    CHAT_COMPLETIONS,
+    OPENAI_CHAT_COMPLETIONS,
+    EMBEDDINGS,
+    OPENAI_EMBEDDINGS,
+    COMPLETIONS,
+    OPENAI_COMPLETIONS,
+)
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -37,8 +147,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
     # API throughout (its Responses API included: pool/http/openai_responses/_routes.py).
-    @blueprint.post("/v1/chat/completions")
-    @blueprint.post("/openai/v1/chat/completions")
+    @serves(blueprint, CHAT_COMPLETIONS, OPENAI_CHAT_COMPLETIONS)
     async def chat_completions() -> Response:
         """OpenAI Chat Completions, plain or streamed (``stream_options.include_usage``)."""
         opened = await open_model_route(ctx, ChatCompletionRequest)
@@ -62,8 +171,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     for path in ("/v1/chat/completions", "/openai/v1/chat/completions"):
         ctx.hot_routes[path] = HotRoute(chat_completions, blueprint.name)
 
-    @blueprint.post("/v1/embeddings")
-    @blueprint.post("/openai/v1/embeddings")
+    @serves(blueprint, EMBEDDINGS, OPENAI_EMBEDDINGS)
     async def embeddings() -> Response:
         """OpenAI Embeddings: one vector per input, floats or base64."""
         # The cache headers are read (and checked) as on every model route; embeddings
@@ -76,8 +184,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         headers = inference_headers(done.timings.queue_wait_ms or 0.0, done.timings.backend_ms)
         return json_response(embeddings_body(body, done), headers=headers)
 
-    @blueprint.post("/v1/completions")
-    @blueprint.post("/openai/v1/completions")
+    @serves(blueprint, COMPLETIONS, OPENAI_COMPLETIONS)
     async def completions() -> Response:
         """OpenAI's legacy Completions: plain, or streamed as ``text_completion`` chunks."""
         opened = await open_model_route(ctx, CompletionRequest)

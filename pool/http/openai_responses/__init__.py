@@ -17,6 +17,6 @@ puts the stored conversation (``_store.py``) before the new input.
 the response object and its stream events, ``_routes`` serves them.
 """
 
-from pool.http.openai_responses._routes import register
+from pool.http.openai_responses._routes import ROUTES, register
 
-__all__ = ["register"]
+__all__ = ["ROUTES", "register"]

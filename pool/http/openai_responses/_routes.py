@@ -23,6 +23,7 @@ from pool.http._common import (
     require,
     tenant_and_priority,
 )
+from pool.http._route import SSE, Route, serves
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http._tools import invalid
 from pool.http.admin._render import model_list
@@ -40,12 +41,116 @@ from pool.http.openai_responses._render import (
     input_items_page,
 )
 from pool.http.openai_responses._store import FILE_NAME, ResponseStore
-from pool.schemas import OpenAIResponseRequest
+from pool.schemas import (
+    InputItemList,
+    ModelCard,
+    ModelList,
+    OpenAIResponse,
+    OpenAIResponseRequest,
+    OpenAIResponseStreamEvent,
+    ResponseDeleted,
+)
 
 log = logging.getLogger("pool.http")
 
 BASE = "/openai/v1"
 _MAX_LIST = 100
+
+
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+CREATE_OPENAI_RESPONSE = Route(
+    "post",
+    "/openai/v1/responses",
+    "openai",
+    "Create a response (OpenAI Responses API)",
+    "OpenAI's Responses API as OpenAI's SDKs, the Agents SDK and Codex speak it (the pool's"
+    " own shape is `/v1/responses`). `input` is text or items: messages (`system` and"
+    " `developer` ones join `instructions`), `function_call`, `function_call_output` and"
+    " `reasoning` items (left out of the prompt). `output` holds `reasoning` items (the"
+    " `<think>` block a thinking model opens its reply with), `message` items with one"
+    " `output_text` part (`annotations: []`) and `function_call` items. `status` is"
+    " `completed`, or `incomplete` with `incomplete_details.reason: max_output_tokens`;"
+    " `usage` has `input_tokens` (`input_tokens_details.cached_tokens`: reused from the"
+    " runtime's prefix cache), `output_tokens` (`output_tokens_details.reasoning_tokens`),"
+    " `total_tokens`. Fields: `instructions`, `max_output_tokens`, `temperature`, `top_p`,"
+    " `tools` (function tools only; others are a 400 naming `tools[i].type`),"
+    " `tool_choice`, `parallel_tool_calls`, `text.format` (json_object, json_schema),"
+    " `metadata` (echoed), `store` (default true: kept per tenant for"
+    " `service.responses_retention_s`), `previous_response_id` (a stored response of the"
+    " same `X-Tenant-ID`; 404 otherwise); the pool adds `top_k`, `seed`, `thinking`,"
+    " `keep_alive`, `allow_remote`. `stream: true` answers Server-Sent Events, each with"
+    " `sequence_number`: `response.created`, `response.in_progress`, per item"
+    " `response.output_item.added`, `response.content_part.added`,"
+    " `response.output_text.delta`/`response.reasoning_text.delta` (or"
+    " `response.function_call_arguments.delta`), `response.output_text.done`"
+    " (`response.reasoning_text.done`, `response.function_call_arguments.done`),"
+    " `response.content_part.done`, `response.output_item.done`, and last"
+    " `response.completed`, `response.incomplete` or, for a failure after the stream"
+    " started, `response.failed` (`response.error`). Errors are OpenAI's error object.",
+    OpenAIResponseRequest,
+    reply=OpenAIResponse,
+    stream=SSE,
+    events=OpenAIResponseStreamEvent,
+    errors="openai",
+)
+GET_OPENAI_RESPONSE = Route(
+    "get",
+    "/openai/v1/responses/{response_id}",
+    "openai",
+    "Retrieve a stored response",
+    "The response object as it was answered, for the tenant (`X-Tenant-ID`) that created"
+    " it; 404 for an unknown, expired, deleted or other tenant's id.",
+    reply=OpenAIResponse,
+    errors="openai",
+)
+DELETE_OPENAI_RESPONSE = Route(
+    "delete",
+    "/openai/v1/responses/{response_id}",
+    "openai",
+    "Delete a stored response",
+    "Removes it (404 when this tenant has no such response); a continuation of it can no"
+    " longer see it.",
+    reply=ResponseDeleted,
+    errors="openai",
+)
+OPENAI_RESPONSE_INPUT_ITEMS = Route(
+    "get",
+    "/openai/v1/responses/{response_id}/input_items",
+    "openai",
+    "Input items of a stored response",
+    "The items the response was created with (each with an `id`; text input as one user"
+    " `message`), a page at a time: `limit` 1 to 100 (20), `order` `desc` (default) or"
+    " `asc`, `after` an item id.",
+    reply=InputItemList,
+    errors="openai",
+)
+LIST_OPENAI_MODELS = Route(
+    "get",
+    "/openai/v1/models",
+    "openai",
+    "List models (OpenAI base URL)",
+    "As `GET /v1/models`, with OpenAI's error object.",
+    reply=ModelList,
+    errors="openai",
+)
+GET_OPENAI_MODEL = Route(
+    "get",
+    "/openai/v1/models/{model}",
+    "openai",
+    "One model (OpenAI base URL)",
+    "The entry of `GET /openai/v1/models` for `model`; 404 `unknown_model` for a name that"
+    " is not servable.",
+    reply=ModelCard,
+    errors="openai",
+)
+ROUTES = (
+    CREATE_OPENAI_RESPONSE,
+    GET_OPENAI_RESPONSE,
+    DELETE_OPENAI_RESPONSE,
+    OPENAI_RESPONSE_INPUT_ITEMS,
+    LIST_OPENAI_MODELS,
+    GET_OPENAI_MODEL,
+)
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -60,7 +165,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     ctx.error_shapes[blueprint.name] = ERRORS
     ctx.path_dialects["/openai/"] = blueprint.name
 
-    @blueprint.post(BASE + "/responses")
+    @serves(blueprint, CREATE_OPENAI_RESPONSE)
     async def create_openai_response() -> Response:
         """OpenAI's Responses API: one response object, or its stream of events."""
         opened = await open_model_route(ctx, OpenAIResponseRequest)
@@ -120,7 +225,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     ctx.hot_routes[BASE + "/responses"] = HotRoute(create_openai_response, blueprint.name)
 
-    @blueprint.get(BASE + "/responses/<response_id>")
+    @serves(blueprint, GET_OPENAI_RESPONSE)
     async def get_openai_response(response_id: str) -> Response:
         """A stored response of this tenant (404 when there is none)."""
         require(ctx, "inference")
@@ -130,7 +235,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             raise _not_found(response_id)
         return json_response(found)
 
-    @blueprint.delete(BASE + "/responses/<response_id>")
+    @serves(blueprint, DELETE_OPENAI_RESPONSE)
     async def delete_openai_response(response_id: str) -> Response:
         """Remove a stored response of this tenant."""
         require(ctx, "inference")
@@ -139,7 +244,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             raise _not_found(response_id)
         return json_response(deleted_body(response_id))
 
-    @blueprint.get(BASE + "/responses/<response_id>/input_items")
+    @serves(blueprint, OPENAI_RESPONSE_INPUT_ITEMS)
     async def openai_response_input_items(response_id: str) -> Response:
         """The input items a stored response was created with, a page at a time."""
         require(ctx, "inference")
@@ -157,13 +262,13 @@ def register(app: Quart, ctx: AppContext) -> None:
             found = found[ids.index(after) + 1 :]
         return json_response(input_items_page(found[:limit], len(found) > limit))
 
-    @blueprint.get(BASE + "/models")
+    @serves(blueprint, LIST_OPENAI_MODELS)
     async def list_openai_models() -> Response:
         """As ``GET /v1/models``."""
         require(ctx, "inference")
         return json_response(model_list(pool))
 
-    @blueprint.get(BASE + "/models/<path:model>")
+    @serves(blueprint, GET_OPENAI_MODEL, converters={"model": "path"})
     async def get_openai_model(model: str) -> Response:
         """One servable model (404 for any other name)."""
         require(ctx, "inference")

@@ -28,6 +28,7 @@ from pool.http._common import (
     with_cache,
 )
 from pool.http._responses_core import EventObjects
+from pool.http._route import SSE, Route, serves
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http.responses._parse import inference_request
 from pool.http.responses._render import (
@@ -40,9 +41,55 @@ from pool.http.responses._render import (
     socket_frame,
     upgrade_required,
 )
-from pool.schemas import ResponseRequest
+from pool.schemas import ResponseEnvelope, ResponseRequest, ResponseStreamEvent
 
 log = logging.getLogger("pool.http")
+
+
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+CREATE_RESPONSE = Route(
+    "post",
+    "/v1/responses",
+    "inference",
+    "Run a request",
+    "`stream: false` answers one response envelope. `stream: true` answers Server-Sent Events:"
+    " `response.created`, one `response.output_text.delta` per generated piece,"
+    " `response.metrics`, `response.completed`; an error after the stream started is an"
+    " `error` event. A request that waits for VRAM or a load (an on-demand model not"
+    " loaded yet) streams at once and shows the wait before the first delta:"
+    " `response.queued` (`position`, `waiting_for`: vram/load/replica) and"
+    " `response.loading` (`progress` 0..1, null where unknown); its timeout is then an"
+    " `error` event. `queue_timeout` errors carry `waiting_for`. The same path accepts a"
+    " WebSocket (see `GET /v1/responses`)."
+    " Headers: `X-Tenant-ID`, `X-Priority` (high/normal/low), `X-Cache-Mode` (prefix/auto"
+    " reuse the scope's cached prefix, none reuses nothing), `X-Cache-Tag` (cached state is"
+    " shared only within one tenant and tag); responses carry `X-Request-Id`,"
+    " `X-Queue-Wait-Ms`, `X-GPU-Time-Ms`, `X-Cache-Hit`, `X-Cache-Tokens-Reused` (prompt"
+    " tokens the runtime reused; on a stream, only `metrics.engine_cached_prompt_tokens`"
+    " knows). Images are inlined before queueing: `data:` URLs always,"
+    " `file://` only under `service.media_dirs`, `http(s)` only with `service.media_fetch`"
+    " and from public addresses; a refusal is 400 `image_refused` with a `reason`."
+    " Function tools (`tools`, `tool_choice`; `function_call`/`function_call_output` items in"
+    " `messages`) answer `function_call` output items (streamed as"
+    " `response.output_item.added` and `response.function_call_arguments.delta`/`.done`);"
+    " `text.format` constrains the reply to JSON.",
+    ResponseRequest,
+    reply=ResponseEnvelope,
+    stream=SSE,
+    events=ResponseStreamEvent,
+)
+RESPONSES_SOCKET = Route(
+    "get",
+    "/v1/responses",
+    "inference",
+    "Run requests over a WebSocket",
+    "The WebSocket handshake (`Upgrade: websocket`, answered 101). Send request bodies"
+    " (`ResponseRequest`) as JSON text frames, one at a time; receive the events of"
+    ' `stream: true` as frames; send `{"type": "response.cancel"}` to cancel the running'
+    " one (`response.cancelled`).",
+    status=101,
+)
+ROUTES = (CREATE_RESPONSE, RESPONSES_SOCKET)
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -50,7 +97,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     blueprint = Blueprint("responses", __name__)
     ctx.error_shapes[blueprint.name] = ERRORS
 
-    @blueprint.post("/v1/responses")
+    @serves(blueprint, CREATE_RESPONSE)
     async def create_response() -> Response:
         """Run a request: one JSON envelope, or Server-Sent Events with ``stream: true``."""
         opened = await open_model_route(ctx, ResponseRequest)
@@ -78,7 +125,7 @@ def register(app: Quart, ctx: AppContext) -> None:
 
     ctx.hot_routes["/v1/responses"] = HotRoute(create_response, blueprint.name)
 
-    @blueprint.get("/v1/responses")
+    @serves(blueprint, RESPONSES_SOCKET)
     async def responses_socket_without_upgrade() -> Response:
         """A plain GET of the WebSocket route: 426 naming the upgrade it needs (RFC 9110)."""
         require(ctx, "inference")
@@ -90,7 +137,8 @@ def register(app: Quart, ctx: AppContext) -> None:
             )
         )
 
-    @blueprint.websocket("/v1/responses")
+    # The handshake is the GET that RESPONSES_SOCKET documents (101).
+    @blueprint.websocket(RESPONSES_SOCKET.path)
     async def responses_socket() -> None:
         """Request bodies in, the same events as SSE out; ``response.cancel`` cancels."""
         # Its bodies come in frames: the handshake's headers are read as a model route

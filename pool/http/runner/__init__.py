@@ -3,6 +3,6 @@ one: its capabilities, model loads as async tasks (with signed operation tokens)
 cache flushes, health and metrics; and ``GET /api/status``, the whole status in one
 answer."""
 
-from pool.http.runner._routes import register
+from pool.http.runner._routes import ROUTES, register
 
-__all__ = ["register"]
+__all__ = ["ROUTES", "register"]

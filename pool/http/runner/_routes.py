@@ -21,6 +21,7 @@ from pool.http._common import (
     require,
     validate,
 )
+from pool.http._route import PLAIN_TEXT, Route, serves
 from pool.http.runner._parse import check_flush_scope, load_request
 from pool.http.runner._render import (
     capabilities_body,
@@ -30,11 +31,128 @@ from pool.http.runner._render import (
     load_task_body,
     status_body,
 )
-from pool.schemas import CacheFlushRequest, RunnerLoadRequest, RunnerUnloadRequest
+from pool.schemas import (
+    CacheFlushed,
+    CacheFlushRequest,
+    Health,
+    LoadTaskState,
+    PoolStatus,
+    RunnerDescriptor,
+    RunnerLoadRequest,
+    RunnerUnloaded,
+    RunnerUnloadRequest,
+)
 
 T = TypeVar("T", bound=BaseModel)
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+# -- the documented routes (pool/http/_route.py) ----------------------------------------
+CAPABILITIES = Route(
+    "get",
+    "/v1/capabilities",
+    "runner",
+    "Runner descriptor",
+    "Loaded, loading and available models, resources, queue figures (average and p95 wait"
+    " over a recent window), capability flags (`embeddings`: some configured model serves"
+    " them) and health; 503 with the same body while unhealthy, and 503 `starting`"
+    " (`Retry-After`) on every route while the pool starts. In a cluster, `cluster`"
+    " as in /health.",
+    reply=RunnerDescriptor,
+    unavailable_reply=True,
+)
+RUNNER_LOAD = Route(
+    "post",
+    "/v1/models/load",
+    "runner",
+    "Start an asynchronous load",
+    "202 with a task id; `evictModel` is unloaded first. Needs the admin token or a"
+    " `verifiedOpToken` where configured. A model with a `source` that is not in the store"
+    " yet is pulled first (the task's `phase` is `fetching`, its progress follows the"
+    " bytes).",
+    RunnerLoadRequest,
+    202,
+    reply=LoadTaskState,
+)
+RUNNER_LOAD_STATUS = Route(
+    "get",
+    "/v1/models/load/{task_id}",
+    "runner",
+    "Load task status",
+    "`loading`, `completed` or `failed`, with `loadTimeMs`.",
+    reply=LoadTaskState,
+)
+RUNNER_UNLOAD = Route(
+    "post",
+    "/v1/models/unload",
+    "runner",
+    "Unload (runner API)",
+    "Graceful unload; says how much memory the model held.",
+    RunnerUnloadRequest,
+    reply=RunnerUnloaded,
+)
+CACHE_FLUSH = Route(
+    "post",
+    "/v1/cache/flush",
+    "runner",
+    "Flush prompt caches",
+    "Scopes `all`, `model` (`modelId`), `tenant` (`tenantId`, narrowed by `tag`) and `tag`"
+    " (`tag`, narrowed by `tenantId`); `modelId` narrows any scope. Answers the entries"
+    " removed (saved states, llama-server slots, vLLM salt scopes) and the memory freed;"
+    " backends without a prompt cache report 0.",
+    CacheFlushRequest,
+    reply=CacheFlushed,
+)
+HEALTH = Route(
+    "get",
+    "/health",
+    "operations",
+    "Health",
+    "200 while serving: `healthy`, or `degraded` with `reasons` (a queue at or near its"
+    " max_queue, a GPU out of memory within `service.health_oom_window_s`, a failed"
+    " model); 503 `degraded` with `reason` while a queue is saturated or a GPU ran out of"
+    " memory; 503 `unhealthy` with `reason` when every model failed or on shutdown. In a"
+    " cluster, `cluster`: `node_id`, `epoch`, `gpu_host`, `redis` (`ok` or `unreachable`:"
+    " the node serves on by itself), `error`, `peers`.",
+    reply=Health,
+    unavailable_reply=True,
+)
+FULL_STATUS = Route(
+    "get",
+    "/api/status",
+    "operations",
+    "Full status",
+    "Health with its `reasons` (as /health), each model's engine state (`keep_alive`,"
+    " `idle_seconds`, `will_unload_in`, `error`, queue), `engine.gpu_memory` (the"
+    " embedded-engine spec's `allocated_gb`, `reserved_gb`, `total_gb`), the pulls under"
+    " way (with the spec's `state`, `progress` in percent, `total_bytes`), `cache` (the"
+    " models the model store holds, and their `count`) and each GPU's memory in MiB."
+    " Always 200: `status` says whether the pool serves.",
+    reply=PoolStatus,
+)
+METRICS = Route(
+    "get",
+    "/metrics",
+    "operations",
+    "Prometheus metrics",
+    "Text exposition format; 404 while `service.metrics` is off (ENABLE_METRICS)."
+    " `service.metrics_port` serves it alone on a port of its own too. Each loaded model's"
+    " GPU memory is `llm_pool_model_gpu_memory_bytes{model,part}`: `weights` and"
+    " `kv_cache` where the runtime reports its split (llama.cpp, vllm serve), else"
+    " `unknown` (the measured total, NaN when unmeasured).",
+    text=PLAIN_TEXT,
+)
+ROUTES = (
+    CAPABILITIES,
+    RUNNER_LOAD,
+    RUNNER_LOAD_STATUS,
+    RUNNER_UNLOAD,
+    CACHE_FLUSH,
+    HEALTH,
+    FULL_STATUS,
+    METRICS,
+)
 
 
 def register(app: Quart, ctx: AppContext) -> None:
@@ -43,14 +161,14 @@ def register(app: Quart, ctx: AppContext) -> None:
     blueprint = Blueprint("runner", __name__)
     ctx.error_shapes[blueprint.name] = POOL_ERRORS
 
-    @blueprint.get("/v1/capabilities")
+    @serves(blueprint, CAPABILITIES)
     async def capabilities() -> Response:
         """What this runner serves and how busy it is."""
         require(ctx, "inference")
         body = capabilities_body(pool, runner_id)
         return json_response(body, 503 if body["health"] == "unhealthy" else 200)
 
-    @blueprint.post("/v1/models/load")
+    @serves(blueprint, RUNNER_LOAD)
     async def runner_load() -> Response:
         """Start loading a model in the background (202 with a task id)."""
         body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
@@ -65,7 +183,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         eta = None if expected is None or task.phase == "fetching" else math.ceil(expected)
         return json_response(load_task_body(task) | {"eta": eta}, 202)
 
-    @blueprint.get("/v1/models/load/<task_id>")
+    @serves(blueprint, RUNNER_LOAD_STATUS)
     async def runner_load_status(task_id: str) -> Response:
         """The state of a load task: loading, completed or failed, with timings."""
         require(ctx, "admin")
@@ -75,7 +193,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             body["eta"] = load_eta(pool, task.model)
         return json_response(body)
 
-    @blueprint.post("/v1/models/unload")
+    @serves(blueprint, RUNNER_UNLOAD)
     async def runner_unload() -> Response:
         """Unload a model gracefully and say how much memory it held."""
         body = await authorized_body(ctx, RunnerUnloadRequest, "model-unload")
@@ -92,7 +210,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             }
         )
 
-    @blueprint.post("/v1/cache/flush")
+    @serves(blueprint, CACHE_FLUSH)
     async def cache_flush() -> Response:
         """Flush prompt caches by scope (backends without one report nothing removed)."""
         body = await authorized_body(ctx, CacheFlushRequest, "cache-flush")
@@ -108,7 +226,7 @@ def register(app: Quart, ctx: AppContext) -> None:
             }
         )
 
-    @blueprint.get("/health")
+    @serves(blueprint, HEALTH)
     async def health() -> Response:
         """200 while serving (``healthy``, or ``degraded`` with its ``reasons``); 503 with
         the reason on a GPU out of memory or a saturated queue (still ``degraded``), when
@@ -117,13 +235,13 @@ def register(app: Quart, ctx: AppContext) -> None:
         body = health_body(health, cluster_status(pool))
         return json_response(body, 200 if health.available else 503)
 
-    @blueprint.get("/api/status")
+    @serves(blueprint, FULL_STATUS)
     async def full_status() -> Response:
         """Health, engine state per model, pulls under way, the model store and GPU memory."""
         require(ctx, "inference")
         return json_response(status_body(pool, await pool.pulls.stored_models()))
 
-    @blueprint.get("/metrics")
+    @serves(blueprint, METRICS)
     async def metrics() -> Response:
         """Prometheus text exposition."""
         require(ctx, "admin")

@@ -1,0 +1,85 @@
+"""A documented route: what its operation in the OpenAPI document says (body, replies,
+errors), declared beside the view that serves it.
+
+Each routes module declares its :class:`Route` values and lists them in ``ROUTES``; its
+views are registered through :func:`serves`, which takes the method and path from the
+declaration, so the document (pool/http/_openapi.py) and the URL map read the same
+values. tests/http/test_openapi.py checks that every rule of the app is documented.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
+from quart import Blueprint
+
+ErrorShape = Literal["pool", "openai", "ollama", "anthropic"]
+SSE = "text/event-stream"
+PLAIN_TEXT = ("text/plain", {"type": "string"})
+HTML = ("text/html", {"type": "string"})
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One operation of the document.
+
+    Attributes:
+        request: the JSON body's model; None for a route without a body.
+        status: the success status.
+        reply: the model of the success body (JSON); None for a text answer or none.
+        text: the media type of a success body that is not JSON, and its schema.
+        stream: the media type of the streamed answer (``stream: true``).
+        events: the model of one streamed event's JSON (an SSE event's ``data``, an NDJSON
+            line): the union of every event the stream can send.
+        errors: the error body of this surface: the pool's, OpenAI's, Ollama's or
+            Anthropic's.
+        unavailable_reply: a 503 answers the success body too, not an error (the health
+            while unhealthy).
+    """
+
+    method: str
+    path: str
+    tag: str
+    summary: str
+    description: str
+    request: type[BaseModel] | None = None
+    status: int = 200
+    reply: type[BaseModel] | None = None
+    text: tuple[str, dict[str, Any]] | None = None
+    stream: str | None = None
+    events: type[BaseModel] | None = None
+    errors: ErrorShape = "pool"
+    body_required: bool = True
+    unavailable_reply: bool = False
+    # Query parameters: (name, JSON type or the whole schema, description).
+    query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
+
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def serves(
+    blueprint: Blueprint, *routes: Route, converters: Mapping[str, str] | None = None
+) -> Callable[[View], View]:
+    """Register the decorated view on ``blueprint`` for each of ``routes`` (its method and
+    path, ``{name}`` read as Quart's ``<name>``, or ``<converter:name>`` where
+    ``converters`` names one)."""
+    converters = converters or {}
+
+    def rule(path: str) -> str:
+        def variable(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return f"<{converters[name]}:{name}>" if name in converters else f"<{name}>"
+
+        return re.sub(r"\{(\w+)\}", variable, path)
+
+    def register(view: View) -> View:
+        for route in routes:
+            blueprint.add_url_rule(rule(route.path), view_func=view, methods=[route.method.upper()])
+        return view
+
+    return register
