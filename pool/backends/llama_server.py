@@ -75,8 +75,8 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_reasoning: str | None = None
     llama_server_api_key: str | None = Field(
         None,
-        description="The key the server demands (--api-key); the pool sends it as its"
-        " bearer token. Set it where other local users must not reach the server's port.",
+        description="The key the server demands (given in its environment, LLAMA_API_KEY,"
+        " not on its command line); the pool sends it as its bearer token. Set it where other local users must not reach the server's port.",
     )
     llama_server_extra_args: list[str] = Field(default_factory=list)
     tool_call_format: ToolCallFamily | None = Field(
@@ -198,7 +198,6 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
-    add("--api-key", d.llama_server_api_key)
     if d.embedding:
         args.append("--embeddings")
         add("--pooling", d.pooling)
@@ -293,7 +292,10 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
                 definition, binary, str(model_path), port, context.settings_dir, context.placement
             ),
             child_environment(
-                library_path=definition.llama_server_library_path, placement=context.placement
+                # The key goes in the environment: a command line is any user's to read.
+                {"LLAMA_API_KEY": key} if (key := definition.llama_server_api_key) else None,
+                library_path=definition.llama_server_library_path,
+                placement=context.placement,
             ),
             host=definition.llama_server_host,
             port=port,

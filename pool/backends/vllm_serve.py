@@ -96,8 +96,6 @@ def command_line(
                 args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
-    if d.vllm_serve_api_key is not None:
-        args.extend(["--api-key", d.vllm_serve_api_key])
     if not d.embedding:
         # Tool calls come back parsed by the model family's parser (tool_choice auto).
         args += [
@@ -173,7 +171,16 @@ class VllmServeBackend(Backend[VllmServeModel]):
             ),
             # Dev mode serves /reset_prefix_cache, which a cache flush calls.
             child_environment(
-                {"VLLM_SERVER_DEV_MODE": "1", **definition.vllm_serve_env},
+                {
+                    "VLLM_SERVER_DEV_MODE": "1",
+                    **definition.vllm_serve_env,
+                    # In the environment: a command line is any user's to read.
+                    **(
+                        {"VLLM_API_KEY": definition.vllm_serve_api_key}
+                        if definition.vllm_serve_api_key
+                        else {}
+                    ),
+                },
                 definition.vllm_serve_library_path,
                 context.placement,
             ),

@@ -441,13 +441,17 @@ async def test_load_overrides_reach_the_real_servers_command_line(
 async def test_an_api_key_guards_the_server_and_the_pool_sends_it(
     llama_server_binary: str,
 ) -> None:
-    """``llama_server_api_key`` is the server's ``--api-key``: a request without it is
+    """``llama_server_api_key`` is the server's key (``LLAMA_API_KEY`` in its environment,
+    never on its command line, which any local user can read): a request without it is
     refused by the server, and the pool's own requests carry it and are answered."""
     import httpx
 
     async with open_pool(_settings(llama_server_binary, llama_server_api_key="s3cret")) as pool:
         assert pool.snapshot("ls").state == "loaded", pool.snapshot("ls").last_error
-        assert _flag(_cmdline(_server_pid(pool)), "--api-key") == "s3cret"
+        pid = _server_pid(pool)
+        assert "s3cret" not in _cmdline(pid)
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"LLAMA_API_KEY=s3cret" in environ
         url = pool.model("ls").replicas[0].runtime.base_url  # type: ignore[union-attr]
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
