@@ -76,7 +76,8 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     llama_server_api_key: str | None = Field(
         None,
         description="The key the server demands (given in its environment, LLAMA_API_KEY,"
-        " not on its command line); the pool sends it as its bearer token. Set it where other local users must not reach the server's port.",
+        " not on its command line); the pool sends it as its bearer token. Set it where"
+        " other local users must not reach the server's port.",
     )
     llama_server_extra_args: list[str] = Field(default_factory=list)
     tool_call_format: ToolCallFamily | None = Field(
