@@ -41,9 +41,23 @@ class CompletionUsage(_Reply):
     )
 
 
+class MessageFunction(_Reply):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class MessageToolCall(_Reply):
+    id: str
+    type: Literal["function"]
+    function: MessageFunction
+
+
 class ChatCompletionMessage(_Reply):
     role: Literal["assistant"]
-    content: str | None
+    content: str | None = Field(description="Null when the model only called tools.")
+    tool_calls: list[MessageToolCall] | None = Field(
+        None, description="The tools the model called; left out when it called none."
+    )
 
 
 class ChatCompletionChoice(_Reply):
