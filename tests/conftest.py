@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+# Every reply a renderer builds is checked against its model where it is built
+# (pool/schemas/_checked.py): set before any test module imports the renderers.
+os.environ["LLM_POOL_CHECK_REPLIES"] = "1"
+
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool:

@@ -1,5 +1,6 @@
 """Pydantic models of every API payload (OpenAPI is generated from these)."""
 
+from pool.schemas._checked import renders
 from pool.schemas._compat import (
     ChatCompletionRequest,
     ChatImagePart,
@@ -70,7 +71,10 @@ from pool.schemas._replies import (
     EmbeddingItem,
     EmbeddingList,
     EmbeddingUsage,
+    EngineGpuMemory,
+    EngineModelStatus,
     GpuMemory,
+    GpuMemoryStatus,
     GpuModelRow,
     GpuRow,
     Health,
@@ -173,6 +177,8 @@ __all__ = [
     "EmbeddingList",
     "EmbeddingUsage",
     "EmbeddingsRequest",
+    "EngineGpuMemory",
+    "EngineModelStatus",
     "FunctionCallInput",
     "FunctionCallItem",
     "FunctionCallOutput",
@@ -181,6 +187,7 @@ __all__ = [
     "FunctionChoice",
     "FunctionTool",
     "GpuMemory",
+    "GpuMemoryStatus",
     "GpuModelRow",
     "GpuRow",
     "Health",
@@ -289,5 +296,6 @@ __all__ = [
     "UsageReport",
     "UsageRow",
     "WaitingFor",
+    "renders",
     "with_components",
 ]

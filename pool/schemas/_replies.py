@@ -1,11 +1,18 @@
 """Success bodies of the routes that are not the Responses API, for the OpenAPI document.
 
-The routes build these bodies as dicts (byte-exact output is pinned by the golden
-tests); these models describe them field by field, and tests/http/test_openapi.py
-validates real answers of every route against the schemas generated from them. The
-stream events of the OpenAI and Ollama routes (``chat.completion.chunk`` and
-``text_completion`` chunks, NDJSON lines) are here too, one union per stream, which
-tests/http/test_stream_events.py holds real streams to.
+Written once, as the description; the renderers in ``pool/http/*/_render.py`` build
+the same bodies as dicts and name the model of each with
+:func:`~pool.schemas.renders`. The two are kept in step where each dict is built, not by
+replaying routes: under ``LLM_POOL_CHECK_REPLIES=1`` (the test suite) every rendered
+dict is validated strictly against its model and may carry no field the model leaves
+out. The pool does not build its replies from these models: the bytes on the wire are
+pinned by the golden tests, and a pydantic object per reply, or per streamed chunk,
+would be paid by every request (served, the check costs nothing; see
+``pool/schemas/_checked.py``). The streamed chunks, the inference's hot path, are
+encoded straight to bytes (from templates, or inside the stream renderers' methods)
+with no dict-returning function between to mark: the stream unions below
+(``ChatCompletionStreamEvent``, ``OllamaChatStreamLine``, ...) are held to real streams
+on the wire by tests/http/test_stream_events.py.
 """
 
 from __future__ import annotations
@@ -34,9 +41,23 @@ class CompletionUsage(_Reply):
     )
 
 
+class MessageFunction(_Reply):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class MessageToolCall(_Reply):
+    id: str
+    type: Literal["function"]
+    function: MessageFunction
+
+
 class ChatCompletionMessage(_Reply):
     role: Literal["assistant"]
-    content: str | None
+    content: str | None = Field(description="Null when the model only called tools.")
+    tool_calls: list[MessageToolCall] | None = Field(
+        None, description="The tools the model called; left out when it called none."
+    )
 
 
 class ChatCompletionChoice(_Reply):
@@ -152,6 +173,9 @@ class ModelCard(_Reply):
     loaded: bool = Field(
         description="Whether the model is loaded now (in a cluster: on some node); an"
         " on-demand or evicted model that is not loads on its first request."
+    )
+    nodes: list[str] | None = Field(
+        None, description="In a cluster: the nodes that have the model loaded (docs/cluster.md)."
     )
 
 
@@ -718,6 +742,15 @@ class RunnerResources(_Reply):
     gpuMemoryTotalMB: int
     gpuMemoryUsedMB: int
     gpuMemoryFreeMB: int
+    gpuUtilization: float | None = Field(
+        description="NVML's busy share over its last sample period, averaged over the GPUs;"
+        " null without NVML."
+    )
+    kvCacheSizeMB: int | None = Field(
+        description="The prompt caches the pool manages (llama_cpp's saved states, the KV"
+        " cache of in-process vllm replicas); null where no loaded runtime can tell."
+    )
+    kvCacheUtilization: float | None = Field(description="Their used share; null as above.")
     error: str | None
 
 
@@ -735,6 +768,9 @@ class RunnerFlags(_Reply):
     visionInput: bool
     audioInput: bool
     functionCalling: bool
+    structuredOutput: bool = Field(
+        description="Some configured model decodes to a JSON schema (structured outputs)."
+    )
     embeddings: bool = Field(description="Some configured model serves embeddings.")
 
 
@@ -751,6 +787,11 @@ class RunnerDescriptor(_Reply):
         description="As /health's `status`: 503 only while unhealthy."
     )
     healthReason: str | None
+    cluster: dict[str, Any] | None = Field(
+        None,
+        description="In a cluster: `redis` (`ok` or `unreachable`), the node id, epoch and"
+        " peers (docs/cluster.md).",
+    )
 
 
 class LoadTaskState(_Reply):
@@ -759,6 +800,9 @@ class LoadTaskState(_Reply):
     modelId: str
     createdAt: int
     progress: float
+    phase: Literal["fetching", "loading"] | None = Field(
+        None, description="While loading: `fetching` while the model is pulled into the store."
+    )
     evictModel: str | None = None
     loadTimeMs: int | None = None
     gpuMemoryUsedMB: int | None = None
@@ -819,6 +863,11 @@ class Health(_Reply):
     )
     reasons: list[HealthReason] | None = Field(
         None, description="What degrades the pool; left out when nothing does."
+    )
+    cluster: dict[str, Any] | None = Field(
+        None,
+        description="In a cluster: `redis` (`ok` or `unreachable`), the node id, epoch and"
+        " peers (docs/cluster.md).",
     )
 
 

@@ -17,8 +17,20 @@ from pool.actors import (
     UsageTotal,
 )
 from pool.backends import Capabilities
+from pool.schemas import (
+    GpuMemory,
+    GpuModelRow,
+    GpuRow,
+    ModelList,
+    ModelRow,
+    RowCapabilities,
+    RowDetails,
+    UsageRow,
+    renders,
+)
 
 
+@renders(RowCapabilities)
 def capabilities_body(capabilities: Capabilities) -> dict[str, Any]:
     return {
         "modalities": list(capabilities.modalities),
@@ -27,6 +39,7 @@ def capabilities_body(capabilities: Capabilities) -> dict[str, Any]:
     }
 
 
+@renders(RowDetails)
 def details_body(details: ModelDetails, served_context: int | None) -> dict[str, Any]:
     return {
         "format": details.format,
@@ -82,8 +95,14 @@ def definition_body(snapshot: ModelSnapshot) -> dict[str, Any]:
     return body
 
 
-def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
+@renders(ModelRow)
+def model_row(snapshot: ModelSnapshot) -> dict[str, Any]:
     """The admin row of one model (spec: runtime-admin-api)."""
+    return _row(snapshot, full=True)
+
+
+def _row(snapshot: ModelSnapshot, *, full: bool) -> dict[str, Any]:
+    """A model's row; without ``full``, only the fields a GPU memory row picks from it."""
     definition = snapshot.definition
     row: dict[str, Any] = {
         "name": snapshot.name,
@@ -118,22 +137,11 @@ def model_row(snapshot: ModelSnapshot, *, full: bool = True) -> dict[str, Any]:
     return row
 
 
-_GPU_MEMORY_ROW_KEYS = (
-    "name",
-    "runtime_state",
-    "is_loaded",
-    "configured_target_inflight",
-    "effective_target_inflight",
-    "vram_estimate_mib",
-    "vram_estimate_replica_count",
-    "vram_estimate_source",
-    "vram_estimate_basis",
-    "observed_load_delta",
-    "gpus",
-    "gpu_split_mib",
-)
+# The fields of a model row that a GPU memory row repeats, in the model's order.
+_GPU_MEMORY_ROW_KEYS = tuple(GpuModelRow.model_fields)
 
 
+@renders(GpuRow)
 def gpu_body(gpu: GpuReading) -> dict[str, Any]:
     return {
         "index": gpu.index,
@@ -144,11 +152,12 @@ def gpu_body(gpu: GpuReading) -> dict[str, Any]:
     }
 
 
+@renders(GpuMemory)
 def gpu_memory_body(view: GpuView, snapshots: list[ModelSnapshot]) -> dict[str, Any]:
     """``GET /v1/admin/gpu-memory``: NVML readings and each model's VRAM estimate."""
     models = []
     for snapshot in snapshots:
-        row = model_row(snapshot, full=False)
+        row = _row(snapshot, full=False)
         models.append({key: row[key] for key in _GPU_MEMORY_ROW_KEYS})
     return {
         "gpus": [gpu_body(g) for g in view.gpus],
@@ -191,6 +200,7 @@ def cluster_model_list(
     ]
 
 
+@renders(ModelList)
 def model_list(pool: Pool) -> dict[str, Any]:
     """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
     created = int(pool.started_at)
@@ -211,6 +221,7 @@ def model_list(pool: Pool) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
+@renders(UsageRow)
 def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
     row: dict[str, Any] = {group_by: total.group}
     if total.bucket is not None:

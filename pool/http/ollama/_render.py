@@ -21,6 +21,18 @@ from pool.http._streaming import StreamRenderer
 from pool.http._tools import ollama_call
 from pool.http.admin._render import definition_body
 from pool.http.ollama._artifacts import Artifact
+from pool.schemas import (
+    OllamaChatReply,
+    OllamaEmbeddingsReply,
+    OllamaEmbedReply,
+    OllamaGenerateReply,
+    OllamaModelDetails,
+    OllamaRunningModel,
+    OllamaShowReply,
+    OllamaTag,
+    PullState,
+    renders,
+)
 
 NDJSON = "application/x-ndjson"
 _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for a model kept forever
@@ -37,6 +49,7 @@ def generate_piece(text: str) -> dict[str, Any]:
     return {"response": text}
 
 
+@renders(OllamaChatReply | OllamaGenerateReply)
 def generation_body(model: str, piece: Piece, finished: Finished) -> dict[str, Any]:
     """The one object of a generation with ``stream: false``."""
     body = _done(model, piece(finished.text), finished)
@@ -87,6 +100,7 @@ class GenerationLines(StreamRenderer[bytes]):
         return _line({"model": self.model, "created_at": _now(), **self.piece(""), "done": False})
 
 
+@renders(OllamaChatReply | OllamaGenerateReply)
 def load_body(model: str, piece: Piece, reason: str) -> dict[str, Any]:
     """The answer to an empty chat or generate, whose ``done_reason`` says what it did:
     ``load`` or ``unload``."""
@@ -122,6 +136,7 @@ def _stats(finished: Finished) -> dict[str, Any]:
     }
 
 
+@renders(OllamaEmbedReply)
 def embed_body(model: str, done: Embedded) -> dict[str, Any]:
     """``/api/embed``: one list per text, with the durations."""
     t = done.timings
@@ -134,11 +149,13 @@ def embed_body(model: str, done: Embedded) -> dict[str, Any]:
     }
 
 
+@renders(OllamaEmbeddingsReply)
 def embeddings_body(done: Embedded) -> dict[str, Any]:
     """``/api/embeddings``: the one ``embedding`` of its one prompt."""
     return {"embedding": list(done.vectors[0])}
 
 
+@renders(PullState)
 def pull_line(event: dict[str, Any]) -> dict[str, Any]:
     """A pull state as Ollama's progress line (``status``, ``total``, ``completed``, ...)."""
     if event.get("status") == "error":
@@ -151,6 +168,7 @@ def pull_progress(event: dict[str, Any]) -> bytes:
     return _line(pull_line(event))
 
 
+@renders(OllamaTag)
 def tag(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     """A model in ``/api/tags``."""
     return {
@@ -164,6 +182,7 @@ def tag(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     }
 
 
+@renders(OllamaRunningModel)
 def running(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     """A loaded model in ``/api/ps``: its tag, when its keep-alive runs out, its memory.
 
@@ -187,6 +206,7 @@ def running(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     }
 
 
+@renders(OllamaShowReply)
 def show(snapshot: ModelSnapshot, artifact: Artifact, parameters: str) -> dict[str, Any]:
     """``/api/show``: the model's details, definition and capabilities."""
     caps = snapshot.capabilities
@@ -230,6 +250,7 @@ def parameters(defaults: DecodingDefaults, context_length: int | None) -> str:
     return "\n".join(lines)
 
 
+@renders(OllamaModelDetails)
 def _details(snapshot: ModelSnapshot) -> dict[str, Any]:
     """Ollama's ``details``, from the artifact's metadata (empty where it says nothing)."""
     path = snapshot.active_definition.model_path or ""

@@ -24,12 +24,20 @@ from pool.http._common import (
 )
 from pool.http._streaming import SSE_KEEP_ALIVE, StreamRenderer
 from pool.http._tools import chat_call
-from pool.schemas import EmbeddingsRequest
+from pool.schemas import (
+    ChatCompletion,
+    EmbeddingList,
+    EmbeddingsRequest,
+    OpenAIError,
+    TextCompletion,
+    renders,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
 
 
 # -- errors --------------------------------------------------------------------------------
+@renders(OpenAIError)
 def openai_error(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 401:
@@ -103,6 +111,7 @@ def _usage(finished: Finished) -> dict[str, Any]:
     return usage
 
 
+@renders(ChatCompletion)
 def chat_completion_body(
     completion_id: str, created: int, model: str, finished: Finished
 ) -> dict[str, Any]:
@@ -228,6 +237,7 @@ def cached_tokens(finished: Sequence[Finished]) -> int | None:
     return sum(reported) if reported else None
 
 
+@renders(TextCompletion)
 def completion_body(
     completion_id: str, created: int, model: str, finished: Sequence[Finished]
 ) -> dict[str, Any]:
@@ -300,6 +310,7 @@ def encode_vector(vector: tuple[float, ...], encoding: str) -> list[float] | str
     return list(vector)
 
 
+@renders(EmbeddingList)
 def embeddings_body(body: EmbeddingsRequest, done: Embedded) -> dict[str, Any]:
     tokens = done.usage.prompt_tokens or 0
     return {

@@ -10,8 +10,21 @@ from typing import Any
 
 from pool._version import __version__
 from pool.actors import GpuView, LoadTask, ModelSnapshot, Pool, PoolHealth, quantization_name
+from pool.schemas import (
+    EngineGpuMemory,
+    EngineModelStatus,
+    GpuMemoryStatus,
+    Health,
+    HealthReason,
+    LoadedModel,
+    LoadTaskState,
+    PoolStatus,
+    RunnerDescriptor,
+    renders,
+)
 
 
+@renders(Health)
 def health_body(health: PoolHealth, cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "status": health.status,
@@ -29,6 +42,7 @@ def health_body(health: PoolHealth, cluster: Mapping[str, Any] | None = None) ->
     return body
 
 
+@renders(list[HealthReason])
 def issue_bodies(health: PoolHealth) -> list[dict[str, Any]]:
     """What degrades the pool, one ``{"code", "model", ...}`` per issue (docs/api.md)."""
     return [{"code": issue.code, "model": issue.model, **issue.details} for issue in health.issues]
@@ -39,6 +53,7 @@ def cluster_status(pool: Pool) -> Mapping[str, Any] | None:
     return pool.ledger.status() if pool.ledger is not None else None
 
 
+@renders(LoadTaskState)
 def load_task_body(task: LoadTask) -> dict[str, Any]:
     body: dict[str, Any] = {
         "taskId": task.task_id,
@@ -62,6 +77,7 @@ def load_task_body(task: LoadTask) -> dict[str, Any]:
     return body
 
 
+@renders(LoadedModel)
 def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
     return {
         "id": snapshot.name,
@@ -98,6 +114,7 @@ def load_eta(pool: Pool, model: str) -> int | None:
     return None if eta is None else math.ceil(eta)
 
 
+@renders(RunnerDescriptor)
 def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
     """The runner descriptor of ``GET /v1/capabilities``."""
     snapshots = pool.snapshots()
@@ -163,6 +180,7 @@ def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
     return body
 
 
+@renders(EngineModelStatus)
 def _engine_row(pool: Pool, snapshot: ModelSnapshot, now: float) -> dict[str, Any]:
     actor = pool.model(snapshot.name)
     # Seconds since the last request reached a loaded model that has nothing to do.
@@ -193,6 +211,7 @@ def _engine_row(pool: Pool, snapshot: ModelSnapshot, now: float) -> dict[str, An
     }
 
 
+@renders(GpuMemoryStatus)
 def gpu_readings_body(view: GpuView) -> dict[str, Any]:
     """``/api/status``'s ``gpu_memory``: each GPU's memory in MiB; ``error`` says why
     there are none (no NVIDIA driver)."""
@@ -217,6 +236,7 @@ def _gigabytes(mib: float) -> float:
     return round(mib * 1024 * 1024 / 1e9, 2)
 
 
+@renders(EngineGpuMemory | None)
 def engine_gpu_memory(view: GpuView) -> dict[str, Any] | None:
     """The embedded-engine spec's ``engine.gpu_memory``, in GB (10^9 bytes) summed over
     the GPUs; None without any. ``allocated_gb``: what the pool's own runtimes hold (null
@@ -232,6 +252,7 @@ def engine_gpu_memory(view: GpuView) -> dict[str, Any] | None:
     }
 
 
+@renders(PoolStatus)
 def status_body(pool: Pool, stored: list[str]) -> dict[str, Any]:
     """``/api/status``; ``stored``: the models the model store holds (its ``cache``)."""
     health = health_body(pool.health())
