@@ -66,7 +66,7 @@ def settings(**models: dict[str, Any]) -> Any:
 
 def in_process(pool: Pool, *names: str) -> None:
     for name in names:
-        pool.parts_for_tests().models[name].backend = InProcessStub()
+        pool.model(name).backend = InProcessStub()
 
 
 async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it() -> None:

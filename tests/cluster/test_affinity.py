@@ -51,7 +51,7 @@ def peer_model(server: ServerInfo, node: str) -> dict[str, Any]:
 
 def dispatched(server: ServerInfo) -> int:
     """Requests the node served itself (not relayed)."""
-    return server.pool.parts_for_tests().models["a"].scheduler.dispatched_total
+    return server.pool.model("a").scheduler.dispatched_total
 
 
 async def ask(url: str, messages: list[dict[str, str]], tenant: str) -> str:
@@ -78,7 +78,7 @@ async def first_turn(url: str, tenant: str, opening: str = FIRST) -> list[dict[s
 
 async def sees_prompts_of(a: ServerInfo, b: ServerInfo, node: str) -> None:
     """Until ``a`` has read the recent prompts that ``b`` (``node``) has now."""
-    mine = [key.hex() for key in b.pool.parts_for_tests().models["a"].recent_prompts()]
+    mine = [key.hex() for key in b.pool.model("a").recent_prompts()]
     assert mine
     await until(lambda: peer_model(a, node).get("prefixes") == mine, 5)
 
@@ -162,7 +162,7 @@ async def test_a_wait_up_to_the_bound_is_allowed_for_a_prefix(
             # First in B's queue is within A's bound of 1: it goes to B and waits there
             # (behind the held streams).
             asking.start_soon(ask, a.url, turn, "t1")
-            await until(lambda: b.pool.parts_for_tests().models["a"].queue_depth == 1, 5)
+            await until(lambda: b.pool.model("a").queue_depth == 1, 5)
             assert dispatched(a) == 0
             asking.cancel_scope.cancel()
 

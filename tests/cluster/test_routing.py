@@ -119,8 +119,8 @@ async def test_a_request_to_a_node_without_the_model_streams_from_the_node_with_
             plain = await client.post("/v1/responses", json={"model": "a", "input": "hi"})
             assert plain.status_code == 200, plain.text
             assert REPLY in plain.text
-    assert a.pool.parts_for_tests().models["a"].state == "unloaded"
-    assert c.pool.parts_for_tests().models["a"].state == "unloaded"
+    assert a.pool.model("a").state == "unloaded"
+    assert c.pool.model("a").state == "unloaded"
     served = b.pool.parts_for_tests().metrics.requests.labels("a", "default", "success")
     assert served._value.get() == 2
 
@@ -147,7 +147,7 @@ async def test_a_model_loaded_nowhere_is_loaded_by_one_node_for_all(
             for server in nodes:
                 requests.start_soon(ask, server)
     assert texts == [REPLY] * 9
-    states = [s.pool.parts_for_tests().models["a"].state for s in nodes]
+    states = [s.pool.model("a").state for s in nodes]
     assert states.count("loaded") == 1 and states.count("unloaded") == 2, states
     # The load is over: its lock goes two heartbeats (0.6 s) later, not after
     # load_lock_ttl_s (120 s): 12 s is twenty times the one and a tenth of the other.
@@ -200,8 +200,8 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
                 text, errors = await stream_text(client)
             assert (text.strip(), errors) == (REPLY, [])
             states = {
-                a.pool.parts_for_tests().models["a"].state,
-                c.pool.parts_for_tests().models["a"].state,
+                a.pool.model("a").state,
+                c.pool.model("a").state,
             }
             assert "loaded" in states
         async with open_ledger(redis_server.url) as ledger:
