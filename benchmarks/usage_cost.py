@@ -48,12 +48,16 @@ def _settings(usage: bool) -> Any:
 
 async def _round(pool: Pool, request: InferenceRequest, count: int) -> float:
     """CPU microseconds per request over ``count`` requests (and their usage writes)."""
-    settled = pool.usage.written + pool.usage.dropped if pool.usage is not None else 0
+    settled = (
+        pool.parts_for_tests().usage.written + pool.parts_for_tests().usage.dropped
+        if pool.parts_for_tests().usage is not None
+        else 0
+    )
     started = time.process_time()
     for index in range(count):
         await pool.respond(request, tenant=f"tenant-{index % 8}")
-    if pool.usage is not None:
-        await pool.usage.wait_settled(settled + count)
+    if pool.parts_for_tests().usage is not None:
+        await pool.parts_for_tests().usage.wait_settled(settled + count)
     return (time.process_time() - started) / count * 1e6
 
 

@@ -129,7 +129,7 @@ async def _replay(settings: Any, trace: Trace) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:
             for at, tenant, model in trace:
                 nursery.start_soon(one, at, tenant, model)
-        loads = {name: actor.load_count for name, actor in pool.models.items()}
+        loads = {name: actor.load_count for name, actor in pool.parts_for_tests().models.items()}
         return {
             "latencies_ms": sorted(latencies),
             "errors": errors,

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -34,6 +35,7 @@ from pool.actors.residency._footprints import FootprintStore, default_path
 from pool.actors.residency._gpu import GpuSource, NoGpus, VirtualGpus
 from pool.actors.residency._ledger import LedgerBinding, SharedLedger
 from pool.actors.residency._plan import LoadPlan
+from pool.actors.residency._residence import Residence
 from pool.actors.residency._residency import Residency
 from pool.actors.residency._tasks import LoadTask, LoadTasks
 from pool.actors.residency._vram import CudaContexts, LoadMeter
@@ -43,12 +45,18 @@ from pool.actors.serving._relay import Router
 from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
 from pool.actors.serving._serving import Serving
 from pool.actors.values._events import Embedded, Event, Finished
-from pool.actors.values._snapshots import FlushResult, ModelSnapshot, PoolHealth, QueueStats
+from pool.actors.values._snapshots import (
+    FlushResult,
+    GpuView,
+    ModelSnapshot,
+    PoolHealth,
+    QueueStats,
+)
 from pool.backends import CacheUsage, LoadRequest
 from pool.config import Settings, state_dir
 from pool.errors import PoolError
 from pool.media import MediaLoader
-from pool.pulls import PullManager
+from pool.pulls import PullEvents, PullHandle, PullManager
 
 if TYPE_CHECKING:
     from pool.actors.serving._trace_protocol import Tracing
@@ -61,6 +69,21 @@ TRACE_FLUSH_S = 10.0
 T = TypeVar("T")
 
 LoadBody = LoadPlan | LoadRequest | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PoolParts:
+    """What :meth:`Pool.parts_for_tests` shows of a pool's inside."""
+
+    residency: Residency
+    models: Mapping[str, ModelActor]
+    gpus: GpuSource
+    footprints: FootprintStore
+    contexts: CudaContexts
+    usage: UsageRecorder | None
+    router: Router | None
+    tracing: Tracing | None
+    metrics: PoolMetrics
 
 
 class Pool:
@@ -84,98 +107,116 @@ class Pool:
     ) -> None:
         self.settings = settings
         # Where the spans of requests go (pool/tracing); None: the pool does not trace.
-        self.tracing = tracing
+        self._tracing = tracing
         # Sends requests for models that peers serve to them (pool.cluster).
-        self.router = router
-        budgets = settings.engine.gpu_budget_mib
-        if gpus is None and budgets:
-            # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
-            gpus = VirtualGpus(budgets)
-        self.gpus: GpuSource = gpus or NoGpus()
-        # Images named by URL become inline data here, once, for every surface.
-        self.media = media or MediaLoader(settings.service)
-        # Footprints are kept only where there is a GPU to measure them on.
-        measurable = isinstance(gpus, VirtualGpus) or bool(self.gpus.view().gpus)
-        self.footprints = FootprintStore(default_path() if measurable else None)
-        self.meter = LoadMeter(self.gpus)
-        self.models: dict[str, ModelActor] = {}
-        self.contexts = CudaContexts(
-            self.footprints, lambda actor: self.residency.charges(exclude=[actor])[0]
-        )
+        self._router = router
         # Leases shared with other GPU users (pool.cluster); None: this pool alone.
-        self.ledger = ledger
-        self.residency = Residency(
-            settings,
-            self.models,
-            self.gpus,
-            contexts=self.contexts,
-            meter=self.meter,
-            footprints=self.footprints,
-            ledger=ledger,
-        )
-        if isinstance(gpus, VirtualGpus):
-            gpus.bind(self.residency.runtime_holdings)
-        self.metrics = PoolMetrics(lambda: self.models.values(), lambda: self.gpus.view().gpus)
-        for name, definition in settings.engine.models.items():
-            self.models[name] = ModelActor(
-                name,
-                definition,
-                settings,
-                metrics=self.metrics,
-                on_change=self.residency.notify_change,
-                loader=self.residency,
-                residence=self.residency.residence_for,
-                on_recent_prompts=router.prompts_changed if router is not None else None,
-            )
+        self._ledger = ledger
         self.started_at = time.time()
         self.shutting_down = False
         self._nursery: trio.Nursery | None = None
-        self.rate_limiter = RateLimiter(settings.service.tenancy)
-        self.metrics.max_tenant_labels = settings.service.usage.metrics_max_tenants
-        self.budgets = Budgets(settings.service.budgets, budget_counters, clock)
-        # The usage database (None: service.usage.enabled is off); the recorder writes
-        # to it, or to the sink a test gives.
-        self.usage_store: UsageStore | None = None
-        self.usage: UsageRecorder | None = None
-        if settings.service.usage.enabled:
-            self.usage_store = UsageStore(state_dir() / USAGE_FILE_NAME)
-            self.usage = UsageRecorder(
-                settings.service.usage,
-                usage_sink or self.usage_store,
-                self.metrics,
-                clock,
-                limiter=None if usage_sink else self.usage_store.write_limiter,
-            )
-        self.serving = Serving(
+        self._models: dict[str, ModelActor] = {}
+        self._wire_residency(gpus)
+        self._metrics = PoolMetrics(lambda: self._models.values(), lambda: self._gpus.view().gpus)
+        self._wire_models()
+        self._wire_accounting(budget_counters, usage_sink, clock)
+        # Images named by URL become inline data here, once, for every surface.
+        self._media = media or MediaLoader(settings.service)
+        self._serving = Serving(
             settings,
-            self.residency,
+            self._residency,
             router=router,
-            rate_limiter=self.rate_limiter,
-            media=self.media,
-            metrics=self.metrics,
+            rate_limiter=self._rate_limiter,
+            media=self._media,
+            metrics=self._metrics,
             shutting_down=lambda: self.shutting_down,
             nursery=lambda: self._nursery,
-            budgets=self.budgets,
-            usage=self.usage,
+            budgets=self._budgets,
+            usage=self._usage,
             tracing=tracing,
         )
-        self.pulls = PullManager(settings, self.models)
-        self.load_tasks = LoadTasks(
-            self.residency, self.pulls, settings.base_dir, settings.service.max_load_tasks
+        self._pulls = PullManager(settings, self._models)
+        self._load_tasks = LoadTasks(
+            self._residency, self._pulls, settings.base_dir, settings.service.max_load_tasks
         )
-        if ledger is not None:
-            residency = self.residency
-            ledger.bind(
+
+    def _wire_residency(self, gpus: GpuSource | None) -> None:
+        """The GPUs, what was measured on them, and the residency owner over them."""
+        budgets = self.settings.engine.gpu_budget_mib
+        if gpus is None and budgets:
+            # No GPU source given and budgets declared: virtual GPUs (see VirtualGpus).
+            gpus = VirtualGpus(budgets)
+        self._gpus: GpuSource = gpus or NoGpus()
+        # Footprints are kept only where there is a GPU to measure them on.
+        measurable = isinstance(gpus, VirtualGpus) or bool(self._gpus.view().gpus)
+        self._footprints = FootprintStore(default_path() if measurable else None)
+        meter = LoadMeter(self._gpus)
+        self._contexts = CudaContexts(
+            self._footprints, lambda actor: self._residency.charges(exclude=[actor])[0]
+        )
+        self._residency = residency = Residency(
+            self.settings,
+            self._models,
+            self._gpus,
+            contexts=self._contexts,
+            meter=meter,
+            footprints=self._footprints,
+            ledger=self._ledger,
+        )
+        if isinstance(gpus, VirtualGpus):
+            gpus.bind(residency.runtime_holdings)
+        if self._ledger is not None:
+            self._ledger.bind(
                 LedgerBinding(residency.notify_change, residency.lease_holdings, residency.budgets)
             )
 
+    def _wire_models(self) -> None:
+        """One actor per configured model, loaded and unloaded by the residency owner."""
+        router = self._router
+        for name, definition in self.settings.engine.models.items():
+            self._models[name] = ModelActor(
+                name,
+                definition,
+                self.settings,
+                metrics=self._metrics,
+                on_change=self._residency.notify_change,
+                loader=self._residency,
+                residence=self._residency.residence_for,
+                on_recent_prompts=router.prompts_changed if router is not None else None,
+            )
+
+    def _wire_accounting(
+        self,
+        budget_counters: BudgetCounters | None,
+        usage_sink: UsageSink | None,
+        clock: Callable[[], float],
+    ) -> None:
+        """Rate limits, budgets and the usage record of what requests spent."""
+        service = self.settings.service
+        self._rate_limiter = RateLimiter(service.tenancy)
+        self._metrics.max_tenant_labels = service.usage.metrics_max_tenants
+        self._budgets = Budgets(service.budgets, budget_counters, clock)
+        # The usage database (None: service.usage.enabled is off); the recorder writes
+        # to it, or to the sink a test gives.
+        self._usage_store: UsageStore | None = None
+        self._usage: UsageRecorder | None = None
+        if service.usage.enabled:
+            self._usage_store = UsageStore(state_dir() / USAGE_FILE_NAME)
+            self._usage = UsageRecorder(
+                service.usage,
+                usage_sink or self._usage_store,
+                self._metrics,
+                clock,
+                limiter=None if usage_sink else self._usage_store.write_limiter,
+            )
+
     def model(self, name: str) -> ModelActor:
-        return self.residency.model(name)
+        return self._residency.model(name)
 
     @property
     def evictions(self) -> int:
         """How many models the pool evicted to make room since it started."""
-        return self.residency.evictions
+        return self._residency.evictions
 
     # -- lifecycle: every load goes through the residency owner -------------------------
     async def load(self, name: str, body: LoadBody = None) -> ModelSnapshot:
@@ -185,14 +226,14 @@ class Pool:
         for it are unloaded first (docs/vram.md); if it still does not fit it fails
         with ``load_failed`` at once rather than waiting.
         """
-        return await self.residency.load(name, body)
+        return await self._residency.load(name, body)
 
     def preview_load(self, name: str, body: LoadBody = None) -> dict[str, Any]:
         """What :meth:`load` would do now, changing nothing (see Residency.preview)."""
-        return self.residency.preview(name, body)
+        return self._residency.preview(name, body)
 
     async def unload(self, name: str) -> ModelSnapshot:
-        return await self.residency.unload(name)
+        return await self._residency.unload(name)
 
     async def preload(self, name: str, hint: dict[str, Any] | None = None) -> ModelSnapshot:
         """Load ``name`` as a request to it would (Ollama's empty request): through the
@@ -200,26 +241,26 @@ class Pool:
         length a client asked for) applied if this call starts the load and the backend
         accepts it; an unsuitable hint is ignored, as on an on-demand load.
         """
-        return await self.residency.preload(name, hint)
+        return await self._residency.preload(name, hint)
 
     def decisions(self, model: str | None = None, limit: int | None = None) -> list[Decision]:
         """The latest residency decisions, newest first (about ``model`` if given)."""
         if model is not None:
             self.model(model)
-        return self.residency.decisions.recent(model, limit)
+        return self._residency.decisions.recent(model, limit)
 
     def snapshot(self, name: str) -> ModelSnapshot:
         return self.model(name).snapshot()
 
     def snapshots(self) -> list[ModelSnapshot]:
-        return [actor.snapshot() for actor in self.models.values()]
+        return [actor.snapshot() for actor in self._models.values()]
 
     async def wait_change(self) -> None:
         """Wait until a model changes state or goes idle (for whoever pushes state out)."""
-        await self.residency.changed.wait()
+        await self._residency.changed.wait()
 
     def servable_models(self) -> list[str]:
-        return [n for n, a in self.models.items() if a.state == "loaded" or a.loads_on_request]
+        return [n for n, a in self._models.items() if a.state == "loaded" or a.loads_on_request]
 
     # -- inference ---------------------------------------------------------------
     def admit(
@@ -235,7 +276,7 @@ class Pool:
     ) -> AbstractAsyncContextManager[Admission]:
         """Validate, queue and wait for a replica slot; yields the :class:`Admission`
         (see :meth:`Serving.admit`: waits, errors, leaving the block)."""
-        return self.serving.admit(
+        return self._serving.admit(
             request,
             tenant=tenant,
             priority=priority,
@@ -264,8 +305,8 @@ class Pool:
         async with self.admit(request, **kwargs) as admission:
             done = await admission.embedded()
         tokens = done.usage.prompt_tokens or 0
-        self.metrics.prompt_tokens.labels(request.model).inc(tokens)
-        self.rate_limiter.charge_tokens(admission.ticket.tenant, tokens)
+        self._metrics.prompt_tokens.labels(request.model).inc(tokens)
+        self._rate_limiter.charge_tokens(admission.ticket.tenant, tokens)
         return done
 
     async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -308,24 +349,24 @@ class Pool:
         Raises:
             PoolError: ``usage_disabled`` when ``service.usage.enabled`` is off.
         """
-        if self.usage_store is None:
+        if self._usage_store is None:
             raise PoolError(
                 "usage_disabled", "usage recording is off (service.usage.enabled is false)"
             )
-        return await self.usage_store.query(group_by, since=since, until=until, bucket=bucket)
+        return await self._usage_store.query(group_by, since=since, until=until, bucket=bucket)
 
     async def restore_budgets(self) -> None:
         """Start this pool's budget counters from the usage database: what keys and
         tenants spent in the current windows before a restart still counts."""
-        if self.usage_store is None or not self.budgets.enabled:
+        if self._usage_store is None or not self._budgets.enabled:
             return
         spent: dict[tuple[Subject, float], dict[str, int]] = {}
-        for subject, since in self.budgets.current_windows():
-            totals = await self.usage_store.query(subject, since=since)
+        for subject, since in self._budgets.current_windows():
+            totals = await self._usage_store.query(subject, since=since)
             spent[(subject, since)] = {
                 t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
             }
-        self.budgets.restore(spent)
+        self._budgets.restore(spent)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(
@@ -340,7 +381,140 @@ class Pool:
         """
         if self._nursery is None or self.shutting_down:
             raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
-        return self.load_tasks.start(self._nursery, name, body, evict)
+        return self._load_tasks.start(self._nursery, name, body, evict)
+
+    def load_task(self, task_id: str) -> LoadTask:
+        """The load task ``task_id`` (``not_found`` once forgotten or never started)."""
+        return self._load_tasks.get(task_id)
+
+    def latest_load_task(self, name: str) -> LoadTask | None:
+        """The most recent load task of ``name`` still remembered, if any."""
+        return self._load_tasks.latest(name)
+
+    def residence(self, name: str) -> Residence:
+        """What the residency owner keeps about ``name``: its estimates, details and
+        measured loads (``not_found`` for an unknown model)."""
+        return self._residency.residence(name)
+
+    def expected_load_s(self, name: str) -> float | None:
+        """How long a whole load of ``name`` like the last measured one takes (None
+        before a first)."""
+        return self._residency.expected_load_s(name)
+
+    def load_eta_s(self, name: str) -> float | None:
+        """Seconds until the running load of ``name`` should end (None: not loading, or
+        never measured)."""
+        return self._residency.load_eta_s(name)
+
+    def gpu_view(self) -> GpuView:
+        """The GPUs' memory as last read (an empty view where the pool has none)."""
+        return self._gpus.view()
+
+    def lease_status(self) -> Mapping[str, Any] | None:
+        """The shared lease ledger's state (None: this pool leases alone)."""
+        return None if self._ledger is None else self._ledger.status()
+
+    # -- pulls (pool/pulls) ------------------------------------------------------------
+    def pull(self, name: str, source: str | None = None, sha256: str | None = None) -> PullHandle:
+        """Start pulling ``name`` into the model store, or join its running pull (see
+        :meth:`PullManager.pull`)."""
+        return self._pulls.pull(name, source, sha256)
+
+    def watch_pull(
+        self, name: str, heartbeat_s: float | None = None
+    ) -> AbstractAsyncContextManager[PullEvents]:
+        """Follow the current or last pull of ``name`` (see :meth:`PullManager.watch`)."""
+        return self._pulls.watch(name, heartbeat_s)
+
+    def pull_handle(self, name: str) -> PullHandle | None:
+        """The current or last pull of ``name``, if any."""
+        return self._pulls.get(name)
+
+    def pull_status(self, name: str) -> dict[str, Any] | None:
+        """The state of the current or last pull of ``name`` (None: never pulled)."""
+        return self._pulls.status(name)
+
+    def pull_statuses(self) -> list[dict[str, Any]]:
+        """The current or last pull of each configured model that has one."""
+        return [status for name in self._models if (status := self._pulls.status(name)) is not None]
+
+    def running_pulls(self) -> dict[str, dict[str, Any]]:
+        """The state of each pull still running, by model."""
+        return self._pulls.running()
+
+    async def cancel_pull(self, name: str) -> bool:
+        """Cancel the running pull of ``name``; False if none runs."""
+        return await self._pulls.cancel(name)
+
+    async def delete_pulled(self, name: str) -> bool:
+        """Remove ``name`` from the model store; False if it is not there (see
+        :meth:`PullManager.delete`)."""
+        return await self._pulls.delete(name)
+
+    async def stored_models(self) -> list[str]:
+        """The models pulled into the store."""
+        return await self._pulls.stored_models()
+
+    # -- the HTTP server and the cluster -----------------------------------------------
+    @property
+    def traced(self) -> bool:
+        """Whether requests' spans are recorded (pool/tracing)."""
+        return self._tracing is not None
+
+    def rate_limit_headers(self, tenant: str) -> dict[str, str]:
+        """The ``X-RateLimit-*`` figures of ``tenant`` (none where it has no limit)."""
+        return self._rate_limiter.headers(tenant)
+
+    def render_metrics(self) -> bytes:
+        """The Prometheus exposition of the pool's metrics."""
+        return self._metrics.render()
+
+    def begin_shutdown(self) -> None:
+        """Admit nothing more (``shutting_down``); running requests go on."""
+        self.shutting_down = True
+
+    def end_running(self, error: PoolError) -> int:
+        """End every running request with ``error``; how many there were."""
+        return sum(actor.end_running(error) for actor in self._models.values())
+
+    def model_state(self, name: str) -> str | None:
+        """The state of ``name`` on this node (None: not configured here)."""
+        actor = self._models.get(name)
+        return None if actor is None else actor.state
+
+    def loaded_models(self) -> list[str]:
+        """The models loaded on this node."""
+        return [name for name, actor in self._models.items() if actor.state == "loaded"]
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this pool is one node of a cluster (pool.cluster)."""
+        return self._router is not None
+
+    @property
+    def node_id(self) -> str:
+        """This node's id in its cluster (only where :attr:`clustered`)."""
+        assert self._router is not None
+        return self._router.node_id
+
+    def peer_models(self) -> list[Mapping[str, Any]]:
+        """The models of the cluster's other nodes (none outside a cluster)."""
+        return [] if self._router is None else list(self._router.peer_models())
+
+    def parts_for_tests(self) -> PoolParts:
+        """The pool's parts, for tests that check one from inside; code uses the
+        operations above."""
+        return PoolParts(
+            residency=self._residency,
+            models=self._models,
+            gpus=self._gpus,
+            footprints=self._footprints,
+            contexts=self._contexts,
+            usage=self._usage,
+            router=self._router,
+            tracing=self._tracing,
+            metrics=self._metrics,
+        )
 
     # -- state taken together (pool/actors/serving/_health.py) -----------------------------------
     async def flush_cache(
@@ -356,21 +530,21 @@ class Pool:
         ``model`` narrows any scope to that model's replicas; ``tenant`` and ``tag``
         narrow the ``tenant`` and ``tag`` scopes (each needs its own value).
         """
-        actors = [self.model(model)] if model else list(self.models.values())
+        actors = [self.model(model)] if model else list(self._models.values())
         return await _health.flush_caches(actors, scope, tenant=tenant, tag=tag)
 
     def prefix_caching(self) -> bool:
         """Whether any loaded replica keeps a prefix cache (one the pool can flush)."""
-        return _health.prefix_caching(self.models.values())
+        return _health.prefix_caching(self._models.values())
 
     def cache_usage(self) -> CacheUsage | None:
         """The prompt caches of every loaded replica together (None: no runtime has one)."""
-        return _health.cache_usage(self.models.values())
+        return _health.cache_usage(self._models.values())
 
     def health(self) -> PoolHealth:
         """Whether the pool serves, and why not."""
         return _health.health(
-            self.models.values(),
+            self._models.values(),
             started_at=self.started_at,
             shutting_down=self.shutting_down,
             oom_window_s=self.settings.service.health_oom_window_s,
@@ -379,7 +553,7 @@ class Pool:
     def queue_stats(self) -> QueueStats:
         """Every model's queue together; ``max_depth`` counts loaded models only (at
         most ``engine.max_queue_total``)."""
-        return _health.queue_stats(self.models.values(), self.settings.engine.max_queue_total)
+        return _health.queue_stats(self._models.values(), self.settings.engine.max_queue_total)
 
 
 @asynccontextmanager
@@ -430,29 +604,29 @@ async def open_pool(
         tracing=tracing,
     )
     try:
-        await trio.to_thread.run_sync(pool.footprints.read)
+        await trio.to_thread.run_sync(pool._footprints.read)
         if budget_counters is None:
             await pool.restore_budgets()
         async with trio.open_nursery() as nursery:
             pool._nursery = nursery
-            if pool.usage is not None:
-                await nursery.start(pool.usage.run)
-            for actor in pool.models.values():
+            if pool._usage is not None:
+                await nursery.start(pool._usage.run)
+            for actor in pool._models.values():
                 await nursery.start(actor.run)
-            await nursery.start(pool.residency.run)
-            await nursery.start(pool.pulls.run)
+            await nursery.start(pool._residency.run)
+            await nursery.start(pool._pulls.run)
             if startup_loads:
-                await pool.residency.startup()
+                await pool._residency.startup()
             try:
                 yield pool
             finally:
                 pool.shutting_down = True
                 nursery.cancel_scope.cancel()
     finally:
-        if pool.usage_store is not None:
+        if pool._usage_store is not None:
             # Bounded: behind a stalled disk the close is skipped rather than waited for.
             with trio.move_on_after(2.0, shield=True):
-                await pool.usage_store.aclose()
+                await pool._usage_store.aclose()
         if tracing is not None:
             # Every request has ended, so has its span: export what is queued. Bounded
             # (a collector that is down must not hold the shutdown), as the exporter's

@@ -110,7 +110,7 @@ def describe(pool: Pool) -> dict[str, Any]:
                 "on_demand": snap.definition.on_demand,
                 "vram_mib": snap.vram.mib,
                 # The cluster's prefix affinity (docs/cluster.md, "Routing").
-                "prefixes": [key.hex() for key in pool.models[snap.name].recent_prompts()],
+                "prefixes": [key.hex() for key in pool.model(snap.name).recent_prompts()],
             }
         )
     gpus = [
@@ -126,7 +126,7 @@ def describe(pool: Pool) -> dict[str, Any]:
             ),
             "virtual": g.virtual,
         }
-        for g in pool.gpus.view().gpus
+        for g in pool.gpu_view().gpus
     ]
     return {"gpus": gpus, "models": models}
 

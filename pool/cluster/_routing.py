@@ -141,8 +141,8 @@ class ClusterRouter:
             return
         grace_ms = int(2 * self.node.settings.engine.cluster.heartbeat_s * 1000)
         for model in list(self._locks):
-            actor = self._pool.models.get(model)
-            if actor is not None and actor.state not in ("loaded", "failed"):
+            state = self._pool.model_state(model)
+            if state is not None and state not in ("loaded", "failed"):
                 continue
             try:
                 await call(

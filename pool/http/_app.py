@@ -116,8 +116,8 @@ def create_app(
         lambda: app.url_map.bind(settings.service.host),
         hosts,
         settings.service,
-        pool.rate_limiter,
-        traced=pool.tracing is not None,
+        pool.rate_limit_headers,
+        traced=pool.traced,
     )
     app.asgi_app = pipeline  # type: ignore[method-assign,assignment]
     app.extensions["pool.pipeline"] = pipeline

@@ -23,7 +23,7 @@ from pool.backends import Turn
 from pool.errors import PoolError
 
 if TYPE_CHECKING:
-    from pool.actors import Pool, RateLimiter
+    from pool.actors import Pool
     from pool.config import Settings
     from pool.http._auth import Access, Authenticator
 
@@ -425,7 +425,9 @@ def acting_tenant() -> str | None:
     return tenant
 
 
-def rate_limit_headers(limiter: RateLimiter, tenant: str | None) -> dict[str, str]:
+def rate_limit_headers(
+    headers_of: Callable[[str], dict[str, str]], tenant: str | None
+) -> dict[str, str]:
     """The ``X-RateLimit-*`` headers of an answer to ``tenant`` (docs/api.md).
 
     Every answer of a route that acts for a tenant carries them, JSON or streamed,
@@ -433,7 +435,7 @@ def rate_limit_headers(limiter: RateLimiter, tenant: str | None) -> dict[str, st
     answer's head goes out, so the figures include the request itself. None where the
     tenant has no request limit.
     """
-    return {} if tenant is None else limiter.headers(tenant)
+    return {} if tenant is None else headers_of(tenant)
 
 
 _CACHE_MODES: dict[str, CacheMode] = {"prefix": "prefix", "none": "none", "auto": "auto"}

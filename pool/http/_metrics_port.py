@@ -63,7 +63,7 @@ def _answer(pool: Pool, auth: Authenticator, scope: dict[str, Any]) -> tuple[int
     except PoolError as exc:
         body = {"error": {"code": exc.code, "message": exc.message}}
         return exc.status, json.dumps(body).encode(), b"application/json"
-    return 200, pool.metrics.render(), PROMETHEUS_TYPE
+    return 200, pool.render_metrics(), PROMETHEUS_TYPE
 
 
 async def serve_metrics(

@@ -59,7 +59,7 @@ from quart.wrappers.response import DataBody
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import MapAdapter
 
-from pool.actors import RELAY_HEADER, RELAYED, RateLimiter
+from pool.actors import RELAY_HEADER, RELAYED
 from pool.config import ServiceSettings
 from pool.errors import PoolError
 from pool.http._access_log import REQUEST_ID_KEY
@@ -93,7 +93,7 @@ class RequestPipeline:
         routes: Callable[[], MapAdapter],
         hosts: HostAllowList,
         service: ServiceSettings,
-        rate_limiter: RateLimiter,
+        rate_limit_headers: Callable[[str], dict[str, str]],
         *,
         traced: bool,
     ) -> None:
@@ -104,7 +104,7 @@ class RequestPipeline:
         self.hosts = hosts
         self.max_body_bytes = service.max_body_bytes
         self.body_timeout_s = service.body_timeout_s
-        self.rate_limiter = rate_limiter
+        self.rate_limit_headers = rate_limit_headers
         # The pool traces: every request's W3C trace headers are read (step 1).
         self.traced = traced
         self.active = 0  # HTTP requests being answered
@@ -256,7 +256,7 @@ class RequestPipeline:
     def _answering_with_headers(self, send: Send, request: PipelineRequest) -> Send:
         """``send`` that adds ``X-Request-Id`` and ``X-RateLimit-*`` to the answer's head
         (step 7), computed as it goes out so the figures include the request itself."""
-        limiter = self.rate_limiter
+        headers_of = self.rate_limit_headers
 
         async def send_with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -266,7 +266,7 @@ class RequestPipeline:
                     if name.lower() != b"x-request-id"
                 ]
                 head.append((b"x-request-id", request.request_id.encode("latin-1")))
-                for name, value in rate_limit_headers(limiter, request.tenant).items():
+                for name, value in rate_limit_headers(headers_of, request.tenant).items():
                     head.append((name.lower().encode("latin-1"), value.encode("latin-1")))
                 message = {**message, "headers": head}
             await send(message)

@@ -42,7 +42,7 @@ class ServerInfo:
         """Stop accepting; open streams get ``service.shutdown_grace_s`` to finish."""
         if not self.stopping.is_set():
             log.info("shutting down: no new connections, open streams may finish")
-            self.pool.shutting_down = True
+            self.pool.begin_shutdown()
             self.stopping.set()
 
 
@@ -170,7 +170,7 @@ async def _serve_pool(
                 f" (service.shutdown_grace_s: {grace:g}s)",
                 retry_after_s=5.0,
             )
-            ended = sum(actor.end_running(error) for actor in pool.models.values())
+            ended = pool.end_running(error)
             if ended:
                 log.warning("shutdown grace ending: %d open request(s) ended", ended)
 

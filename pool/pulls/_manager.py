@@ -79,7 +79,7 @@ class PulledModel(Protocol):
 class PullManager:
     """Owns every download into the model store; see the module docstring.
 
-    Started by :func:`pool.open_pool` and reached as ``pool.pulls``.
+    Started by :func:`pool.open_pool`; callers reach it through ``Pool.pull`` and its kin.
 
     Args:
         settings: the pool's settings (``service.*`` pull settings, the configured

@@ -142,7 +142,7 @@ def test_a_rule_names_one_subject_and_a_limit() -> None:
 
 
 def _sample(pool: object, name: str, **labels: str) -> float:
-    text = pool.metrics.render().decode()  # type: ignore[attr-defined]
+    text = pool.render_metrics().decode()  # type: ignore[attr-defined]
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):

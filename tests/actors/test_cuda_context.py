@@ -43,7 +43,7 @@ class ScriptedGpu:
 
     def view(self) -> GpuView:
         held = 0
-        models = self.pool.models.values() if self.pool is not None else ()
+        models = self.pool.parts_for_tests().models.values() if self.pool is not None else ()
         for actor in models:
             for replica in actor.replicas:
                 if replica.runtime is not None:
@@ -66,7 +66,7 @@ def settings(**models: dict[str, Any]) -> Any:
 
 def in_process(pool: Pool, *names: str) -> None:
     for name in names:
-        pool.models[name].backend = InProcessStub()
+        pool.model(name).backend = InProcessStub()
 
 
 async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it() -> None:
@@ -79,18 +79,18 @@ async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it
         in_process(pool, "a", "b")
         # The first load's delta holds the context too: its size is not known yet.
         assert (await pool.load("a")).observed_load_delta_mib == 1000 + CONTEXT
-        assert pool.residency.residence("a").unsplit_context == {0}
+        assert pool.residence("a").unsplit_context == {0}
         # A later one pays none.
         assert (await pool.load("b")).observed_load_delta_mib == 2000
         # Unloading "a" shows what the pool process keeps beyond "b": the context.
         await pool.unload("a")
-        assert pool.footprints.context_mib(0) == CONTEXT
+        assert pool.parts_for_tests().footprints.context_mib(0) == CONTEXT
         assert pool.snapshot("a").vram.mib == 1000  # the footprint, corrected
         assert pool.snapshot("a").vram.source == "observed_load_delta"
         await pool.unload("b")
         # With nothing loaded the context is still held by the pool process, not free.
         assert gpu.view().gpus[0].pool_used_mib == CONTEXT
-        assert pool.contexts.held() == {0: CONTEXT}
+        assert pool.parts_for_tests().contexts.held() == {0: CONTEXT}
         # Loading "a" again pays no context, and is measured at its own size.
         assert (await pool.load("a")).observed_load_delta_mib == 1000
 
@@ -99,10 +99,10 @@ async def test_the_first_in_process_load_pays_the_context_and_unloading_keeps_it
     async with open_pool(config, gpus=restarted) as pool:
         restarted.pool = pool
         in_process(pool, "a", "b")
-        assert pool.footprints.context_mib(0) == CONTEXT
+        assert pool.parts_for_tests().footprints.context_mib(0) == CONTEXT
         assert pool.snapshot("b").vram.mib == 2000
         assert (await pool.load("b")).observed_load_delta_mib == 2000
-        assert pool.residency.residence("b").unsplit_context == set()
+        assert pool.residence("b").unsplit_context == set()
 
 
 async def test_a_managed_runtime_pays_no_context(autojump_clock: trio.abc.Clock) -> None:
@@ -111,8 +111,8 @@ async def test_a_managed_runtime_pays_no_context(autojump_clock: trio.abc.Clock)
         gpu.pool = pool
         assert (await pool.load("m")).observed_load_delta_mib == 1000
         await pool.unload("m")
-        assert pool.footprints.context_mib(0) is None
-        assert pool.contexts.held() == {}
+        assert pool.parts_for_tests().footprints.context_mib(0) is None
+        assert pool.parts_for_tests().contexts.held() == {}
 
 
 async def test_the_gate_counts_the_context_an_in_process_load_would_open(
@@ -146,7 +146,7 @@ async def test_a_context_opened_before_the_first_load_is_not_taken_from_its_foot
         in_process(pool, "a", "b")
         assert (await pool.load("a")).observed_load_delta_mib == 1000 + CONTEXT - early
         await pool.unload("a")
-        assert pool.footprints.context_mib(0) == CONTEXT
+        assert pool.parts_for_tests().footprints.context_mib(0) == CONTEXT
         # Only the context that grew during the load is taken out.
         assert pool.snapshot("a").vram.mib == 1000
 

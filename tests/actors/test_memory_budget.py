@@ -42,7 +42,7 @@ async def test_vllm_gets_the_cache_the_budget_leaves(tmp_path: Path) -> None:
     settings = build_settings({"engine": {"models": {"v": model}}})
     async with open_pool(settings, startup_loads=False) as pool:
         actor = pool.model("v")
-        residence = pool.residency.residence("v")
+        residence = pool.residence("v")
         whole = residence.vram_estimate().mib  # at the model's own 8192 tokens
         assert whole is not None
         roomy = fit_memory_budget(residence, LoadRequest(), whole + 1000)

@@ -105,7 +105,7 @@ async def test_a_model_of_one_and_a_half_gpus_is_split_over_two(
         (placement,) = big.placement
         # GPU 0 has 4000 left beside "small", GPU 1 all 8000: split 1:2.
         assert placement.gpus == (0, 1) and placement.mib == (4000, 8000)
-        assert [g.used_mib for g in pool.gpus.view().gpus] == [8000, 8000]
+        assert [g.used_mib for g in pool.gpu_view().gpus] == [8000, 8000]
         assert big.observed_load_delta_mib == 12_000
         assert (await pool.unload("big")).placement == ()
 
@@ -135,8 +135,8 @@ async def test_two_split_loads_at_once_never_hold_half_each(
 
         async def watch() -> None:
             while True:
-                peaks.append(max(g.used_mib for g in pool.gpus.view().gpus))
-                loaded, pending = pool.residency.charges()
+                peaks.append(max(g.used_mib for g in pool.gpu_view().gpus))
+                loaded, pending = pool.parts_for_tests().residency.charges()
                 for index in (0, 1):
                     assert loaded.get(index, 0) + pending.get(index, 0) <= 8000
                 await trio.sleep(0.05)

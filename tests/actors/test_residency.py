@@ -62,7 +62,7 @@ async def test_every_entry_point_goes_through_one_gate(autojump_clock: trio.abc.
         assert asked.text == "served"
         assert set(refused) <= {"load_failed"}
         assert task.status in ("completed", "failed")
-        loads = sum(a.load_count for a in pool.models.values())
+        loads = sum(a.load_count for a in pool.parts_for_tests().models.values())
         assert loads == 1 + (2 - len(refused)) + (task.status == "completed")
         places = [d for d in pool.decisions() if d.action == "place"]
         assert len(places) == loads  # each load was placed by the gate, and only those
@@ -102,7 +102,7 @@ async def test_the_cheapest_to_bring_back_goes_first(
             assert "reloads in 0.50s (measured)" in evict.reason
         else:
             assert "least recently used" in evict.reason
-        assert pool.residency.expected_load_s("slow") == pytest.approx(20, abs=0.01)
+        assert pool.expected_load_s("slow") == pytest.approx(20, abs=0.01)
 
 
 async def test_the_preview_says_what_the_load_then_does(autojump_clock: trio.abc.Clock) -> None:

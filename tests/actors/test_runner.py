@@ -22,7 +22,7 @@ async def test_load_task_runs_in_background_and_evicts_first(
         task = pool.start_load_task("b", evict="a")
         assert task.status == "loading"
         await task.done.wait()
-        done = pool.load_tasks.get(task.task_id)
+        done = pool.load_task(task.task_id)
         assert done.status == "completed" and done.model == "b"
         assert done.load_time_ms == pytest.approx(4000, abs=5)
         assert pool.snapshot("a").state == "unloaded"
@@ -47,7 +47,7 @@ async def test_bad_load_task_requests_fail_at_once() -> None:
                 lambda: pool.start_load_task("x", {"exllama_cache_size": 8000}),
                 "invalid_load_request",
             ),
-            (lambda: pool.load_tasks.get("load-0-x"), "not_found"),
+            (lambda: pool.load_task("load-0-x"), "not_found"),
         ]:
             with pytest.raises(PoolError) as info:
                 call()
@@ -65,7 +65,7 @@ async def test_health_and_capabilities(autojump_clock: trio.abc.Clock) -> None:
         assert states == {"ok": "loaded", "bad": "unloaded"}
         queue = pool.queue_stats()
         assert queue.depth == 0 and queue.p95_wait_ms >= 0 and queue.max_depth == 64
-        view = pool.gpus.view()
+        view = pool.gpu_view()
         assert view.gpus == () and view.error
         await pool.unload("ok")
         with pytest.raises(PoolError):
@@ -77,7 +77,7 @@ async def test_health_and_capabilities(autojump_clock: trio.abc.Clock) -> None:
     async with open_pool(settings) as pool:
         health = pool.health()
         assert not health.serving and health.reason == "every model failed to load"
-        pool.shutting_down = True
+        pool.begin_shutdown()
         assert pool.health().reason == "the pool is shutting down"
 
 
@@ -121,12 +121,12 @@ async def test_a_load_eta_counts_down_from_the_last_measured_load(
         actor = pool.model("m")
         task = pool.start_load_task("m")
         await wait_until(lambda: actor.state == "loading")
-        assert pool.residency.load_eta_s("m") is None  # never measured: no guess
+        assert pool.load_eta_s("m") is None  # never measured: no guess
         await task.done.wait()
-        assert pool.residency.load_eta_s("m") is None  # not loading
+        assert pool.load_eta_s("m") is None  # not loading
         await pool.unload("m")
         again = pool.start_load_task("m")
         await wait_until(lambda: actor.state == "loading")
         await trio.sleep(10)
-        assert pool.residency.load_eta_s("m") == pytest.approx(20, abs=0.1)
+        assert pool.load_eta_s("m") == pytest.approx(20, abs=0.1)
         await again.done.wait()

@@ -76,7 +76,7 @@ async def test_the_window_runs_from_the_end_of_the_last_request(
     async with open_pool(settings) as pool:
         started = trio.current_time()
         await pool.respond(ask("a"))
-        actor = pool.residency.residence("a")
+        actor = pool.residence("a")
         assert actor.served_at is not None and actor.served_at >= started + 19
         assert actor.served_at == pytest.approx(trio.current_time())
         assert actor.warm_until() == pytest.approx(actor.served_at + 30)
@@ -216,20 +216,20 @@ async def test_set_per_model_and_per_load(autojump_clock: trio.abc.Clock) -> Non
     settings = stub_settings({"a": model(1000, stay_warm_s=45)}, gpu_budget_mib=[BUDGET])
     async with open_pool(settings) as pool:
         await pool.load("a")
-        assert pool.residency.residence("a").stay_warm_s == 45
+        assert pool.residence("a").stay_warm_s == 45
         await pool.unload("a")
         row = await pool.load("a", {"stay_warm_s": 5})
         assert row.load_override == {"stay_warm_s": 5}
-        assert pool.residency.residence("a").stay_warm_s == 5
+        assert pool.residence("a").stay_warm_s == 5
         with pytest.raises(PoolError) as info:
             await pool.load("a", {"stay_warm_s": 7})  # loaded: overrides need an unload
         assert info.value.code == "invalid_load_request"
         await pool.unload("a")
         await pool.load("a", {"stay_warm_s": None})  # null: the kind's default (stub: 0)
-        assert pool.residency.residence("a").stay_warm_s == 0
+        assert pool.residence("a").stay_warm_s == 0
         await pool.unload("a")
         await pool.load("a")
-        assert pool.residency.residence("a").stay_warm_s == 45
+        assert pool.residence("a").stay_warm_s == 45
 
 
 def test_a_negative_window_is_a_schema_error() -> None:

@@ -48,4 +48,4 @@ async def test_a_slow_reader_holds_the_generation_at_the_buffer() -> None:
                 first = await anext(batches)
             assert 8 <= len(first) < 12  # the buffer, and what the waiting send held
         # Leaving the block early stops the generation and frees the slot.
-        await wait_until(lambda: pool.models["m"].replicas[0].inflight == 0)
+        await wait_until(lambda: pool.model("m").replicas[0].inflight == 0)

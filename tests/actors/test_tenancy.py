@@ -108,7 +108,7 @@ async def test_metrics_counters_match_requests(autojump_clock: trio.abc.Clock) -
             with pytest.raises(PoolError):
                 await pool.respond(ask("m"), tenant="t1")  # queue_full
         families = {
-            f.name: f for f in text_string_to_metric_families(pool.metrics.render().decode())
+            f.name: f for f in text_string_to_metric_families(pool.render_metrics().decode())
         }
         requests = {
             (s.labels["model"], s.labels["tenant"], s.labels["status"]): s.value

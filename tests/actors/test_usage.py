@@ -52,7 +52,7 @@ def _settings(**usage: object) -> object:
 
 
 def _metric(pool: object, name: str, **labels: str) -> float:
-    text = pool.metrics.render().decode()  # type: ignore[attr-defined]
+    text = pool.render_metrics().decode()  # type: ignore[attr-defined]
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
@@ -75,7 +75,7 @@ async def test_every_ending_is_recorded_with_its_status(private_state: Path) -> 
             await pool.respond(ask("cold"), tenant="acme")  # model_not_loaded
         with trio.move_on_after(0.3):  # cancelled mid-generation
             await pool.respond(ask("slow"), tenant="beta")
-        await wait_until(lambda: pool.usage.written == 3)  # type: ignore[union-attr]
+        await wait_until(lambda: pool.parts_for_tests().usage.written == 3)  # type: ignore[union-attr]
     rows = _rows(private_state)
     assert rows[0][:6] == ("ci", "acme", "m", 3, 0, 3)
     assert rows[0][8] == "success"
@@ -116,7 +116,7 @@ async def test_a_stream_cut_by_the_drain_deadline_is_charged(private_state: Path
         nursery.start_soon(_stream_until_cut, pool, "slow", last)
         await wait_until(lambda: bool(last))  # the first token is out
         await pool.unload("slow")
-        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+        await wait_until(lambda: pool.parts_for_tests().usage.written == 1)  # type: ignore[union-attr]
     assert isinstance(last[0], Failed)
     ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
     assert status == last[0].error.code
@@ -138,7 +138,7 @@ async def test_a_backend_failure_after_the_first_token_is_charged(
     async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
         with pytest.raises(PoolError) as failed:
             await pool.respond(ask("m", "x", key_name="k"), tenant="acme")
-        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+        await wait_until(lambda: pool.parts_for_tests().usage.written == 1)  # type: ignore[union-attr]
     assert failed.value.code == "backend_error"
     ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
     assert (prompt, output, status) == (7, 5, "backend_error")
@@ -156,7 +156,7 @@ async def test_a_runtime_that_counts_no_tokens_is_charged_the_pieces_relayed(
     async with open_pool(_settings()) as pool:  # type: ignore[arg-type]
         with pytest.raises(PoolError):
             await pool.respond(ask("m", "x"), tenant="acme")
-        await wait_until(lambda: pool.usage.written == 1)  # type: ignore[union-attr]
+        await wait_until(lambda: pool.parts_for_tests().usage.written == 1)  # type: ignore[union-attr]
     ((prompt, output, status),) = [(r[3], r[5], r[8]) for r in _rows(private_state)]
     assert (prompt, output, status) == (0, 4, "backend_error")
 
@@ -210,9 +210,9 @@ async def test_a_failing_disk_drops_counted_records_and_requests_go_on(
         async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
             for _ in range(5):
                 await pool.respond(ask("m"), tenant="acme")
-            await wait_until(lambda: pool.usage.dropped == 5)  # type: ignore[union-attr]
+            await wait_until(lambda: pool.parts_for_tests().usage.dropped == 5)  # type: ignore[union-attr]
             assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="write_failed") == 5
-            assert pool.usage.written == 0  # type: ignore[union-attr]
+            assert pool.parts_for_tests().usage.written == 0  # type: ignore[union-attr]
     assert sink.calls >= 1
     lines = [r.getMessage() for r in caplog.records if "usage records dropped" in r.getMessage()]
     # Rate-limited: the first drop is reported at once, the rest wait for the next line.
@@ -246,7 +246,7 @@ async def test_a_stalled_disk_never_stalls_requests() -> None:
             with trio.fail_after(10):
                 for _ in range(50):
                     await pool.respond(ask("m"), tenant="acme")
-            assert pool.usage.dropped >= 50 - 4  # type: ignore[union-attr]
+            assert pool.parts_for_tests().usage.dropped >= 50 - 4  # type: ignore[union-attr]
             assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="queue_full") >= 46
             # Shutting down does not wait on the hung write past its bound either.
             started = time.monotonic()
@@ -271,7 +271,7 @@ async def test_retention_prunes_old_records(private_state: Path) -> None:
 async def test_turned_off_nothing_is_written(private_state: Path) -> None:
     async with open_pool(_settings(enabled=False)) as pool:  # type: ignore[arg-type]
         await pool.respond(ask("m"), tenant="acme")
-        assert pool.usage is None
+        assert pool.parts_for_tests().usage is None
         with pytest.raises(PoolError) as info:
             await pool.usage_totals("tenant")
         assert info.value.code == "usage_disabled"

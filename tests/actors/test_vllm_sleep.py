@@ -84,7 +84,7 @@ async def test_an_eviction_sleeps_and_the_next_load_wakes(
         assert engine_a.calls == ["sleep(1)"] and not engine_a.shut_down
         # Its GPU memory is free (only its CUDA context stays), and the gate counts none.
         assert gpu.held[id(engine_a)] == CONTEXT_MIB
-        assert "a" not in pool.residency.lease_holdings()
+        assert "a" not in pool.parts_for_tests().residency.lease_holdings()
         (evict,) = [d for d in pool.decisions() if d.action == "evict"]
         assert evict.model == "a" and evict.details["sleep"] is True
         assert "sleeps (vLLM sleep mode, level 1): 1200 MiB of weights" in evict.reason
@@ -160,7 +160,7 @@ async def test_off_a_gpu_or_switched_off_the_engine_never_sleeps(
     async with open_pool(settings(tmp_path / "v")) as pool:  # virtual GPUs: no device
         await pool.load("a")
         assert engines.engines[-1].vllm_config.model_config.enable_sleep_mode is False
-        assert pool.residency.residence("a").sleep_ram_mib() is None  # an eviction would unload it
+        assert pool.residence("a").sleep_ram_mib() is None  # an eviction would unload it
 
 
 def test_weights_size_of_a_folder(tmp_path: Path) -> None:

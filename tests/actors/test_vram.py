@@ -47,7 +47,7 @@ def model(mib: int = 4000, **fields: Any) -> dict[str, Any]:
 
 def committed_mib(pool: Pool) -> dict[int, int]:
     """What loaded models and loads under way are charged, per GPU."""
-    loaded, pending = pool.residency.charges()
+    loaded, pending = pool.parts_for_tests().residency.charges()
     return {i: loaded.get(i, 0) + pending.get(i, 0) for i in set(loaded) | set(pending)}
 
 
@@ -55,13 +55,13 @@ def watch_budget(pool: Pool, budget: int, seen: list[int]) -> None:
     """Check the budget at every state change of every model."""
 
     def check() -> None:
-        used = max((g.used_mib for g in pool.gpus.view().gpus), default=0)
+        used = max((g.used_mib for g in pool.gpu_view().gpus), default=0)
         charged = max(committed_mib(pool).values(), default=0)
         seen.append(max(used, charged))
         assert used <= budget, f"GPU holds {used} MiB > {budget}"
         assert charged <= budget, f"loads charged {charged} MiB > {budget}"
 
-    for actor in pool.models.values():
+    for actor in pool.parts_for_tests().models.values():
         inner = actor._on_change
 
         def hooked(inner: Callable[[], None] | None = inner) -> None:
@@ -114,7 +114,7 @@ async def test_three_models_of_forty_percent_under_interleaved_tenants(
         async with trio.open_nursery() as nursery:
             for index, plan in enumerate(plans, start=1):
                 nursery.start_soon(tenant, index, plan)
-        loads = sum(a.load_count for a in pool.models.values())
+        loads = sum(a.load_count for a in pool.parts_for_tests().models.values())
     # No stream was cut, nothing failed.
     assert [o.text for o in outcomes] == [reply] * len(arrivals)
     # The budget held at every state change, and two models did share it.
@@ -371,14 +371,14 @@ async def test_a_load_waits_while_other_processes_hold_the_memory(
     """Re-checked every few seconds, not only on the pool's own changes."""
     settings = stub_settings({"a": model(6000)}, gpu_budget_mib=[BUDGET])
     async with open_pool(settings) as pool:
-        assert isinstance(pool.gpus, VirtualGpus)
-        pool.gpus.external_mib[0] = 7000
+        assert isinstance(pool.parts_for_tests().gpus, VirtualGpus)
+        pool.parts_for_tests().gpus.external_mib[0] = 7000
         outcome = Outcome()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_request, pool, ask("a"), outcome)
             await trio.sleep(20)
             assert pool.snapshot("a").state == "unloaded"
-            pool.gpus.external_mib[0] = 1000
+            pool.parts_for_tests().gpus.external_mib[0] = 1000
         assert outcome.text == "hello world"
         assert outcome.finished_at is not None and outcome.finished_at <= 20 + 5.5
 
@@ -430,12 +430,12 @@ async def test_restart_keeps_learned_footprints(cache_dir: Path) -> None:
     (timing,) = [e for e in entries if "seconds" in e]
     assert timing["model"] == "m" and timing["seconds"] >= 0
     async with open_pool(settings) as pool:
-        assert pool.residency.expected_load_s("m") == timing["seconds"]
+        assert pool.expected_load_s("m") == timing["seconds"]
         snapshot = pool.snapshot("m")
         assert snapshot.state == "unloaded"
         assert (snapshot.vram.mib, snapshot.vram.source) == (2500, "observed_load_delta")
         # Another replica count of the same settings scales from it.
-        estimate = pool.residency.residence("m").vram_estimate(replicas=2)
+        estimate = pool.residence("m").vram_estimate(replicas=2)
         assert (estimate.mib, estimate.source) == (5000, "observed_load_delta")
 
 
@@ -445,15 +445,18 @@ async def test_footprints_are_keyed_by_the_load(cache_dir: Path) -> None:
         await pool.load("m")
         definition = pool.model("m").definition
         same = load_key(definition, None)
-        assert pool.footprints.lookup("m", same, 1) == 2500
+        assert pool.parts_for_tests().footprints.lookup("m", same, 1) == 2500
         # How a model is listed, scheduled and kept does not change what it takes...
         kept = {"priority": 7, "keep_alive": 5, "pinned": True, "description": "x"}
         assert load_key(definition.model_copy(update=kept), None) == same
         # ...what it loads does: its settings, and its files.
         for changed in ({"stub_vram_mib": 2600}, {"target_inflight": 4}):
             other = load_key(definition.model_copy(update=changed), None)
-            assert pool.footprints.lookup("m", other, 1) is None
-        assert pool.footprints.lookup("m", load_key(definition, "other files"), 1) is None
+            assert pool.parts_for_tests().footprints.lookup("m", other, 1) is None
+        assert (
+            pool.parts_for_tests().footprints.lookup("m", load_key(definition, "other files"), 1)
+            is None
+        )
 
 
 def two_stubs_on_a_small_gpu(mib: int, **fields: Any) -> Settings:
@@ -511,7 +514,7 @@ async def test_footprints_of_the_old_file_format_are_dropped_at_boot(cache_dir: 
             600,
             "artifact_metadata",
         )
-        assert pool.footprints.context_mib(0) == 321
+        assert pool.parts_for_tests().footprints.context_mib(0) == 321
         assert (await pool.load("m")).observed_load_delta_mib == 600
     stored = json.loads((cache_dir / "vram-footprints.json").read_text())
     assert stored["version"] == 2
@@ -576,7 +579,7 @@ async def test_chain_gguf_closed_form_in_a_row() -> None:
     )
     async with open_pool(settings, startup_loads=False) as pool:
         estimate = pool.snapshot("s").vram
-        artifact = pool.residency.residence("s").artifact
+        artifact = pool.residence("s").artifact
     assert artifact is not None and artifact.gguf is not None
     expected = gguf_closed_form_mib(artifact.gguf, MemoryProfile(context=4096, batch=512))
     assert (estimate.mib, estimate.source) == (expected, "artifact_metadata")
@@ -814,7 +817,7 @@ async def test_a_cpu_only_gguf_is_charged_nothing_on_the_gpu() -> None:
         }
     )
     async with open_pool(settings, startup_loads=False) as pool:
-        artifact = pool.residency.residence("cpu").artifact
+        artifact = pool.residence("cpu").artifact
         assert artifact is not None and artifact.gguf is not None
         header = artifact.gguf
         estimates = {name: pool.snapshot(name).vram for name in ("cpu", "gpu", "half")}

@@ -373,7 +373,7 @@ async def _slow_pull_server(nursery: trio.Nursery, tmp_path: Path) -> tuple[Serv
 
 async def _until_downloading(info: ServerInfo) -> None:
     with trio.fail_after(30):
-        while (info.pool.pulls.status("m") or {}).get("status") != "downloading":
+        while (info.pool.pull_status("m") or {}).get("status") != "downloading":
             await trio.sleep(0.02)
 
 
@@ -396,7 +396,7 @@ async def test_pull_ctrl_c_detaches_and_the_pull_goes_on(
             err = b"".join([chunk async for chunk in _drain(proc.stderr)])
         assert proc.returncode == 130, err
         assert b"detached: the pull of m goes on in the pool" in err
-        handle = info.pool.pulls.get("m")
+        handle = info.pool.pull_handle("m")
         assert handle is not None
         with trio.fail_after(30):
             final = await handle.wait()
@@ -408,12 +408,12 @@ async def test_pull_ctrl_c_detaches_and_the_pull_goes_on(
 async def test_pull_cancel_stops_a_running_pull(nursery: trio.Nursery, tmp_path: Path) -> None:
     info, files = await _slow_pull_server(nursery, tmp_path)
     try:
-        info.pool.pulls.pull("m")
+        info.pool.pull("m")
         await _until_downloading(info)
         ran = await cli(info, "pull", "m", "--cancel")
         assert ran.code == 0, ran.err
         assert ran.out.strip() == "pull of m cancelled"
-        assert (info.pool.pulls.status("m") or {})["status"] == "cancelled"
+        assert (info.pool.pull_status("m") or {})["status"] == "cancelled"
     finally:
         files.httpd.shutdown()
 
@@ -452,8 +452,8 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     info = await start_server(nursery, STUB_MODELS, usage={"flush_ms": 10})
     for tenant, text in (("team-a", "a b c"), ("team-b", "d")):
         await info.pool.respond(InferenceRequest.prompt("echo", text), tenant=tenant)
-    assert info.pool.usage is not None
-    await info.pool.usage.wait_settled(2)
+    assert info.pool.parts_for_tests().usage is not None
+    await info.pool.parts_for_tests().usage.wait_settled(2)
     by_tenant = await cli(info, "usage")
     assert by_tenant.code == 0, by_tenant.err
     header, *rows = by_tenant.out.splitlines()

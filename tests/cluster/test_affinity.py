@@ -39,8 +39,8 @@ async def start_node(
 
 
 def router(server: ServerInfo) -> ClusterRouter:
-    assert isinstance(server.pool.router, ClusterRouter)
-    return server.pool.router
+    assert isinstance(server.pool.parts_for_tests().router, ClusterRouter)
+    return server.pool.parts_for_tests().router
 
 
 def peer_model(server: ServerInfo, node: str) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def peer_model(server: ServerInfo, node: str) -> dict[str, Any]:
 
 def dispatched(server: ServerInfo) -> int:
     """Requests the node served itself (not relayed)."""
-    return server.pool.models["a"].scheduler.dispatched_total
+    return server.pool.model("a").scheduler.dispatched_total
 
 
 async def ask(url: str, messages: list[dict[str, str]], tenant: str) -> str:
@@ -78,7 +78,7 @@ async def first_turn(url: str, tenant: str, opening: str = FIRST) -> list[dict[s
 
 async def sees_prompts_of(a: ServerInfo, b: ServerInfo, node: str) -> None:
     """Until ``a`` has read the recent prompts that ``b`` (``node``) has now."""
-    mine = [key.hex() for key in b.pool.models["a"].recent_prompts()]
+    mine = [key.hex() for key in b.pool.model("a").recent_prompts()]
     assert mine
     await until(lambda: peer_model(a, node).get("prefixes") == mine, 5)
 
@@ -117,7 +117,9 @@ async def test_a_next_turn_goes_to_the_node_holding_its_prefix_even_when_busier(
         await ask(a.url, turn, "t1")
         assert (dispatched(a), dispatched(b)) == (0, served_by_b + 1)
         # B served it in tenant t1's scope (the relay carries it), not in a shared one.
-        assert b.pool.metrics.requests.labels("a", "t1", "success")._value.get() == 2
+        assert (
+            b.pool.parts_for_tests().metrics.requests.labels("a", "t1", "success")._value.get() == 2
+        )
         # The same conversation from another tenant holds nothing on B: served by A.
         await ask(a.url, turn, "t2")
         assert (dispatched(a), dispatched(b)) == (1, served_by_b + 1)
@@ -160,7 +162,7 @@ async def test_a_wait_up_to_the_bound_is_allowed_for_a_prefix(
             # First in B's queue is within A's bound of 1: it goes to B and waits there
             # (behind the held streams).
             asking.start_soon(ask, a.url, turn, "t1")
-            await until(lambda: b.pool.models["a"].queue_depth == 1, 5)
+            await until(lambda: b.pool.model("a").queue_depth == 1, 5)
             assert dispatched(a) == 0
             asking.cancel_scope.cancel()
 

@@ -80,7 +80,7 @@ async def test_a_cli_lease_makes_the_pool_queue_until_it_is_released(
                 if len(waits) == 1:
                     # Reported as it queued: it waits for the room the CLI's lease holds.
                     assert wait == Queued(1, "vram")
-                    assert pool.models["a"].scheduler.queue_depth == 1
+                    assert pool.model("a").scheduler.queue_depth == 1
                     assert (await lease_cli("release", *url, lease["id"]))[0] == 0
             with trio.fail_after(30):
                 await admission.collect()

@@ -83,8 +83,8 @@ async def test_an_external_lease_makes_an_on_demand_load_wait_until_released(
                 if len(waits) == 1:
                     # Reported as it queued: it waits for room that the trainer holds.
                     assert wait == Queued(1, "vram")
-                    assert pool.models["a"].state == "unloaded"
-                    assert pool.models["a"].scheduler.queue_depth == 1
+                    assert pool.model("a").state == "unloaded"
+                    assert pool.model("a").scheduler.queue_depth == 1
                     assert node.leases.others_mib() == {0: 8000}
                     await ledger.release(trainer)
             assert (await admission.collect()).text == "hello world"
@@ -119,7 +119,7 @@ async def test_an_external_lease_makes_the_pool_evict_an_idle_model(
         await ledger.acquire(holder="trainer", host=HOST, gpus={0: 4000}, budgets={0: BUDGET})
         await wait_until(lambda: node.leases.others_mib() == {0: 4000}, 5)
         await pool.respond(ask("a"))
-        assert pool.models["b"].state == "unloaded"
+        assert pool.model("b").state == "unloaded"
         assert pool.evictions == 1
         assert await pool_leases(ledger, node) == {"model a": ((0, 4000),)}
 
@@ -163,12 +163,12 @@ async def test_pools_sharing_a_gpu_never_oversubscribe_it(redis_server: RedisSer
             pools.append(pool)
 
         def check() -> None:
-            held = sum(p.gpus.view().gpus[0].used_mib for p in pools)
+            held = sum(p.gpu_view().gpus[0].used_mib for p in pools)
             peaks.append(held)
             assert held <= BUDGET, f"the pools hold {held} MiB of a {BUDGET} MiB GPU"
 
         for pool in pools:
-            for actor in pool.models.values():
+            for actor in pool.parts_for_tests().models.values():
                 inner = actor._on_change
 
                 def hooked(inner: Callable[[], None] | None = inner) -> None:

@@ -62,8 +62,8 @@ async def start_node(nursery: trio.Nursery, redis_url: str, node: str, **fields:
 
 
 def router(server: ServerInfo) -> ClusterRouter:
-    assert isinstance(server.pool.router, ClusterRouter)
-    return server.pool.router
+    assert isinstance(server.pool.parts_for_tests().router, ClusterRouter)
+    return server.pool.parts_for_tests().router
 
 
 async def until(predicate: Any, what: str) -> None:
@@ -119,9 +119,9 @@ async def test_a_request_to_a_node_without_the_model_streams_from_the_node_with_
             plain = await client.post("/v1/responses", json={"model": "a", "input": "hi"})
             assert plain.status_code == 200, plain.text
             assert REPLY in plain.text
-    assert a.pool.models["a"].state == "unloaded"
-    assert c.pool.models["a"].state == "unloaded"
-    served = b.pool.metrics.requests.labels("a", "default", "success")
+    assert a.pool.model("a").state == "unloaded"
+    assert c.pool.model("a").state == "unloaded"
+    served = b.pool.parts_for_tests().metrics.requests.labels("a", "default", "success")
     assert served._value.get() == 2
 
 
@@ -147,7 +147,7 @@ async def test_a_model_loaded_nowhere_is_loaded_by_one_node_for_all(
             for server in nodes:
                 requests.start_soon(ask, server)
     assert texts == [REPLY] * 9
-    states = [s.pool.models["a"].state for s in nodes]
+    states = [s.pool.model("a").state for s in nodes]
     assert states.count("loaded") == 1 and states.count("unloaded") == 2, states
     # The load is over: its lock goes two heartbeats (0.6 s) later, not after
     # load_lock_ttl_s (120 s): 12 s is twenty times the one and a tenth of the other.
@@ -199,7 +199,10 @@ async def test_a_killed_node_costs_its_streams_an_error_and_the_model_loads_else
             with within("the request after nB's expiry"):
                 text, errors = await stream_text(client)
             assert (text.strip(), errors) == (REPLY, [])
-            states = {a.pool.models["a"].state, c.pool.models["a"].state}
+            states = {
+                a.pool.model("a").state,
+                c.pool.model("a").state,
+            }
             assert "loaded" in states
         async with open_ledger(redis_server.url) as ledger:
             with within("the expiry of nB's leases (lease_ttl_s, never renewed)"):
@@ -233,12 +236,12 @@ async def test_a_relayed_stream_its_client_leaves_is_charged_once_by_the_node_th
                     break  # the client leaves node A; A's relay leaves node B
             else:
                 raise AssertionError("the stream ended before the client left")
-    assert b.pool.usage is not None and a.pool.usage is not None
-    await until(lambda: b.pool.usage.written == 1, 10)  # type: ignore[union-attr]
+    assert b.pool.parts_for_tests().usage is not None and a.pool.parts_for_tests().usage is not None
+    await until(lambda: b.pool.parts_for_tests().usage.written == 1, 10)  # type: ignore[union-attr]
     with sqlite3.connect(private_state / FILE_NAME) as db:
         rows = db.execute("SELECT prompt_tokens, output_tokens, status FROM usage").fetchall()
     ((prompt, output, status),) = rows
     assert (prompt, status) == (2, "cancelled")
     assert 5 <= output < 400
     # Node A relayed it and records nothing: one row in the cluster.
-    assert a.pool.usage.written == 0
+    assert a.pool.parts_for_tests().usage.written == 0

@@ -541,7 +541,7 @@ async def test_screenshot(nursery: trio.Nursery, tmp_path: Path) -> None:
         model_store=str(tmp_path / "models"),
         hf_endpoint=None,
     )
-    gpus = info.pool.gpus
+    gpus = info.pool.parts_for_tests().gpus
     assert isinstance(gpus, VirtualGpus)
     gpus.external_mib[1] = 1500  # another process on GPU 1
     shot = tmp_path / "dashboard.png"

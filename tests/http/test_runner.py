@@ -50,7 +50,7 @@ async def test_a_loading_entry_has_an_eta_once_a_load_was_measured(
         assert first.status_code == 202 and first.json()["eta"] is None  # never measured
         await _done(client, first.json()["taskId"])
         await client.post("/v1/models/unload", json={"modelId": "slow"})
-        expected = info.pool.residency.expected_load_s("slow")
+        expected = info.pool.expected_load_s("slow")
         assert expected is not None
         second = await client.post("/v1/models/load", json={"modelId": "slow"})
         # The 202 says the whole of the last load, rounded up to whole seconds.
@@ -99,7 +99,7 @@ async def test_a_memory_budget_sizes_the_runtimes_context(nursery: trio.Nursery)
     smol = {"backend": "llama_cpp", "model_path": GGUF, "gguf_n_ctx": 4096}
     info = await start_server(nursery, {"smol": smol})
     actor = info.pool.model("smol")
-    residence = info.pool.residency.residence("smol")
+    residence = info.pool.residence("smol")
     whole = residence.vram_estimate().mib
     assert whole is not None
     budget = whole - 40

@@ -188,7 +188,7 @@ def _partials(tmp_path: Path) -> list[Path]:
 
 
 async def _final(pool: Any, model: str) -> dict[str, Any]:
-    async with pool.pulls.watch(model) as events:
+    async with pool.watch_pull(model) as events:
         return [e async for e in events][-1]
 
 
@@ -209,8 +209,8 @@ async def test_pull_streams_progress_and_the_pulled_gguf_serves(
         },
     )
     async with open_pool(settings) as pool:
-        handle = pool.pulls.pull("smol")
-        async with pool.pulls.watch("smol") as events:
+        handle = pool.pull("smol")
+        async with pool.watch_pull("smol") as events:
             seen = [event async for event in events]
         statuses = [e["status"] for e in seen]
         assert statuses[0] == "queued" and statuses[-1] == "success"
@@ -220,7 +220,7 @@ async def test_pull_streams_progress_and_the_pulled_gguf_serves(
         final = seen[-1]
         assert final["completed"] == final["total"] == len(blob)
         assert final["files_done"] == final["files_total"] == 1 and final["file"] == "smol.gguf"
-        assert final == handle.status() == pool.pulls.status("smol")
+        assert final == handle.status() == pool.pull_status("smol")
         target = tmp_path / "store" / "smol" / "smol.gguf"
         assert final["path"] == str(target) and target.read_bytes() == blob
         assert _visible(tmp_path) == ["smol/smol.gguf"] and not _partials(tmp_path)
@@ -242,19 +242,19 @@ async def test_a_pull_outlives_its_watcher_and_is_joined_not_repeated(
     async with open_pool(
         _settings(tmp_path, m={"backend": "stub", "source": files.url + "/big.bin"})
     ) as pool:
-        first = pool.pulls.pull("m")
-        async with pool.pulls.watch("m") as events:
+        first = pool.pull("m")
+        async with pool.watch_pull("m") as events:
             async for _ in events:
                 break  # the client goes away after the first event
         assert not first.done
-        assert pool.pulls.pull("m") is first  # joined, not started again
-        async with pool.pulls.watch("m") as events:
+        assert pool.pull("m") is first  # joined, not started again
+        async with pool.watch_pull("m") as events:
             final = [e async for e in events][-1]
         assert final["status"] == "success"
         assert files.gets("/big.bin") == [None]
         assert pool.model("m").definition.model_path == str(tmp_path / "store" / "m" / "big.bin")
         # A watcher that arrives after the end gets the final state and nothing else.
-        async with pool.pulls.watch("m") as events:
+        async with pool.watch_pull("m") as events:
             assert [e async for e in events] == [final]
 
 
@@ -270,7 +270,7 @@ async def test_concurrent_pulls_of_one_model_download_once(
     ) as pool:
 
         async def client() -> None:
-            handle = pool.pulls.pull("m")
+            handle = pool.pull("m")
             results.append((handle, await _final(pool, "m")))
 
         async with trio.open_nursery() as nursery:
@@ -291,7 +291,7 @@ async def test_a_slow_watcher_never_stalls_the_download_and_still_gets_the_end(
         m={"backend": "stub", "source": files.url + "/s.bin"},
     )
     async with open_pool(settings) as pool:
-        handle = pool.pulls.pull("m")
+        handle = pool.pull("m")
         async with handle.watch() as events:
             # Not reading: the buffer of one holds the first event, later ones are skipped.
             with trio.fail_after(10):
@@ -308,7 +308,7 @@ async def test_resume_after_a_cut_connection(tmp_path: Path, files: FileServer) 
     async with open_pool(
         _settings(tmp_path, m={"backend": "stub", "source": files.url + "/f.bin"})
     ) as pool:
-        pool.pulls.pull("m")
+        pool.pull("m")
         final = await _final(pool, "m")
         assert final["status"] == "success", final
         cut_at = len(blob) // 3
@@ -331,7 +331,7 @@ async def test_a_truncated_download_is_an_error_and_a_later_pull_resumes_it(
         short={"backend": "stub", "source": files.url + "/short.bin"},
     )
     async with open_pool(settings) as pool:
-        pool.pulls.pull("short")
+        pool.pull("short")
         final = await _final(pool, "short")
         assert final["status"] == "error"
         assert "kept breaking off" in final["error"] and "resume" in final["error"]
@@ -342,7 +342,7 @@ async def test_a_truncated_download_is_an_error_and_a_later_pull_resumes_it(
         assert 0 < held < len(blob)
 
         # The source is whole again: the next pull asks only for the rest.
-        pool.pulls.pull("short")
+        pool.pull("short")
         assert (await _final(pool, "short"))["status"] == "success"
         assert files.gets("/short.bin")[-1] == f"bytes={held}-"
         assert (tmp_path / "store" / "short" / "short.bin").read_bytes() == blob
@@ -351,13 +351,13 @@ async def test_a_truncated_download_is_an_error_and_a_later_pull_resumes_it(
         # A kept partial of a file that changed since is dropped (If-Range answers 200).
         # (The store holds this pull complete: it is deleted first, or the next pull of
         # the same source would succeed without downloading.)
-        assert await pool.pulls.delete("short")
+        assert await pool.delete_pulled("short")
         files.cut_first = 4
         files.files["/short.bin"] = b"new" * 50_000
-        pool.pulls.pull("short")
+        pool.pull("short")
         assert (await _final(pool, "short"))["status"] == "error"
         files.files["/short.bin"] = b"newer" * 40_000
-        pool.pulls.pull("short")
+        pool.pull("short")
         assert (await _final(pool, "short"))["status"] == "success"
         assert (tmp_path / "store" / "short" / "short.bin").read_bytes() == b"newer" * 40_000
 
@@ -370,7 +370,7 @@ async def test_a_pull_cut_short_by_shutdown_resumes_in_the_next_pool(
     files.delay_s = 0.02
     settings = _settings(tmp_path, g={"backend": "stub", "source": files.url + "/g.bin"})
     async with open_pool(settings) as pool:
-        handle = pool.pulls.pull("g")
+        handle = pool.pull("g")
         with trio.fail_after(5):
             while handle.status()["completed"] < 512 << 10:
                 await trio.sleep(0.01)
@@ -381,7 +381,7 @@ async def test_a_pull_cut_short_by_shutdown_resumes_in_the_next_pool(
     files.delay_s = 0
     async with open_pool(settings) as pool:
         assert pool.model("g").definition.model_path is None
-        pool.pulls.pull("g")
+        pool.pull("g")
         assert (await _final(pool, "g"))["status"] == "success"
     assert files.gets("/g.bin") == [None, f"bytes={held}-"]
     assert (tmp_path / "store" / "g" / "g.bin").read_bytes() == blob
@@ -400,7 +400,7 @@ async def test_pulls_past_the_concurrency_limit_wait_their_turn(
         b={"backend": "stub", "source": files.url + "/b.bin"},
     )
     async with open_pool(settings) as pool:
-        handles = [pool.pulls.pull("a"), pool.pulls.pull("b")]
+        handles = [pool.pull("a"), pool.pull("b")]
         with trio.fail_after(10):
             while not any(h.status()["completed"] for h in handles):
                 await trio.sleep(0.01)
@@ -430,7 +430,7 @@ async def test_checksums_are_enforced_from_every_source(tmp_path: Path, files: F
                      ("good", "side", "header", "digest", "etag", "caller")}
     )  # fmt: skip
     async with open_pool(settings) as pool:
-        pool.pulls.pull("good")
+        pool.pull("good")
         assert (await _final(pool, "good"))["status"] == "success"
         for name, origin in [
             ("side", "side.bin.sha256"),
@@ -439,12 +439,12 @@ async def test_checksums_are_enforced_from_every_source(tmp_path: Path, files: F
             ("etag", "X-Linked-Etag"),
             ("caller", "the caller"),
         ]:
-            pool.pulls.pull(name, sha256=f"sha256:{sha(data)}" if name == "caller" else None)
+            pool.pull(name, sha256=f"sha256:{sha(data)}" if name == "caller" else None)
             final = await _final(pool, name)
             assert final["status"] == "error", name
             assert "does not match" in final["error"] and origin in final["error"], final
         with pytest.raises(PoolError, match="64 hex"):
-            pool.pulls.pull("caller", sha256="abc")
+            pool.pull("caller", sha256="abc")
         assert _visible(tmp_path) == ["good/good.bin"] and not _partials(tmp_path)
         assert [p.name for p in (tmp_path / "store" / ".manifests").iterdir()] == ["good.json"]
 
@@ -460,18 +460,18 @@ async def test_unreachable_and_missing_sources_fail_clearly_and_leave_nothing(
     )
     async with open_pool(settings) as pool:
         with trio.fail_after(5):  # a refused connection is not retried
-            pool.pulls.pull("closed")
+            pool.pull("closed")
             closed = await _final(pool, "closed")
         assert closed["status"] == "error" and "cannot connect to 127.0.0.1" in closed["error"]
-        pool.pulls.pull("missing")
+        pool.pull("missing")
         missing = await _final(pool, "missing")
         assert missing["status"] == "error" and "HTTP 404" in missing["error"]
-        pool.pulls.pull("nofile")
+        pool.pull("nofile")
         assert "does not exist" in (await _final(pool, "nofile"))["error"]
         assert _visible(tmp_path) == [] and not _partials(tmp_path)
-        assert pool.pulls.status("never") is None
+        assert pool.pull_status("never") is None
         with pytest.raises(PoolError) as info:
-            async with pool.pulls.watch("never"):
+            async with pool.watch_pull("never"):
                 pass
         assert info.value.status == 404
 
@@ -503,7 +503,7 @@ async def test_bad_names_and_sources_are_refused_at_once(
 ) -> None:
     async with open_pool(_settings(tmp_path)) as pool:
         with pytest.raises(PoolError) as info:
-            pool.pulls.pull(name, source)
+            pool.pull(name, source)
         assert info.value.code == "invalid_request" and info.value.status == 400
     assert not (tmp_path / "store").exists()
 
@@ -528,28 +528,28 @@ async def test_nothing_reads_or_writes_outside_the_store(tmp_path: Path, files: 
         (store / "linked").symlink_to(outside)
         (store / ".partial" / "partial").symlink_to(outside)
         for model in ("linked", "partial"):
-            pool.pulls.pull(model)
+            pool.pull(model)
             final = await _final(pool, model)
             assert final["status"] == "error" and final["completed"] == 0, final
             assert "symlink" in final["error"] or "outside the model store" in final["error"]
-        pool.pulls.pull("hub")
+        pool.pull("hub")
         final = await _final(pool, "hub")
         assert final["status"] == "error" and "escape.gguf" in final["error"]
         with pytest.raises(PoolError, match="no `source`"):
-            pool.pulls.pull("unsourced")
+            pool.pull("unsourced")
         with pytest.raises(PoolError) as unknown:
-            pool.pulls.pull("nobody")
+            pool.pull("nobody")
         assert unknown.value.code == "unknown_model"
         for bad in ("../outside", "/tmp", "linked"):
             with pytest.raises(PoolError) as info:
-                await pool.pulls.delete(bad)
+                await pool.delete_pulled(bad)
             assert info.value.code == "invalid_request"
         assert list(outside.iterdir()) == []
         assert (store / "linked").is_symlink()  # refused, not followed or removed
         # A local source inside the store cannot be copied around.
         (store / "m").mkdir()
         (store / "m" / "f.bin").write_bytes(b"1")
-        pool.pulls.pull("copy", str(store / "m" / "f.bin"))
+        pool.pull("copy", str(store / "m" / "f.bin"))
         assert "inside the model store" in (await _final(pool, "copy"))["error"]
 
 
@@ -564,7 +564,7 @@ async def test_cancel_removes_partials_while_other_models_keep_serving(
         other={"backend": "stub", "enabled": True},
     )
     async with open_pool(settings) as pool:
-        handle = pool.pulls.pull("slow")
+        handle = pool.pull("slow")
         with trio.fail_after(30):
             while handle.status()["completed"] == 0:
                 await trio.sleep(0.01)
@@ -574,10 +574,10 @@ async def test_cancel_removes_partials_while_other_models_keep_serving(
             for _ in range(5):
                 assert (await pool.respond(ask("other", "still here"))).text == "still here"
         assert not handle.done
-        assert await pool.pulls.cancel("slow")
-        assert pool.pulls.status("slow")["status"] == "cancelled"
+        assert await pool.cancel_pull("slow")
+        assert pool.pull_status("slow")["status"] == "cancelled"
         assert not _partials(tmp_path) and _visible(tmp_path) == []
-        assert not await pool.pulls.cancel("slow")
+        assert not await pool.cancel_pull("slow")
         assert pool.model("slow").definition.model_path is None
 
 
@@ -589,19 +589,19 @@ async def test_delete_refuses_a_loaded_model_and_restores_its_configured_path(
         tmp_path, small={"backend": "stub", "source": files.url + "/small.bin", "model_path": "a"}
     )
     async with open_pool(settings) as pool:
-        pool.pulls.pull("small")
+        pool.pull("small")
         assert (await _final(pool, "small"))["status"] == "success"
         pulled = str(tmp_path / "store" / "small" / "small.bin")
         assert pool.model("small").definition.model_path == pulled
         await pool.load("small")
         with pytest.raises(PoolError) as info:
-            await pool.pulls.delete("small")
+            await pool.delete_pulled("small")
         assert info.value.code == "model_in_use" and info.value.status == 409
         await pool.unload("small")
-        assert await pool.pulls.delete("small")
-        assert _visible(tmp_path) == [] and pool.pulls.status("small") is None
+        assert await pool.delete_pulled("small")
+        assert _visible(tmp_path) == [] and pool.pull_status("small") is None
         assert pool.model("small").definition.model_path == "a"
-        assert not await pool.pulls.delete("small")
+        assert not await pool.delete_pulled("small")
 
 
 async def test_a_loaded_model_keeps_its_file_until_the_next_load(
@@ -615,7 +615,7 @@ async def test_a_loaded_model_keeps_its_file_until_the_next_load(
         actor = pool.model("m")
         await pool.load("m")
         assert pool.snapshot("m").artifact_mib is None  # "old" does not exist
-        pool.pulls.pull("m")
+        pool.pull("m")
         assert (await _final(pool, "m"))["status"] == "success"
         pulled = str(tmp_path / "store" / "m" / "n.bin")
         assert actor.definition.model_path == pulled and pool.snapshot("m").artifact_mib == 1
@@ -631,7 +631,7 @@ async def test_a_restart_points_models_at_their_completed_pulls(
     files.files["/r.bin"] = b"restart"
     source = files.url + "/r.bin"
     async with open_pool(_settings(tmp_path, r={"backend": "stub", "source": source})) as pool:
-        pool.pulls.pull("r")
+        pool.pull("r")
         assert (await _final(pool, "r"))["status"] == "success"
     pulled = str(tmp_path / "store" / "r" / "r.bin")
     async with open_pool(_settings(tmp_path, r={"backend": "stub", "source": source})) as pool:
@@ -661,18 +661,18 @@ async def test_pull_from_a_hub_repo(tmp_path: Path, files: FileServer) -> None:
         ]
     }
     async with open_pool(_settings(tmp_path, {"hf_endpoint": files.url}, **models)) as pool:
-        pool.pulls.pull("hub")
+        pool.pull("hub")
         final = await _final(pool, "hub")
         assert final["status"] == "success", final
         assert final["total"] == len(b"gguf bytes")
-        pool.pulls.pull("two")
+        pool.pull("two")
         assert "several GGUF files" in (await _final(pool, "two"))["error"]
-        pool.pulls.pull("pick")
+        pool.pull("pick")
         assert (await _final(pool, "pick"))["status"] == "success"
-        pool.pulls.pull("bad")
+        pool.pull("bad")
         bad = await _final(pool, "bad")
         assert "does not match" in bad["error"] and "LFS" in bad["error"]
-        pool.pulls.pull("ckpt")
+        pool.pull("ckpt")
         ckpt = await _final(pool, "ckpt")
         assert ckpt["files_done"] == ckpt["files_total"] == 2 and ckpt["total"] == 1002
         assert ckpt["path"] == str(tmp_path / "store" / "ckpt")
@@ -700,7 +700,7 @@ async def test_hub_pulls_send_the_token_of_each_variable(
         tmp_path, {"hf_endpoint": files.url}, hub={"backend": "stub", "source": "org/repo"}
     )
     async with open_pool(settings) as pool:
-        pool.pulls.pull("hub")
+        pool.pull("hub")
         assert (await _final(pool, "hub"))["status"] == "success"
     assert files.authorizations == [
         ("/api/models/org/repo/tree/main", "Bearer hf_secret"),
@@ -721,15 +721,15 @@ async def test_pull_from_local_files(tmp_path: Path) -> None:
     async with open_pool(
         _settings(tmp_path, one={"backend": "stub", "source": str(single)})
     ) as pool:
-        pool.pulls.pull("one")
-        async with pool.pulls.watch("one") as events:
+        pool.pull("one")
+        async with pool.watch_pull("one") as events:
             seen = [e async for e in events]
         assert seen[-1]["status"] == "success"
         assert "verifying sha256 digest" in [e["status"] for e in seen]
         assert any(0 < e["completed"] < 3 << 20 for e in seen if e["status"] == "downloading")
-        pool.pulls.pull("dir", str(folder))
+        pool.pull("dir", str(folder))
         assert (await _final(pool, "dir"))["files_total"] == 2
-        pool.pulls.pull("pkg", "pkg://pool/py.typed")
+        pool.pull("pkg", "pkg://pool/py.typed")
         assert (await _final(pool, "pkg"))["status"] == "success"
         assert _visible(tmp_path) == [
             "dir/config.json",
@@ -750,7 +750,7 @@ async def test_a_broken_pull_is_an_error_not_a_crash(
     async with open_pool(
         _settings(tmp_path, m={"backend": "stub", "source": files.url + "/a.bin"})
     ) as pool:
-        pool.pulls.pull("m")
+        pool.pull("m")
         final = await _final(pool, "m")
         assert final["status"] == "error" and "RuntimeError: boom" in final["error"]
         await pool.load("m")
@@ -761,10 +761,10 @@ async def test_a_running_pull_cannot_switch_source(tmp_path: Path, files: FileSe
     files.files["/a.bin"] = b"a" * (1 << 20)
     files.delay_s = 0.01
     async with open_pool(_settings(tmp_path)) as pool:
-        handle = pool.pulls.pull("free", files.url + "/a.bin")
-        assert pool.pulls.pull("free") is handle
+        handle = pool.pull("free", files.url + "/a.bin")
+        assert pool.pull("free") is handle
         with pytest.raises(PoolError, match="cancel it first"):
-            pool.pulls.pull("free", files.url + "/b.bin")
+            pool.pull("free", files.url + "/b.bin")
         assert (await handle.wait())["status"] == "success"
         assert _visible(tmp_path) == ["free/a.bin"]
 
@@ -807,7 +807,7 @@ async def test_runner_load_fetches_a_model_not_in_the_store(
         # A model whose file exists is not fetched again.
         present = pool.start_load_task("present")
         await present.done.wait()
-        assert present.status == "completed" and pool.pulls.get("present") is None
+        assert present.status == "completed" and pool.pull_handle("present") is None
         # A fetch that fails fails the task, with the pull's reason.
         gone = pool.start_load_task("gone")
         await gone.done.wait()
@@ -854,13 +854,13 @@ async def test_a_pull_of_what_the_store_holds_downloads_nothing_unless_the_check
     async with open_pool(
         _settings(tmp_path, m={"backend": "stub", "source": files.url + "/h.bin"})
     ) as pool:
-        pool.pulls.pull("m")
+        pool.pull("m")
         assert (await _final(pool, "m"))["status"] == "success"
-        pool.pulls.pull("m", sha256=sha(blob))
+        pool.pull("m", sha256=sha(blob))
         held = await _final(pool, "m")
         assert (held["status"], held["state"], held["progress"]) == ("success", "completed", 100.0)
         assert files.gets("/h.bin") == [None]
         # A checksum the stored pull does not have: fetched again, and refused.
-        pool.pulls.pull("m", sha256=sha(b"other"))
+        pool.pull("m", sha256=sha(b"other"))
         assert "does not match" in (await _final(pool, "m"))["error"]
         assert files.gets("/h.bin") == [None, None]

@@ -89,7 +89,7 @@ _UNTRACED = textwrap.dedent(
         async with open_pool(settings) as pool:
             done = await pool.respond(InferenceRequest.prompt("echo", "one two"))
             assert done.text == "one two", done
-            assert pool.tracing is None
+            assert pool.parts_for_tests().tracing is None
         traced = ("opentelemetry", "pool.tracing._spans", "pool.tracing._otlp")
         loaded = sorted(m for m in sys.modules if m.startswith(traced))
         print("LOADED", loaded)

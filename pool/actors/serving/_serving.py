@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -39,6 +39,7 @@ from pool.errors import PoolError
 from pool.media import MediaLoader
 
 if TYPE_CHECKING:
+    from pool.actors.models._model import ModelActor
     from pool.actors.serving._trace_protocol import RequestTrace, Tracing
 
 # What a request for a model this node does not have configured may ask of a peer;
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 RELAY_CAPABILITIES = Capabilities(
     modalities=("text", "image"), multi_turn=True, thinking_modes=ALL_THINKING_MODES
 )
+
+_Request = TypeVar("_Request", bound=InferenceRequest | EmbeddingRequest)
 
 
 class Serving:
@@ -121,118 +124,32 @@ class Serving:
         # Tracing off: this None check is all it costs (pool/tracing).
         trace = None if self.tracing is None else self.tracing.request(request, tenant, admitted_at)
         try:
-            if self._shutting_down():
-                raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
-            # The key that sent it names the request and brings its own rate limit.
-            caller = CALLER.get()
-            key_limit = None
-            if caller is not None:
-                request = dataclasses.replace(request, key_name=caller.key_name)
-                if caller.rate_limit_rpm is not None:
-                    key_limit = (caller.key_name, caller.rate_limit_rpm)
+            self._check_open()
+            request, key_limit = self._identify_caller(request)
             # Before routing: a spent budget is refused here, not relayed to a peer.
             self._check_budget(request.model, tenant, request.key_name)
-            prefix_keys: PendingKeys | None = None
-            if (
-                self.router is not None
-                and isinstance(request, InferenceRequest)
-                and not RELAYED.get()
-            ):
-                if self.settings.engine.prefix_affinity:
-                    prefix_keys = PendingKeys(request, cache_scope(request, tenant))
-                route = await self.router.route(
-                    request.model, self.residency.models.get(request.model), prefix_keys
-                )
-                if route is not None:
-                    async with self._relayed(
-                        request, route, tenant, priority, request_id, admitted_at, key_limit, trace
-                    ) as relayed:
-                        yield relayed
-                    return
-            actor = self.residency.model(request.model)
-            status = "cancelled"
-            admission: Admission | None = None
-            try:
-                request_id = request_id or new_request_id()
-                job: GenerationRequest | EmbeddingJob
-                if isinstance(request, EmbeddingRequest):
-                    job = build_embedding_job(
-                        request, request_id=request_id, capabilities=actor.capabilities
-                    )
-                    self.rate_limiter.admit(tenant, key_limit)
-                else:
-                    job = build_generation_request(
-                        request,
-                        request_id=request_id,
-                        capabilities=actor.capabilities,
-                        decoding_defaults=self.settings.engine.decoding,
-                        tenant=tenant,
-                        trace_parent=None if trace is None else trace.traceparent,
-                    )
-                    self.rate_limiter.admit(tenant, key_limit)
-                    job = await inline_images(job, self.media)
-                deadline = trio.current_time() + actor.queue_timeout_s
-                admit = partial(
-                    actor.admit,
-                    job,
-                    tenant=tenant,
-                    priority=priority,
-                    buffer=self.settings.engine.stream_buffer_tokens,
-                    keep_alive=request.keep_alive,
-                    load_hint=load_hint,
-                    # Hashed once: what the router hashed, the scheduler uses.
-                    prefix_keys=prefix_keys.value if prefix_keys is not None else None,
-                )
-
-                def enqueue() -> Ticket:
-                    check_runner_queue(
-                        self.residency.models.values(), self.settings.engine.max_queue_total, actor
-                    )
-                    return admit()
-
-                ticket: Ticket | None = None
-                steps: AsyncGenerator[Waiting | Ticket, None] | None = None
-                door_closed = self.residency.door_closed(actor)
-                report_waits = report_waits or heartbeat_s is not None
-                if report_waits and (
-                    door_closed or (actor.loads_on_request and actor.state != "loaded")
-                ):
-                    # It waits for VRAM or a load: the caller gets the admission now and
-                    # reads the wait from it. Queued here unless a door holds it, so a full
-                    # queue is still refused before anything is sent.
-                    if not door_closed:
-                        ticket = enqueue()
-                    steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
-                else:
-                    await self._waits.at_door(actor, deadline)
-                    ticket = enqueue()
-                    if heartbeat_s is not None and not ticket.ready.is_set():
-                        steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
-                admission = Admission(
-                    ticket, request_id, request.model, admitted_at, self._record_finished, steps
-                )
-                if trace is not None:
-                    trace.admission, trace.actor = admission, actor
-                try:
-                    if ticket is not None and steps is None:
-                        await self._waits.ready(actor, ticket, deadline)
-                    yield admission
-                    if admission.finished is not None or admission.embedding is not None:
-                        status = "success"
-                    elif admission.failed is not None:
-                        status = admission.failed.code
-                finally:
-                    queued = admission.queued_ticket
-                    if queued is not None:
-                        if not queued.ready.is_set():
-                            actor.withdraw(queued)
-                        queued.abandon()
-            except PoolError as exc:
-                status = exc.code
-                raise
-            finally:
-                self.metrics.requests.labels(actor.name, tenant, status).inc()
-                self._account(actor.name, tenant, request.key_name, admission, status)
+            route, prefix_keys = await self._route(request, tenant)
+            if route is not None:
+                assert isinstance(request, InferenceRequest)  # only those are routed
+                async with self._relayed(
+                    request, route, tenant, priority, request_id, admitted_at, key_limit, trace
+                ) as relayed:
+                    yield relayed
+                return
+            async with self._served_here(
+                request,
+                tenant=tenant,
+                priority=priority,
+                request_id=request_id,
+                load_hint=load_hint,
+                report_waits=report_waits,
+                heartbeat_s=heartbeat_s,
+                admitted_at=admitted_at,
+                key_limit=key_limit,
+                prefix_keys=prefix_keys,
+                trace=trace,
+            ) as admission:
+                yield admission
         except BaseException as exc:
             if trace is not None:
                 trace.fail(exc)
@@ -240,6 +157,196 @@ class Serving:
         finally:
             if trace is not None:
                 trace.end()
+
+    def _check_open(self) -> None:
+        if self._shutting_down():
+            raise PoolError("shutting_down", "the pool is shutting down", retry_after_s=5.0)
+
+    @staticmethod
+    def _identify_caller(
+        request: _Request,
+    ) -> tuple[_Request, tuple[str, float] | None]:
+        """The request named by the key that sent it, and that key's own rate limit."""
+        caller = CALLER.get()
+        if caller is None:
+            return request, None
+        request = dataclasses.replace(request, key_name=caller.key_name)
+        if caller.rate_limit_rpm is None:
+            return request, None
+        return request, (caller.key_name, caller.rate_limit_rpm)
+
+    async def _route(
+        self, request: InferenceRequest | EmbeddingRequest, tenant: str
+    ) -> tuple[Route | None, PendingKeys | None]:
+        """The peer that serves ``request`` (None: this node does), and its prefix keys
+        where the cluster routes by prefix affinity."""
+        if self.router is None or not isinstance(request, InferenceRequest) or RELAYED.get():
+            return None, None
+        prefix_keys: PendingKeys | None = None
+        if self.settings.engine.prefix_affinity:
+            prefix_keys = PendingKeys(request, cache_scope(request, tenant))
+        route = await self.router.route(
+            request.model, self.residency.models.get(request.model), prefix_keys
+        )
+        return route, prefix_keys
+
+    @asynccontextmanager
+    async def _served_here(
+        self,
+        request: InferenceRequest | EmbeddingRequest,
+        *,
+        tenant: str,
+        priority: str,
+        request_id: str | None,
+        load_hint: dict[str, Any] | None,
+        report_waits: bool,
+        heartbeat_s: float | None,
+        admitted_at: float,
+        key_limit: tuple[str, float] | None,
+        prefix_keys: PendingKeys | None,
+        trace: RequestTrace | None,
+    ) -> AsyncIterator[Admission]:
+        """:meth:`admit` for a request that this node serves: intake, the queue and the
+        wait, then the request's metrics and usage row however it ends."""
+        actor = self.residency.model(request.model)
+        status = "cancelled"
+        admission: Admission | None = None
+        try:
+            request_id = request_id or new_request_id()
+            job = await self._intake(request, actor, request_id, tenant, key_limit, trace)
+            deadline = trio.current_time() + actor.queue_timeout_s
+            enqueue = self._enqueuer(
+                actor,
+                job,
+                tenant=tenant,
+                priority=priority,
+                keep_alive=request.keep_alive,
+                load_hint=load_hint,
+                prefix_keys=prefix_keys,
+            )
+            ticket, steps = await self._queue(
+                actor, enqueue, deadline, report_waits or heartbeat_s is not None, heartbeat_s
+            )
+            admission = Admission(
+                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+            )
+            if trace is not None:
+                trace.admission, trace.actor = admission, actor
+            try:
+                if ticket is not None and steps is None:
+                    await self._waits.ready(actor, ticket, deadline)
+                yield admission
+                if admission.finished is not None or admission.embedding is not None:
+                    status = "success"
+                elif admission.failed is not None:
+                    status = admission.failed.code
+            finally:
+                self._leave_queue(actor, admission)
+        except PoolError as exc:
+            status = exc.code
+            raise
+        finally:
+            self.metrics.requests.labels(actor.name, tenant, status).inc()
+            self._account(actor.name, tenant, request.key_name, admission, status)
+
+    async def _intake(
+        self,
+        request: InferenceRequest | EmbeddingRequest,
+        actor: ModelActor,
+        request_id: str,
+        tenant: str,
+        key_limit: tuple[str, float] | None,
+        trace: RequestTrace | None,
+    ) -> GenerationRequest | EmbeddingJob:
+        """The job the model runs, checked against its capabilities; then the rate limit
+        is charged, and a generation's images are inlined (after the checks, so a
+        refused request fetches nothing)."""
+        if isinstance(request, EmbeddingRequest):
+            embedding = build_embedding_job(
+                request, request_id=request_id, capabilities=actor.capabilities
+            )
+            self.rate_limiter.admit(tenant, key_limit)
+            return embedding
+        job = build_generation_request(
+            request,
+            request_id=request_id,
+            capabilities=actor.capabilities,
+            decoding_defaults=self.settings.engine.decoding,
+            tenant=tenant,
+            trace_parent=None if trace is None else trace.traceparent,
+        )
+        self.rate_limiter.admit(tenant, key_limit)
+        return await inline_images(job, self.media)
+
+    def _enqueuer(
+        self,
+        actor: ModelActor,
+        job: GenerationRequest | EmbeddingJob,
+        *,
+        tenant: str,
+        priority: str,
+        keep_alive: float | str | None,
+        load_hint: dict[str, Any] | None,
+        prefix_keys: PendingKeys | None,
+    ) -> Callable[[], Ticket]:
+        """What queues the job at its model, checking the runner-wide queue limit first
+        (called when the request may queue: at once, or once a door opens)."""
+        admit = partial(
+            actor.admit,
+            job,
+            tenant=tenant,
+            priority=priority,
+            buffer=self.settings.engine.stream_buffer_tokens,
+            keep_alive=keep_alive,
+            load_hint=load_hint,
+            # Hashed once: what the router hashed, the scheduler uses.
+            prefix_keys=prefix_keys.value if prefix_keys is not None else None,
+        )
+
+        def enqueue() -> Ticket:
+            check_runner_queue(
+                self.residency.models.values(), self.settings.engine.max_queue_total, actor
+            )
+            return admit()
+
+        return enqueue
+
+    async def _queue(
+        self,
+        actor: ModelActor,
+        enqueue: Callable[[], Ticket],
+        deadline: float,
+        report_waits: bool,
+        heartbeat_s: float | None,
+    ) -> tuple[Ticket | None, AsyncGenerator[Waiting | Ticket, None] | None]:
+        """Queue the request, or wait at its model's door first; with the waits to
+        report to the caller where it gets its admission before it runs."""
+        ticket: Ticket | None = None
+        steps: AsyncGenerator[Waiting | Ticket, None] | None = None
+        door_closed = self.residency.door_closed(actor)
+        if report_waits and (door_closed or (actor.loads_on_request and actor.state != "loaded")):
+            # It waits for VRAM or a load: the caller gets the admission now and
+            # reads the wait from it. Queued here unless a door holds it, so a full
+            # queue is still refused before anything is sent.
+            if not door_closed:
+                ticket = enqueue()
+            steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+        else:
+            await self._waits.at_door(actor, deadline)
+            ticket = enqueue()
+            if heartbeat_s is not None and not ticket.ready.is_set():
+                steps = self._waits.steps(actor, ticket, enqueue, deadline, heartbeat_s)
+        return ticket, steps
+
+    @staticmethod
+    def _leave_queue(actor: ModelActor, admission: Admission) -> None:
+        """A request that leaves before its turn leaves the queue, so nothing runs for a
+        departed caller."""
+        queued = admission.queued_ticket
+        if queued is not None:
+            if not queued.ready.is_set():
+                actor.withdraw(queued)
+            queued.abandon()
 
     @asynccontextmanager
     async def _relayed(

@@ -172,14 +172,12 @@ def cluster_model_list(
 ) -> list[dict[str, Any]]:
     """``/v1/models`` in a cluster (docs/cluster.md): every model servable here or on a
     peer, each with the nodes that have it loaded (``nodes``)."""
-    assert pool.router is not None
     loaded: dict[str, list[str]] = {}
     servable = [entry["id"] for entry in local]
     contexts = {entry["id"]: entry.get("context_length") for entry in local}
-    for name, actor in pool.models.items():
-        if actor.state == "loaded":
-            loaded.setdefault(name, []).append(pool.router.node_id)
-    for m in pool.router.peer_models():
+    for name in pool.loaded_models():
+        loaded.setdefault(name, []).append(pool.node_id)
+    for m in pool.peer_models():
         servable_there = m["state"] == "loaded" or m.get("on_demand")
         if servable_there and m["name"] not in servable:
             servable.append(m["name"])
@@ -216,7 +214,7 @@ def model_list(pool: Pool) -> dict[str, Any]:
         }
         for s in snapshots
     ]
-    if pool.router is not None:
+    if pool.clustered:
         data = cluster_model_list(pool, data, created)
     return {"object": "list", "data": data}
 
@@ -241,12 +239,11 @@ def admin_state(pool: Pool) -> dict[str, Any]:
     model that has one (``GET /api/pull/status/NAME``); ``shutting_down``.
     """
     snapshots = pool.snapshots()
-    gpu = gpu_memory_body(pool.gpus.view(), snapshots)
-    pulls = [status for name in pool.models if (status := pool.pulls.status(name)) is not None]
+    gpu = gpu_memory_body(pool.gpu_view(), snapshots)
     return {
         "models": [model_row(s) for s in snapshots],
         "gpus": gpu["gpus"],
         "gpu_error": gpu["error"],
-        "pulls": pulls,
+        "pulls": pool.pull_statuses(),
         "shutting_down": pool.shutting_down,
     }

@@ -256,8 +256,8 @@ def register(app: Quart, ctx: AppContext) -> None:
         peer's models under ``cluster``)."""
         require(ctx, "admin")
         body: dict[str, Any] = {"models": [model_row(s) for s in pool.snapshots()]}
-        if pool.router is not None:
-            body["cluster"] = list(pool.router.peer_models())
+        if pool.clustered:
+            body["cluster"] = pool.peer_models()
         return json_response(body)
 
     @serves(blueprint, ADMIN_MODEL)
@@ -300,7 +300,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def gpu_memory() -> Response:
         """GPU memory in use (NVML) and each model's VRAM estimate."""
         require(ctx, "admin")
-        return json_response(gpu_memory_body(pool.gpus.view(), pool.snapshots()))
+        return json_response(gpu_memory_body(pool.gpu_view(), pool.snapshots()))
 
     # Key changes are in force once the call answers, on every route: a revoked key's
     # next request is refused and a WebSocket it opened is closed

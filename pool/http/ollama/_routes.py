@@ -359,10 +359,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """
         require(ctx, "admin")
         body = await read_body(OllamaStoreRequest)
-        pulls = pool.pulls
-        pulls.pull(body.target)
+        pool.pull(body.target)
         if not body.stream:
-            async with pulls.watch(body.target) as events:
+            async with pool.watch_pull(body.target) as events:
                 final: dict[str, Any] = {}
                 async for event in events:
                     final = event
@@ -372,7 +371,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         heartbeat_s = ctx.settings.service.pull_heartbeat_s
 
         async def lines() -> AsyncIterator[bytes]:
-            async with pulls.watch(body.target, heartbeat_s) as events:
+            async with pool.watch_pull(body.target, heartbeat_s) as events:
                 async for event in events:
                     yield pull_progress(event)
 
@@ -382,7 +381,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def pull_status(model: str) -> Response:
         """The current or last pull of a model."""
         require(ctx, "admin")
-        state = pool.pulls.status(model)
+        state = pool.pull_status(model)
         if state is None:
             raise PoolError("not_found", f"no pull of {model!r}")
         return json_response(state)
@@ -391,7 +390,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def pull_cancel(model: str) -> Response:
         """Cancel a running pull; its partial files are removed."""
         require(ctx, "admin")
-        if not await pool.pulls.cancel(model):
+        if not await pool.cancel_pull(model):
             raise PoolError("not_found", f"no running pull of {model!r}")
         return json_response({"model": model, "cancelled": True})
 
@@ -400,7 +399,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Remove a pulled model from the store (409 while it is loaded)."""
         require(ctx, "admin")
         body = await read_body(OllamaStoreRequest)
-        if not await pool.pulls.delete(body.target):
+        if not await pool.delete_pulled(body.target):
             raise PoolError("not_found", f"model {body.target!r} is not in the model store")
         return json_response({"status": "success"})
 

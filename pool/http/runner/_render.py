@@ -50,7 +50,7 @@ def issue_bodies(health: PoolHealth) -> list[dict[str, Any]]:
 
 def cluster_status(pool: Pool) -> Mapping[str, Any] | None:
     """The cluster membership (docs/cluster.md), or None for a pool on its own."""
-    return pool.ledger.status() if pool.ledger is not None else None
+    return pool.lease_status()
 
 
 @renders(LoadTaskState)
@@ -92,14 +92,14 @@ def _loaded_model(snapshot: ModelSnapshot) -> dict[str, Any]:
 
 
 def _fetching(pool: Pool, model: str) -> bool:
-    task = pool.load_tasks.latest(model)
+    task = pool.latest_load_task(model)
     return task is not None and task.status == "loading" and task.phase == "fetching"
 
 
 def _load_progress(pool: Pool, model: str) -> float | None:
     """The progress of the model's running load task, else what its runtime reports
     (None where neither says)."""
-    task = pool.load_tasks.latest(model)
+    task = pool.latest_load_task(model)
     if task is not None and task.status == "loading":
         return task.progress
     return pool.model(model).load_progress
@@ -110,7 +110,7 @@ def load_eta(pool: Pool, model: str) -> int | None:
     None before a first measured load (or while it is fetched)."""
     if _fetching(pool, model):
         return None
-    eta = pool.residency.load_eta_s(model)
+    eta = pool.load_eta_s(model)
     return None if eta is None else math.ceil(eta)
 
 
@@ -118,7 +118,7 @@ def load_eta(pool: Pool, model: str) -> int | None:
 def capabilities_body(pool: Pool, runner_id: str) -> dict[str, Any]:
     """The runner descriptor of ``GET /v1/capabilities``."""
     snapshots = pool.snapshots()
-    view = pool.gpus.view()
+    view = pool.gpu_view()
     gpus = view.gpus
     queue = pool.queue_stats()
     health = pool.health()
@@ -257,7 +257,7 @@ def status_body(pool: Pool, stored: list[str]) -> dict[str, Any]:
     """``/api/status``; ``stored``: the models the model store holds (its ``cache``)."""
     health = health_body(pool.health())
     now = time.monotonic()
-    view = pool.gpus.view()
+    view = pool.gpu_view()
     return {
         "status": health["status"],
         "reason": health.get("reason"),
@@ -267,7 +267,7 @@ def status_body(pool: Pool, stored: list[str]) -> dict[str, Any]:
             "models": [_engine_row(pool, s, now) for s in pool.snapshots()],
             "gpu_memory": engine_gpu_memory(view),
         },
-        "pulls": pool.pulls.running(),
+        "pulls": pool.running_pulls(),
         "cache": {"models": stored, "count": len(stored)},
         "gpu_memory": gpu_readings_body(view),
     }

@@ -173,13 +173,13 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Start loading a model in the background (202 with a task id)."""
         body = await authorized_body(ctx, RunnerLoadRequest, "model-load")
         actor = pool.model(body.modelId)
-        residence = pool.residency.residence(body.modelId)
+        residence = pool.residence(body.modelId)
         load = load_request(body, actor.definition, residence.details.quantization_level)
         if body.gpuMemoryBudgetMB is not None:
             load = fit_memory_budget(residence, load, body.gpuMemoryBudgetMB)
         task = pool.start_load_task(body.modelId, load, body.evictModel)
         # The whole of the last measured load like this one (None before a first).
-        expected = pool.residency.expected_load_s(body.modelId)
+        expected = pool.expected_load_s(body.modelId)
         eta = None if expected is None or task.phase == "fetching" else math.ceil(expected)
         return json_response(load_task_body(task) | {"eta": eta}, 202)
 
@@ -187,7 +187,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def runner_load_status(task_id: str) -> Response:
         """The state of a load task: loading, completed or failed, with timings."""
         require(ctx, "admin")
-        task = pool.load_tasks.get(task_id)
+        task = pool.load_task(task_id)
         body = load_task_body(task)
         if task.status == "loading":
             body["eta"] = load_eta(pool, task.model)
@@ -239,7 +239,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def full_status() -> Response:
         """Health, engine state per model, pulls under way, the model store and GPU memory."""
         require(ctx, "inference")
-        return json_response(status_body(pool, await pool.pulls.stored_models()))
+        return json_response(status_body(pool, await pool.stored_models()))
 
     @serves(blueprint, METRICS)
     async def metrics() -> Response:
@@ -247,7 +247,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         require(ctx, "admin")
         if not ctx.settings.service.metrics:
             raise PoolError("not_found", "metrics are off (service.metrics, ENABLE_METRICS)")
-        return Response(pool.metrics.render(), content_type=PROMETHEUS_TYPE)
+        return Response(pool.render_metrics(), content_type=PROMETHEUS_TYPE)
 
     app.register_blueprint(blueprint)
 
