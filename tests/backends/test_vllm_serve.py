@@ -366,7 +366,7 @@ async def test_real_vllm_serve_embeddings_on_cpu() -> None:
         assert info.value.code == "invalid_request"
         with pytest.raises(PoolError) as info:
             await pool.embed(EmbeddingRequest("vemb", texts, dimensions=8))
-        assert info.value.code == "invalid_request" and "dimensions" in info.value.message
+        assert info.value.code == "dimensions_unsupported" and "dimensions" in info.value.message
         # Past the pool's check (as with embedding_dimensions: true on a model that is not
         # Matryoshka-trained), vLLM's own 400 comes back as the client's 400.
         runtime = pool.model("vemb").replicas[0].runtime
