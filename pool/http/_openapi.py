@@ -106,39 +106,9 @@ _SECURITY_SCHEMES = {
     },
 }
 
-# -- what each route can refuse, beyond what every route of its kind can -----------------
-# Statuses of refusals by route: a 400 here is one a schema cannot express (a value valid
-# in shape, refused for this model, backend or state).
-_REFUSALS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("post", "/v1/responses"): (400, 404, 409, 429),
-    ("get", "/v1/responses"): (426,),
-    ("get", "/v1/admin/models/{name}"): (404,),
-    ("get", "/v1/admin/decisions"): (400, 404),
-    ("post", "/v1/admin/keys"): (409,),
-    ("delete", "/v1/admin/keys/{name}"): (404,),
-    ("post", "/v1/admin/models/{name}/load"): (400, 404, 409),
-    ("post", "/v1/admin/models/{name}/unload"): (404,),
-    ("get", "/v1/admin/usage"): (400, 409),
-    ("post", "/v1/models/load"): (400, 404, 409),
-    ("get", "/v1/models/load/{task_id}"): (404,),
-    ("post", "/v1/models/unload"): (404,),
-    ("post", "/v1/cache/flush"): (404,),
-    ("post", "/v1/chat/completions"): (400, 404, 409, 429),
-    ("post", "/v1/completions"): (400, 404, 409, 429),
-    ("post", "/v1/embeddings"): (400, 404, 409, 429),
-    ("post", "/api/chat"): (400, 404, 409, 429),
-    ("post", "/api/generate"): (400, 404, 409, 429),
-    ("post", "/api/embed"): (400, 404, 409, 429),
-    ("post", "/api/embeddings"): (400, 404, 409, 429),
-    ("post", "/api/show"): (404,),
-    ("post", "/api/copy"): (404,),
-    ("post", "/api/pull"): (400, 404),
-    ("get", "/api/pull/status/{model}"): (404,),
-    ("delete", "/api/pull/{model}"): (404,),
-    ("delete", "/api/delete"): (404, 409),
-}
-# A route not listed above (one added without an entry): a route with a body is taken
-# for an inference route, one with a path parameter may not find what it names.
+# -- what each route can refuse (its Route's `refusals`, else its kind's) ----------------
+# A route that declares none: one with a body is taken for an inference route, one with
+# a path parameter may not find what it names.
 _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
 # The mark on an operation's 400 (OpenAPI extension): the codes a request that this
 # document calls valid can still get, because what refuses it lies outside the document:
@@ -148,50 +118,6 @@ _DEFAULT_BODY_REFUSALS = (400, 404, 409, 429)
 # a 400 with any other code says the request broke the document.
 # tests/http/test_schemathesis.py holds the pool to it.
 VALID_INPUT_CODES = "x-valid-input-codes"
-# Refusals of the model a generation request names (pool/actors/serving/_intake.py) and of the
-# media it links (pool/media).
-_GENERATION_REFUSALS = (
-    "generation_unsupported",
-    "image_refused",
-    "modality_unsupported",
-    "multi_turn_unsupported",
-    "remote_not_allowed",
-    "sampling_unsupported",
-    "structured_output_unsupported",
-    "thinking_unsupported",
-    "tools_unsupported",
-    # Rules between fields: `tool_choice` names a tool that `tools` lacks, two tools
-    # share a name, the last turn is not the user's, a block its role cannot carry.
-    "duplicate_tool",
-    "invalid_conversation",
-    "tool_choice_unmatched",
-    # A tool's or output format's JSON schema deeper than the document describes it.
-    "invalid_json_schema",
-)
-_COMPLETION_REFUSALS = (*_GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
-_EMBEDDING_REFUSALS = ("dimensions_unsupported", "embeddings_unsupported", "remote_not_allowed")
-_VALID_INPUT_REFUSALS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("post", "/v1/responses"): _GENERATION_REFUSALS,
-    ("post", "/v1/chat/completions"): _GENERATION_REFUSALS,
-    ("post", "/openai/v1/chat/completions"): _GENERATION_REFUSALS,
-    # A stream of several prompts (the schema cannot tie `stream` to `prompt`).
-    ("post", "/v1/completions"): (*_COMPLETION_REFUSALS,),
-    ("post", "/openai/v1/completions"): (*_COMPLETION_REFUSALS,),
-    ("post", "/openai/v1/responses"): _GENERATION_REFUSALS,
-    ("post", "/v1/messages"): _GENERATION_REFUSALS,
-    ("post", "/v1/messages/count_tokens"): _GENERATION_REFUSALS,
-    ("post", "/api/chat"): _GENERATION_REFUSALS,
-    ("post", "/api/generate"): _GENERATION_REFUSALS,
-    ("post", "/v1/embeddings"): _EMBEDDING_REFUSALS,
-    ("post", "/openai/v1/embeddings"): _EMBEDDING_REFUSALS,
-    ("post", "/api/embed"): _EMBEDDING_REFUSALS,
-    ("post", "/api/embeddings"): _EMBEDDING_REFUSALS,
-    # Another backend's override, or overrides while the model is loaded.
-    ("post", "/v1/admin/models/{name}/load"): ("invalid_load_request",),
-    ("post", "/v1/models/load"): ("invalid_load_request",),
-    ("post", "/api/pull"): ("no_pull_source",),
-    ("post", "/api/copy"): ("copy_unsupported",),
-}
 _ERROR_CODE_HEADER = {
     "description": "The error's code (one of the codes the document's description lists),"
     " on every dialect.",
@@ -470,9 +396,8 @@ def _filled(value: Any, served: Served) -> Any:
 
 
 def _listed_refusals(route: Route) -> tuple[int, ...]:
-    listed = _REFUSALS.get((route.method, route.path))
-    if listed is not None:
-        return listed
+    if route.refusals is not None:
+        return route.refusals
     if route.request is not None:
         return _DEFAULT_BODY_REFUSALS
     return (404,) if "{" in route.path else ()
@@ -593,7 +518,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
     if content:
         success["content"] = content
-    valid_input_codes = list(_VALID_INPUT_REFUSALS.get(key, ()))
+    valid_input_codes = list(route.valid_input_codes)
     if route.status == 400:
         success[VALID_INPUT_CODES] = valid_input_codes  # /api/copy: refused, whatever the body
     if route.status == 101:

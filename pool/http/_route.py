@@ -39,6 +39,11 @@ class Route:
             Anthropic's.
         unavailable_reply: a 503 answers the success body too, not an error (the health
             while unhealthy).
+        refusals: the 4xx statuses this route answers beyond every route's (403, 401
+            where it needs a token, and a body's 400, 408, 413, 422); None for its kind's
+            (pool/http/_openapi.py: a body's inference refusals, a path parameter's 404).
+        valid_input_codes: the error codes a request the document calls valid may still
+            get as a 400, because what refuses it lies outside the document (below).
     """
 
     method: str
@@ -57,6 +62,36 @@ class Route:
     unavailable_reply: bool = False
     # Query parameters: (name, JSON type or the whole schema, description).
     query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
+    refusals: tuple[int, ...] | None = None
+    valid_input_codes: tuple[str, ...] = ()
+
+
+# The codes a schema-valid request may still be refused with (``valid_input_codes``), by
+# what refuses it. The model a generation request names (pool/actors/serving/_intake.py)
+# and the media it links (pool/media):
+GENERATION_REFUSALS = (
+    "generation_unsupported",
+    "image_refused",
+    "modality_unsupported",
+    "multi_turn_unsupported",
+    "remote_not_allowed",
+    "sampling_unsupported",
+    "structured_output_unsupported",
+    "thinking_unsupported",
+    "tools_unsupported",
+    # Rules between fields: `tool_choice` names a tool that `tools` lacks, two tools
+    # share a name, the last turn is not the user's, a block its role cannot carry.
+    "duplicate_tool",
+    "invalid_conversation",
+    "tool_choice_unmatched",
+    # A tool's or output format's JSON schema deeper than the document describes it.
+    "invalid_json_schema",
+)
+# A stream of several prompts too (the schema cannot tie `stream` to `prompt`).
+COMPLETION_REFUSALS = (*GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
+EMBEDDING_REFUSALS = ("dimensions_unsupported", "embeddings_unsupported", "remote_not_allowed")
+# A load: another backend's override, or overrides while the model is loaded.
+LOAD_REFUSALS = ("invalid_load_request",)
 
 
 View = TypeVar("View", bound=Callable[..., Any])

@@ -19,7 +19,7 @@ from pool.http._common import (
     request_id,
     require,
 )
-from pool.http._route import SSE, Route, serves
+from pool.http._route import LOAD_REFUSALS, SSE, Route, serves
 from pool.http._streaming import streamed_answer
 from pool.http.admin._events import state_events
 from pool.http.admin._parse import choice, flag, parse_time, positive_limit
@@ -82,7 +82,13 @@ ADMIN_MODELS = Route(
     reply=ModelRows,
 )
 ADMIN_MODEL = Route(
-    "get", "/v1/admin/models/{name}", "admin", "One model's row", "As in the list.", reply=ModelRow
+    "get",
+    "/v1/admin/models/{name}",
+    "admin",
+    "One model's row",
+    "As in the list.",
+    reply=ModelRow,
+    refusals=(404,),
 )
 ADMIN_LOAD = Route(
     "post",
@@ -105,6 +111,8 @@ ADMIN_LOAD = Route(
     reply=LoadAnswer,
     body_required=False,
     query=(("dry_run", "boolean", "Answer what the load would do, changing nothing."),),
+    refusals=(400, 404, 409),
+    valid_input_codes=LOAD_REFUSALS,
 )
 ADMIN_UNLOAD = Route(
     "post",
@@ -116,6 +124,7 @@ ADMIN_UNLOAD = Route(
     " then the runtime is released. 200 if already unloaded. The model stays unloaded"
     " (`unload_reason` `requested`), even one the pool had evicted.",
     reply=ModelRow,
+    refusals=(404,),
 )
 ADMIN_DECISIONS = Route(
     "get",
@@ -133,6 +142,7 @@ ADMIN_DECISIONS = Route(
         ("model", "string", "Only decisions about this model."),
         ("limit", {"type": "integer", "minimum": 1}, "At most this many (the newest)."),
     ),
+    refusals=(400, 404),
 )
 GPU_MEMORY = Route(
     "get",
@@ -168,6 +178,7 @@ ADD_KEY = Route(
     KeyCreateRequest,
     status=201,
     reply=KeyCreated,
+    refusals=(409,),
 )
 REVOKE_KEY = Route(
     "delete",
@@ -179,6 +190,7 @@ REVOKE_KEY = Route(
     " a WebSocket opened with it is closed with code 1008 after an `error` event. 404"
     " `unknown_key` when no key of that name is in force.",
     reply=KeyRevoked,
+    refusals=(404,),
 )
 ADMIN_USAGE = Route(
     "get",
@@ -205,6 +217,7 @@ ADMIN_USAGE = Route(
         ),
         ("bucket", "string", "`hour` or `day`: one row per UTC hour or day."),
     ),
+    refusals=(400, 409),
 )
 ADMIN_EVENTS = Route(
     "get",

@@ -12,7 +12,7 @@ from pool.http._common import (
     open_model_route,
     request_id,
 )
-from pool.http._route import SSE, Route, serves
+from pool.http._route import GENERATION_REFUSALS, SSE, Route, serves
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.anthropic._parse import inference_request
 from pool.http.anthropic._render import ERRORS, MessageStream, message_body, token_count_body
@@ -65,6 +65,7 @@ CREATE_MESSAGE = Route(
     stream=SSE,
     events=MessagesStreamEvent,
     errors="anthropic",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 COUNT_TOKENS = Route(
     "post",
@@ -79,6 +80,7 @@ COUNT_TOKENS = Route(
     MessagesTokensRequest,
     reply=MessagesTokenCount,
     errors="anthropic",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 ROUTES = (CREATE_MESSAGE, COUNT_TOKENS)
 

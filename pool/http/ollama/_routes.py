@@ -20,7 +20,7 @@ from pool.http._common import (
     read_body,
     require,
 )
-from pool.http._route import Route, serves
+from pool.http._route import EMBEDDING_REFUSALS, GENERATION_REFUSALS, Route, serves
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http._tools import chat_tools, ollama_output_format
 from pool.http.ollama._artifacts import Artifacts
@@ -101,6 +101,7 @@ CHAT = Route(
     stream=NDJSON,
     events=OllamaChatStreamLine,
     errors="ollama",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 GENERATE = Route(
     "post",
@@ -113,6 +114,7 @@ GENERATE = Route(
     stream=NDJSON,
     events=OllamaGenerateStreamLine,
     errors="ollama",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 EMBED = Route(
     "post",
@@ -123,6 +125,7 @@ EMBED = Route(
     OllamaEmbedRequest,
     reply=OllamaEmbedReply,
     errors="ollama",
+    valid_input_codes=EMBEDDING_REFUSALS,
 )
 EMBEDDINGS = Route(
     "post",
@@ -133,6 +136,7 @@ EMBEDDINGS = Route(
     OllamaEmbeddingsRequest,
     reply=OllamaEmbeddingsReply,
     errors="ollama",
+    valid_input_codes=EMBEDDING_REFUSALS,
 )
 TAGS = Route(
     "get",
@@ -167,6 +171,7 @@ SHOW_MODEL = Route(
     OllamaModelRequest,
     reply=OllamaShowReply,
     errors="ollama",
+    refusals=(404,),
 )
 COPY = Route(
     "post",
@@ -179,6 +184,8 @@ COPY = Route(
     400,
     reply=OllamaError,
     errors="ollama",
+    refusals=(404,),
+    valid_input_codes=("copy_unsupported",),
 )
 VERSION = Route(
     "get",
@@ -205,6 +212,8 @@ PULL = Route(
     stream=NDJSON,
     events=PullState,
     errors="ollama",
+    refusals=(400, 404),
+    valid_input_codes=("no_pull_source",),
 )
 PULL_STATUS = Route(
     "get",
@@ -216,6 +225,7 @@ PULL_STATUS = Route(
     " `progress` in percent, `total_bytes`, `downloaded_bytes`).",
     reply=PullState,
     errors="ollama",
+    refusals=(404,),
 )
 PULL_CANCEL = Route(
     "delete",
@@ -225,6 +235,7 @@ PULL_CANCEL = Route(
     "Cancels a running pull; its partial files are removed (404 when none runs).",
     reply=PullCancelled,
     errors="ollama",
+    refusals=(404,),
 )
 DELETE = Route(
     "delete",
@@ -236,6 +247,7 @@ DELETE = Route(
     OllamaStoreRequest,
     reply=StatusSuccess,
     errors="ollama",
+    refusals=(404, 409),
 )
 ROUTES = (
     ROOT,

@@ -16,7 +16,14 @@ from pool.http._common import (
     json_response,
     open_model_route,
 )
-from pool.http._route import SSE, Route, serves
+from pool.http._route import (
+    COMPLETION_REFUSALS,
+    EMBEDDING_REFUSALS,
+    GENERATION_REFUSALS,
+    SSE,
+    Route,
+    serves,
+)
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
@@ -62,6 +69,7 @@ CHAT_COMPLETIONS = Route(
     stream=SSE,
     events=ChatCompletionStreamEvent,
     errors="openai",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 OPENAI_CHAT_COMPLETIONS = Route(
     "post",
@@ -74,6 +82,7 @@ OPENAI_CHAT_COMPLETIONS = Route(
     stream=SSE,
     events=ChatCompletionStreamEvent,
     errors="openai",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 EMBEDDINGS = Route(
     "post",
@@ -90,6 +99,7 @@ EMBEDDINGS = Route(
     EmbeddingsRequest,
     reply=EmbeddingList,
     errors="openai",
+    valid_input_codes=EMBEDDING_REFUSALS,
 )
 OPENAI_EMBEDDINGS = Route(
     "post",
@@ -100,6 +110,7 @@ OPENAI_EMBEDDINGS = Route(
     EmbeddingsRequest,
     reply=EmbeddingList,
     errors="openai",
+    valid_input_codes=EMBEDDING_REFUSALS,
 )
 COMPLETIONS = Route(
     "post",
@@ -117,6 +128,7 @@ COMPLETIONS = Route(
     stream=SSE,
     events=TextCompletionStreamEvent,
     errors="openai",
+    valid_input_codes=COMPLETION_REFUSALS,
 )
 OPENAI_COMPLETIONS = Route(
     "post",
@@ -129,6 +141,7 @@ OPENAI_COMPLETIONS = Route(
     stream=SSE,
     events=TextCompletionStreamEvent,
     errors="openai",
+    valid_input_codes=COMPLETION_REFUSALS,
 )
 ROUTES = (
     CHAT_COMPLETIONS,

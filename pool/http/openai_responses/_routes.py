@@ -23,7 +23,7 @@ from pool.http._common import (
     require,
     tenant_and_priority,
 )
-from pool.http._route import SSE, Route, serves
+from pool.http._route import GENERATION_REFUSALS, SSE, Route, serves
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http._tools import invalid
 from pool.http.admin._render import model_list
@@ -92,6 +92,7 @@ CREATE_OPENAI_RESPONSE = Route(
     stream=SSE,
     events=OpenAIResponseStreamEvent,
     errors="openai",
+    valid_input_codes=GENERATION_REFUSALS,
 )
 GET_OPENAI_RESPONSE = Route(
     "get",

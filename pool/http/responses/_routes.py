@@ -28,7 +28,7 @@ from pool.http._common import (
     with_cache,
 )
 from pool.http._responses_core import EventObjects
-from pool.http._route import SSE, Route, serves
+from pool.http._route import GENERATION_REFUSALS, SSE, Route, serves
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http.responses._parse import inference_request
 from pool.http.responses._render import (
@@ -77,6 +77,7 @@ CREATE_RESPONSE = Route(
     reply=ResponseEnvelope,
     stream=SSE,
     events=ResponseStreamEvent,
+    valid_input_codes=GENERATION_REFUSALS,
 )
 RESPONSES_SOCKET = Route(
     "get",
@@ -88,6 +89,7 @@ RESPONSES_SOCKET = Route(
     ' `stream: true` as frames; send `{"type": "response.cancel"}` to cancel the running'
     " one (`response.cancelled`).",
     status=101,
+    refusals=(426,),
 )
 ROUTES = (CREATE_RESPONSE, RESPONSES_SOCKET)
 

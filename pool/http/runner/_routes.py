@@ -21,7 +21,7 @@ from pool.http._common import (
     require,
     validate,
 )
-from pool.http._route import PLAIN_TEXT, Route, serves
+from pool.http._route import LOAD_REFUSALS, PLAIN_TEXT, Route, serves
 from pool.http.runner._parse import check_flush_scope, load_request
 from pool.http.runner._render import (
     capabilities_body,
@@ -74,6 +74,8 @@ RUNNER_LOAD = Route(
     RunnerLoadRequest,
     202,
     reply=LoadTaskState,
+    refusals=(400, 404, 409),
+    valid_input_codes=LOAD_REFUSALS,
 )
 RUNNER_LOAD_STATUS = Route(
     "get",
@@ -82,6 +84,7 @@ RUNNER_LOAD_STATUS = Route(
     "Load task status",
     "`loading`, `completed` or `failed`, with `loadTimeMs`.",
     reply=LoadTaskState,
+    refusals=(404,),
 )
 RUNNER_UNLOAD = Route(
     "post",
@@ -91,6 +94,7 @@ RUNNER_UNLOAD = Route(
     "Graceful unload; says how much memory the model held.",
     RunnerUnloadRequest,
     reply=RunnerUnloaded,
+    refusals=(404,),
 )
 CACHE_FLUSH = Route(
     "post",
@@ -103,6 +107,7 @@ CACHE_FLUSH = Route(
     " backends without a prompt cache report 0.",
     CacheFlushRequest,
     reply=CacheFlushed,
+    refusals=(404,),
 )
 HEALTH = Route(
     "get",
