@@ -31,6 +31,8 @@ from pool.actors.serving._request import (
     DecodingOverrides,
     EmbeddingRequest,
     InferenceRequest,
+    PoolRequest,
+    TaskRequest,
 )
 from pool.actors.serving._trace_protocol import (
     FIRST_TOKEN_EVENT,
@@ -42,6 +44,7 @@ from pool.actors.serving._trace_protocol import (
 )
 from pool.actors.values._details import ModelDetails, quantization_name, same_quantization
 from pool.actors.values._events import (
+    Completed,
     Delta,
     Embedded,
     Event,
@@ -87,6 +90,7 @@ __all__ = [
     "Budgets",
     "CacheMode",
     "Caller",
+    "Completed",
     "DecodingOverrides",
     "Delta",
     "Embedded",
@@ -112,6 +116,7 @@ __all__ = [
     "OutOfMemory",
     "Pool",
     "PoolHealth",
+    "PoolRequest",
     "QueueStats",
     "Queued",
     "RateLimiter",
@@ -120,6 +125,7 @@ __all__ = [
     "Router",
     "RuntimeState",
     "SharedLedger",
+    "TaskRequest",
     "Timings",
     "ToolCallDelta",
     "Tracing",

@@ -42,9 +42,14 @@ from pool.actors.residency._vram import CudaContexts, LoadMeter
 from pool.actors.serving import _health
 from pool.actors.serving._admission import Admission
 from pool.actors.serving._relay import Router
-from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
+from pool.actors.serving._request import (
+    EmbeddingRequest,
+    InferenceRequest,
+    PoolRequest,
+    TaskRequest,
+)
 from pool.actors.serving._serving import Serving
-from pool.actors.values._events import Embedded, Event, Finished
+from pool.actors.values._events import Completed, Embedded, Event, Finished
 from pool.actors.values._snapshots import (
     FlushResult,
     GpuView,
@@ -265,7 +270,7 @@ class Pool:
     # -- inference ---------------------------------------------------------------
     def admit(
         self,
-        request: InferenceRequest | EmbeddingRequest,
+        request: PoolRequest,
         *,
         tenant: str = "default",
         priority: str = "normal",
@@ -308,6 +313,13 @@ class Pool:
         self._metrics.prompt_tokens.labels(request.model).inc(tokens)
         self._rate_limiter.charge_tokens(admission.ticket.tenant, tokens)
         return done
+
+    async def run_task(self, request: TaskRequest, **kwargs: Any) -> Completed:
+        """Run a task request to its answer: the :class:`Completed` event, or its error
+        raised. A streamed task is read from :meth:`admit` with
+        :meth:`Admission.task_events` instead."""
+        async with self.admit(request, **kwargs) as admission:
+            return await admission.task_result()
 
     async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(*args)`` in the pool's nursery and wait for its result.

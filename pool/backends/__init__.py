@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pool.backends._file_identity import file_identity
 from pool.backends._gguf import GgufHeader, read_gguf_header
+from pool.backends._kinds import KindFields
 from pool.backends._load_request import (
     LoadRequest,
     apply_override,
@@ -22,6 +23,7 @@ from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
+    MODEL_KINDS,
     Backend,
     CacheFlushed,
     CacheScope,
@@ -38,6 +40,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
     MemorySplit,
+    ModelKind,
     PrefixCachingRuntime,
     Runtime,
     SleepingRuntime,
@@ -57,6 +60,7 @@ from pool.backends._registry import (
     register_backend,
     unregister_backend,
 )
+from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
     OutputFormat,
     ToolCall,
@@ -70,6 +74,7 @@ from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "MODEL_KINDS",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -85,16 +90,22 @@ __all__ = [
     "GgufHeader",
     "GpuPlacement",
     "ImagePart",
+    "KindFields",
     "LoadContext",
     "LoadOverrides",
     "LoadRequest",
     "MemoryProfile",
     "MemorySplit",
+    "ModelKind",
     "OutputFormat",
     "PrefixCachingRuntime",
     "Runtime",
     "SleepingRuntime",
     "SplitReportingRuntime",
+    "TaskJob",
+    "TaskResult",
+    "TaskSink",
+    "TaskUsage",
     "TextPart",
     "ThinkingMode",
     "TokenSink",

@@ -13,8 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from pool.backends._kinds import KindFields
 from pool.backends._protocol import EmbeddingJob, EmbeddingResult
 from pool.backends._upstream import (
     Transport,
@@ -28,12 +29,9 @@ from pool.errors import BackendError, PoolError
 ServerPooling = Literal["mean", "cls", "last"]
 
 
-class EmbeddingFields(BaseModel):
+class EmbeddingFields(KindFields):
     """The config fields of a model that serves embeddings through an HTTP server."""
 
-    embedding: bool = Field(
-        False, description="Serve /v1/embeddings and /api/embed instead of generation."
-    )
     embedding_batch_size: Annotated[int, Field(ge=1, le=2048)] = Field(
         64,
         description="Most texts sent to the server in one embeddings request; a larger"

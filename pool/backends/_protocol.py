@@ -39,6 +39,18 @@ ConfigT = TypeVar("ConfigT", bound=CommonModelFields, default=CommonModelFields)
 # small, quick to load again).
 EMBEDDING_STAY_WARM_S = 60.0
 
+# What a model serves (docs/backends.md, "Model kinds"): its backend and settings say
+# which, and a request for another kind is a 400 `wrong_model_kind`.
+ModelKind = Literal["chat", "embedding", "rerank", "transcription", "speech", "image"]
+MODEL_KINDS: tuple[ModelKind, ...] = (
+    "chat",
+    "embedding",
+    "rerank",
+    "transcription",
+    "speech",
+    "image",
+)
+
 ThinkingMode = Literal["default", "enabled", "disabled"]
 # The request's `thinking` values of a model that can switch thinking per request.
 ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled")
@@ -202,9 +214,10 @@ class Capabilities:
     thinking_modes: tuple[ThinkingMode, ...] = ("default",)
     remote: bool = False
     remote_allowed: bool = False
-    # An embedding model (``embedding: true``) serves embeddings instead of generation;
-    # its runtime implements :class:`EmbeddingRuntime`.
-    embeddings: bool = False
+    # What the model serves. Only a ``chat`` model generates; an ``embedding`` model's
+    # runtime implements :class:`EmbeddingRuntime`; the other kinds run task jobs
+    # (pool/backends/_tasks.py).
+    kind: ModelKind = "chat"
     embedding_dimensions: bool = False
     # The optional Decoding fields the runtime honours (a request setting another is a 400).
     sampling: frozenset[str] = frozenset()
@@ -215,7 +228,11 @@ class Capabilities:
 
     @property
     def generation(self) -> bool:
-        return not self.embeddings
+        return self.kind == "chat"
+
+    @property
+    def embeddings(self) -> bool:
+        return self.kind == "embedding"
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
+from pool.backends._kinds import KindFields
 from pool.backends._llama_buffers import buffer_sizes, capture_load_log, memory_split
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache, scope_matches
@@ -75,7 +76,7 @@ LLAMA_CPP_SAMPLING = frozenset(
 )
 
 
-class LlamaCppModel(CommonModelFields):
+class LlamaCppModel(CommonModelFields, KindFields):
     """GGUF in-process through llama-cpp-python."""
 
     backend: Literal["llama_cpp"] = "llama_cpp"
@@ -87,9 +88,6 @@ class LlamaCppModel(CommonModelFields):
     gguf_n_threads: PositiveInt | None = None
     gguf_n_batch: PositiveInt = 512
     gguf_seed: int | None = None
-    embedding: bool = Field(
-        False, description="Serve /v1/embeddings and /api/embed instead of generation."
-    )
     pooling: Pooling | None = Field(
         None,
         description="How an embedding model pools token vectors; default: the GGUF's own,"
@@ -572,7 +570,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             modalities=("text",),
             multi_turn=multi_turn,
             thinking_modes=thinking_modes(definition.prompt_format),
-            embeddings=definition.embedding,
+            kind=definition.kind,
             sampling=LLAMA_CPP_SAMPLING,
             # Tools need a format with a tool convention (or a chat template that renders
             # them); output grammars work always.

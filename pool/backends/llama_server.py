@@ -256,7 +256,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             # qwen3/gemma4; otherwise the family the format names).
             thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
-            embeddings=definition.embedding,
+            kind=definition.kind,
             # llama-server has no `dimensions`: a request setting it is a 400.
             # Passed in OpenAI's fields; --jinja renders tools with the model's template
             # (the pool's for a built-in format: refused where it has no tool markup).

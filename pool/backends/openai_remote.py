@@ -171,7 +171,7 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             sampling=SERVER_SAMPLING - {"min_p"},
             remote=True,
             remote_allowed=definition.allow_remote,
-            embeddings=definition.embedding,
+            kind=definition.kind,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
             # Passed through in OpenAI's own fields; the upstream decides.
             tools=True,

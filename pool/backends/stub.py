@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import trio
 from pydantic import Field, NonNegativeFloat
 
+from pool.backends._kinds import KindFields
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
+    MODEL_KINDS,
     Backend,
     Capabilities,
     EmbeddingJob,
@@ -25,6 +27,7 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     LoadContext,
+    ModelKind,
     TokenSink,
 )
 from pool.backends._text import StopScanner
@@ -32,8 +35,14 @@ from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
 
-class StubModel(CommonModelFields):
-    """The deterministic in-process backend for tests and benchmarks."""
+class StubModel(CommonModelFields, KindFields):
+    """The deterministic in-process backend for tests and benchmarks.
+
+    It takes every kind, so residency, keys and accounting are tested for each; what a
+    task job does on a stub runtime is the job's own (pool/backends/_tasks.py).
+    """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = MODEL_KINDS
 
     backend: Literal["stub"] = "stub"
     stub_reply: str | None = Field(None, description="Whole output; default echoes the input.")
@@ -42,9 +51,6 @@ class StubModel(CommonModelFields):
     stub_unload_seconds: NonNegativeFloat = 0.0
     stub_fail_load: bool = False
     stub_vram_mib: Annotated[int, Field(ge=0)] = 0
-    embedding: bool = Field(
-        False, description="Serve embeddings (stub_embedding_dim wide) instead of generation."
-    )
     stub_embedding_dim: Annotated[int, Field(ge=1, le=4096)] = 8
 
 
@@ -167,7 +173,7 @@ class StubBackend(Backend[StubModel]):
             modalities=tuple(definition.modalities),
             multi_turn=True,
             thinking_modes=ALL_THINKING_MODES,
-            embeddings=definition.embedding,
+            kind=definition.kind,
             embedding_dimensions=definition.embedding,
             sampling=STUB_SAMPLING,
         )

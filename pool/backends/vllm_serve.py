@@ -142,7 +142,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # format names one (qwen3, gemma4), as in-process vllm.
             thinking_modes=thinking_modes(definition.prompt_format),
             sampling=SERVER_SAMPLING,
-            embeddings=definition.embedding,
+            kind=definition.kind,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
             tools=not definition.embedding,
             structured_output=not definition.embedding,

@@ -44,7 +44,7 @@ def _memory(row: dict[str, Any]) -> str:
 def models_table(rows: list[dict[str, Any]]) -> Table:
     """The ``ps`` table: one line per configured model."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("MODEL", "BACKEND", "STATE", "REPLICAS", "IN FLIGHT", "QUEUE"):
+    for column in ("MODEL", "KIND", "BACKEND", "STATE", "REPLICAS", "IN FLIGHT", "QUEUE"):
         table.add_column(column, justify="right" if column in ("IN FLIGHT", "QUEUE") else "left")
     table.add_column("GPU MEMORY", justify="right")
     table.add_column("ESTIMATE")
@@ -53,6 +53,7 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
         gpus = row.get("gpus") or []
         table.add_row(
             row["name"],
+            str(row.get("kind", "")),
             str(row.get("resolved_backend", "")),
             str(row.get("runtime_state", "")),
             # As the dashboard shows it: replicas serving / replicas configured now.

@@ -70,7 +70,6 @@ class Route:
 # what refuses it. The model a generation request names (pool/actors/serving/_intake.py)
 # and the media it links (pool/media):
 GENERATION_REFUSALS = (
-    "generation_unsupported",
     "image_refused",
     "modality_unsupported",
     "multi_turn_unsupported",
@@ -79,6 +78,7 @@ GENERATION_REFUSALS = (
     "structured_output_unsupported",
     "thinking_unsupported",
     "tools_unsupported",
+    "wrong_model_kind",
     # Rules between fields: `tool_choice` names a tool that `tools` lacks, two tools
     # share a name, the last turn is not the user's, a block its role cannot carry.
     "duplicate_tool",
@@ -89,7 +89,7 @@ GENERATION_REFUSALS = (
 )
 # A stream of several prompts too (the schema cannot tie `stream` to `prompt`).
 COMPLETION_REFUSALS = (*GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
-EMBEDDING_REFUSALS = ("dimensions_unsupported", "embeddings_unsupported", "remote_not_allowed")
+EMBEDDING_REFUSALS = ("dimensions_unsupported", "remote_not_allowed", "wrong_model_kind")
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -21,6 +21,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag
 
+# The kinds of model (pool.backends.ModelKind; the schemas import no actors or backends).
+ModelKindName = Literal["chat", "embedding", "rerank", "transcription", "speech", "image"]
+_KIND_DESCRIPTION = (
+    "What the model serves: chat (generation), embedding, rerank, transcription, speech"
+    ' or image (docs/backends.md, "Model kinds").'
+)
+
 
 class _Reply(BaseModel):
     # A client may meet fields added later; the document lists those we send today.
@@ -165,6 +172,11 @@ class ModelCard(_Reply):
     object: Literal["model"]
     created: int
     owned_by: str
+    kind: ModelKindName | None = Field(
+        None,
+        description=_KIND_DESCRIPTION[:-1] + "; null for a model known only from a peer"
+        " of the cluster.",
+    )
     context_length: int | None = Field(
         None,
         description="The context a request gets: the configured one (the backend's context"
@@ -353,6 +365,7 @@ class OllamaModelDetails(_Reply):
 class OllamaTag(_Reply):
     name: str
     model: str
+    kind: ModelKindName = Field(description=_KIND_DESCRIPTION)
     modified_at: str = Field(description="The artifact's mtime (RFC 3339).")
     size: int = Field(description="Bytes of the artifact.")
     digest: str = Field(description="SHA-256 of the artifact, or of the definition.")
@@ -523,6 +536,7 @@ class ModelRow(_Reply):
 
     name: str
     resolved_backend: str
+    kind: ModelKindName = Field(description=_KIND_DESCRIPTION)
     configured_enabled: bool
     runtime_state: Literal["unloaded", "loading", "loaded", "unloading", "failed"]
     is_loaded: bool

@@ -31,7 +31,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 
 from pool._version import __version__
-from pool.actors import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN
+from pool.actors import FIRST_TOKEN_EVENT, GENERATION_SPAN, LOAD_SPAN, QUEUE_SPAN, TaskRequest
 from pool.errors import PoolError
 from pool.tracing._context import (
     Sampler,
@@ -52,7 +52,7 @@ from pool.tracing._record import (
 from pool.tracing._target import TracingTarget
 
 if TYPE_CHECKING:
-    from pool.actors import Admission, EmbeddingRequest, InferenceRequest, ModelActor
+    from pool.actors import Admission, ModelActor, PoolRequest
 
 # The instrumentation scope of every span.
 SCOPE_NAME = "llm-pool"
@@ -102,7 +102,10 @@ class OtelTracing:
         self.export = BatchExport(encoder.encode, send, batches or BatchSettings.from_environ())
 
     def request(
-        self, request: InferenceRequest | EmbeddingRequest, tenant: str, admitted_at: float
+        self,
+        request: PoolRequest,
+        tenant: str,
+        admitted_at: float,
     ) -> OtelRequestTrace:
         """Open the span of ``request``, admitted at ``admitted_at`` (``perf_counter``)."""
         incoming = INCOMING_TRACE.get()
@@ -153,10 +156,14 @@ _ASKED_ATTRIBUTES = (
 )
 
 
-def _request_attributes(
-    request: InferenceRequest | EmbeddingRequest, tenant: str
-) -> list[tuple[str, AttributeValue]]:
+def _request_attributes(request: PoolRequest, tenant: str) -> list[tuple[str, AttributeValue]]:
     """The request span's attributes known at admission (GenAI's names)."""
+    if isinstance(request, TaskRequest):
+        return [
+            ("gen_ai.operation.name", request.job.operation),
+            ("gen_ai.request.model", request.model),
+            ("llm_pool.tenant", tenant),
+        ]
     decoding = getattr(request, "decoding", None)
     if decoding is None:  # an embedding request has no decoding settings
         return [
@@ -212,7 +219,7 @@ class OtelRequestTrace:
     def __init__(
         self,
         tracing: OtelTracing,
-        request: InferenceRequest | EmbeddingRequest,
+        request: PoolRequest,
         tenant: str,
         admitted_at: float,
         kind: int,
@@ -248,7 +255,7 @@ class OtelRequestTrace:
         """None for a request that finished, else its error code."""
         admission = self.admission
         if admission is not None:
-            if admission.finished is not None or admission.embedding is not None:
+            if admission.succeeded:
                 return None
             if admission.failed is not None:
                 return admission.failed.code
@@ -366,6 +373,8 @@ def _usage(admission: Admission, attributes: list[tuple[str, AttributeValue]]) -
         usage = done.usage
     elif admission.embedding is not None:
         usage = admission.embedding.usage
+    elif admission.completed is not None:
+        usage = admission.completed.usage
     else:
         return
     if usage.prompt_tokens is not None:

@@ -190,12 +190,12 @@ async def test_embeddings_pass_through_in_batches(nursery: trio.Nursery) -> None
         assert info.value.code == "remote_not_allowed"
         with pytest.raises(PoolError) as info:
             await pool.respond(_ask())
-        assert info.value.code == "generation_unsupported"
+        assert info.value.code == "wrong_model_kind"
     # The upstream refuses the input (a generation model): the client's 400, not a 502.
     async with open_pool(_remote(upstream.url + "/v1", remote_model="up", embedding=True)) as pool:
         with pytest.raises(PoolError) as info:
             await pool.embed(EmbeddingRequest("remote", ("x",), allow_remote=True))
-        assert info.value.code == "invalid_request" and "generation model" in info.value.message
+        assert info.value.code == "invalid_request" and "is of kind chat" in info.value.message
 
 
 async def test_consent_per_request_or_per_model_on_every_surface(nursery: trio.Nursery) -> None:

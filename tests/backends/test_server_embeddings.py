@@ -118,6 +118,6 @@ async def test_sixteen_inputs_with_the_official_clients(
             "/v1/chat/completions",
             json={"model": "emb", "messages": [{"role": "user", "content": "hi"}]},
         )
-        assert r.status_code == 400 and r.json()["error"]["code"] == "generation_unsupported"
+        assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
         shown = (await http.post("/api/show", json={"model": "emb"})).json()
         assert "embedding" in shown["capabilities"] and "completion" not in shown["capabilities"]

@@ -75,14 +75,15 @@ async def test_ps_prints_a_table_of_every_model(server: ServerInfo) -> None:
     ran = await cli(server, "ps")
     assert ran.code == 0, ran.err
     header, *rows = ran.out.splitlines()
-    for column in ("MODEL", "STATE", "REPLICAS", "IN FLIGHT", "QUEUE", "GPU MEMORY", "ESTIMATE"):
+    columns = ("MODEL", "KIND", "STATE", "REPLICAS", "IN FLIGHT", "QUEUE", "GPU MEMORY", "ESTIMATE")
+    for column in columns:
         assert column in header
     by_name = {row.split()[0]: row.split() for row in rows if row.split()}
     assert set(STUB_MODELS) <= set(by_name)
-    assert by_name["echo"][1:4] == ["stub", "loaded", "1/1"]
-    assert by_name["cold"][2] == "unloaded"
+    assert by_name["echo"][1:5] == ["chat", "stub", "loaded", "1/1"]
+    assert by_name["cold"][3] == "unloaded"
     # REPLICAS reads as on the dashboard: serving / configured now (not / replica_max).
-    assert by_name["cold"][3] == "0/1"
+    assert by_name["cold"][4] == "0/1"
     # `models` is the same command; --json gives the server's rows unchanged.
     as_json = await cli(server, "models", "--json")
     assert as_json.code == 0
@@ -97,7 +98,7 @@ async def test_load_with_overrides_then_unload(nursery: trio.Nursery) -> None:
     assert ran.code == 0, ran.err
     assert ran.out.startswith("wide: loaded, 2 replica(s)")
     row = next(r.split() for r in (await cli(info, "ps")).out.splitlines() if r.startswith("wide"))
-    assert row[2:4] == ["loaded", "2/2"]
+    assert row[3:5] == ["loaded", "2/2"]
     # Past replica_max: the backend's 400, with its reason.
     over = await cli(info, "load", "cold", "--set", "replicas=2")
     assert over.code == 1

@@ -20,8 +20,9 @@ from tests.actors.helpers import CachingBackend, CachingRuntime
 from .conftest import TWO_GPUS, FakeGpus, start_server
 
 ROW_FIELDS = {
-    "name", "resolved_backend", "configured_enabled", "runtime_state", "is_loaded", "replicas",
-    "replica_max", "loaded_replicas", "inflight_requests", "queue_depth", "runtime_inflight",
+    "name", "resolved_backend", "kind", "configured_enabled", "runtime_state", "is_loaded",
+    "replicas", "replica_max", "loaded_replicas", "inflight_requests", "queue_depth",
+    "runtime_inflight",
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
     "vram_estimate_replica_count", "vram_estimate_source", "vram_estimate_basis",
     "observed_load_delta", "gpus",

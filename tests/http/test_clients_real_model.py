@@ -92,7 +92,7 @@ async def test_embeddings_with_both_clients(nursery: trio.Nursery) -> None:
         await client.chat.completions.create(
             model="smol-embed", messages=[{"role": "user", "content": "hi"}]
         )
-    assert refused.value.code == "generation_unsupported"
+    assert refused.value.code == "wrong_model_kind"
 
 
 async def test_a_chat_gguf_embeds_with_mean_pooling_unless_told(nursery: trio.Nursery) -> None:

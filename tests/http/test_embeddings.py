@@ -72,16 +72,16 @@ async def test_base64_is_little_endian_float32(client: httpx.AsyncClient) -> Non
 
 async def test_wrong_kind_of_model_is_a_400_with_a_code(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/embeddings", json={"model": "chat", "input": "x"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "embeddings_unsupported"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
     r = await client.post(
         "/v1/chat/completions",
         json={"model": "embed", "messages": [{"role": "user", "content": "hi"}]},
     )
-    assert r.status_code == 400 and r.json()["error"]["code"] == "generation_unsupported"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
     r = await client.post("/v1/responses", json={"model": "embed", "input": "hi"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "generation_unsupported"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
     r = await client.post("/api/embed", json={"model": "chat", "input": "x"})
-    assert r.status_code == 400 and "generation model" in r.json()["error"]
+    assert r.status_code == 400 and "is of kind chat" in r.json()["error"]
     r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x", "dimensions": 99})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
     r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"})

@@ -37,6 +37,7 @@ from pool.backends import (
     GpuPlacement,
     LoadContext,
     SleepingRuntime,
+    TaskJob,
     get_backend,
     out_of_memory,
 )
@@ -330,7 +331,7 @@ class ModelActor:
 
     def admit(
         self,
-        request: GenerationRequest | EmbeddingJob,
+        request: GenerationRequest | EmbeddingJob | TaskJob,
         *,
         tenant: str,
         priority: str,

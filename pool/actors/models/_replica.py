@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors.models._ticket import JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors.models._ticket import JobCompleted, JobEmbedded, JobFailed, JobFinished, Ticket
 from pool.actors.values._events import Delta
-from pool.backends import EmbeddingJob, ToolCallDelta, out_of_memory
+from pool.backends import EmbeddingJob, TaskJob, ToolCallDelta, out_of_memory
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class _TicketSink:
         self.used = ticket.used
         self.first_at: float | None = None
 
-    async def send(self, text: str | ToolCallDelta) -> None:
+    async def send(self, text: str | bytes | ToolCallDelta) -> None:
         if not text:
             return
         if self.first_at is None:
@@ -61,7 +61,7 @@ class _TicketSink:
             self._ticket.reply.add(text)
         await trio.lowlevel.checkpoint_if_cancelled()
         channel = self._ticket.send_channel
-        # A tool-call piece is its own event; text goes out as a Delta.
+        # A tool-call piece (or a task's bytes) is its own event; text goes out as a Delta.
         item = Delta(text) if isinstance(text, str) else text
         try:
             channel.send_nowait(item)
@@ -243,7 +243,9 @@ class Replica:
         self.inflight -= 1
         self._on_job_done()
 
-    async def _generate(self, ticket: Ticket) -> JobFinished | JobEmbedded | JobFailed | None:
+    async def _generate(
+        self, ticket: Ticket
+    ) -> JobFinished | JobEmbedded | JobCompleted | JobFailed | None:
         """Run the backend; None when the request was cancelled."""
         assert self.runtime is not None
         idle = trio.CancelScope(deadline=trio.current_time() + self._idle_timeout_s)
@@ -252,6 +254,12 @@ class Replica:
         with ticket.scope:
             started = ticket.started_at = time.perf_counter()
             try:
+                if isinstance(request, TaskJob):
+                    # A task job runs without the idle watchdog, as an embedding does:
+                    # one call that may think long before its one answer.
+                    done = await request.run(self.runtime, sink)
+                    ended = time.perf_counter()
+                    return JobCompleted(done, (ended - started) * 1000.0, ended)
                 if isinstance(request, EmbeddingJob):
                     runtime: EmbeddingRuntime = self.runtime  # type: ignore[assignment]
                     result = await runtime.embed(request)

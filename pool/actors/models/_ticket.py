@@ -20,7 +20,14 @@ from pool.errors import PoolError
 
 if TYPE_CHECKING:
     from pool.actors.models._affinity import ReplyRecorder
-    from pool.backends import EmbeddingJob, EmbeddingResult, GenerationRequest, GenerationStats
+    from pool.backends import (
+        EmbeddingJob,
+        EmbeddingResult,
+        GenerationRequest,
+        GenerationStats,
+        TaskJob,
+        TaskResult,
+    )
 
 
 @dataclass(slots=True)
@@ -44,16 +51,26 @@ class JobEmbedded:
 
 
 @dataclass(slots=True)
+class JobCompleted:
+    """The replica's report of a completed task job (rerank, transcription, ...)."""
+
+    result: TaskResult
+    backend_ms: float
+    finished_at: float
+
+
+@dataclass(slots=True)
 class JobFailed:
     error: PoolError
 
 
-Output = Delta | ToolCallDelta | JobFinished | JobEmbedded | JobFailed
+# A streamed task's pieces are text (a Delta) or bytes (audio, a forwarded body).
+Output = Delta | ToolCallDelta | bytes | JobFinished | JobEmbedded | JobCompleted | JobFailed
 
 
 @dataclass(eq=False, slots=True)
 class Ticket:
-    request: GenerationRequest | EmbeddingJob
+    request: GenerationRequest | EmbeddingJob | TaskJob
     tenant: str = "default"
     priority: Literal["high", "normal", "low"] = "normal"
     buffer: int = 32

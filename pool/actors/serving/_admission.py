@@ -13,8 +13,16 @@ from collections.abc import AsyncGenerator, Callable
 
 import trio
 
-from pool.actors.models._ticket import JobEmbedded, JobFailed, JobFinished, Output, Ticket
+from pool.actors.models._ticket import (
+    JobCompleted,
+    JobEmbedded,
+    JobFailed,
+    JobFinished,
+    Output,
+    Ticket,
+)
 from pool.actors.values._events import (
+    Completed,
     Delta,
     Embedded,
     Event,
@@ -24,7 +32,7 @@ from pool.actors.values._events import (
     Usage,
     Waiting,
 )
-from pool.backends import ToolCallDelta, assemble_calls
+from pool.backends import TaskJob, ToolCallDelta, assemble_calls
 from pool.errors import PoolError
 
 
@@ -105,8 +113,9 @@ class Admission:
         self.finished: Finished | None = None
         self.failed: PoolError | None = None
         self.embedding: Embedded | None = None
+        self.completed: Completed | None = None
         # The replica's report of a finished job (its timestamps are the trace's).
-        self.job: JobFinished | JobEmbedded | None = None
+        self.job: JobFinished | JobEmbedded | JobCompleted | None = None
         self._on_finished = on_finished
 
     @property
@@ -133,13 +142,17 @@ class Admission:
         """What the request is charged for, however it ended: its final usage, or what
         its job had used when it stopped (the prompt once prefilled, every token the
         runtime generated, delivered or not). Nothing for one that never ran."""
-        done = self.finished or self.embedding
+        done = self.finished or self.embedding or self.completed
         if done is not None:
             return done.usage
         ticket = self._ticket
         if ticket is None or ticket.dispatched_at is None:
             return Usage(0, 0)
         used = ticket.used
+        if isinstance(ticket.request, TaskJob):
+            # A task's streamed pieces are chunks of its answer, not tokens: a task cut
+            # short is charged only what its runtime counted.
+            return Usage(used.prompt_tokens or 0, used.output_tokens or 0)
         return Usage(used.prompt_tokens or 0, used.output, used.cached_tokens)
 
     async def waits(self) -> AsyncGenerator[Waiting, None]:
@@ -252,6 +265,62 @@ class Admission:
         )
         return Failed(self.failed)
 
+    @property
+    def succeeded(self) -> bool:
+        """Whether the request ended with its answer (of whatever kind)."""
+        return self.finished is not None or self.embedding is not None or self.completed is not None
+
+    def _one_call_timings(self, item: JobEmbedded | JobCompleted) -> Timings:
+        """The timers of a job that is one backend call (no first token to time)."""
+        assert self.ticket.dispatched_at is not None
+        engine_ms = (item.finished_at - self.ticket.dispatched_at) * 1000.0
+        return Timings(
+            backend_ms=_ms(item.backend_ms),
+            engine_ms=_ms(engine_ms),
+            engine_outside_backend_ms=_ms(max(0.0, engine_ms - item.backend_ms)),
+            pool_ms=_ms((item.finished_at - self.admitted_at) * 1000.0),
+            queue_wait_ms=_ms(self.ticket.queue_wait_ms),
+        )
+
+    async def task_events(self) -> AsyncGenerator[Delta | bytes | Completed | Failed, None]:
+        """A task request's streamed pieces (text as :class:`Delta`, or bytes), then its
+        :class:`Completed` or :class:`Failed`."""
+        if (error := await self._waited()) is not None:
+            self.failed = error
+            yield Failed(error)
+            return
+        async for item in self.ticket.receive_channel:
+            if type(item) is Delta or isinstance(item, bytes):
+                yield item
+            elif isinstance(item, JobCompleted):
+                self.job = item
+                task = item.result.usage
+                done = Completed(
+                    item.result.value,
+                    Usage(task.prompt_tokens, task.output_tokens),
+                    task,
+                    self._one_call_timings(item),
+                )
+                self.completed = done
+                yield done
+                return
+            elif isinstance(item, JobFailed):
+                self.failed = item.error
+                yield Failed(item.error)
+                return
+        yield self._closed_early()
+
+    async def task_result(self) -> Completed:
+        """A task request's :class:`Completed` (its streamed pieces, if any, dropped), or
+        its error raised."""
+        async with contextlib.aclosing(self.task_events()) as events:
+            async for event in events:
+                if isinstance(event, Completed):
+                    return event
+                if isinstance(event, Failed):
+                    raise event.error
+        raise AssertionError("task_events() always ends with Completed or Failed")
+
     async def embedded(self) -> Embedded:
         """The result of an embedding request, or its error raised."""
         if (error := await self._waited()) is not None:
@@ -260,15 +329,7 @@ class Admission:
         async for item in self.ticket.receive_channel:
             if isinstance(item, JobEmbedded):
                 self.job = item
-                assert self.ticket.dispatched_at is not None
-                engine_ms = (item.finished_at - self.ticket.dispatched_at) * 1000.0
-                timings = Timings(
-                    backend_ms=_ms(item.backend_ms),
-                    engine_ms=_ms(engine_ms),
-                    engine_outside_backend_ms=_ms(max(0.0, engine_ms - item.backend_ms)),
-                    pool_ms=_ms((item.finished_at - self.admitted_at) * 1000.0),
-                    queue_wait_ms=_ms(self.ticket.queue_wait_ms),
-                )
+                timings = self._one_call_timings(item)
                 done = Embedded(item.result.vectors, Usage(item.result.prompt_tokens, 0), timings)
                 self.embedding = done
                 return done

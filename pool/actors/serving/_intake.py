@@ -1,4 +1,5 @@
-"""Turning an :class:`InferenceRequest` into a backend's :class:`GenerationRequest`.
+"""Turning an :class:`InferenceRequest` into a backend's :class:`GenerationRequest` (and an
+embedding or task request into its job).
 
 This is where the per-model capability rules live (multi-turn, images, thinking,
 remote gate), and where images become inline data under the media policy, so every
@@ -10,7 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from pool.actors.serving._request import DecodingOverrides, EmbeddingRequest, InferenceRequest
+from pool.actors.serving._request import (
+    DecodingOverrides,
+    EmbeddingRequest,
+    InferenceRequest,
+    TaskRequest,
+)
 from pool.backends import (
     CacheScope,
     Capabilities,
@@ -18,6 +24,7 @@ from pool.backends import (
     EmbeddingJob,
     GenerationRequest,
     ImagePart,
+    TaskJob,
 )
 from pool.config import DecodingDefaults, merge_decoding
 from pool.errors import PoolError
@@ -93,6 +100,15 @@ def check_tools(request: InferenceRequest, capabilities: Capabilities) -> None:
         )
 
 
+def wrong_model_kind(name: str, kind: str, wanted: str) -> PoolError:
+    """The error of a request for a model of another kind, naming both kinds."""
+    return PoolError(
+        "wrong_model_kind",
+        f"model {name!r} is of kind {kind}; this request needs a model of kind {wanted}",
+        details={"kind": kind, "wanted": wanted},
+    )
+
+
 def _check_remote(name: str, allow_remote: bool, capabilities: Capabilities) -> None:
     if capabilities.remote and not (allow_remote or capabilities.remote_allowed):
         raise PoolError(
@@ -108,16 +124,13 @@ def build_embedding_job(
     """Check ``request`` against the model's capabilities and build the backend job.
 
     Raises:
-        PoolError: ``embeddings_unsupported`` for a generation model, ``invalid_request``
+        PoolError: ``wrong_model_kind`` for a model of another kind, ``invalid_request``
             for no input, ``dimensions_unsupported`` for a ``dimensions`` the model cannot
             give, ``remote_not_allowed``.
     """
     name = request.model
     if not capabilities.embeddings:
-        raise PoolError(
-            "embeddings_unsupported",
-            f"model {name!r} is a generation model; embeddings need a model with embedding: true",
-        )
+        raise wrong_model_kind(name, capabilities.kind, "embedding")
     _check_remote(name, request.allow_remote, capabilities)
     if not request.texts:
         raise PoolError("invalid_request", "input must hold at least one text")
@@ -139,6 +152,20 @@ def build_embedding_job(
     )
 
 
+def build_task_job(request: TaskRequest, *, request_id: str, capabilities: Capabilities) -> TaskJob:
+    """Check ``request`` against the model's kind and hand its job the request id.
+
+    Raises:
+        PoolError: ``wrong_model_kind`` for a model of a kind the job is not served by,
+            ``remote_not_allowed``.
+    """
+    job = request.job
+    if capabilities.kind not in job.served_by:
+        raise wrong_model_kind(request.model, capabilities.kind, job.wanted)
+    _check_remote(request.model, request.allow_remote, capabilities)
+    return dataclasses.replace(job, request_id=request_id)  # type: ignore[type-var]
+
+
 def build_generation_request(
     request: InferenceRequest,
     *,
@@ -153,16 +180,13 @@ def build_generation_request(
     ``trace_parent`` is the ``traceparent`` of the request's span where the pool traces.
 
     Raises:
-        PoolError: ``generation_unsupported``, ``remote_not_allowed``,
+        PoolError: ``wrong_model_kind``, ``remote_not_allowed``,
             ``multi_turn_unsupported``, ``modality_unsupported``,
             ``thinking_unsupported`` or ``sampling_unsupported`` (all 400).
     """
     name = request.model
     if not capabilities.generation:
-        raise PoolError(
-            "generation_unsupported",
-            f"model {name!r} is an embedding model: use /v1/embeddings or /api/embed",
-        )
+        raise wrong_model_kind(name, capabilities.kind, "chat")
     _check_remote(name, request.allow_remote, capabilities)
     if request.multi_turn and not capabilities.multi_turn:
         raise PoolError(

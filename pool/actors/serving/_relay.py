@@ -20,11 +20,12 @@ import trio
 
 from pool.actors.models._replica import _TicketSink
 from pool.actors.models._ticket import JobFailed, JobFinished, Ticket
+from pool.backends import GenerationRequest
 from pool.errors import BackendError, PoolError
 
 if TYPE_CHECKING:
     from pool.actors.models._model import ModelActor
-    from pool.backends import GenerationRequest, GenerationStats, TokenSink
+    from pool.backends import GenerationStats, TokenSink
 
 log = logging.getLogger("pool.cluster")
 
@@ -88,7 +89,7 @@ async def _relay_generate(
     idle = trio.CancelScope(deadline=trio.current_time() + idle_timeout_s)
     sink = _TicketSink(ticket, idle, idle_timeout_s)
     request = ticket.request
-    assert not hasattr(request, "texts"), "embeddings are not relayed"
+    assert isinstance(request, GenerationRequest), "only generations are relayed"
     with ticket.scope:
         started = ticket.started_at = time.perf_counter()
         try:

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pool.backends import OutputFormat, TextPart, ThinkingMode, ToolChoice, ToolSpec, Turn
+from pool.backends import (
+    OutputFormat,
+    TaskJob,
+    TextPart,
+    ThinkingMode,
+    ToolChoice,
+    ToolSpec,
+    Turn,
+)
 from pool.config import SAMPLING_NAMES
 
 CacheMode = Literal["prefix", "none", "auto"]
@@ -107,3 +115,25 @@ class EmbeddingRequest:
     allow_remote: bool = False
     keep_alive: float | str | None = None
     key_name: str | None = None  # as InferenceRequest.key_name
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """A request that is one task for one model (rerank, transcription, speech, a
+    forwarded route), whatever API it arrived on: the backend's job, with its
+    ``request_id`` left for the pool to set.
+
+    It goes through the same admission as generation (keys, rate limits, budgets, the
+    queue, replicas, on-demand loads and usage rows); the model's kind must be one of
+    the job's ``served_by`` (else 400 ``wrong_model_kind``).
+    """
+
+    model: str
+    job: TaskJob
+    allow_remote: bool = False
+    keep_alive: float | str | None = None
+    key_name: str | None = None  # as InferenceRequest.key_name
+
+
+# Whatever a surface hands the pool to admit.
+PoolRequest = InferenceRequest | EmbeddingRequest | TaskRequest

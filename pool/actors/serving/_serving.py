@@ -26,14 +26,26 @@ from pool.actors.serving._health import check_runner_queue
 from pool.actors.serving._intake import (
     build_embedding_job,
     build_generation_request,
+    build_task_job,
     cache_scope,
     inline_images,
 )
 from pool.actors.serving._relay import RELAYED, Route, Router, run_relay
-from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
+from pool.actors.serving._request import (
+    EmbeddingRequest,
+    InferenceRequest,
+    PoolRequest,
+    TaskRequest,
+)
 from pool.actors.serving._waits import RequestWaits
 from pool.actors.values._events import Finished, Waiting
-from pool.backends import ALL_THINKING_MODES, Capabilities, EmbeddingJob, GenerationRequest
+from pool.backends import (
+    ALL_THINKING_MODES,
+    Capabilities,
+    EmbeddingJob,
+    GenerationRequest,
+    TaskJob,
+)
 from pool.config import Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
@@ -48,7 +60,7 @@ RELAY_CAPABILITIES = Capabilities(
     modalities=("text", "image"), multi_turn=True, thinking_modes=ALL_THINKING_MODES
 )
 
-_Request = TypeVar("_Request", bound=InferenceRequest | EmbeddingRequest)
+_Request = TypeVar("_Request", bound=PoolRequest)
 
 
 class Serving:
@@ -87,7 +99,7 @@ class Serving:
     @asynccontextmanager
     async def admit(
         self,
-        request: InferenceRequest | EmbeddingRequest,
+        request: PoolRequest,
         *,
         tenant: str = "default",
         priority: str = "normal",
@@ -114,7 +126,8 @@ class Serving:
         Images are inlined under the media policy (``image_refused`` otherwise) after
         the capability checks and before the request is queued. An
         :class:`EmbeddingRequest` takes the same path; read it with
-        :meth:`Admission.embedded`.
+        :meth:`Admission.embedded`. So does a :class:`TaskRequest`; read it with
+        :meth:`Admission.task_events` or :meth:`Admission.task_result`.
 
         Raises:
             PoolError: for unknown models, capability or state violations, a refused
@@ -176,7 +189,7 @@ class Serving:
         return request, (caller.key_name, caller.rate_limit_rpm)
 
     async def _route(
-        self, request: InferenceRequest | EmbeddingRequest, tenant: str
+        self, request: PoolRequest, tenant: str
     ) -> tuple[Route | None, PendingKeys | None]:
         """The peer that serves ``request`` (None: this node does), and its prefix keys
         where the cluster routes by prefix affinity."""
@@ -193,7 +206,7 @@ class Serving:
     @asynccontextmanager
     async def _served_here(
         self,
-        request: InferenceRequest | EmbeddingRequest,
+        request: PoolRequest,
         *,
         tenant: str,
         priority: str,
@@ -236,7 +249,7 @@ class Serving:
                 if ticket is not None and steps is None:
                     await self._waits.ready(actor, ticket, deadline)
                 yield admission
-                if admission.finished is not None or admission.embedding is not None:
+                if admission.succeeded:
                     status = "success"
                 elif admission.failed is not None:
                     status = admission.failed.code
@@ -251,13 +264,13 @@ class Serving:
 
     async def _intake(
         self,
-        request: InferenceRequest | EmbeddingRequest,
+        request: PoolRequest,
         actor: ModelActor,
         request_id: str,
         tenant: str,
         key_limit: tuple[str, float] | None,
         trace: RequestTrace | None,
-    ) -> GenerationRequest | EmbeddingJob:
+    ) -> GenerationRequest | EmbeddingJob | TaskJob:
         """The job the model runs, checked against its capabilities; then the rate limit
         is charged, and a generation's images are inlined (after the checks, so a
         refused request fetches nothing)."""
@@ -267,6 +280,10 @@ class Serving:
             )
             self.rate_limiter.admit(tenant, key_limit)
             return embedding
+        if isinstance(request, TaskRequest):
+            task = build_task_job(request, request_id=request_id, capabilities=actor.capabilities)
+            self.rate_limiter.admit(tenant, key_limit)
+            return task
         job = build_generation_request(
             request,
             request_id=request_id,
@@ -281,7 +298,7 @@ class Serving:
     def _enqueuer(
         self,
         actor: ModelActor,
-        job: GenerationRequest | EmbeddingJob,
+        job: GenerationRequest | EmbeddingJob | TaskJob,
         *,
         tenant: str,
         priority: str,
@@ -432,7 +449,7 @@ class Serving:
             prompt = used.prompt_tokens or 0
             cached = used.cached_tokens or 0
             output = used.output_tokens or 0
-            done = admission.finished or admission.embedding
+            done = admission.finished or admission.embedding or admission.completed
             if done is not None:
                 timings = done.timings
                 generate_ms = (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pool.actors.models._model import ModelActor
     from pool.actors.serving._admission import Admission
-    from pool.actors.serving._request import EmbeddingRequest, InferenceRequest
+    from pool.actors.serving._request import PoolRequest
 
 # The children of a request span, and the event of its first token (the request span
 # itself is "{operation} {model}", as the GenAI semantic conventions name it).
@@ -45,7 +45,10 @@ class Tracing(Protocol):
     """The pool's tracer: a :class:`RequestTrace` per request, flushed at shutdown."""
 
     def request(
-        self, request: InferenceRequest | EmbeddingRequest, tenant: str, admitted_at: float
+        self,
+        request: PoolRequest,
+        tenant: str,
+        admitted_at: float,
     ) -> RequestTrace:
         """Open the span of ``request``, admitted at ``admitted_at`` (``perf_counter``)."""
         ...

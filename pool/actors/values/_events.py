@@ -7,9 +7,9 @@ every API surface renders them in its own wire format (``pool/http``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pool.backends import FinishReason, ToolCall, ToolCallDelta
+from pool.backends import FinishReason, TaskUsage, ToolCall, ToolCallDelta
 from pool.errors import PoolError
 
 
@@ -94,6 +94,17 @@ class Embedded:
 
     vectors: tuple[tuple[float, ...], ...]
     usage: Usage
+    timings: Timings
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A task request (rerank, transcription, speech, a forwarded route) completed:
+    the job's own answer, its usage in tokens and in the task's units, its timings."""
+
+    value: Any
+    usage: Usage
+    task_usage: TaskUsage
     timings: Timings
 
 

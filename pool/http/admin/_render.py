@@ -107,6 +107,7 @@ def _row(snapshot: ModelSnapshot, *, full: bool) -> dict[str, Any]:
     row: dict[str, Any] = {
         "name": snapshot.name,
         "resolved_backend": definition.backend,
+        "kind": snapshot.capabilities.kind,
         "configured_enabled": definition.enabled,
         "runtime_state": snapshot.state,
         "is_loaded": snapshot.state == "loaded",
@@ -175,6 +176,7 @@ def cluster_model_list(
     loaded: dict[str, list[str]] = {}
     servable = [entry["id"] for entry in local]
     contexts = {entry["id"]: entry.get("context_length") for entry in local}
+    kinds = {entry["id"]: entry.get("kind") for entry in local}
     for name in pool.loaded_models():
         loaded.setdefault(name, []).append(pool.node_id)
     for m in pool.peer_models():
@@ -189,6 +191,7 @@ def cluster_model_list(
             "object": "model",
             "created": created,
             "owned_by": "llm-pool",
+            "kind": kinds.get(name),
             "context_length": contexts.get(name),
             # Loaded on some node of the cluster: a request there starts no load.
             "loaded": bool(loaded.get(name)),
@@ -209,6 +212,7 @@ def model_list(pool: Pool) -> dict[str, Any]:
             "object": "model",
             "created": created,
             "owned_by": "llm-pool",
+            "kind": s.capabilities.kind,
             "context_length": s.served_context_length,
             "loaded": s.state == "loaded",
         }

@@ -174,6 +174,7 @@ def tag(snapshot: ModelSnapshot, artifact: Artifact) -> dict[str, Any]:
     return {
         "name": snapshot.name,
         "model": snapshot.name,
+        "kind": snapshot.capabilities.kind,
         "modified_at": _modified_at(artifact),
         "size": artifact.size,
         "digest": artifact.digest,

@@ -59,7 +59,7 @@ CHAT_COMPLETIONS = Route(
     " fields a model's backend cannot honour (`min_p`, `seed`, penalties, `logit_bias`) are"
     " a 400 `sampling_unsupported`; `keep_alive` as on Ollama's routes (the idle time of an"
     " on-demand model; 0 unloads it after the request). An embedding model"
-    " answers 400 `generation_unsupported`. Tools (`tools`, `tool_choice`,"
+    " answers 400 `wrong_model_kind`. Tools (`tools`, `tool_choice`,"
     " `parallel_tool_calls`, `tool` messages; calls come back in `message.tool_calls` and"
     " streamed `delta.tool_calls`) and `response_format` where the backend has them, else"
     " 400 `tools_unsupported` / `structured_output_unsupported`; a bad definition is a 400"
@@ -95,7 +95,7 @@ EMBEDDINGS = Route(
     " (else 400 naming `dimensions`). The inputs go through the same queue, replicas,"
     " tenant limits and on-demand loads as generation, as one backend call (a server"
     " backend splits them into requests of `embedding_batch_size`); `keep_alive` as on"
-    " Ollama's routes; a generation model answers 400 `embeddings_unsupported`.",
+    " Ollama's routes; a model of another kind answers 400 `wrong_model_kind`.",
     EmbeddingsRequest,
     reply=EmbeddingList,
     errors="openai",

@@ -328,6 +328,7 @@ function updateModel(entry, row) {
   const p = entry.parts;
   const d = row.definition || {};
   const notes = [row.resolved_backend];
+  if (row.kind && row.kind !== "chat") notes.push(row.kind);
   if (d.on_demand) notes.push("on demand");
   if (d.pinned) notes.push("pinned");
   if (!row.configured_enabled) notes.push("not loaded at start");
@@ -776,7 +777,7 @@ const chat = { history: [], abort: null };
 function renderChatModels(models) {
   const select = $("chat-model");
   const servable = models.filter(
-    (m) => !m.definition?.embedding && (m.runtime_state === "loaded" || m.definition?.on_demand),
+    (m) => m.kind === "chat" && (m.runtime_state === "loaded" || m.definition?.on_demand),
   );
   const previous = select.value;
   const names = servable.map((m) => m.name);
