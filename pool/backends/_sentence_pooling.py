@@ -61,10 +61,10 @@ def _pooling_modes(config: Any, path: Path) -> tuple[PoolingMode, ...]:
         raise BackendError(f"{path} is not a JSON object")
     named = config.get("pooling_mode")
     if named is not None:  # sentence-transformers 5's form: one mode or a list
-        modes = [named] if isinstance(named, str) else list(named)
+        modes = named if isinstance(named, list) else [named]
     else:
         modes = [mode for key, mode in _LEGACY_KEYS.items() if config.get(key)]
-    unknown = [m for m in modes if m not in _MODES]
+    unknown = [m for m in modes if not isinstance(m, str) or m not in _MODES]
     if unknown or not modes:
         raise BackendError(
             f"{path} names no pooling the pool knows ({unknown or 'none'});"

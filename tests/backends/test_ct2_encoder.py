@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import ollama
+import openai
 import pytest
+import trio
 
-from pool import PoolError, open_pool, request_from_responses
+from pool import PoolError, ServerInfo, open_pool, serve
 from pool.actors import EmbeddingRequest
 from pool.config import build_settings
 from pool.convert import cached_encoder, minilm_checkout
@@ -224,16 +227,37 @@ async def test_a_module_the_pool_cannot_apply_fails_the_load(
         assert "llm-pool convert encoder" in row.last_error
 
 
-async def test_the_model_embeds_and_refuses_generation(encoder_dir: Path) -> None:
-    async with open_pool(_settings({"minilm": _model(encoder_dir)})) as pool:
-        caps = pool.snapshot("minilm").capabilities
-        assert caps.embeddings and not caps.generation and not caps.embedding_dimensions
-        with pytest.raises(PoolError) as info:
-            await pool.respond(request_from_responses({"model": "minilm", "input": "hi"}))
-        assert info.value.code == "generation_unsupported"
+async def test_served_over_http_to_the_openai_and_ollama_clients(
+    encoder_dir: Path, nursery: trio.Nursery
+) -> None:
+    settings = build_settings(
+        {"service": {"shutdown_grace_s": 2}, "engine": {"models": {"minilm": _model(encoder_dir)}}}
+    )
+    info: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, host="127.0.0.1", port=0, task_status=task_status)
+    )
+    client = openai.AsyncOpenAI(base_url=info.url + "/v1", api_key="unused", max_retries=0)
+    texts = ["The cat sat on the mat.", "A kitten rests on a rug.", "Stocks fell sharply."]
+    reply = await client.embeddings.create(model="minilm", input=texts)
+    vectors = [d.embedding for d in reply.data]
+    assert {len(v) for v in vectors} == {MINILM_WIDTH}
+    assert _cosine(vectors[0], vectors[1]) > _cosine(vectors[0], vectors[2]) + 0.3
+    assert reply.usage.prompt_tokens == 9 + 9 + 6  # words, the full stop, [CLS] and [SEP]
+    local = ollama.AsyncClient(host=info.url)
+    embedded = await local.embed(model="minilm", input=texts)
+    assert embedded.embeddings[1] == pytest.approx(vectors[1], abs=1e-5)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model="minilm", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.code == "generation_unsupported"
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.embeddings.create(model="minilm", input="x", dimensions=8)
+    assert refused.value.code == "dimensions_unsupported"
 
 
 def test_convert_command_reuses_the_cache(encoder_dir: Path) -> None:
+    built = (encoder_dir / "model.bin").stat().st_mtime_ns
     result = subprocess.run(
         [sys.executable, "-m", "pool", "convert", "encoder"],
         capture_output=True,
@@ -242,6 +266,7 @@ def test_convert_command_reuses_the_cache(encoder_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert Path(result.stdout.strip()) == encoder_dir
+    assert (encoder_dir / "model.bin").stat().st_mtime_ns == built  # not built again
     refused = subprocess.run(
         [sys.executable, "-m", "pool", "convert", "encoder", "--gguf", "x.gguf"],
         capture_output=True,
