@@ -60,6 +60,7 @@ from pool.backends._registry import (
     register_backend,
     unregister_backend,
 )
+from pool.backends._sentence_pooling import SentenceConfig, read_sentence_config
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
     OutputFormat,
@@ -100,6 +101,7 @@ __all__ = [
     "OutputFormat",
     "PrefixCachingRuntime",
     "Runtime",
+    "SentenceConfig",
     "SleepingRuntime",
     "SplitReportingRuntime",
     "TaskJob",
@@ -130,6 +132,7 @@ __all__ = [
     "new_call_id",
     "out_of_memory",
     "read_gguf_header",
+    "read_sentence_config",
     "register_backend",
     "unregister_backend",
     "validate_load_request",

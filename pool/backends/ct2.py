@@ -1,9 +1,12 @@
-"""The ``ct2`` backend: CTranslate2 generators in-process.
+"""The ``ct2`` backend: CTranslate2 generators in-process, or an encoder that embeds.
 
-Single-turn text only. Greedy and sampled decoding stream token by token through
+Generation is single-turn text only. Greedy and sampled decoding stream token by token through
 ``generate_tokens`` on a worker thread (:func:`stream_from_thread`); ``beam_size > 1``
 is honoured with ``generate_batch``, which returns the finished text at once. Build a
 model with ``llm-pool convert ct2`` (from a GGUF via a transformers checkout).
+
+``embedding: true`` loads a sentence-embedding encoder instead (built by ``llm-pool
+convert encoder``; :mod:`pool.backends._ct2_encoder`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import trio
+from pydantic import Field
 
+from pool.backends._ct2_encoder import Ct2EncoderRuntime, load_encoder_blocking
+from pool.backends._kinds import KindFields
 from pool.backends._placement import GpuPlacement
 from pool.backends._protocol import (
     Backend,
@@ -27,6 +33,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
 )
+from pool.backends._sentence_pooling import read_sentence_config
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
 from pool.backends.prompt_formats import PromptFormat, get_prompt_format, thinking_modes
@@ -34,12 +41,22 @@ from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
 
-class Ct2Model(CommonModelFields):
-    """A CTranslate2 model in-process."""
+class Ct2Model(CommonModelFields, KindFields):
+    """A CTranslate2 model in-process.
+
+    ``kind: embedding`` (or ``embedding: true``) serves /v1/embeddings and /api/embed with
+    a sentence-embedding encoder (a folder built by ``llm-pool convert encoder``): pooling
+    and normalisation follow the model's own sentence-transformers config.
+    """
 
     backend: Literal["ct2"] = "ct2"
     device: str = "cpu"
     compute_type: str = "int8"
+    embedding_batch_size: Annotated[int, Field(ge=1, le=2048)] = Field(
+        32,
+        description="Most texts the encoder runs in one forward pass; a larger request is"
+        " split into batches of texts of similar length.",
+    )
 
 
 def device_options(definition: Ct2Model, placement: GpuPlacement | None) -> dict[str, Any]:
@@ -179,6 +196,8 @@ class Ct2Backend(Backend[Ct2Model]):
     config = Ct2Model
 
     def capabilities(self, definition: Ct2Model) -> Capabilities:
+        if definition.embedding:
+            return Capabilities(modalities=("text",), kind="embedding")
         return Capabilities(
             modalities=("text",),
             multi_turn=False,
@@ -193,10 +212,15 @@ class Ct2Backend(Backend[Ct2Model]):
         return 1
 
     def effective_target_inflight(self, definition: Ct2Model) -> int:
-        # generate_tokens decodes one sequence per call on this replica's one thread.
+        # generate_tokens decodes one sequence per call on this replica's one thread (the
+        # encoder too runs one batch at a time).
         return 1
 
-    async def load(self, definition: Ct2Model, context: LoadContext) -> Ct2Runtime:
+    async def load(
+        self, definition: Ct2Model, context: LoadContext
+    ) -> Ct2Runtime | Ct2EncoderRuntime:
+        if definition.embedding:
+            return await self._load_encoder(definition, context)
         path = context.model_path(definition.model_path, " (build one with `llm-pool convert ct2`)")
         try:
             import ctranslate2
@@ -230,6 +254,32 @@ class Ct2Backend(Backend[Ct2Model]):
             load_blocking, limiter=trio.CapacityLimiter(1)
         )
         return Ct2Runtime(generator, tokenizer, definition, fmt)
+
+    async def _load_encoder(self, definition: Ct2Model, context: LoadContext) -> Ct2EncoderRuntime:
+        path = context.model_path(
+            definition.model_path, " (build one with `llm-pool convert encoder`)"
+        )
+        try:
+            import ctranslate2  # noqa: F401
+            import numpy  # noqa: F401
+            import tokenizers  # noqa: F401
+        except ImportError as exc:
+            raise BackendError(
+                "CTranslate2 is not installed (pip install 'llm-pool[ct2]')"
+            ) from exc
+        options = {
+            "device": definition.device,
+            "compute_type": definition.compute_type,
+            **device_options(definition, context.placement),
+        }
+
+        def load_blocking() -> Ct2EncoderRuntime:
+            if not (path / "model.bin").is_file():
+                raise BackendError(f"{path} is not a CTranslate2 model folder (no model.bin)")
+            config = read_sentence_config(path)
+            return load_encoder_blocking(path, config, options, definition.embedding_batch_size)
+
+        return await trio.to_thread.run_sync(load_blocking, limiter=trio.CapacityLimiter(1))
 
 
 BACKEND = Ct2Backend()

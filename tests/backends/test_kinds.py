@@ -14,9 +14,9 @@ def _definition(**fields: object) -> object:
     return settings.engine.models["m"]
 
 
-@pytest.mark.parametrize("backend", ["stub", "llama_cpp", "llama_server", "openai_remote"])
+@pytest.mark.parametrize("backend", ["stub", "llama_cpp", "ct2", "llama_server", "openai_remote"])
 def test_embedding_true_and_kind_embedding_are_one_setting(backend: str) -> None:
-    extra: dict[str, object] = {"model_path": "/x.gguf"} if "llama" in backend else {}
+    extra: dict[str, object] = {"model_path": "/x.gguf"} if backend != "stub" else {}
     if backend == "openai_remote":
         extra = {"remote_base_url": "http://127.0.0.1:1/v1", "remote_model": "x"}
     old = _definition(backend=backend, embedding=True, **extra)
@@ -36,7 +36,6 @@ def test_a_kind_the_backend_cannot_serve_is_a_config_error() -> None:
         _definition(backend="stub", kind="rerank", embedding=True)
     # A chat-only backend has no kind field at all.
     with pytest.raises(ConfigError, match="kind"):
-        _definition(backend="ct2", model_path="/x", kind="embedding")
-    assert (
-        get_backend("ct2").capabilities(_definition(backend="ct2", model_path="/x")).kind == "chat"
-    )  # type: ignore[arg-type]
+        _definition(backend="exllamav3", model_path="/x", kind="embedding")
+    chat_only = _definition(backend="exllamav3", model_path="/x")
+    assert get_backend("exllamav3").capabilities(chat_only).kind == "chat"  # type: ignore[arg-type]
