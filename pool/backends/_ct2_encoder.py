@@ -49,7 +49,11 @@ class Ct2EncoderRuntime:
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         # Never reached: an embedding model's capabilities refuse generation at admission.
-        raise PoolError("generation_unsupported", "an encoder model only embeds")
+        raise PoolError(
+            "wrong_model_kind",
+            "an encoder model only embeds",
+            details={"kind": "embedding", "wanted": "chat"},
+        )
 
     async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
         if self._closed:

@@ -250,7 +250,7 @@ async def test_served_over_http_to_the_openai_and_ollama_clients(
         await client.chat.completions.create(
             model="minilm", messages=[{"role": "user", "content": "hi"}]
         )
-    assert refused.value.code == "generation_unsupported"
+    assert refused.value.code == "wrong_model_kind"
     with pytest.raises(openai.BadRequestError) as refused:
         await client.embeddings.create(model="minilm", input="x", dimensions=8)
     assert refused.value.code == "dimensions_unsupported"
