@@ -55,6 +55,8 @@ from pool.actors.values._events import (
     WaitReason,
 )
 from pool.actors.values._snapshots import (
+    CanaryHealth,
+    CanaryStatus,
     FlushResult,
     GpuReading,
     GpuView,
@@ -87,6 +89,8 @@ __all__ = [
     "Budgets",
     "CacheMode",
     "Caller",
+    "CanaryHealth",
+    "CanaryStatus",
     "DecodingOverrides",
     "Delta",
     "Embedded",

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -45,10 +46,18 @@ _probe_ids = itertools.count(1)
 class CanaryWatch:
     """Probes one model and keeps what its canary found (its row's ``canary``)."""
 
-    def __init__(self, actor: ModelActor, plan: CanaryPlan, decisions: DecisionLog) -> None:
+    def __init__(
+        self,
+        actor: ModelActor,
+        plan: CanaryPlan,
+        decisions: DecisionLog,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.actor = actor
         self.plan = plan
         self._decisions = decisions
+        # Tells whoever shows the rows (the admin state stream) that the health changed.
+        self._on_change = on_change
         self.health: CanaryHealth = "pending"
         self.reason: str | None = None
         self.answer: str | None = None
@@ -119,7 +128,10 @@ class CanaryWatch:
                 continue
             self._due = False
             self._next_at = trio.current_time() + self.plan.interval_s
+            before = (self.health, self.reason)
             await self._judged(answer)
+            if (self.health, self.reason) != before and self._on_change is not None:
+                self._on_change()
 
     async def _judged(self, answer: ProbeAnswer) -> None:
         actor = self.actor

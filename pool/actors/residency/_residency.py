@@ -159,7 +159,9 @@ class Residency:
                     nursery.start_soon(self._keep_alive, residence)
                 plan = canary_plan(actor.definition, self.settings.engine, actor.capabilities)
                 if plan is not None:
-                    residence.canary = CanaryWatch(actor, plan, self.decisions)
+                    residence.canary = CanaryWatch(
+                        actor, plan, self.decisions, on_change=self.notify_change
+                    )
                     nursery.start_soon(residence.canary.run)
             task_status.started()
             while True:
