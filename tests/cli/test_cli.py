@@ -110,6 +110,9 @@ async def test_ps_shows_a_model_its_canary_found_degraded(nursery: trio.Nursery)
     (row,) = [r for r in ran.out.splitlines() if r.startswith("bad ")]
     assert row.split()[2] == "failed"
     assert "bad: output canary: empty answer" in ran.out
+    why = (await cli(info, "why", "bad")).out
+    assert "reloaded bad (output canary): output canary: empty answer" in why
+    assert "marked bad failed (output canary): output canary: empty answer" in why
 
 
 async def test_load_with_overrides_then_unload(nursery: trio.Nursery) -> None:
