@@ -13,9 +13,13 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from pool import Pool, open_pool
+from pool.actors.models import _model as model_module
 from pool.actors.models._probe import ProbeAnswer
+from pool.actors.residency import _residency
 from pool.actors.residency._canary import canary_plan, judge, may_reload
+from pool.actors.residency._sleep import HostRam
 from pool.backends import get_backend
+from pool.backends.stub import StubBackend, StubRuntime
 from pool.config import EngineSettings, build_settings, model_definition
 from tests.bounds import within
 
@@ -180,6 +184,58 @@ async def test_a_request_cancels_a_running_probe(autojump_clock: trio.abc.Clock)
         assert reply.text == "hi"
         assert _probes(pool, "skipped") == 1
         await wait_until(lambda: _probes(pool, "ok") == 1)
+
+
+class SleepyRuntime(StubRuntime):
+    """The stub as a runtime that can sleep (as in-process vLLM's can)."""
+
+    sleep_ram_mib = 100
+
+    async def sleep(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def wake(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class SleepyBackend(StubBackend):
+    async def load(self, definition: Any, context: Any) -> StubRuntime:
+        await StubBackend.load(self, definition, context)
+        return SleepyRuntime(definition)
+
+
+async def test_a_wake_is_probed_like_a_load(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.abc.Clock
+) -> None:
+    """An eviction puts ``a`` to sleep; its next load wakes it, and the wake is probed
+    at once (against the reference its load gave), as a load is."""
+    sleepy = SleepyBackend()
+    monkeypatch.setattr(
+        model_module, "get_backend", lambda name: sleepy if name == "stub" else get_backend(name)
+    )
+    monkeypatch.setattr(_residency, "read_host_ram", lambda: HostRam(64_000, 128_000))
+    both = {"stub_vram_mib": 800, "canary_prompt": PROMPT}
+    settings = stub_settings(
+        {"a": both, "b": both},
+        canary_interval_s=3600,
+        gpu_budget_mib=[1000],
+        gpu_reserve_mib=0,
+        min_resident_s=0,
+    )
+    async with open_pool(settings) as pool:
+
+        def probed(name: str) -> float:
+            return _metric(pool, "llm_pool_canary_probes_total", model=name, outcome="ok")
+
+        await pool.load("a")
+        await wait_until(lambda: probed("a") == 1)
+        await pool.load("b")  # a sleeps
+        assert pool.snapshot("a").asleep_ram_mib == 100
+        await pool.load("a")  # b sleeps, a wakes
+        assert pool.model("a").wake_count == 1
+        await wait_until(lambda: probed("a") == 2)
+        canary = pool.snapshot("a").canary
+        assert canary is not None and (canary.health, canary.reference) == ("ok", PROMPT)
 
 
 def test_which_models_have_a_canary() -> None:
