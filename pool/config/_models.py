@@ -415,6 +415,7 @@ class CommonModelFields(_Strict):
     )
     canary_reference: str | None = Field(
         None,
+        min_length=1,
         description="The answer the canary must give (pinned by the operator); default: the"
         " first answer after a load of the model's current definition.",
     )
