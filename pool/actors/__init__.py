@@ -58,6 +58,8 @@ from pool.actors.values._events import (
     WaitReason,
 )
 from pool.actors.values._snapshots import (
+    CanaryHealth,
+    CanaryStatus,
     FlushResult,
     GpuReading,
     GpuView,
@@ -90,6 +92,8 @@ __all__ = [
     "Budgets",
     "CacheMode",
     "Caller",
+    "CanaryHealth",
+    "CanaryStatus",
     "Completed",
     "DecodingOverrides",
     "Delta",

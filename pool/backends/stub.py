@@ -51,6 +51,11 @@ class StubModel(CommonModelFields, KindFields):
     stub_unload_seconds: NonNegativeFloat = 0.0
     stub_fail_load: bool = False
     stub_vram_mib: Annotated[int, Field(ge=0)] = 0
+    stub_degrade_after: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="The runtime answers empty text after this many requests (canaries"
+        " included): a runtime alive but wrong, until it is loaded again.",
+    )
     stub_embedding_dim: Annotated[int, Field(ge=1, le=4096)] = 8
 
 
@@ -90,6 +95,8 @@ class StubRuntime:
         # Split once: a benchmark's stub must cost next to nothing per request.
         reply = definition.stub_reply
         self._reply_tokens = stub_tokens(reply) if reply is not None else []
+        # Requests this runtime has answered (stub_degrade_after counts them).
+        self._answered = 0
 
     @property
     def vram_mib(self) -> int | None:
@@ -101,6 +108,10 @@ class StubRuntime:
         started = time.perf_counter()
         reply = self._definition.stub_reply
         tokens = self._reply_tokens if reply is not None else stub_tokens(request.turns[-1].text)
+        self._answered += 1
+        degrade_after = self._definition.stub_degrade_after
+        if degrade_after is not None and self._answered > degrade_after:
+            tokens = []  # alive but wrong: it ends at once with nothing
         limit = request.decoding.max_tokens
         finish: Any = "length" if len(tokens) > limit else "stop"
         tokens = tokens[:limit]

@@ -41,6 +41,13 @@ def _memory(row: dict[str, Any]) -> str:
     return "-" if estimate is None else f"~{estimate:,.0f} MiB"
 
 
+def _state(row: dict[str, Any]) -> str:
+    """The runtime state, with ``degraded`` while its output canary finds it so."""
+    state = str(row.get("runtime_state", ""))
+    canary = row.get("canary") or {}
+    return f"{state}, degraded" if canary.get("health") == "degraded" else state
+
+
 def models_table(rows: list[dict[str, Any]]) -> Table:
     """The ``ps`` table: one line per configured model."""
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -55,7 +62,7 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             row["name"],
             str(row.get("kind", "")),
             str(row.get("resolved_backend", "")),
-            str(row.get("runtime_state", "")),
+            _state(row),
             # As the dashboard shows it: replicas serving / replicas configured now.
             f"{row.get('loaded_replicas', 0)}/{row.get('replicas', 0)}",
             str(row.get("inflight_requests", 0)),
@@ -82,7 +89,10 @@ async def ps(client: PoolClient, io: Io) -> int:
     io.out.print(models_table(rows))
     for row in rows:
         if row.get("last_error"):
-            io.out.print(f"{row['name']}: {row['last_error']}")
+            io.out.print(f"{row['name']}: {row['last_error']}", markup=False)
+        canary = row.get("canary") or {}
+        if canary.get("health") == "degraded":
+            io.out.print(f"{row['name']}: degraded: {canary.get('reason')}", markup=False)
     return EXIT_OK
 
 

@@ -20,6 +20,8 @@ def decision_line(decision: dict[str, Any]) -> str:
         "yield": f"asked {model} to make way for {other}",
         "refuse": f"refused to load {model}",
         "comeback": f"{model} comes back",
+        "reload": f"reloaded {model} (output canary)",
+        "fail": f"marked {model} failed (output canary)",
     }.get(decision["action"], f"{decision['action']} {model}")
     at = time.strftime("%H:%M:%S", time.localtime(decision["at"]))
     return f"{at} {what}: {decision['reason']}"

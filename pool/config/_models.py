@@ -399,6 +399,26 @@ class CommonModelFields(_Strict):
         None,
         description="MiB of VRAM one replica needs; first in the estimate chain (docs/vram.md).",
     )
+    # Output canaries (docs/reliability.md, "Output canaries"); None: engine default.
+    canary_interval_s: NonNegativeFloat | None = Field(
+        None,
+        description="Seconds between output canaries while the model is loaded and idle"
+        " (besides one after every load and wake); 0 turns them off. Default"
+        " `engine.canary_interval_s`, except 0 for models whose requests leave the machine"
+        " (openai_remote).",
+    )
+    canary_prompt: str | None = Field(
+        None,
+        min_length=1,
+        description="The canary's prompt (greedy, `engine.canary_max_tokens`); default"
+        " `engine.canary_prompt`.",
+    )
+    canary_reference: str | None = Field(
+        None,
+        min_length=1,
+        description="The answer the canary must give (pinned by the operator); default: the"
+        " first answer after a load of the model's current definition.",
+    )
 
     @model_validator(mode="after")
     def _check_replicas(self) -> CommonModelFields:
@@ -548,6 +568,31 @@ class EngineSettings(BaseModel):
         30.0,
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
+    )
+    canary_interval_s: NonNegativeFloat = Field(
+        0.0,
+        description="Seconds between output canaries of a loaded, idle generation model"
+        " (besides one after every load and wake); 0: no canaries. A model's"
+        " `canary_interval_s` overrides it; remote models default to 0"
+        ' (docs/reliability.md, "Output canaries").',
+    )
+    canary_prompt: str = Field(
+        "What is the capital of France? Answer in one sentence.",
+        min_length=1,
+        description="The canary's prompt where a model sets none.",
+    )
+    canary_max_tokens: Annotated[int, Field(ge=1, le=256)] = Field(
+        16, description="Tokens a canary asks for (greedy decoding)."
+    )
+    canary_min_similarity: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.5,
+        description="How close a canary's answer must stay to the reference (difflib's"
+        " ratio of the two texts, 1 identical); below it the model is degraded.",
+    )
+    canary_reloads_per_hour: Annotated[int, Field(ge=0, le=100)] = Field(
+        3,
+        description="Reloads of a degraded model within an hour; past it the model is marked"
+        ' failed (`llm_pool_model_canary{status="failed"}`).',
     )
     eviction_policy: Literal["swap_cost", "lru"] = Field(
         "swap_cost",

@@ -495,6 +495,26 @@ class RowCapabilities(_Reply):
     thinking_modes: list[Literal["default", "enabled", "disabled"]]
 
 
+class RowCanary(_Reply):
+    """What the model's output canary found (docs/reliability.md, "Output canaries")."""
+
+    health: Literal["pending", "ok", "degraded", "failed"] = Field(
+        description="`pending`: no answer since the load yet; `ok`: the last answer kept to"
+        " the reference; `degraded`: it did not (`reason` says how) and the model is"
+        " drained and reloaded; `failed`: degraded past engine.canary_reloads_per_hour,"
+        " the model was marked failed."
+    )
+    reason: str | None = Field(description="Why the last answer was found degraded.")
+    interval_s: float = Field(description="Seconds between canaries while the model is idle.")
+    reference: str | None = Field(
+        description="The answer later ones are held to: the operator's `canary_reference`,"
+        " else the first sound answer after a load of the current definition."
+    )
+    answer: str | None = Field(description="The last answer.")
+    checked_at: float | None = Field(description="When (seconds since the epoch).")
+    reloads_last_hour: int = Field(description="Reloads the canary asked for in the last hour.")
+
+
 class RowDetails(_Reply):
     """What the artifact's own metadata says (GGUF header, ``config.json``); null where
     it says nothing (a stub or remote model has no artifact)."""
@@ -549,11 +569,12 @@ class ModelRow(_Reply):
     configured_target_inflight: int
     effective_target_inflight: int
     last_error: str | None
-    unload_reason: Literal["evicted", "requested", "keep_alive"] | None = Field(
+    unload_reason: Literal["evicted", "requested", "keep_alive", "canary"] | None = Field(
         description="Why the model was last unloaded, until it loads again: `evicted` (the"
         " pool made room for another model; its next request loads it again), `requested`"
         " (an unload was asked for; it stays unloaded), `keep_alive` (idle past its"
-        " keep_alive); null if it never was."
+        " keep_alive), `canary` (its output canary found it degraded: reloaded, or marked"
+        " failed); null if it never was."
     )
     asleep_ram_mib: int | None = Field(
         description="Host RAM its sleeping replicas hold: an eviction put its engines to"
@@ -578,6 +599,11 @@ class ModelRow(_Reply):
     load_override: dict[str, Any]
     capabilities: RowCapabilities
     details: RowDetails
+    canary: RowCanary | None = Field(
+        description="Its output canary; null where canaries are off for the model"
+        " (canary_interval_s 0, a remote model that sets none, a model that does not"
+        " generate text)."
+    )
     definition: dict[str, Any]
 
 
@@ -590,7 +616,13 @@ class DecisionRow(_Reply):
     """One residency decision, with its reason (further fields carry its numbers)."""
 
     seq: int = Field(description="Increases by one with each decision.")
-    action: Literal["place", "evict", "wait", "yield", "refuse", "comeback"]
+    action: Literal["place", "evict", "wait", "yield", "refuse", "comeback", "reload", "fail"] = (
+        Field(
+            description="`reload`: the output canary found the model degraded and it was"
+            " drained and reloaded; `fail`: degraded past engine.canary_reloads_per_hour,"
+            " marked failed (docs/reliability.md)."
+        )
+    )
     model: str = Field(description="The model decided about.")
     for_model: str | None = Field(
         alias="for", description="The model it was decided for (evict, yield); else null."

@@ -91,6 +91,31 @@ async def test_ps_prints_a_table_of_every_model(server: ServerInfo) -> None:
     assert {row["name"] for row in body["models"]} == set(STUB_MODELS)
 
 
+async def test_ps_shows_a_model_its_canary_found_degraded(nursery: trio.Nursery) -> None:
+    """A runtime that answers nothing: `degraded` with the reason while it reloads, then
+    (one reload an hour) `failed` with the canary's finding as its error."""
+    bad = {"backend": "stub", "enabled": True, "stub_degrade_after": 0, "stub_load_seconds": 2}
+    info = await start_server(
+        nursery, {"bad": bad}, engine={"canary_interval_s": 3600, "canary_reloads_per_hour": 1}
+    )
+    pool = info.pool
+    while (canary := pool.snapshot("bad").canary) is None or canary.health != "degraded":
+        await trio.sleep(0.05)
+    ran = await cli(info, "ps")
+    (row,) = [r for r in ran.out.splitlines() if r.startswith("bad ")]
+    assert row.split()[3] == "degraded"  # after the state ("loading," while it reloads)
+    assert "bad: degraded: empty answer (0 token(s), finish_reason stop)" in ran.out
+    while pool.snapshot("bad").state != "failed":
+        await trio.sleep(0.05)
+    ran = await cli(info, "ps")
+    (row,) = [r for r in ran.out.splitlines() if r.startswith("bad ")]
+    assert row.split()[2] == "failed"
+    assert "bad: output canary: empty answer" in ran.out
+    why = (await cli(info, "why", "bad")).out
+    assert "reloaded bad (output canary): output canary: empty answer" in why
+    assert "marked bad failed (output canary): output canary: empty answer" in why
+
+
 async def test_load_with_overrides_then_unload(nursery: trio.Nursery) -> None:
     models = {**STUB_MODELS, "wide": {"backend": "stub", "replica_max": 2}}
     info = await start_server(nursery, models)

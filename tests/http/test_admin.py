@@ -26,7 +26,7 @@ ROW_FIELDS = {
     "configured_target_inflight", "effective_target_inflight", "last_error", "vram_estimate_mib",
     "vram_estimate_replica_count", "vram_estimate_source", "vram_estimate_basis",
     "observed_load_delta", "gpus",
-    "gpu_split_mib", "unload_reason", "asleep_ram_mib",
+    "gpu_split_mib", "unload_reason", "asleep_ram_mib", "canary",
     "load_constraints",
     "load_recommendations", "load_override", "capabilities", "details", "definition",
 }  # fmt: skip

@@ -223,6 +223,34 @@ async def test_decisions_show_and_an_eviction_appears_live(nursery: trio.Nursery
 
 
 @browser_test
+async def test_a_model_its_canary_finds_degraded_shows_it(nursery: trio.Nursery) -> None:
+    """A runtime that answers nothing: the row shows `degraded` and why while the model
+    reloads, then `failed` (one reload an hour); the decisions say both."""
+    bad = {"backend": "stub", "stub_degrade_after": 0, "stub_load_seconds": 2}
+    info = await start_server(
+        nursery, {"bad": bad}, engine={"canary_interval_s": 3600, "canary_reloads_per_hour": 1}
+    )
+
+    def scenario(page: Page) -> None:
+        row = model(page, "bad")
+        expect(row.locator(".state")).to_have_text("unloaded")
+        httpx.post(f"{info.url}/v1/admin/models/bad/load", timeout=30)  # then its canary
+        expect(row.locator(".state")).to_have_text(re.compile(r"^\w+, degraded$"))
+        expect(row.locator(".state")).to_have_attribute("data-state", "degraded")
+        expect(row.locator(".last-error:not(.action-error)")).to_have_text(
+            "degraded: empty answer (0 token(s), finish_reason stop)"
+        )
+        expect(row.locator(".state")).to_have_text("failed")
+        expect(row.locator(".last-error:not(.action-error)")).to_contain_text(
+            "output canary: empty answer"
+        )
+        expect(page.locator('#decision-rows tr[data-action="reload"]')).to_have_count(1)
+        expect(page.locator('#decision-rows tr[data-action="fail"]')).to_have_count(1)
+
+    await in_browser(info, scenario)
+
+
+@browser_test
 async def test_a_split_replica_shows_on_both_gpus(nursery: trio.Nursery) -> None:
     # 12 GB on two 8 GB GPUs beside a 4 GB model: split 4000 + 8000 (docs/vram.md).
     stub = {"backend": "stub", "on_demand": True}

@@ -44,6 +44,7 @@ _LATENCY_BUCKETS = (
 )
 _MIB = 1024 * 1024
 _STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
+_CANARY = ("pending", "ok", "degraded", "failed")
 
 
 class _LiveState(Collector):
@@ -78,14 +79,25 @@ class _LiveState(Collector):
             " NaN when not measured)",
             labels=["model", "part"],
         )
+        canary = GaugeMetricFamily(
+            "llm_pool_model_canary",
+            "1 for what the model's output canary last found (pending, ok, degraded;"
+            " failed: degraded past engine.canary_reloads_per_hour and marked failed);"
+            " models without a canary have no sample",
+            labels=["model", "status"],
+        )
         for actor in self._models():
             _add_memory_split(split, actor)
+            status = actor.residence.canary_status
+            if status is not None:
+                for health in _CANARY:
+                    canary.add_metric([actor.name, health], 1.0 if status.health == health else 0.0)
             depth.add_metric([actor.name], actor.scheduler.queue_depth)
             inflight.add_metric([actor.name], actor.scheduler.running)
             replicas.add_metric([actor.name], len(actor.replicas))
             for name in _STATES:
                 state.add_metric([actor.name, name], 1.0 if actor.state == name else 0.0)
-        yield from (depth, inflight, replicas, state, split)
+        yield from (depth, inflight, replicas, state, split, canary)
         used = GaugeMetricFamily(
             "llm_pool_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]
         )
@@ -266,6 +278,19 @@ class PoolMetrics:
             "Usage records dropped (queue_full: the writer fell behind; write_failed: the"
             " database refused a batch; closed, shutdown: the pool was stopping)",
             ["reason"],
+            registry=r,
+        )
+        self.canary_probes = Counter(
+            "llm_pool_canary_probes",
+            "Output canaries by outcome (ok, degraded, skipped: the model was busy or a"
+            " request came); never counted as requests",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.canary_reloads = Counter(
+            "llm_pool_canary_reloads",
+            "Reloads of a model its output canary found degraded",
+            ["model"],
             registry=r,
         )
         self.budget_refusals = Counter(

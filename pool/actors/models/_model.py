@@ -17,12 +17,14 @@ from typing import Any, Literal, Protocol
 import trio
 
 from pool.actors.models._metrics import PoolMetrics
+from pool.actors.models._probe import ProbeAnswer, run_probe
 from pool.actors.models._replica import Replica
 from pool.actors.models._scheduler import Scheduler
 from pool.actors.models._stats import RecentStats
 from pool.actors.models._ticket import Ticket
 from pool.actors.values._details import ModelDetails
 from pool.actors.values._snapshots import (
+    CanaryStatus,
     ModelSnapshot,
     OutOfMemory,
     RuntimeState,
@@ -103,11 +105,13 @@ class ResidenceFacts(Protocol):
     def artifact_mib(self) -> int | None: ...
     @property
     def details(self) -> ModelDetails: ...
+    @property
+    def canary_status(self) -> CanaryStatus | None: ...
 
 
 @dataclass(slots=True)
 class _Command:
-    kind: Literal["load", "unload", "replica_failed", "set_model_path"]
+    kind: Literal["load", "unload", "replica_failed", "set_model_path", "reload", "fail"]
     plan: PlacedLoad | None = None
     reason: str = ""
     unload_reason: UnloadReason = "requested"
@@ -140,6 +144,19 @@ class Sleepers:
             and replicas == len(self.replicas)
             and [p.gpus for p in gpus] == [p.gpus for p in self.placement]
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _SameLoad:
+    """The load the model has, again (a reload): its replicas, overrides, definition."""
+
+    replicas: int
+    patch: Mapping[str, Any]
+    definition: ModelDefinition
+    explicit: bool = False
+
+    def effective(self, current: ModelDefinition) -> ModelDefinition:
+        return self.definition
 
 
 class OnDemandLoader(Protocol):
@@ -234,6 +251,8 @@ class ModelActor:
         # host RAM), woken by the next load of the same plan; how often that happened.
         self._asleep: Sleepers | None = None
         self.wake_count = 0
+        # The replica the next output canary runs on (they take turns).
+        self._probe_turn = 0
         # Pool-level hooks: ``on_change`` wakes whoever waits for room (eviction);
         # ``loader`` starts on-demand loads, which the pool owns.
         self._on_change = on_change
@@ -300,6 +319,32 @@ class ModelActor:
         them (see :class:`Sleepers`); a replica that will not sleep closes them all.
         """
         return await self._call(_Command("unload", unload_reason=reason, sleep=sleep))
+
+    async def reload(self) -> ModelSnapshot:
+        """Drain and reload the model as it is loaded (same replicas, overrides, files
+        and GPUs); only the residency owner calls this, when its output canary found it
+        degraded. A model that is not loaded any more is left as it is.
+
+        Raises:
+            PoolError: ``load_failed`` (the model is then ``failed``).
+        """
+        return await self._call(_Command("reload"))
+
+    async def mark_failed(self, reason: str) -> ModelSnapshot:
+        """Drain and unload the model and leave it ``failed`` with ``reason`` as its
+        ``last_error`` (the residency owner: reloads did not cure its output canary). A
+        model that is not loaded any more is left as it is."""
+        return await self._call(_Command("fail", reason=reason))
+
+    async def probe(self, request: GenerationRequest) -> ProbeAnswer | None:
+        """Run an output canary on the next replica in turn (pool/actors/models/_probe.py);
+        None, skipped, when the model is not loaded or not idle, or when a request came
+        and cancelled it."""
+        if self.state != "loaded" or not self.idle or not self.replicas:
+            return None
+        replica = self.replicas[self._probe_turn % len(self.replicas)]
+        self._probe_turn += 1
+        return await run_probe(replica, request)
 
     @property
     def loads_on_request(self) -> bool:
@@ -443,6 +488,10 @@ class ModelActor:
                 result = await self._do_unload(command.unload_reason, sleep=command.sleep)
             elif command.kind == "set_model_path":
                 result = await self._do_set_model_path(command)
+            elif command.kind == "reload":
+                result = await self._do_reload()
+            elif command.kind == "fail":
+                result = await self._do_fail(command.reason)
             else:
                 await self._do_replica_failed(command)
                 return
@@ -719,6 +768,25 @@ class ModelActor:
         self._set_state("unloaded")
         return self.snapshot()
 
+    async def _do_reload(self) -> ModelSnapshot:
+        if self.state != "loaded":
+            return self.snapshot()
+        again = _SameLoad(self.selected_replicas, dict(self.load_override), self.active_definition)
+        gpus = self.placement
+        await self._do_unload("canary")
+        # No checkpoint between "unloaded" and "loading": the GPUs stay this model's.
+        return await self._do_load(_Command("load", again, gpus=gpus))
+
+    async def _do_fail(self, reason: str) -> ModelSnapshot:
+        if self.state != "loaded":
+            return self.snapshot()
+        await self._do_unload("canary")
+        self.last_error = reason
+        log.warning("model=%s marked failed: %s", self.name, reason)
+        self._set_state("failed")
+        self.residence.failed()
+        return self.snapshot()
+
     def _forget_unload(self, reason: UnloadReason | None) -> None:
         self.unload_reason = reason
         self._comeback = None
@@ -870,4 +938,5 @@ class ModelActor:
             placement=(self.placement if self.state in ("loading", "loaded", "unloading") else ()),
             unload_reason=self.unload_reason,
             asleep_ram_mib=self.asleep_ram_mib,
+            canary=self.residence.canary_status,
         )

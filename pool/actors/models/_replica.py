@@ -120,6 +120,9 @@ class Replica:
         # the model hears of it: /health reports it (docs/api.md, "Health").
         self._on_out_of_memory = on_out_of_memory
         self._running: set[Ticket] = set()
+        # The output canary running here, if any: it holds no slot, and a request
+        # dispatched here cancels it (a canary never delays a user's request).
+        self._probe: Ticket | None = None
         self._jobs: trio.Nursery | None = None
         self._stop = trio.Event()
         self.stopped = trio.Event()
@@ -201,6 +204,8 @@ class Replica:
         if self._jobs is None:
             ticket.reject(PoolError("model_unloading", "the replica is stopping"))
             return
+        if self._probe is not None:
+            self._probe.scope.cancel()
         self.inflight += 1
         self._running.add(ticket)
         ticket.replica = self.index
@@ -212,6 +217,38 @@ class Replica:
             self.inflight,
         )
         self._jobs.start_soon(self._run_job, ticket)
+
+    @property
+    def probing(self) -> bool:
+        """Whether an output canary runs here now."""
+        return self._probe is not None
+
+    def start_probe(self, ticket: Ticket) -> None:
+        """Run an output canary (pool/actors/models/_probe.py) in the replica's job
+        nursery, so stopping the replica cancels it before the runtime closes.
+
+        It takes no slot: the scheduler does not see it, nothing counts it as a request,
+        and the first job dispatched here cancels it (a runtime that decodes one sequence
+        at a time serializes the two on its own lock, so the request waits at most for
+        the canary's next token)."""
+        if self._jobs is None or self._probe is not None:
+            ticket.reject(PoolError("model_unloading", "the replica is stopping or busy"))
+            return
+        self._probe = ticket
+        self._jobs.start_soon(self._run_probe, ticket)
+
+    async def _run_probe(self, ticket: Ticket) -> None:
+        try:
+            with ticket.send_channel:
+                outcome = await self._generate(ticket)
+                if outcome is not None:
+                    with (
+                        trio.move_on_after(_RESULT_HANDOVER_S, shield=True),
+                        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                    ):
+                        await ticket.send_channel.send(outcome)
+        finally:
+            self._probe = None
 
     async def _run_job(self, ticket: Ticket) -> None:
         released = False

@@ -16,8 +16,10 @@ from typing import Any, Literal
 # place: a load was let through, onto these GPUs; evict: a model was unloaded to make
 # room for another; wait: a load found no room and waits for it; yield: a busy model
 # was asked to make way; refuse: a load was refused (the numbers say why); comeback: an
-# evicted enabled model is loaded again because room freed.
-Action = Literal["place", "evict", "wait", "yield", "refuse", "comeback"]
+# evicted enabled model is loaded again because room freed; reload: a model whose output
+# canary found it degraded was drained and reloaded; fail: it was degraded past
+# engine.canary_reloads_per_hour and marked failed (docs/reliability.md).
+Action = Literal["place", "evict", "wait", "yield", "refuse", "comeback", "reload", "fail"]
 
 # How many decisions are kept (the oldest go first).
 DECISIONS_KEPT = 500

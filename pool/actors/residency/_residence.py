@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from pool.actors.residency._canary_watch import CanaryWatch
 from pool.actors.residency._estimate import (
     Artifact,
     closed_form_mib,
@@ -29,7 +30,7 @@ from pool.actors.residency._footprints import FootprintStore, load_key
 from pool.actors.residency._keep_alive import parse_keep_alive
 from pool.actors.residency._vram import CudaContexts, LoadMeter, MeterMark, charges
 from pool.actors.values._details import ModelDetails, artifact_details
-from pool.actors.values._snapshots import VramEstimate
+from pool.actors.values._snapshots import CanaryStatus, VramEstimate
 from pool.backends import SleepingRuntime
 from pool.config import ModelDefinition
 
@@ -98,6 +99,8 @@ class Residence:
         )
         self.expires_at: float | None = None
         self.keep_alive_poke = trio.Event()
+        # Its output canary, where it has one (the owner starts it: Residency.run).
+        self.canary: CanaryWatch | None = None
 
     # -- facts the model actor reports -------------------------------------------------
     async def read_files(self, model_path: str | None) -> None:
@@ -140,6 +143,8 @@ class Residence:
         """A load (or wake) is over; ``idle``: nothing waits for it."""
         if self.actor.definition.on_demand and idle:
             self.arm_keep_alive()
+        if self.canary is not None:
+            self.canary.loaded()
 
     def keep_alive_for(self, asked: float | str | None) -> float | None:
         """The keep-alive a request asks for (Ollama's ``keep_alive``), or the model's
@@ -162,6 +167,8 @@ class Residence:
 
     def went_idle(self) -> None:
         """The model finished its requests."""
+        if self.canary is not None:
+            self.canary.went_idle()
         if self.actor.state == "loaded":
             self.served_at = trio.current_time()
             if self.actor.definition.on_demand:
@@ -178,6 +185,11 @@ class Residence:
     def failed(self) -> None:
         """A replica failed and the others were stopped."""
         self.expires_at = None
+
+    @property
+    def canary_status(self) -> CanaryStatus | None:
+        """What its output canary found; None where it has none."""
+        return None if self.canary is None else self.canary.status
 
     # -- keep-alive (on-demand models) -------------------------------------------------
     def arm_keep_alive(self) -> None:

@@ -26,6 +26,8 @@ from typing import Any, NoReturn
 import trio
 
 from pool.actors.models._model import ModelActor
+from pool.actors.residency._canary import canary_plan
+from pool.actors.residency._canary_watch import CanaryWatch
 from pool.actors.residency._decisions import DecisionLog
 from pool.actors.residency._eviction import eviction_candidates, reload_s, warm_note
 from pool.actors.residency._footprints import FootprintStore
@@ -147,12 +149,20 @@ class Residency:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Carry out the owner's background work: evicted ``enabled`` models come back
-        when room frees, and idle on-demand models unload when their keep-alive ends."""
+        when room frees, idle on-demand models unload when their keep-alive ends, and
+        output canaries probe the models that have one (``_canary_watch.py``)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for residence in self.residences.values():
-                if residence.actor.definition.on_demand:
+                actor = residence.actor
+                if actor.definition.on_demand:
                     nursery.start_soon(self._keep_alive, residence)
+                plan = canary_plan(actor.definition, self.settings.engine, actor.capabilities)
+                if plan is not None:
+                    residence.canary = CanaryWatch(
+                        actor, plan, self.decisions, on_change=self.notify_change
+                    )
+                    nursery.start_soon(residence.canary.run)
             task_status.started()
             while True:
                 await self._changed.wait()

@@ -18,8 +18,13 @@ from pool.config import ModelDefinition
 RuntimeState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 # Why an unloaded model is unloaded (docs/vram.md, "Eviction"): the pool made room for
 # another model (its next request loads it again), an unload was asked for (admin,
-# runner or Ollama API: it stays unloaded), or it sat idle past its keep_alive.
-UnloadReason = Literal["evicted", "requested", "keep_alive"]
+# runner or Ollama API: it stays unloaded), it sat idle past its keep_alive, or its
+# output canary found it degraded (docs/reliability.md, "Output canaries").
+UnloadReason = Literal["evicted", "requested", "keep_alive", "canary"]
+# What a model's output canary last found: no answer yet since the load (pending), an
+# answer like the reference (ok), an answer that is not (degraded: a reload follows),
+# degraded past engine.canary_reloads_per_hour (failed: the model was marked failed).
+CanaryHealth = Literal["pending", "ok", "degraded", "failed"]
 # The estimate chain, best first (pool/actors/residency/_estimate.py, docs/vram.md).
 VramSource = Literal[
     "configured_vram_mb",
@@ -42,6 +47,22 @@ class VramEstimate:
     @property
     def per_replica_mib(self) -> int | None:
         return None if self.mib is None else -(-self.mib // max(1, self.replica_count))
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryStatus:
+    """A model's output canary (docs/reliability.md, "Output canaries")."""
+
+    health: CanaryHealth
+    interval_s: float
+    # Why the last answer was found degraded (None while ok or pending).
+    reason: str | None = None
+    # The answer later ones are held to (the operator's, else the first after a load of
+    # the current definition), and the last answer; None before there is one.
+    reference: str | None = None
+    answer: str | None = None
+    checked_at: float | None = None  # wall clock of the last answer
+    reloads_last_hour: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +101,8 @@ class ModelSnapshot:
     asleep_ram_mib: int | None = None
     # Family, size, quantization and trained context from the artifact's metadata.
     details: ModelDetails = field(default_factory=ModelDetails)
+    # Its output canary; None where canaries are off for it.
+    canary: CanaryStatus | None = None
 
     @property
     def served_context_length(self) -> int | None:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pool.actors import (
+    CanaryStatus,
     GpuReading,
     GpuView,
     ModelDetails,
@@ -23,6 +24,7 @@ from pool.schemas import (
     GpuRow,
     ModelList,
     ModelRow,
+    RowCanary,
     RowCapabilities,
     RowDetails,
     UsageRow,
@@ -36,6 +38,21 @@ def capabilities_body(capabilities: Capabilities) -> dict[str, Any]:
         "modalities": list(capabilities.modalities),
         "multi_turn": capabilities.multi_turn,
         "thinking_modes": list(capabilities.thinking_modes),
+    }
+
+
+@renders(RowCanary | None)
+def canary_body(canary: CanaryStatus | None) -> dict[str, Any] | None:
+    if canary is None:
+        return None
+    return {
+        "health": canary.health,
+        "reason": canary.reason,
+        "interval_s": canary.interval_s,
+        "reference": canary.reference,
+        "answer": canary.answer,
+        "checked_at": canary.checked_at,
+        "reloads_last_hour": canary.reloads_last_hour,
     }
 
 
@@ -134,6 +151,7 @@ def _row(snapshot: ModelSnapshot, *, full: bool) -> dict[str, Any]:
         row["load_override"] = dict(snapshot.load_override)
         row["capabilities"] = capabilities_body(snapshot.capabilities)
         row["details"] = details_body(snapshot.details, snapshot.served_context_length)
+        row["canary"] = canary_body(snapshot.canary)
     row["definition"] = definition_body(snapshot)
     return row
 

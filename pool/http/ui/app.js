@@ -339,10 +339,15 @@ function updateModel(entry, row) {
   if (facts.served_context_length) notes.push(`ctx ${facts.served_context_length}`);
   p.backend.textContent = notes.join(" · ");
   p.backend.title = facts.context_length ? `trained context ${facts.context_length}` : "";
-  p.state.textContent = row.runtime_state;
-  p.state.dataset.state = row.runtime_state;
+  // An output canary that found the model degraded shows beside its state, with the reason.
+  const degraded = row.canary?.health === "degraded";
+  p.state.textContent = degraded ? `${row.runtime_state}, degraded` : row.runtime_state;
+  p.state.dataset.state = degraded ? "degraded" : row.runtime_state;
   const evicted = row.runtime_state === "unloaded" && row.unload_reason === "evicted";
-  p.error.textContent = row.last_error || (evicted ? "evicted: its next request loads it again" : "");
+  p.error.textContent =
+    row.last_error ||
+    (degraded ? `degraded: ${row.canary.reason}` : "") ||
+    (evicted ? "evicted: its next request loads it again" : "");
   p.replicas.textContent = `${row.loaded_replicas}/${row.replicas}`;
   p.replicas.title = `loaded / current count, at most ${row.replica_max}`;
   p.inflight.textContent = String(row.runtime_inflight);
