@@ -103,13 +103,13 @@ async def test_ps_shows_a_model_its_canary_found_degraded(nursery: trio.Nursery)
         await trio.sleep(0.05)
     ran = await cli(info, "ps")
     (row,) = [r for r in ran.out.splitlines() if r.startswith("bad ")]
-    assert row.split()[3] == "degraded"  # after the state ("loading," while it reloads)
+    assert row.split()[4] == "degraded"  # after the state ("loading," while it reloads)
     assert "bad: degraded: empty answer (0 token(s), finish_reason stop)" in ran.out
     while pool.snapshot("bad").state != "failed":
         await trio.sleep(0.05)
     ran = await cli(info, "ps")
     (row,) = [r for r in ran.out.splitlines() if r.startswith("bad ")]
-    assert row.split()[2] == "failed"
+    assert row.split()[3] == "failed"
     assert "bad: output canary: empty answer" in ran.out
     why = (await cli(info, "why", "bad")).out
     assert "reloaded bad (output canary): output canary: empty answer" in why
