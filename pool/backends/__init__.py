@@ -8,6 +8,15 @@ CTranslate2 or vLLM.
 from __future__ import annotations
 
 from pool.backends._file_identity import file_identity
+from pool.backends._forward import (
+    FORWARDED_KINDS,
+    KIND_ROUTES,
+    Forwarded,
+    ForwardingRuntime,
+    ForwardJob,
+    ReplyHead,
+    forward_job,
+)
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
 from pool.backends._load_request import (
@@ -75,6 +84,8 @@ from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "FORWARDED_KINDS",
+    "KIND_ROUTES",
     "MODEL_KINDS",
     "Backend",
     "CacheFlushed",
@@ -86,6 +97,9 @@ __all__ = [
     "EmbeddingResult",
     "EmbeddingRuntime",
     "FinishReason",
+    "ForwardJob",
+    "Forwarded",
+    "ForwardingRuntime",
     "GenerationRequest",
     "GenerationStats",
     "GgufHeader",
@@ -100,6 +114,7 @@ __all__ = [
     "ModelKind",
     "OutputFormat",
     "PrefixCachingRuntime",
+    "ReplyHead",
     "Runtime",
     "SentenceConfig",
     "SleepingRuntime",
@@ -123,6 +138,7 @@ __all__ = [
     "context_field",
     "definition_class",
     "file_identity",
+    "forward_job",
     "free_port",
     "get_backend",
     "load_constraints",

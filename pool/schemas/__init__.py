@@ -18,6 +18,7 @@ from pool.schemas._compat import (
     OpenAISampling,
 )
 from pool.schemas._documented import with_components
+from pool.schemas._images import ImageData, ImageGenerationRequest, ImagesResponse
 from pool.schemas._keys import KeyCreated, KeyCreateRequest, KeyList, KeyRevoked, KeyRow
 from pool.schemas._messages import (
     MessagesBlock,
@@ -194,6 +195,9 @@ __all__ = [
     "Health",
     "HealthReason",
     "ImageContent",
+    "ImageData",
+    "ImageGenerationRequest",
+    "ImagesResponse",
     "InputItemList",
     "KeyCreateRequest",
     "KeyCreated",
