@@ -114,11 +114,10 @@ async def _relay(pool: Pool, request: TaskRequest, tenant: str, priority: str) -
                     yield event
                 elif isinstance(event, Delta):
                     yield event.text.encode()
-                elif isinstance(event, Failed):
+                elif isinstance(event, Failed) and media_type.startswith(SSE):
                     # The head is gone: an event stream ends with an error event, as
                     # the pool's own streams do; anything else just ends short.
-                    if media_type.startswith(SSE):
-                        yield b"data: " + json.dumps(error_body(event.error)).encode() + b"\n\n"
+                    yield b"data: " + json.dumps(error_body(event.error)).encode() + b"\n\n"
 
     response = streamed_answer(pieces(), admission, media_type=media_type)
     response.status_code = head.status or 200

@@ -5,7 +5,8 @@
 - ``POST /v1/images/generations``: one image per ``n`` (its bytes: the prompt, base64),
   the ``model`` it was sent as ``revised_prompt`` of the first, a ``usage``; with
   ``"stream": true``, Server-Sent Events (chunked): a partial image per ``n``, then the
-  completed event with ``usage``. A prompt ``refuse`` answers 400 with OpenAI's error.
+  completed event with ``usage``. A prompt ``refuse`` answers 400 with OpenAI's error;
+  a streamed prompt ``break`` ends the connection after its first event.
 - ``POST /v1/audio/transcriptions``: a multipart form; answers the form's content type
   boundary check and the size of its ``file`` part as ``text``.
 - ``GET /whoami``: the process ids and what it was started with (``--model-file``, the
@@ -99,6 +100,10 @@ class Handler(BaseHTTPRequestHandler):
             event = {"type": "image_generation.partial_image", "partial_image_index": i, **image}
             self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
             time.sleep(0.05)
+            if prompt == "break":
+                # Dies mid-stream: the connection closes without the stream's end.
+                self.close_connection = True
+                return
         done = {"type": "image_generation.completed", "usage": usage}
         self._chunk(b"data: " + json.dumps(done).encode() + b"\n\n")
         self._chunk(b"")

@@ -201,6 +201,21 @@ async def test_images_whole_and_streamed_through_the_pool(
         ]
         assert base64.b64decode(events[2]["b64_json"]) == b"two owls #2"
 
+        # A stream the server breaks off ends with an error event after what it sent.
+        async with http.stream(
+            "POST",
+            "/v1/images/generations",
+            json={"model": "painter", "prompt": "break", "n": 2, "stream": True},
+        ) as broken:
+            assert broken.status_code == 200
+            sent = [
+                json.loads(line[6:])
+                async for line in broken.aiter_lines()
+                if line.startswith("data: ")
+            ]
+        assert sent[0]["type"] == "image_generation.partial_image"
+        assert len(sent) == 2 and sent[1]["error"]["code"] == "backend_error"
+
         # The server's refusal is the client's error, quoted.
         r = await http.post("/v1/images/generations", json={"model": "painter", "prompt": "refuse"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
@@ -228,12 +243,13 @@ async def test_images_whole_and_streamed_through_the_pool(
     assert who["model_file"] == str(tmp_path / "painter.bin")
     assert who["tag"] == f"tag-{port}"
     assert who["authorization"] == "Bearer secret-upstream"
-    await wait_until(lambda: pool.parts_for_tests().usage.written == 5)  # type: ignore[union-attr]
+    await wait_until(lambda: pool.parts_for_tests().usage.written == 6)  # type: ignore[union-attr]
     # Usage from the server's own `usage` (whole or streamed); refusals recorded as such
     # (the 422 never reached the pool).
     assert _rows(private_state) == [
         (None, "default", "painter", 3, 200, "success"),
         (None, "default", "painter", 2, 300, "success"),
+        (None, "default", "painter", 0, 0, "backend_error"),
         (None, "default", "painter", 0, 0, "invalid_request"),
         (None, "default", "chat", 0, 0, "wrong_model_kind"),
         (None, "default", "painter", 0, 0, "wrong_model_kind"),
@@ -245,7 +261,12 @@ async def test_images_whole_and_streamed_through_the_pool(
         for sample in family.samples
         if sample.name == "llm_pool_requests_total" and sample.labels["model"] == "painter"
     }
-    assert counted == {"success": 2, "invalid_request": 1, "wrong_model_kind": 1}
+    assert counted == {
+        "success": 2,
+        "backend_error": 1,
+        "invalid_request": 1,
+        "wrong_model_kind": 1,
+    }
 
 
 async def test_keys_and_tenants_apply_as_to_chat(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -344,3 +365,65 @@ def test_the_server_dies_with_a_killed_pool(
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     settings = build_settings({"engine": {"models": {"painter": _image_model(tmp_path)}}})
     assert_killed_pool_leaves_no_server(settings, "painter", tmp_path)
+
+
+async def test_a_chat_server_serves_every_generation_surface(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A chat server is spoken to by the pool's Chat Completions client (the fake server
+    streams "one two three ..."), so Chat Completions, legacy Completions, Responses and
+    Ollama all work; a server that never gets ready fails its load within its timeout."""
+    fake = Path(__file__).with_name("fake_openai_server.py")
+    settings = build_settings(
+        {
+            "service": {"shutdown_grace_s": 2},
+            "engine": {
+                "models": {
+                    "talker": {
+                        "backend": "server",
+                        "command": [sys.executable, str(fake), "--port", "${PORT}"],
+                        "target_inflight": 2,
+                        "enabled": True,
+                    },
+                    "sleeper": {
+                        "backend": "server",
+                        "command": [sys.executable, str(fake), "--port", "${PORT}"],
+                        "env": {"UNUSED": "x"},
+                        "health_path": "/never",
+                        "ready_timeout_s": 1.5,
+                    },
+                }
+            },
+        }
+    )
+    info = await _serve(nursery, settings)
+    assert info.pool.snapshot("talker").effective_target_inflight == 2
+    messages = [{"role": "user", "content": "hi"}]
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        r = await http.post(
+            "/v1/chat/completions", json={"model": "talker", "messages": messages, "max_tokens": 3}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "one two three"
+        usage = r.json()["usage"]
+        # The server's own counts.
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (3, 3)
+        r = await http.post(
+            "/v1/completions", json={"model": "talker", "prompt": "hi", "max_tokens": 2}
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "one two"
+        r = await http.post(
+            "/api/chat",
+            json={
+                "model": "talker",
+                "messages": messages,
+                "stream": False,
+                "options": {"num_predict": 4},
+            },
+        )
+        assert r.status_code == 200 and r.json()["message"]["content"] == "one two three four"
+        r = await http.post("/v1/images/generations", json={"model": "talker", "prompt": "a cat"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
+        r = await http.post("/v1/admin/models/sleeper/load")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "load_failed"
+        assert "not ready within 1.5s" in r.json()["error"]["message"]
