@@ -7,6 +7,7 @@
   ``"stream": true``, Server-Sent Events (chunked): a partial image per ``n``, then the
   completed event with ``usage``. A prompt ``refuse`` answers 400 with OpenAI's error;
   a streamed prompt ``break`` ends the connection after its first event.
+- ``POST /v1/rerank``: documents scored by the words they share with the query.
 - ``POST /v1/audio/transcriptions``: a multipart form; answers the form's content type
   boundary check and the size of its ``file`` part as ``text``.
 - ``GET /whoami``: the process ids and what it was started with (``--model-file``, the
@@ -69,6 +70,8 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.path == "/v1/images/generations":
             self._images(json.loads(raw))
+        elif self.path == "/v1/rerank":
+            self._rerank(json.loads(raw))
         elif self.path == "/v1/audio/transcriptions":
             kind = self.headers.get("Content-Type", "")
             boundary = kind.partition("boundary=")[2].encode()
@@ -77,6 +80,19 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"text": f"{kind.split(';')[0]} file of {size} bytes"})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _rerank(self, body: dict[str, Any]) -> None:
+        # Scored by the words a document shares with the query (a toy, but a real reply).
+        query = set(str(body["query"]).lower().split())
+        scored = [
+            {"index": i, "relevance_score": len(query & set(str(d).lower().split())) / len(query)}
+            for i, d in enumerate(body["documents"])
+        ]
+        scored.sort(key=lambda item: -item["relevance_score"])
+        words = sum(len(str(d).split()) for d in body["documents"]) + len(query)
+        self._json(
+            200, {"model": body.get("model"), "results": scored, "usage": {"total_tokens": words}}
+        )
 
     def _images(self, body: dict[str, Any]) -> None:
         prompt = str(body.get("prompt", ""))
