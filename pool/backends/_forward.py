@@ -99,7 +99,7 @@ class ForwardJob(TaskJob):
     operation: ClassVar[str] = "forward"
     model: str
     route: str
-    body: bytes
+    body: bytes = field(repr=False)  # a form with an audio file: not for the logs
     content_type: str = "application/json"
     request_id: str = ""
     # Shared with the route that relays the reply (the job object is copied, not it).
@@ -129,7 +129,10 @@ _JOBS: Mapping[ModelKind, type[ForwardJob]] = {kind: _job_class(kind) for kind i
 def forward_job(
     kind: ModelKind, *, model: str, route: str, body: bytes, content_type: str
 ) -> ForwardJob:
-    """The job that forwards one request for ``route``, served by models of ``kind``."""
+    """The job that forwards one request for ``route``, served by models of ``kind``
+    (one of :data:`FORWARDED_KINDS`: chat and embeddings have the pool's own client)."""
+    if kind not in _JOBS:
+        raise ValueError(f"kind {kind} is not forwarded")
     return _JOBS[kind](model=model, route=route, body=body, content_type=content_type)
 
 
