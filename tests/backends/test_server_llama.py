@@ -1,7 +1,12 @@
 """Backend ``server`` with the real ``llama-server`` started by its command line, SmolLM2's
 GGUF as ``${MODEL_PATH}``: in embedding mode (``--embeddings``, spoken to by the pool's
 embeddings client, so every embedding surface works) and in reranking mode
-(``--reranking``, its ``/v1/rerank`` forwarded as it came by the forward job)."""
+(``--reranking``, its ``/v1/rerank`` forwarded as it came by the forward job).
+
+SmolLM2 has no rank head: llama-server (this build) scores it anyway, from what its rank
+pooling reads, so the scores say nothing about relevance. What is checked is that the
+pool's answer is the server's, score for score (one slot: with several, this model's
+scores vary with how the server batches the documents)."""
 
 from __future__ import annotations
 
