@@ -319,7 +319,14 @@ class Pool:
         raised. A streamed task is read from :meth:`admit` with
         :meth:`Admission.task_events` instead."""
         async with self.admit(request, **kwargs) as admission:
-            return await admission.task_result()
+            done = await admission.task_result()
+        # Counted in the metrics and the tenant's token rate as an embedding's tokens are.
+        tokens = done.usage.prompt_tokens or 0
+        self._metrics.prompt_tokens.labels(request.model).inc(tokens)
+        self._rate_limiter.charge_tokens(
+            admission.ticket.tenant, tokens + (done.usage.output_tokens or 0)
+        )
+        return done
 
     async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(*args)`` in the pool's nursery and wait for its result.

@@ -60,6 +60,14 @@ from pool.backends._registry import (
     register_backend,
     unregister_backend,
 )
+from pool.backends._rerank import (
+    Ranked,
+    RankingRuntime,
+    RankResult,
+    RerankJob,
+    RerankMethod,
+    rerank_job,
+)
 from pool.backends._sentence_pooling import SentenceConfig, read_sentence_config
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
@@ -100,6 +108,11 @@ __all__ = [
     "ModelKind",
     "OutputFormat",
     "PrefixCachingRuntime",
+    "RankResult",
+    "Ranked",
+    "RankingRuntime",
+    "RerankJob",
+    "RerankMethod",
     "Runtime",
     "SentenceConfig",
     "SleepingRuntime",
@@ -134,6 +147,7 @@ __all__ = [
     "read_gguf_header",
     "read_sentence_config",
     "register_backend",
+    "rerank_job",
     "unregister_backend",
     "validate_load_request",
 ]

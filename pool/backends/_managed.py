@@ -33,6 +33,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
 )
+from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
@@ -78,6 +79,7 @@ class ManagedServerRuntime:
         enable_thinking: bool | None = None,
         embedding_batch: int | None = None,
         embedding_truncate: dict[str, Any] | None = None,
+        rerank_path: str | None = None,
         grammar_calls: ToolCallFamily | None = None,
         cache: ServerCache | None = None,
         memory_reader: MemoryReader | None = None,
@@ -90,6 +92,8 @@ class ManagedServerRuntime:
         # what tells the server it may cut texts longer than its context.
         self._embedding_batch = embedding_batch
         self._embedding_truncate = embedding_truncate
+        # Set for a rerank model: the server's rerank route (it answers nothing else).
+        self._rerank_path = rerank_path
         # llama-server: forced tool calls by the pool's grammar (see _forced_calls).
         self._grammar_calls = grammar_calls
         # The server's prefix-cache strategy: scopes requests and flushes (None: none).
@@ -200,6 +204,32 @@ class ManagedServerRuntime:
                 raise exited from exc
             raise
 
+    @property
+    def ranks(self) -> bool:
+        """Whether this server was started in its reranking mode (kind ``rerank``)."""
+        return self._rerank_path is not None
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """The documents scored by the server's rerank route, in one request."""
+        if self._rerank_path is None:
+            raise BackendError(f"{self.process.label} was not started to rerank")
+        if self._closed or not self.process.alive:
+            raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        try:
+            return await rank_upstream(
+                self._upstream,
+                self._rerank_path,
+                query,
+                documents,
+                model=self._model,
+                headers=self._headers,
+                what=self.process.label,
+            )
+        except BackendError as exc:
+            if (exited := self._exited_error()) is not None:
+                raise exited from exc
+            raise
+
     async def flush_cache(
         self, *, scope: str, tenant: str | None = None, tag: str | None = None
     ) -> CacheFlushed:
@@ -295,6 +325,10 @@ class ManagedServerRuntime:
             nursery.cancel_scope.cancel()
 
     async def _probe(self) -> None:
+        if self._rerank_path is not None:
+            # A reranking server has no chat endpoint either: one score proves it ready.
+            await self.rank("Hi", ("Hello",))
+            return
         if self._embedding_batch is not None:
             # An embedding server has no chat endpoint: one vector proves it ready.
             await self.embed(EmbeddingJob("probe", self._model, ("Hi",)))
@@ -346,6 +380,7 @@ async def launch(
     enable_thinking: bool | None = None,
     embedding_batch: int | None = None,
     embedding_truncate: dict[str, Any] | None = None,
+    rerank_path: str | None = None,
     grammar_calls: ToolCallFamily | None = None,
     cache: ServerCache | None = None,
     memory_lines: re.Pattern[str] | None = None,
@@ -359,6 +394,8 @@ async def launch(
     ``embedding_batch``: set for an embedding model (the most texts per request); its
     readiness probe is then one embedding rather than one generated token.
     ``embedding_truncate``: body fields that let the server cut over-long texts.
+    ``rerank_path``: set for a rerank model (the server's rerank route); its readiness
+    probe is then one score.
     """
     process = ManagedProcess(label, command, env, keep=memory_lines)
     process.spawn()
@@ -373,6 +410,7 @@ async def launch(
         enable_thinking=enable_thinking,
         embedding_batch=embedding_batch,
         embedding_truncate=embedding_truncate,
+        rerank_path=rerank_path,
         grammar_calls=grammar_calls,
         cache=cache,
         memory_reader=memory_reader,

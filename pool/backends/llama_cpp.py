@@ -15,10 +15,10 @@ import gc
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import trio
 from pydantic import Field, NonNegativeInt, PositiveInt
@@ -27,6 +27,7 @@ from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._kinds import KindFields
 from pool.backends._llama_buffers import buffer_sizes, capture_load_log, memory_split
+from pool.backends._llama_rank import rank_pairs
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache, scope_matches
 from pool.backends._protocol import (
@@ -43,9 +44,11 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
     MemorySplit,
+    ModelKind,
     TokenSink,
     TokensUsed,
 )
+from pool.backends._rerank import RankResult
 from pool.backends._saved_states import DiskStates, model_key
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
@@ -77,7 +80,13 @@ LLAMA_CPP_SAMPLING = frozenset(
 
 
 class LlamaCppModel(CommonModelFields, KindFields):
-    """GGUF in-process through llama-cpp-python."""
+    """GGUF in-process through llama-cpp-python.
+
+    ``kind: rerank`` loads a GGUF with a rank head with rank pooling and serves /v1/rerank
+    and /v1/score (:mod:`pool.backends._llama_rank`).
+    """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["llama_cpp"] = "llama_cpp"
     gguf_n_gpu_layers: int = -1
@@ -221,14 +230,14 @@ class LlamaCppRuntime:
     async def flush_cache(
         self, *, scope: str, tenant: str | None = None, tag: str | None = None
     ) -> CacheFlushed:
-        if self._closed or self._definition.embedding:
+        if self._closed or self._definition.kind != "chat":
             return CacheFlushed()
         return await trio.to_thread.run_sync(
             self._prompt_cache.flush, self._llama, scope, tenant, tag, limiter=self._limiter
         )
 
     def cache_usage(self) -> CacheUsage | None:
-        return None if self._definition.embedding else self._prompt_cache.usage()
+        return None if self._definition.kind != "chat" else self._prompt_cache.usage()
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -417,6 +426,21 @@ class LlamaCppRuntime:
 
         return await trio.to_thread.run_sync(embed_blocking, limiter=self._limiter)
 
+    @property
+    def ranks(self) -> bool:
+        return self._definition.kind == "rerank"
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """The documents scored by the GGUF's rank head (rank pooling)."""
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        llama = self._llama
+        # The file names the model in an error: the runtime is not told its pool name.
+        name = Path(self._definition.model_path or "model").name
+        return await trio.to_thread.run_sync(
+            rank_pairs, llama, name, query, documents, limiter=self._limiter
+        )
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -574,8 +598,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             sampling=LLAMA_CPP_SAMPLING,
             # Tools need a format with a tool convention (or a chat template that renders
             # them); output grammars work always.
-            tools=format_renders_tools(definition.prompt_format) and not definition.embedding,
-            structured_output=not definition.embedding,
+            tools=format_renders_tools(definition.prompt_format) and definition.kind == "chat",
+            structured_output=definition.kind == "chat",
         )
 
     def effective_target_inflight(self, definition: LlamaCppModel) -> int:
@@ -606,11 +630,13 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             kwargs["n_threads"] = definition.gguf_n_threads
         if definition.gguf_seed is not None:
             kwargs["seed"] = definition.gguf_seed
-        if definition.embedding:
+        if definition.kind in ("embedding", "rerank"):
             kwargs["embedding"] = True
-            # A pooled sequence must fit in one micro-batch.
+            # A pooled sequence (a reranked pair) must fit in one micro-batch.
             kwargs["n_ubatch"] = kwargs["n_batch"]
-            if definition.pooling is not None:
+            if definition.kind == "rerank":
+                kwargs["pooling_type"] = _POOLING_TYPES["rank"]
+            elif definition.pooling is not None:
                 kwargs["pooling_type"] = _POOLING_TYPES[definition.pooling]
         for field in ("gguf_type_k", "gguf_type_v"):
             value = getattr(definition, field)
@@ -634,7 +660,9 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 # Warm-up, as llama-server does: the first forward pass touches every
                 # memory-mapped weight page and sizes the compute buffers. Paying for
                 # it here keeps it out of the first request's time to first token.
-                if definition.embedding:
+                if definition.kind == "rerank":
+                    rank_pairs(llama, context.model_name, "warm up", ("warm up",))
+                elif definition.embedding:
                     llama.embed("warm up")
                 else:
                     llama.eval([max(llama.token_bos(), 0)])
@@ -647,7 +675,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         limiter = trio.CapacityLimiter(1)
         llama = await trio.to_thread.run_sync(load_blocking, limiter=limiter)
         disk = None
-        if not definition.embedding and definition.prefix_cache_disk_mib > 0:
+        if definition.kind == "chat" and definition.prefix_cache_disk_mib > 0:
             disk = await trio.to_thread.run_sync(_indexed_states, definition, path, limiter=limiter)
         try:
             prompt_format = _prompt_format(definition, llama)
@@ -676,7 +704,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         tenant: str | None,
         tag: str | None,
     ) -> CacheFlushed:
-        if definition.embedding or definition.prefix_cache_disk_mib <= 0:
+        if definition.kind != "chat" or definition.prefix_cache_disk_mib <= 0:
             return CacheFlushed()
         try:
             path = resolve_model_path(definition.model_path or "", settings_dir)

@@ -18,7 +18,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import trio
 from pydantic import Field, PositiveInt
@@ -34,6 +34,7 @@ from pool.backends._protocol import (
     LoadContext,
     LoadOverrides,
     MemoryProfile,
+    ModelKind,
 )
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
@@ -47,8 +48,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     """A managed native ``llama-server`` subprocess.
 
     With ``embedding: true`` it starts with ``--embeddings`` (and ``--pooling``) and
-    serves embeddings only.
+    serves embeddings only; with ``kind: rerank`` it starts with ``--reranking`` (a GGUF
+    with a rank head) and serves /v1/rerank and /v1/score only.
     """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["llama_server"] = "llama_server"
     llama_server_binary: str = "llama-server"
@@ -199,14 +203,18 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
-    if d.embedding:
+    if d.kind == "rerank":
+        # Rank pooling over the GGUF's rank head; the server then answers /v1/rerank.
+        args.append("--reranking")
+    elif d.embedding:
         args.append("--embeddings")
         add("--pooling", d.pooling)
-        # A pooled text must fit in one micro-batch (512 tokens by default): as large as
-        # the context, so any text the context takes can be embedded.
-        if d.llama_server_n_ctx and not {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args):
-            add("-b", d.llama_server_n_ctx)
-            add("-ub", d.llama_server_n_ctx)
+    # A pooled text (a reranked pair) must fit in one micro-batch (512 tokens by
+    # default): as large as the context, so any text the context takes is read.
+    own_ubatch = {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args)
+    if d.kind in ("embedding", "rerank") and d.llama_server_n_ctx and not own_ubatch:
+        add("-b", d.llama_server_n_ctx)
+        add("-ub", d.llama_server_n_ctx)
     own_split = {"-ts", "--tensor-split"} & set(d.llama_server_extra_args)
     # Virtual GPUs have no devices to split over: only the environment names them.
     split = placement is not None and len(placement.gpus) > 1 and not placement.virtual
@@ -260,12 +268,12 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             # llama-server has no `dimensions`: a request setting it is a 400.
             # Passed in OpenAI's fields; --jinja renders tools with the model's template
             # (the pool's for a built-in format: refused where it has no tool markup).
-            tools=not definition.embedding
+            tools=definition.kind == "chat"
             and (
                 not uses_format_template(definition)
                 or format_tool_family(definition.prompt_format) is not None
             ),
-            structured_output=not definition.embedding,
+            structured_output=definition.kind == "chat",
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:
@@ -310,6 +318,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            rerank_path="/v1/rerank" if definition.kind == "rerank" else None,
             grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
         )

@@ -6,13 +6,15 @@ Nothing runs locally: a "replica" is an HTTP client. Only ``temperature``, ``top
 ``backend_timeout`` and an upstream error ``backend_error``. The pool refuses requests
 without ``allow_remote: true`` before they get here. A model with ``embedding: true``
 passes embeddings through to the upstream's ``/embeddings`` (``embedding_batch_size``
-texts per request) and serves no generation.
+texts per request) and serves no generation; one of ``kind: rerank`` passes rerank and
+score requests through to the upstream's ``/rerank`` (Cohere's, Jina's, vLLM's shape).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 import trio
 from pydantic import Field
@@ -34,8 +36,10 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     LoadContext,
+    ModelKind,
     TokenSink,
 )
+from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport, with_trace
 from pool.config import CommonModelFields
@@ -44,6 +48,8 @@ from pool.errors import BackendError, PoolError
 
 class OpenAIRemoteModel(CommonModelFields, EmbeddingFields):
     """An upstream OpenAI-compatible Chat Completions API."""
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["openai_remote"] = "openai_remote"
     remote_api_kind: Literal["chat_completions"] = "chat_completions"
@@ -144,6 +150,29 @@ class OpenAIRemoteRuntime:
                     job,
                     model=self._definition.remote_model,
                     batch_size=self._definition.embedding_batch_size,
+                    headers=self._headers,
+                    what="remote API",
+                )
+        except trio.TooSlowError:
+            raise PoolError(
+                "backend_timeout",
+                f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
+            ) from None
+
+    @property
+    def ranks(self) -> bool:
+        return self._definition.kind == "rerank"
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """Pass-through to the upstream's ``/rerank``, within ``remote_timeout_s``."""
+        try:
+            with trio.fail_after(self._definition.remote_timeout_s):
+                return await rank_upstream(
+                    self.upstream,
+                    "/rerank",
+                    query,
+                    documents,
+                    model=self._definition.remote_model,
                     headers=self._headers,
                     what="remote API",
                 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import trio
@@ -30,6 +31,7 @@ from pool.backends._protocol import (
     ModelKind,
     TokenSink,
 )
+from pool.backends._rerank import RankResult
 from pool.backends._text import StopScanner
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
@@ -174,6 +176,37 @@ class StubRuntime:
             await trio.sleep(self._definition.stub_unload_seconds)
 
 
+def stub_relevance(query: str, document: str) -> float:
+    """The stub's rank head: the share of the query's words (lower-cased) that the
+    document holds, so a test knows which document comes first."""
+    asked = set(query.lower().split())
+    held = set(document.lower().split())
+    return len(asked & held) / len(asked) if asked else 0.0
+
+
+class StubRankingRuntime(StubRuntime):
+    """The stub of a ``kind: rerank`` model: it scores pairs (:func:`stub_relevance`)."""
+
+    # Every call's documents, for tests of the pool's batching.
+    calls: list[int]
+
+    def __init__(self, definition: StubModel) -> None:
+        super().__init__(definition)
+        self.calls = []
+
+    @property
+    def ranks(self) -> bool:
+        return True
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        self.calls.append(len(documents))
+        await trio.lowlevel.checkpoint()
+        tokens = sum(len(stub_tokens(query)) + len(stub_tokens(d)) for d in documents)
+        return RankResult(tuple(stub_relevance(query, d) for d in documents), tokens)
+
+
 class StubBackend(Backend[StubModel]):
     config = StubModel
     # A test double: its reload cost is whatever a test sets, so is its window.
@@ -205,6 +238,8 @@ class StubBackend(Backend[StubModel]):
                 f"stub_fail_load is set for model {context.model_name!r}"
                 f" (replica {context.replica_index})"
             )
+        if definition.kind == "rerank":
+            return StubRankingRuntime(definition)
         return StubRuntime(definition)
 
     def declared_vram_mib(self, definition: StubModel) -> int | None:

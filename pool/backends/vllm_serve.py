@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,7 +25,7 @@ from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFiel
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Backend, Capabilities, LoadContext
+from pool.backends._protocol import Backend, Capabilities, LoadContext, ModelKind
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -44,7 +44,13 @@ from pool.errors import BackendError
 
 
 class VllmServeModel(VllmFields, PooledEmbeddingFields):
-    """A managed ``vllm serve`` subprocess."""
+    """A managed ``vllm serve`` subprocess.
+
+    ``kind: rerank`` runs vLLM's pooling runner on a cross-encoder (its score task), and
+    the replica serves /v1/rerank and /v1/score only, through vLLM's /v1/rerank.
+    """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["vllm_serve"] = "vllm_serve"
     vllm_serve_binary: str = "vllm"
@@ -96,7 +102,7 @@ def command_line(
                 args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
-    if not d.embedding:
+    if d.kind == "chat":
         # Tool calls come back parsed by the model family's parser (tool_choice auto).
         args += [
             "--enable-auto-tool-choice",
@@ -105,6 +111,11 @@ def command_line(
         ]
         if d.vllm_tool_strict_level is not None:
             args += ["--tool-strict-level", d.vllm_tool_strict_level]
+    elif d.kind == "rerank":
+        # The pooling runner keeps a cross-encoder's classifier as it is (vLLM's score
+        # task: /score and /v1/rerank); a causal LM to convert takes `--convert classify`
+        # and its overrides in vllm_serve_extra_args.
+        args += ["--runner", "pooling"]
     else:
         # `auto` converts a causal LM to an embedding model and keeps a native one.
         args += ["--runner", "pooling"]
@@ -144,8 +155,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             sampling=SERVER_SAMPLING,
             kind=definition.kind,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
-            tools=not definition.embedding,
-            structured_output=not definition.embedding,
+            tools=definition.kind == "chat",
+            structured_output=definition.kind == "chat",
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
@@ -198,6 +209,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
             # -1: cut a text to the model's length (Ollama's truncate, the default).
             embedding_truncate={"truncate_prompt_tokens": -1},
+            rerank_path="/v1/rerank" if definition.kind == "rerank" else None,
             # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
             # keeps each scope's cached blocks its own.
             cache=SaltCache(),

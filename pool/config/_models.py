@@ -489,6 +489,38 @@ def _model_definition(raw: Any, info: ValidationInfo) -> Any:
     return raw
 
 
+class RerankLimits(_Strict):
+    """Bounds of one rerank or score request (``engine.rerank``), checked before it is
+    queued so that a large request is a 400 naming the bound, never a runtime's
+    out-of-memory error; and how its documents are split into runtime calls."""
+
+    max_documents: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        1000,
+        description="Most documents (score: pairs) in one request; past it 400"
+        " `too_many_documents`.",
+    )
+    max_document_chars: Annotated[int, Field(ge=1, le=4_000_000)] = Field(
+        32_768,
+        description="Longest document (and query) in characters; past it 400 `document_too_long`.",
+    )
+    max_request_chars: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        2_000_000,
+        description="The query's and documents' characters together (the query counted"
+        " once per document, as each pair is read so); past it 400 `rerank_too_long`.",
+    )
+    batch_documents: Annotated[int, Field(ge=1, le=4096)] = Field(
+        32,
+        description="Most documents the pool hands a runtime in one call; the documents of"
+        " a request are evaluated in such batches, one after the other.",
+    )
+    batch_chars: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        65_536,
+        description="Most characters (query and documents) in one such call, so that a"
+        " batch fits the runtime's context and micro-batch; a single longer pair goes"
+        " alone.",
+    )
+
+
 class EngineSettings(BaseModel):
     """The ``engine`` section: defaults shared by all models, then the models."""
 
@@ -599,6 +631,11 @@ class EngineSettings(BaseModel):
         description="How the pool chooses whom to evict among the idle models it may evict"
         " (lowest priority first either way): `swap_cost` the cheapest to bring back and"
         " least asked for lately, `lru` the least recently used (docs/vram.md).",
+    )
+    rerank: RerankLimits = Field(
+        default_factory=RerankLimits,
+        description='Bounds and batching of /v1/rerank and /v1/score (docs/api.md, "Rerank'
+        ' and score").',
     )
     cluster: ClusterSettings = Field(
         default_factory=ClusterSettings,

@@ -190,6 +190,23 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("post", "/openai/v1/completions"): {"model": "{model}", "prompt": "Once upon a time"},
     ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
+    # An embedding model answers rerank too (by cosine similarity).
+    **{
+        ("post", path): {
+            "model": "{embedding}",
+            "query": "What is the capital of France?",
+            "documents": ["Paris is the capital of France.", "Berlin is in Germany."],
+        }
+        for path in ("/v1/rerank", "/rerank", "/v2/rerank", "/openai/v1/rerank")
+    },
+    **{
+        ("post", path): {
+            "model": "{embedding}",
+            "text_1": "What is the capital of France?",
+            "text_2": ["Paris is the capital of France.", "Berlin is in Germany."],
+        }
+        for path in ("/v1/score", "/score", "/openai/v1/score")
+    },
 }
 _PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
 # Query parameters with a closed set of values, and examples: (path, name) -> ...
@@ -463,7 +480,7 @@ _MORE: dict[tuple[str, str], Callable[[], str]] = {
 
 # The routes that run a model: their answers carry the X-RateLimit-* headers of a tenant
 # with a request limit (pool/http/_common.py, rate_limit_headers).
-_DIALECTS = ("inference", "openai", "anthropic", "ollama")
+_DIALECTS = ("inference", "openai", "rerank", "anthropic", "ollama")
 _RUN_NO_MODEL = {"/api/pull", "/api/copy", "/api/show"}
 _RATE_LIMIT_HEADERS = {
     "X-RateLimit-Limit": {

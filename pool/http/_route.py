@@ -90,6 +90,15 @@ GENERATION_REFUSALS = (
 # A stream of several prompts too (the schema cannot tie `stream` to `prompt`).
 COMPLETION_REFUSALS = (*GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
 EMBEDDING_REFUSALS = ("dimensions_unsupported", "remote_not_allowed", "wrong_model_kind")
+# Rerank and score: the model's kind, and the bounds of `engine.rerank` (settings the
+# document cannot show).
+RERANK_REFUSALS = (
+    "document_too_long",
+    "remote_not_allowed",
+    "rerank_too_long",
+    "too_many_documents",
+    "wrong_model_kind",
+)
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -196,6 +196,52 @@ class EmbeddingsRequest(_Lenient):
     keep_alive: KeepAlive = None
 
 
+# The most documents (or score pairs) the schema takes; the pool's own bound,
+# `engine.rerank.max_documents`, is lower by default (400 `too_many_documents`).
+MAX_RERANK_DOCUMENTS = 100_000
+RERANK_RETURN_DOCUMENTS = (
+    'Each result carries its document (`{"text"}`) as well as its index; default false,'
+    " as Cohere's v2 API."
+)
+
+
+class RerankDocument(_Lenient):
+    """A document as an object (Jina's and Cohere's clients send ``{"text": ...}``)."""
+
+    text: Text
+
+
+class RerankRequest(_Lenient):
+    """``POST /v1/rerank`` (also ``/rerank``, ``/v2/rerank``): the shape llama.cpp, vLLM,
+    Jina and Cohere clients send."""
+
+    model: ModelName
+    query: Text
+    documents: Annotated[
+        list[Text | RerankDocument], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)
+    ]
+    top_n: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Answer the best `top_n` results only; default: every document."
+    )
+    return_documents: bool = Field(False, description=RERANK_RETURN_DOCUMENTS)
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
+    keep_alive: KeepAlive = None
+
+
+ScoreText = Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)]
+
+
+class ScoreRequest(_Lenient):
+    """``POST /v1/score`` (vLLM's): ``text_1`` scored against each of ``text_2``, or the
+    two lists pair by pair (then of one length)."""
+
+    model: ModelName
+    text_1: ScoreText
+    text_2: ScoreText
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
+    keep_alive: KeepAlive = None
+
+
 class OllamaEmbedRequest(_Lenient):
     """``POST /api/embed``: one text or several."""
 

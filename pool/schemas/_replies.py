@@ -167,6 +167,54 @@ class EmbeddingList(_Reply):
     usage: EmbeddingUsage
 
 
+RERANK_METHOD_DESCRIPTION = (
+    "Pool extension: how the scores were made: `rank_head` (the model's rank head read each"
+    " query and document together) or `embedding_cosine` (an embedding model's fallback:"
+    " the cosine similarity of the query's and the document's embeddings)."
+)
+
+
+class RerankedDocument(_Reply):
+    text: str
+
+
+class RerankResult(_Reply):
+    index: int = Field(description="The document's place in the request's `documents`.")
+    relevance_score: float
+    document: RerankedDocument | None = Field(
+        None, description="The document, with `return_documents: true`."
+    )
+
+
+class RerankUsage(_Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankReply(_Reply):
+    id: str
+    model: str
+    results: list[RerankResult] = Field(description="Best first (`top_n` of them if given).")
+    usage: RerankUsage
+    method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+
+
+class ScoreItem(_Reply):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreReply(_Reply):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreItem] = Field(description="One score per pair, in request order.")
+    usage: RerankUsage
+    method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+
+
 class ModelCard(_Reply):
     id: str
     object: Literal["model"]
