@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from pool.backends._gguf import read_gguf_header
 from pool.backends._protocol import (
     EmbeddingJob,
     EmbeddingResult,
@@ -177,6 +180,24 @@ class RerankJob(TaskJob):
             for i, doc in enumerate(self.documents)
         )
         return TaskResult(Ranked(scores, "embedding_cosine"), TaskUsage(prompt_tokens=tokens or 0))
+
+
+def require_rank_head(path: Path) -> None:
+    """Refuse to serve a GGUF without a rank head as ``kind: rerank``: llama.cpp's rank
+    pooling would hand back a hidden state's first value as every score.
+
+    Raises:
+        BackendError: the file has no ``cls`` or ``cls.output`` tensor.
+    """
+    try:
+        header = read_gguf_header(path)
+    except (OSError, ValueError, struct.error):
+        return  # unreadable here: llama.cpp says why, if it cannot load it
+    if not header.rank_head:
+        raise BackendError(
+            f"{path.name} has no rank head (no cls or cls.output tensor): kind rerank needs"
+            " a reranker GGUF; serve this one as kind embedding to rerank by cosine similarity"
+        )
 
 
 def _add(total: int | None, more: int | None) -> int | None:

