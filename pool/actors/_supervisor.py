@@ -380,12 +380,14 @@ class Pool:
         if self._usage_store is None or not self._budgets.enabled:
             return
         spent: dict[tuple[Subject, float], dict[str, int]] = {}
+        requests: dict[tuple[Subject, float], dict[str, int]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
             spent[(subject, since)] = {
                 t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
             }
-        self._budgets.restore(spent)
+            requests[(subject, since)] = {t.group: t.requests for t in totals if t.group}
+        self._budgets.restore(spent, requests)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(

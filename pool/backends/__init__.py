@@ -8,6 +8,15 @@ CTranslate2 or vLLM.
 from __future__ import annotations
 
 from pool.backends._file_identity import file_identity
+from pool.backends._forward import (
+    FORWARDED_KINDS,
+    KIND_ROUTES,
+    Forwarded,
+    ForwardingRuntime,
+    ForwardJob,
+    ReplyHead,
+    forward_job,
+)
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
 from pool.backends._load_request import (
@@ -83,6 +92,8 @@ from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "FORWARDED_KINDS",
+    "KIND_ROUTES",
     "MODEL_KINDS",
     "Backend",
     "CacheFlushed",
@@ -94,6 +105,9 @@ __all__ = [
     "EmbeddingResult",
     "EmbeddingRuntime",
     "FinishReason",
+    "ForwardJob",
+    "Forwarded",
+    "ForwardingRuntime",
     "GenerationRequest",
     "GenerationStats",
     "GgufHeader",
@@ -113,6 +127,7 @@ __all__ = [
     "RankingRuntime",
     "RerankJob",
     "RerankMethod",
+    "ReplyHead",
     "Runtime",
     "SentenceConfig",
     "SleepingRuntime",
@@ -136,6 +151,7 @@ __all__ = [
     "context_field",
     "definition_class",
     "file_identity",
+    "forward_job",
     "free_port",
     "get_backend",
     "load_constraints",

@@ -65,7 +65,17 @@ def sampling_fields(d: Decoding) -> dict[str, Any]:
     return fields
 
 
+def server_url(host: str, port: int) -> str:
+    """The base URL of a server listening on ``host`` (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 class ManagedServerRuntime:
+    # Where the server answers Chat Completions and embeddings (backend `server` may
+    # map them elsewhere).
+    chat_path = "/v1/chat/completions"
+    embeddings_path = "/v1/embeddings"
+
     def __init__(
         self,
         process: ManagedProcess,
@@ -158,7 +168,7 @@ class ManagedServerRuntime:
         try:
             stats = await stream_chat(
                 self._upstream,
-                "/v1/chat/completions",
+                self.chat_path,
                 body,
                 scanning or sink,
                 headers=with_trace(self._headers, request.trace_parent),
@@ -191,7 +201,7 @@ class ManagedServerRuntime:
         try:
             return await embed_upstream(
                 self._upstream,
-                "/v1/embeddings",
+                self.embeddings_path,
                 job,
                 model=self._model,
                 batch_size=self._embedding_batch or 1,
@@ -347,7 +357,7 @@ class ManagedServerRuntime:
         }
         await stream_chat(
             self._upstream,
-            "/v1/chat/completions",
+            self.chat_path,
             probe,
             _Discard(),
             headers=self._headers,
@@ -401,7 +411,7 @@ async def launch(
     process.spawn()
     runtime = ManagedServerRuntime(
         process,
-        f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        server_url(host, port),
         served_model=served_model,
         request_timeout_s=request_timeout_s,
         api_key=api_key,

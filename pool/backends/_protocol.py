@@ -225,6 +225,9 @@ class Capabilities:
     # (response_format / Ollama format); a request using either elsewhere is a 400.
     tools: bool = False
     structured_output: bool = False
+    # The routes the model's runtime forwards to its own server as they came (backend
+    # `server`, pool/backends/_forward.py): pool paths such as /v1/images/generations.
+    forwards: frozenset[str] = frozenset()
 
     @property
     def generation(self) -> bool:

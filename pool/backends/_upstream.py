@@ -43,6 +43,11 @@ class UpstreamBroken(UpstreamError):
 class UpstreamResponse(Protocol):
     status: int
 
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The response's headers, names in lower case."""
+        ...
+
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (decoded from its transfer framing)."""
         ...
@@ -345,7 +350,10 @@ class LeanTransport:
             raise UpstreamUnreachable("the client is closed")
         head = [f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"]
         if body is not None:
-            head.append(f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+            # JSON unless the caller names the body's type (a forwarded multipart form).
+            if not _names_content_type(headers):
+                head.append("Content-Type: application/json\r\n")
+            head.append(f"Content-Length: {len(body)}\r\n")
         head.extend(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         message = "".join(head).encode("latin-1") + b"\r\n" + (body or b"")
         read_timeout = self._timeout_s if timeout_s is None else timeout_s
@@ -414,6 +422,10 @@ class LeanTransport:
             await _close(connection)
 
 
+def _names_content_type(headers: Mapping[str, str] | None) -> bool:
+    return any(name.lower() == "content-type" for name in headers or ())
+
+
 def _closed_by_peer(connection: _Connection) -> bool:
     # An idle connection has nothing to read unless the server closed it (EOF). poll,
     # not select: select fails for descriptors above 1023.
@@ -433,6 +445,7 @@ async def _close(connection: _Connection) -> None:
 class _HttpxResponse:
     def __init__(self, response: httpx.Response) -> None:
         self.status = response.status_code
+        self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
         self._response = response
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -478,7 +491,7 @@ class HttpxTransport:
         timeout_s: float | None = None,
     ) -> AsyncIterator[_HttpxResponse]:
         all_headers = dict(headers or {})
-        if body is not None:
+        if body is not None and not _names_content_type(headers):
             all_headers["Content-Type"] = "application/json"
         request = self._client.build_request(
             method,

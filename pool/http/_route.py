@@ -99,6 +99,9 @@ RERANK_REFUSALS = (
     "too_many_documents",
     "wrong_model_kind",
 )
+# A route forwarded to a model's server (pool/http/_forwarding.py): the model's kind, and
+# the server's own refusal of the request (invalid_request quoting it).
+FORWARD_REFUSALS = ("invalid_request", "remote_not_allowed", "wrong_model_kind")
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -21,6 +21,7 @@ from pool.schemas._compat import (
     ScoreRequest,
 )
 from pool.schemas._documented import with_components
+from pool.schemas._images import ImageData, ImageGenerationRequest, ImagesResponse
 from pool.schemas._keys import KeyCreated, KeyCreateRequest, KeyList, KeyRevoked, KeyRow
 from pool.schemas._messages import (
     MessagesBlock,
@@ -203,6 +204,9 @@ __all__ = [
     "Health",
     "HealthReason",
     "ImageContent",
+    "ImageData",
+    "ImageGenerationRequest",
+    "ImagesResponse",
     "InputItemList",
     "KeyCreateRequest",
     "KeyCreated",

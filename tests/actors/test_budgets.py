@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pool import PoolError, open_pool
-from pool.actors import Budgets, InferenceRequest
+from pool.actors import Budgets, EmbeddingRequest, InferenceRequest
 from pool.actors.accounting._budgets import window
 from pool.config import BudgetRule, build_settings
 
@@ -136,8 +136,9 @@ def test_windows_follow_utc_calendar_boundaries() -> None:
 def test_a_rule_names_one_subject_and_a_limit() -> None:
     with pytest.raises(ValueError, match="exactly one of key and tenant"):
         BudgetRule(key="a", tenant="b", tokens_per_day=1)
-    with pytest.raises(ValueError, match="tokens_per_day, tokens_per_month"):
+    with pytest.raises(ValueError, match="tokens_per_day, tokens_per_month, requests_per_day"):
         BudgetRule(tenant="b")
+    assert BudgetRule(tenant="b", requests_per_month=3).requests_per_month == 3
     assert not Budgets(()).enabled
 
 
@@ -185,3 +186,38 @@ async def test_a_restarted_pool_remembers_what_its_budgets_spent(private_state: 
         await pool.respond(ask(words(20)), tenant="acme")
         with pytest.raises(PoolError):  # but the key's month is still spent
             await pool.respond(ask("x", key_name="ci"), tenant="acme")
+
+
+async def test_a_request_budget_counts_requests_whatever_they_used(private_state: Path) -> None:
+    """Where no tokens apply (an image), a budget counts requests: every request that
+    reached a model, a refused one too; a restart gives none back."""
+    clock = Clock(datetime(2026, 6, 1, 22, 0, tzinfo=UTC))
+    settings = build_settings(
+        {
+            "service": {
+                "budgets": [{"tenant": "acme", "requests_per_day": 3, "tokens_per_day": 1000}],
+                "usage": {"flush_ms": 10},
+            },
+            "engine": {"models": {"m": {"backend": "stub", "enabled": True}}},
+        }
+    )
+    async with open_pool(settings, clock=clock) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask("one"), tenant="acme")
+        # A request of the wrong kind reached the model: it counts too.
+        with pytest.raises(PoolError) as wrong:
+            await pool.embed(EmbeddingRequest("m", ("x",)), tenant="acme")
+        assert wrong.value.code == "wrong_model_kind"
+    clock.now += 60
+    async with open_pool(settings, clock=clock) as pool:  # type: ignore[arg-type]
+        await pool.respond(ask("three"), tenant="acme")
+        with pytest.raises(PoolError) as refused:
+            await pool.respond(ask("four"), tenant="acme")
+        assert refused.value.code == "budget_exceeded"
+        budget = refused.value.details["budget"]
+        assert budget["limit_requests"] == 3 and budget["spent_requests"] == 3
+        assert "3 requests per day" in refused.value.message
+        # Tokens were few: the token budget is not what ran out.
+        assert "limit_tokens" not in budget
+        await pool.respond(ask("other"), tenant="beta")
+        clock.now += 7200  # the next UTC day
+        await pool.respond(ask("again"), tenant="acme")

@@ -14,11 +14,15 @@ def _definition(**fields: object) -> object:
     return settings.engine.models["m"]
 
 
-@pytest.mark.parametrize("backend", ["stub", "llama_cpp", "ct2", "llama_server", "openai_remote"])
+@pytest.mark.parametrize(
+    "backend", ["stub", "llama_cpp", "ct2", "llama_server", "openai_remote", "server"]
+)
 def test_embedding_true_and_kind_embedding_are_one_setting(backend: str) -> None:
     extra: dict[str, object] = {"model_path": "/x.gguf"} if backend != "stub" else {}
     if backend == "openai_remote":
         extra = {"remote_base_url": "http://127.0.0.1:1/v1", "remote_model": "x"}
+    if backend == "server":
+        extra = {"command": ["any-server", "--port", "${PORT}"]}
     old = _definition(backend=backend, embedding=True, **extra)
     new = _definition(backend=backend, kind="embedding", **extra)
     for definition in (old, new):

@@ -1,8 +1,10 @@
-"""Token budgets per key or tenant and UTC day or month (``service.budgets``).
+"""Token and request budgets per key or tenant and UTC day or month (``service.budgets``).
 
-A budget counts the prompt plus output tokens of finished requests in its window (the
-UTC day, or the UTC calendar month). A request is checked at admission: once a window's
-count has reached its limit, new requests of that key or tenant are refused with 429
+A token budget counts the prompt plus output tokens of finished requests in its window
+(the UTC day, or the UTC calendar month); a request budget counts the requests that
+reached a model, whatever they used (routes where no tokens apply: images, speech).
+A request is checked at admission: once a window's count has reached its limit, new
+requests of that key or tenant are refused with 429
 ``budget_exceeded`` and ``Retry-After`` set to the seconds left until the window
 resets. Requests already running finish and are counted, so a budget can be overshot by
 what was in flight when it ran out.
@@ -33,6 +35,7 @@ from pool.errors import PoolError
 
 Period = Literal["day", "month"]
 Subject = Literal["key", "tenant"]
+Unit = Literal["tokens", "requests"]
 
 
 class BudgetCounters(Protocol):
@@ -99,10 +102,14 @@ class _Limit:
     subject: Subject
     name: str
     period: Period
-    tokens: int
+    amount: int
+    unit: Unit = "tokens"
 
     def counter(self, current: Window) -> str:
-        return f"{self.subject}:{self.name}:{self.period}:{current.id}"
+        # Token counters keep the name they had before request budgets existed (shared
+        # counters in a cluster outlive an upgrade).
+        base = f"{self.subject}:{self.name}:{self.period}:{current.id}"
+        return base if self.unit == "tokens" else f"{base}:requests"
 
 
 def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
@@ -111,10 +118,14 @@ def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
         subject: Subject = "key" if rule.key is not None else "tenant"
         name = rule.key if rule.key is not None else rule.tenant
         assert name is not None  # BudgetRule names exactly one
-        if rule.tokens_per_day is not None:
-            limits.append(_Limit(subject, name, "day", rule.tokens_per_day))
-        if rule.tokens_per_month is not None:
-            limits.append(_Limit(subject, name, "month", rule.tokens_per_month))
+        for amount, period, unit in (
+            (rule.tokens_per_day, "day", "tokens"),
+            (rule.tokens_per_month, "month", "tokens"),
+            (rule.requests_per_day, "day", "requests"),
+            (rule.requests_per_month, "month", "requests"),
+        ):
+            if amount is not None:
+                limits.append(_Limit(subject, name, period, amount, unit))  # type: ignore[arg-type]
     return limits
 
 
@@ -167,7 +178,7 @@ class Budgets:
             current = window(limit.period, now)
             spent = self.counters.spent(limit.counter(current), current.ends_at)
             # Of several spent budgets, the one that resets last decides the wait.
-            if spent >= limit.tokens and (refusal is None or current.ends_at > refusal[1].ends_at):
+            if spent >= limit.amount and (refusal is None or current.ends_at > refusal[1].ends_at):
                 refusal = (limit, current, spent)
         if refusal is None:
             return
@@ -175,16 +186,16 @@ class Budgets:
         wait = max(1.0, math.ceil(current.ends_at - now))
         raise PoolError(
             "budget_exceeded",
-            f"{limit.subject} {limit.name!r} has spent its budget of {limit.tokens} tokens"
-            f" per {limit.period} ({current.id}, UTC)",
+            f"{limit.subject} {limit.name!r} has spent its budget of {limit.amount}"
+            f" {limit.unit} per {limit.period} ({current.id}, UTC)",
             retry_after_s=wait,
             details={
                 "budget": {
                     limit.subject: limit.name,
                     "period": limit.period,
                     "window": current.id,
-                    "limit_tokens": limit.tokens,
-                    "spent_tokens": spent,
+                    f"limit_{limit.unit}": limit.amount,
+                    f"spent_{limit.unit}": spent,
                     "resets_at": int(current.ends_at),
                 }
             },
@@ -200,28 +211,37 @@ class Budgets:
             for limit in limits
         }
 
-    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, int]]) -> None:
+    def restore(
+        self,
+        spent: Mapping[tuple[Subject, float], Mapping[str, int]],
+        requests: Mapping[tuple[Subject, float], Mapping[str, int]] | None = None,
+    ) -> None:
         """Count what was spent in the current windows before this pool started: for
-        each of :meth:`current_windows`, the tokens per key or tenant name since then
-        (from the usage database). Local counters only: shared ones were never lost."""
+        each of :meth:`current_windows`, the tokens (``spent``) and the requests per key
+        or tenant name since then (from the usage database). Local counters only: shared
+        ones were never lost."""
         if not isinstance(self.counters, LocalCounters):
             return
         now = self._clock()
         for (subject, name), limits in self._by_subject.items():
             for limit in limits:
                 current = window(limit.period, now)
-                tokens = spent.get((subject, current.starts_at), {}).get(name, 0)
-                if tokens > 0:
-                    self.counters.add(limit.counter(current), tokens, current.ends_at)
+                source = spent if limit.unit == "tokens" else (requests or {})
+                amount = source.get((subject, current.starts_at), {}).get(name, 0)
+                if amount > 0:
+                    self.counters.add(limit.counter(current), amount, current.ends_at)
 
-    def charge(self, tenant: str, key: str | None, tokens: int) -> None:
-        """Count a finished request's prompt plus output ``tokens``."""
-        if tokens <= 0 or not self._by_subject:
+    def charge(self, tenant: str, key: str | None, tokens: int, requests: int = 0) -> None:
+        """Count a finished request's prompt plus output ``tokens`` (and ``requests``:
+        1 for each request that reached a model)."""
+        if (tokens <= 0 and requests <= 0) or not self._by_subject:
             return
         limits = self._applying(tenant, key)
         if not limits:
             return
         now = self._clock()
         for limit in limits:
-            current = window(limit.period, now)
-            self.counters.add(limit.counter(current), tokens, current.ends_at)
+            amount = tokens if limit.unit == "tokens" else requests
+            if amount > 0:
+                current = window(limit.period, now)
+                self.counters.add(limit.counter(current), amount, current.ends_at)

