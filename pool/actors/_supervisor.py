@@ -15,6 +15,7 @@ format is rendered from these in ``pool/http``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -373,12 +374,16 @@ class Pool:
         if self._usage_store is None or not self._budgets.enabled:
             return
         spent: dict[tuple[Subject, float], dict[str, int]] = {}
+        audio: dict[tuple[Subject, float], dict[str, int]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
             spent[(subject, since)] = {
                 t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
             }
-        self._budgets.restore(spent)
+            audio[(subject, since)] = {
+                t.group: math.ceil(t.audio_seconds) for t in totals if t.group is not None
+            }
+        self._budgets.restore(spent, audio)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(

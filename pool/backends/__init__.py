@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._audio import decode_audio
 from pool.backends._file_identity import file_identity
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
@@ -71,11 +72,21 @@ from pool.backends._tools import (
     assemble_calls,
     new_call_id,
 )
+from pool.backends._transcription import (
+    SAMPLE_RATE,
+    Segment,
+    Transcriber,
+    Transcript,
+    TranscriptionJob,
+    TranscriptionTask,
+    Word,
+)
 from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
     "MODEL_KINDS",
+    "SAMPLE_RATE",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -101,6 +112,7 @@ __all__ = [
     "OutputFormat",
     "PrefixCachingRuntime",
     "Runtime",
+    "Segment",
     "SentenceConfig",
     "SleepingRuntime",
     "SplitReportingRuntime",
@@ -116,11 +128,17 @@ __all__ = [
     "ToolCallDelta",
     "ToolChoice",
     "ToolSpec",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionJob",
+    "TranscriptionTask",
     "Turn",
+    "Word",
     "apply_override",
     "assemble_calls",
     "backend_names",
     "context_field",
+    "decode_audio",
     "definition_class",
     "file_identity",
     "free_port",

@@ -169,6 +169,25 @@ class AuthSettings(_Strict):
         return keys
 
 
+class AudioSettings(_Strict):
+    """``service.audio``: the bounds of an upload to the audio routes
+    (``/v1/audio/transcriptions``, ``/v1/audio/translations``)."""
+
+    max_bytes: PositiveInt = Field(
+        15 * 1024 * 1024,
+        description="Largest audio file; larger is 413 `audio_too_large` (the whole body"
+        " is bounded by `max_body_bytes` first: raise both for larger files).",
+    )
+    max_seconds: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(
+        1800.0,
+        description="Longest audio, decoded; longer is 400 `audio_too_long` (decoding stops"
+        " there, so a small file that expands to hours costs no more).",
+    )
+    decode_threads: Annotated[int, Field(ge=1, le=64)] = Field(
+        2, description="Uploads decoded at once (each on a worker thread, before admission)."
+    )
+
+
 class UsageSettings(_Strict):
     """``service.usage``: the usage database (``usage.sqlite3`` in the state directory).
 
@@ -207,13 +226,28 @@ class BudgetRule(_Strict):
     tokens_per_month: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Prompt plus output tokens per UTC calendar month."
     )
+    audio_seconds_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC day."
+    )
+    audio_seconds_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC calendar month."
+    )
 
     @model_validator(mode="after")
     def _one_subject_and_a_limit(self) -> BudgetRule:
         if (self.key is None) == (self.tenant is None):
             raise ValueError("a budget names exactly one of key and tenant")
-        if self.tokens_per_day is None and self.tokens_per_month is None:
-            raise ValueError("a budget sets tokens_per_day, tokens_per_month or both")
+        limits = (
+            self.tokens_per_day,
+            self.tokens_per_month,
+            self.audio_seconds_per_day,
+            self.audio_seconds_per_month,
+        )
+        if all(limit is None for limit in limits):
+            raise ValueError(
+                "a budget sets at least one of tokens_per_day, tokens_per_month,"
+                " audio_seconds_per_day and audio_seconds_per_month"
+            )
         return self
 
 
@@ -343,6 +377,7 @@ class ServiceSettings(_Strict):
     )
     # Issue #29: usage records and token budgets (docs/operations.md).
     usage: UsageSettings = Field(default_factory=UsageSettings)
+    audio: AudioSettings = Field(default_factory=AudioSettings)
     budgets: list[BudgetRule] = Field(
         default_factory=list,
         description="Token budgets per key or tenant and UTC day/month; past one, 429"

@@ -28,7 +28,8 @@ class Route:
     """One operation of the document.
 
     Attributes:
-        request: the JSON body's model; None for a route without a body.
+        request: the body's model; None for a route without a body.
+        request_media: the body's media type (a multipart form's fields are the model's).
         status: the success status.
         reply: the model of the success body (JSON); None for a text answer or none.
         text: the media type of a success body that is not JSON, and its schema.
@@ -64,6 +65,7 @@ class Route:
     query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
     refusals: tuple[int, ...] | None = None
     valid_input_codes: tuple[str, ...] = ()
+    request_media: str = "application/json"
 
 
 # The codes a schema-valid request may still be refused with (``valid_input_codes``), by
@@ -90,6 +92,15 @@ GENERATION_REFUSALS = (
 # A stream of several prompts too (the schema cannot tie `stream` to `prompt`).
 COMPLETION_REFUSALS = (*GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
 EMBEDDING_REFUSALS = ("dimensions_unsupported", "remote_not_allowed", "wrong_model_kind")
+# An upload that is no audio, or longer than `service.audio.max_seconds`; a stream or
+# granularities with a format that has no place for them.
+AUDIO_REFUSALS = (
+    "audio_too_long",
+    "invalid_audio",
+    "invalid_request",
+    "remote_not_allowed",
+    "wrong_model_kind",
+)
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -1,8 +1,9 @@
 """Token budgets per key or tenant and UTC day or month (``service.budgets``).
 
 A budget counts the prompt plus output tokens of finished requests in its window (the
-UTC day, or the UTC calendar month). A request is checked at admission: once a window's
-count has reached its limit, new requests of that key or tenant are refused with 429
+UTC day, or the UTC calendar month), or the seconds of audio they transcribed (rounded
+up per request: a transcription of 0.2 s counts 1). A request is checked at admission:
+once a window's count has reached its limit, new requests of that key or tenant are refused with 429
 ``budget_exceeded`` and ``Retry-After`` set to the seconds left until the window
 resets. Requests already running finish and are counted, so a budget can be overshot by
 what was in flight when it ran out.
@@ -33,6 +34,7 @@ from pool.errors import PoolError
 
 Period = Literal["day", "month"]
 Subject = Literal["key", "tenant"]
+Unit = Literal["tokens", "audio_seconds"]
 
 
 class BudgetCounters(Protocol):
@@ -99,10 +101,14 @@ class _Limit:
     subject: Subject
     name: str
     period: Period
-    tokens: int
+    limit: int
+    unit: Unit = "tokens"
 
     def counter(self, current: Window) -> str:
-        return f"{self.subject}:{self.name}:{self.period}:{current.id}"
+        # Token counters keep the names they had before audio budgets (shared counters
+        # in Redis outlive an upgrade).
+        unit = "" if self.unit == "tokens" else "audio:"
+        return f"{self.subject}:{self.name}:{unit}{self.period}:{current.id}"
 
 
 def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
@@ -115,6 +121,12 @@ def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
             limits.append(_Limit(subject, name, "day", rule.tokens_per_day))
         if rule.tokens_per_month is not None:
             limits.append(_Limit(subject, name, "month", rule.tokens_per_month))
+        if rule.audio_seconds_per_day is not None:
+            limits.append(_Limit(subject, name, "day", rule.audio_seconds_per_day, "audio_seconds"))
+        if rule.audio_seconds_per_month is not None:
+            limits.append(
+                _Limit(subject, name, "month", rule.audio_seconds_per_month, "audio_seconds")
+            )
     return limits
 
 
@@ -149,8 +161,9 @@ class Budgets:
             found.extend(self._by_subject.get(("key", key), ()))
         return found
 
-    def check(self, tenant: str, key: str | None) -> None:
-        """Refuse a new request whose key or tenant has spent a budget.
+    def check(self, tenant: str, key: str | None, *, audio: bool = False) -> None:
+        """Refuse a new request whose key or tenant has spent a budget (its audio
+        budgets only where the request brings audio: ``audio``).
 
         Raises:
             PoolError: ``budget_exceeded`` (429) with ``Retry-After`` (seconds until
@@ -164,18 +177,21 @@ class Budgets:
         now = self._clock()
         refusal: tuple[_Limit, Window, int] | None = None
         for limit in limits:
+            if limit.unit == "audio_seconds" and not audio:
+                continue
             current = window(limit.period, now)
             spent = self.counters.spent(limit.counter(current), current.ends_at)
             # Of several spent budgets, the one that resets last decides the wait.
-            if spent >= limit.tokens and (refusal is None or current.ends_at > refusal[1].ends_at):
+            if spent >= limit.limit and (refusal is None or current.ends_at > refusal[1].ends_at):
                 refusal = (limit, current, spent)
         if refusal is None:
             return
         limit, current, spent = refusal
         wait = max(1.0, math.ceil(current.ends_at - now))
+        what = "tokens" if limit.unit == "tokens" else "seconds of audio"
         raise PoolError(
             "budget_exceeded",
-            f"{limit.subject} {limit.name!r} has spent its budget of {limit.tokens} tokens"
+            f"{limit.subject} {limit.name!r} has spent its budget of {limit.limit} {what}"
             f" per {limit.period} ({current.id}, UTC)",
             retry_after_s=wait,
             details={
@@ -183,8 +199,8 @@ class Budgets:
                     limit.subject: limit.name,
                     "period": limit.period,
                     "window": current.id,
-                    "limit_tokens": limit.tokens,
-                    "spent_tokens": spent,
+                    f"limit_{limit.unit}": limit.limit,
+                    f"spent_{limit.unit}": spent,
                     "resets_at": int(current.ends_at),
                 }
             },
@@ -200,28 +216,38 @@ class Budgets:
             for limit in limits
         }
 
-    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, int]]) -> None:
+    def restore(
+        self,
+        spent: Mapping[tuple[Subject, float], Mapping[str, int]],
+        audio_spent: Mapping[tuple[Subject, float], Mapping[str, int]] | None = None,
+    ) -> None:
         """Count what was spent in the current windows before this pool started: for
-        each of :meth:`current_windows`, the tokens per key or tenant name since then
-        (from the usage database). Local counters only: shared ones were never lost."""
+        each of :meth:`current_windows`, the tokens (and the whole seconds of audio) per
+        key or tenant name since then (from the usage database). Local counters only:
+        shared ones were never lost."""
         if not isinstance(self.counters, LocalCounters):
             return
         now = self._clock()
         for (subject, name), limits in self._by_subject.items():
             for limit in limits:
                 current = window(limit.period, now)
-                tokens = spent.get((subject, current.starts_at), {}).get(name, 0)
-                if tokens > 0:
-                    self.counters.add(limit.counter(current), tokens, current.ends_at)
+                source = spent if limit.unit == "tokens" else (audio_spent or {})
+                amount = source.get((subject, current.starts_at), {}).get(name, 0)
+                if amount > 0:
+                    self.counters.add(limit.counter(current), amount, current.ends_at)
 
-    def charge(self, tenant: str, key: str | None, tokens: int) -> None:
-        """Count a finished request's prompt plus output ``tokens``."""
-        if tokens <= 0 or not self._by_subject:
+    def charge(self, tenant: str, key: str | None, tokens: int, audio_seconds: float = 0.0) -> None:
+        """Count a finished request's prompt plus output ``tokens`` and the seconds of
+        audio it transcribed (rounded up)."""
+        if (tokens <= 0 and audio_seconds <= 0) or not self._by_subject:
             return
         limits = self._applying(tenant, key)
         if not limits:
             return
         now = self._clock()
+        seconds = math.ceil(audio_seconds)
         for limit in limits:
-            current = window(limit.period, now)
-            self.counters.add(limit.counter(current), tokens, current.ends_at)
+            amount = tokens if limit.unit == "tokens" else seconds
+            if amount > 0:
+                current = window(limit.period, now)
+                self.counters.add(limit.counter(current), amount, current.ends_at)

@@ -140,7 +140,9 @@ class Serving:
             self._check_open()
             request, key_limit = self._identify_caller(request)
             # Before routing: a spent budget is refused here, not relayed to a peer.
-            self._check_budget(request.model, tenant, request.key_name)
+            # Audio budgets bind the requests that bring audio (a transcription).
+            audio = isinstance(request, TaskRequest) and "transcription" in request.job.served_by
+            self._check_budget(request.model, tenant, request.key_name, audio)
             route, prefix_keys = await self._route(request, tenant)
             if route is not None:
                 assert isinstance(request, InferenceRequest)  # only those are routed
@@ -413,9 +415,9 @@ class Serving:
         finally:
             ticket.abandon()
 
-    def _check_budget(self, model: str, tenant: str, key: str | None) -> None:
+    def _check_budget(self, model: str, tenant: str, key: str | None, audio: bool) -> None:
         try:
-            self.budgets.check(tenant, key)
+            self.budgets.check(tenant, key, audio=audio)
         except PoolError as exc:
             budget = exc.details.get("budget", {})
             self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
@@ -441,6 +443,7 @@ class Serving:
         cluster.
         """
         prompt = cached = output = 0
+        audio_seconds = 0.0
         queue_wait_ms = 0.0
         generate_ms: float | None = None
         if admission is not None:
@@ -450,6 +453,11 @@ class Serving:
             cached = used.cached_tokens or 0
             output = used.output_tokens or 0
             done = admission.finished or admission.embedding or admission.completed
+            if admission.completed is not None:
+                # A transcription is charged the audio it was given once it finished.
+                audio_seconds = admission.completed.task_usage.audio_seconds
+                if audio_seconds > 0:
+                    self.metrics.audio_seconds.labels(model).inc(audio_seconds)
             if done is not None:
                 timings = done.timings
                 generate_ms = (
@@ -460,7 +468,8 @@ class Serving:
                 self._count_tokens(model, tenant, prompt, output)
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
-            self.budgets.charge(tenant, key, prompt + output)
+        if prompt or output or audio_seconds:
+            self.budgets.charge(tenant, key, prompt + output, audio_seconds)
         if self.usage is not None:
             self.usage.record(
                 UsageRecord(
@@ -474,6 +483,7 @@ class Serving:
                     queue_wait_ms=round(queue_wait_ms, 3),
                     generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
+                    audio_seconds=audio_seconds,
                 )
             )
 

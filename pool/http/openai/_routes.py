@@ -25,6 +25,7 @@ from pool.http._route import (
     serves,
 )
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
+from pool.http.openai._audio_routes import AUDIO_ROUTES, register_audio
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
     ERRORS,
@@ -150,6 +151,7 @@ ROUTES = (
     OPENAI_EMBEDDINGS,
     COMPLETIONS,
     OPENAI_COMPLETIONS,
+    *AUDIO_ROUTES,
 )
 
 
@@ -225,4 +227,5 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
         return streamed_answer(chunks, admission)
 
+    register_audio(blueprint, ctx)
     app.register_blueprint(blueprint)
