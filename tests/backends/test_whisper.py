@@ -125,7 +125,8 @@ async def test_the_loop_serves_others_while_a_long_file_is_decoded(long_audio: A
         answered_meanwhile = 0
 
         async def transcribe() -> None:
-            await pool.run_task(TaskRequest("whisper", TranscriptionJob("whisper", long_audio, temperature=0.0)))
+            job = TranscriptionJob("whisper", long_audio, temperature=0.0)
+            await pool.run_task(TaskRequest("whisper", job))
             finished.set()
 
         async with trio.open_nursery() as nursery:
@@ -171,8 +172,8 @@ async def test_an_unload_cuts_a_transcription_at_the_drain_deadline(long_audio: 
         events: list[Any] = []
 
         async def transcribe() -> None:
-            request = TaskRequest("whisper", TranscriptionJob("whisper", long_audio, temperature=0.0))
-            async with pool.admit(request) as admission:
+            job = TranscriptionJob("whisper", long_audio, temperature=0.0)
+            async with pool.admit(TaskRequest("whisper", job)) as admission:
                 async for event in admission.task_events():
                     events.append(event)
 
