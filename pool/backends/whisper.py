@@ -117,6 +117,13 @@ def device_options(definition: WhisperModel, placement: GpuPlacement | None) -> 
     return {"device_index": devices[0]} if devices else {}
 
 
+def _languages() -> frozenset[str]:
+    """The language codes Whisper's tokenizer has (faster-whisper's table)."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    return frozenset(_LANGUAGE_CODES)
+
+
 class WhisperRuntime:
     """One loaded faster-whisper model; one transcription at a time on its thread."""
 
@@ -162,8 +169,18 @@ class WhisperRuntime:
         self, job: TranscriptionJob, emit: Callable[[str], None]
     ) -> Transcript:
         definition = self._definition
+        language = job.language or definition.language
+        if language is not None:
+            language = language.lower()
+            if language not in _languages():
+                raise PoolError(
+                    "invalid_request",
+                    f"language {language!r} is not one Whisper knows (ISO-639-1 codes: en, de,"
+                    " ...)",
+                    details={"param": "language"},
+                )
         options: dict[str, Any] = {
-            "language": job.language or definition.language,
+            "language": language,
             "task": job.task,
             "beam_size": definition.beam_size,
             "vad_filter": definition.vad_filter,
