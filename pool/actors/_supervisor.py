@@ -15,6 +15,7 @@ format is rendered from these in ``pool/http``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import BudgetCounters, Budgets, Subject
+from pool.actors.accounting._budgets import BudgetCounters, Budgets, Spent, Subject
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder, UsageSink
 from pool.actors.accounting._usage_store import FILE_NAME as USAGE_FILE_NAME
@@ -379,15 +380,19 @@ class Pool:
         tenants spent in the current windows before a restart still counts."""
         if self._usage_store is None or not self._budgets.enabled:
             return
-        spent: dict[tuple[Subject, float], dict[str, int]] = {}
-        requests: dict[tuple[Subject, float], dict[str, int]] = {}
+        spent: dict[tuple[Subject, float], dict[str, Spent]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
             spent[(subject, since)] = {
-                t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
+                t.group: Spent(
+                    tokens=t.prompt_tokens + t.output_tokens,
+                    requests=t.requests,
+                    audio_seconds=math.ceil(t.audio_seconds),
+                )
+                for t in totals
+                if t.group is not None
             }
-            requests[(subject, since)] = {t.group: t.requests for t in totals if t.group}
-        self._budgets.restore(spent, requests)
+        self._budgets.restore(spent)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(

@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._audio import decode_audio
 from pool.backends._file_identity import file_identity
 from pool.backends._forward import (
     FORWARDED_KINDS,
@@ -88,6 +89,15 @@ from pool.backends._tools import (
     assemble_calls,
     new_call_id,
 )
+from pool.backends._transcription import (
+    SAMPLE_RATE,
+    Segment,
+    Transcriber,
+    Transcript,
+    TranscriptionJob,
+    TranscriptionTask,
+    Word,
+)
 from pool.config import Decoding
 
 __all__ = [
@@ -95,6 +105,7 @@ __all__ = [
     "FORWARDED_KINDS",
     "KIND_ROUTES",
     "MODEL_KINDS",
+    "SAMPLE_RATE",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -125,10 +136,11 @@ __all__ = [
     "RankResult",
     "Ranked",
     "RankingRuntime",
+    "ReplyHead",
     "RerankJob",
     "RerankMethod",
-    "ReplyHead",
     "Runtime",
+    "Segment",
     "SentenceConfig",
     "SleepingRuntime",
     "SplitReportingRuntime",
@@ -144,11 +156,17 @@ __all__ = [
     "ToolCallDelta",
     "ToolChoice",
     "ToolSpec",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionJob",
+    "TranscriptionTask",
     "Turn",
+    "Word",
     "apply_override",
     "assemble_calls",
     "backend_names",
     "context_field",
+    "decode_audio",
     "definition_class",
     "file_identity",
     "forward_job",

@@ -32,7 +32,9 @@ from pool.backends._protocol import (
     TokenSink,
 )
 from pool.backends._rerank import RankResult
+from pool.backends._tasks import TaskSink
 from pool.backends._text import StopScanner
+from pool.backends._transcription import Segment, Transcript, TranscriptionJob, Word
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
@@ -167,6 +169,41 @@ class StubRuntime:
         vectors = tuple(stub_embedding(t, job.dimensions or width) for t in job.texts)
         await trio.lowlevel.checkpoint()
         return EmbeddingResult(vectors, sum(len(stub_tokens(t)) for t in job.texts))
+
+    async def transcribe(self, job: TranscriptionJob, sink: TaskSink) -> Transcript:
+        """A transcript known in advance (``kind: transcription``): ``stub_reply``, else
+        the audio's length in words, one segment per word (paced as its tokens), the
+        segments sharing the audio's time evenly. For the routes' tests; the real
+        transcriber is the ``whisper`` backend."""
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        seconds = job.seconds
+        pieces = self._reply_tokens or stub_tokens(f"{seconds:.1f} seconds of audio")
+        rate = self._definition.stub_tokens_per_second
+        step = seconds / len(pieces)
+        segments = []
+        for index, piece in enumerate(pieces):
+            if rate:
+                await trio.sleep(1.0 / rate)
+            start, end = round(index * step, 3), round((index + 1) * step, 3)
+            words = (Word(piece, start, end, 1.0),) if job.word_timestamps else ()
+            segments.append(
+                Segment(
+                    id=index,
+                    seek=round(start * 100),
+                    start=start,
+                    end=end,
+                    text=piece,
+                    tokens=(index,),
+                    temperature=0.0,
+                    avg_logprob=-0.1,
+                    compression_ratio=1.0,
+                    no_speech_prob=0.0,
+                    words=words,
+                )
+            )
+            await sink.send(piece)
+        return Transcript("".join(pieces), job.language or "en", round(seconds, 3), tuple(segments))
 
     async def close(self) -> None:
         if self._closed:

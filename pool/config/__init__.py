@@ -27,6 +27,7 @@ from pool.config._files import (
 from pool.config._load_request import check_override_value, invalid_load_request
 from pool.config._models import (
     SHA256_HEX_PATTERN,
+    AudioSettings,
     AuthSettings,
     BudgetRule,
     CommonModelFields,
@@ -82,6 +83,7 @@ __all__ = [
     "SAMPLING_NAMES",
     "SETTINGS_ENV",
     "SHA256_HEX_PATTERN",
+    "AudioSettings",
     "AuthSettings",
     "BeamSize",
     "BudgetRule",

@@ -169,6 +169,25 @@ class AuthSettings(_Strict):
         return keys
 
 
+class AudioSettings(_Strict):
+    """``service.audio``: the bounds of an upload to the audio routes
+    (``/v1/audio/transcriptions``, ``/v1/audio/translations``)."""
+
+    max_bytes: PositiveInt = Field(
+        15 * 1024 * 1024,
+        description="Largest audio file; larger is 413 `audio_too_large` (the whole body"
+        " is bounded by `max_body_bytes` first: raise both for larger files).",
+    )
+    max_seconds: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(
+        1800.0,
+        description="Longest audio, decoded; longer is 400 `audio_too_long` (decoding stops"
+        " there, so a small file that expands to hours costs no more).",
+    )
+    decode_threads: Annotated[int, Field(ge=1, le=64)] = Field(
+        2, description="Uploads decoded at once (each on a worker thread, before admission)."
+    )
+
+
 class UsageSettings(_Strict):
     """``service.usage``: the usage database (``usage.sqlite3`` in the state directory).
 
@@ -197,8 +216,8 @@ class UsageSettings(_Strict):
 
 
 class BudgetRule(_Strict):
-    """One budget: the tokens, or the requests, a key or a tenant may spend per UTC day
-    and/or month."""
+    """One budget: what a key or a tenant may spend per UTC day and/or month, in tokens,
+    requests, seconds of audio, characters of speech or seconds of loading caused."""
 
     key: str | None = Field(None, description="The name of the key the budget binds.")
     tenant: str | None = Field(None, description="The tenant the budget binds.")
@@ -216,22 +235,35 @@ class BudgetRule(_Strict):
     requests_per_month: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Requests per UTC calendar month (as `requests_per_day`)."
     )
+    audio_seconds_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC day."
+    )
+    audio_seconds_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC calendar month."
+    )
+    characters_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC day."
+    )
+    characters_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC calendar month."
+    )
+    load_seconds_per_day: Annotated[float, Field(gt=0.0)] | None = Field(
+        None,
+        description="Seconds of model loading its requests may cause per UTC day (each"
+        " load a request started: an on-demand model, an evicted one coming back).",
+    )
 
     @model_validator(mode="after")
     def _one_subject_and_a_limit(self) -> BudgetRule:
         if (self.key is None) == (self.tenant is None):
             raise ValueError("a budget names exactly one of key and tenant")
-        limits = (
-            self.tokens_per_day,
-            self.tokens_per_month,
-            self.requests_per_day,
-            self.requests_per_month,
-        )
-        if all(limit is None for limit in limits):
-            raise ValueError(
-                "a budget sets tokens_per_day, tokens_per_month, requests_per_day or"
-                " requests_per_month (any of them together)"
-            )
+        limits = {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name.endswith(("_per_day", "_per_month"))
+        }
+        if all(limit is None for limit in limits.values()):
+            raise ValueError(f"a budget sets at least one of {', '.join(limits)}")
         return self
 
 
@@ -361,6 +393,7 @@ class ServiceSettings(_Strict):
     )
     # Issue #29: usage records and token budgets (docs/operations.md).
     usage: UsageSettings = Field(default_factory=UsageSettings)
+    audio: AudioSettings = Field(default_factory=AudioSettings)
     budgets: list[BudgetRule] = Field(
         default_factory=list,
         description="Token budgets per key or tenant and UTC day/month; past one, 429"

@@ -133,7 +133,8 @@ _WHY: dict[int, str] = {
     408: "The body arrived slower than `service.body_timeout_s`",
     409: "The model's state forbids the request (on `/v1/admin/usage`: usage recording is"
     " off, `usage_disabled`)",
-    413: "The body is larger than `service.max_body_bytes`",
+    413: "The body is larger than `service.max_body_bytes` (on the audio routes, or the"
+    " file than `service.audio.max_bytes`: `audio_too_large`)",
     422: "The body does not match the schema",
     426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
     429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
@@ -593,7 +594,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             media["example"] = _filled(example, served)
         operation["requestBody"] = {
             "required": route.body_required,
-            "content": {"application/json": media},
+            "content": {route.request_media: media},
         }
     parameters = [
         {

@@ -28,7 +28,8 @@ class Route:
     """One operation of the document.
 
     Attributes:
-        request: the JSON body's model; None for a route without a body.
+        request: the body's model; None for a route without a body.
+        request_media: the body's media type (a multipart form's fields are the model's).
         status: the success status.
         reply: the model of the success body (JSON); None for a text answer or none.
         text: the media type of a success body that is not JSON, and its schema.
@@ -64,6 +65,7 @@ class Route:
     query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
     refusals: tuple[int, ...] | None = None
     valid_input_codes: tuple[str, ...] = ()
+    request_media: str = "application/json"
 
 
 # The codes a schema-valid request may still be refused with (``valid_input_codes``), by
@@ -102,6 +104,15 @@ RERANK_REFUSALS = (
 # A route forwarded to a model's server (pool/http/_forwarding.py): the model's kind, and
 # the server's own refusal of the request (invalid_request quoting it).
 FORWARD_REFUSALS = ("invalid_request", "remote_not_allowed", "wrong_model_kind")
+# An upload that is no audio, or longer than `service.audio.max_seconds`; a stream or
+# granularities with a format that has no place for them.
+AUDIO_REFUSALS = (
+    "audio_too_long",
+    "invalid_audio",
+    "invalid_request",
+    "remote_not_allowed",
+    "wrong_model_kind",
+)
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -1,5 +1,16 @@
 """Pydantic models of every API payload (OpenAPI is generated from these)."""
 
+from pool.schemas._audio import (
+    TranscriptFormat,
+    Transcription,
+    TranscriptionForm,
+    TranscriptionReply,
+    TranscriptionStreamEvent,
+    TranscriptionVerbose,
+    TranscriptTextDelta,
+    TranscriptTextDone,
+    TranslationForm,
+)
 from pool.schemas._checked import renders
 from pool.schemas._compat import (
     ChatCompletionRequest,
@@ -317,6 +328,15 @@ __all__ = [
     "TextCompletionStreamEvent",
     "TextContent",
     "TextFormat",
+    "TranscriptFormat",
+    "TranscriptTextDelta",
+    "TranscriptTextDone",
+    "Transcription",
+    "TranscriptionForm",
+    "TranscriptionReply",
+    "TranscriptionStreamEvent",
+    "TranscriptionVerbose",
+    "TranslationForm",
     "UsageReport",
     "UsageRow",
     "WaitingFor",

@@ -700,6 +700,9 @@ class UsageRow(_Reply):
     prompt_tokens: int
     cached_tokens: int = Field(description="Prompt tokens a prefix cache served.")
     output_tokens: int
+    audio_seconds: float = Field(
+        0.0, description="Seconds of audio transcribed (/v1/audio/transcriptions, translations)."
+    )
 
 
 class UsageReport(_Reply):

@@ -57,11 +57,14 @@ async def test_every_route_of_the_app_is_documented() -> None:
         source = inspect.getsource(view)
         # The body's model: what the route reads (a model route reads it as it opens).
         read = re.search(
-            r"(?:read_body\(|authorized_body\(ctx, |open_model_route\(ctx, )(\w+)", source
+            r"(?:read_body\(|authorized_body\(ctx, |open_model_route\(ctx, |read_form\()(\w+)",
+            source,
         )
         if read:
-            # The documented request schema is the model the route reads.
-            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            # The documented request schema is the model the route reads (a JSON body, or
+            # a multipart form's fields).
+            (media,) = operation["requestBody"]["content"].values()
+            schema = media["schema"]
             assert schema == {"$ref": f"#/components/schemas/{read.group(1)}"}, path
         else:
             assert "requestBody" not in operation, f"{method.upper()} {path} takes no body"

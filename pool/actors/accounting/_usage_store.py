@@ -37,10 +37,20 @@ CREATE TABLE IF NOT EXISTS usage (
     output_tokens INTEGER NOT NULL,
     queue_ms REAL NOT NULL,
     generation_ms REAL,
-    status TEXT NOT NULL
+    status TEXT NOT NULL,
+    audio_seconds REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
+# Columns added since the first release, each with the default its older rows read as:
+# a database written by an older pool gets them when it is first opened (the columns a
+# table lacks are added; none is ever dropped or renamed, so an older pool still reads
+# the file, ignoring them).
+_ADDED_COLUMNS = (("audio_seconds", "REAL NOT NULL DEFAULT 0"),)
+_COLUMNS = (
+    "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
+    " generation_ms, status, audio_seconds"
+)
 
 GroupBy = Literal["key", "tenant", "model"]
 Bucket = Literal["hour", "day"]
@@ -69,6 +79,8 @@ class UsageRecord:
     queue_wait_ms: float
     generate_ms: float | None
     status: str
+    # The seconds of audio a transcription was given (0 for everything else).
+    audio_seconds: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -86,6 +98,21 @@ class UsageTotal:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    audio_seconds: float = 0.0
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Bring a database an older pool wrote up to this schema (:data:`_ADDED_COLUMNS`)."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for name, declaration in _ADDED_COLUMNS:
+        if name not in present:
+            try:
+                db.execute(f"ALTER TABLE usage ADD COLUMN {name} {declaration}")
+            except sqlite3.OperationalError as exc:
+                # Another connection (the reader, or a second pool on the same state
+                # directory) added it first.
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 class UsageStore:
@@ -107,6 +134,7 @@ class UsageStore:
             db = self._connections.get(role)
             if db is None:
                 db = open_database(self.path, _SCHEMA)
+                _add_columns(db)
                 self._connections[role] = db
             return db
 
@@ -125,13 +153,16 @@ class UsageStore:
                 r.queue_wait_ms,
                 r.generate_ms,
                 r.status,
+                r.audio_seconds,
             )
             for r in records
         ]
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                f"INSERT INTO usage ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
@@ -167,7 +198,7 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens) FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds) FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -180,6 +211,7 @@ class UsageStore:
                 prompt_tokens=int(row[3]),
                 cached_tokens=int(row[4]),
                 output_tokens=int(row[5]),
+                audio_seconds=round(float(row[6] or 0.0), 3),
             )
             for row in rows
         ]

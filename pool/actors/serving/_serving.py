@@ -4,6 +4,7 @@ the queue, a peer's relay, and the metrics of what finished (Pool.admit)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import Budgets
+from pool.actors.accounting._budgets import Budgets, Spent, Unit
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder
 from pool.actors.accounting._usage_store import UsageRecord
@@ -140,7 +141,7 @@ class Serving:
             self._check_open()
             request, key_limit = self._identify_caller(request)
             # Before routing: a spent budget is refused here, not relayed to a peer.
-            self._check_budget(request.model, tenant, request.key_name)
+            self._check_budget(request.model, tenant, request.key_name, _spends(request))
             route, prefix_keys = await self._route(request, tenant)
             if route is not None:
                 assert isinstance(request, InferenceRequest)  # only those are routed
@@ -413,9 +414,11 @@ class Serving:
         finally:
             ticket.abandon()
 
-    def _check_budget(self, model: str, tenant: str, key: str | None) -> None:
+    def _check_budget(
+        self, model: str, tenant: str, key: str | None, units: frozenset[Unit]
+    ) -> None:
         try:
-            self.budgets.check(tenant, key)
+            self.budgets.check(tenant, key, units)
         except PoolError as exc:
             budget = exc.details.get("budget", {})
             self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
@@ -441,6 +444,7 @@ class Serving:
         cluster.
         """
         prompt = cached = output = 0
+        audio_seconds = 0.0
         queue_wait_ms = 0.0
         generate_ms: float | None = None
         if admission is not None:
@@ -450,6 +454,11 @@ class Serving:
             cached = used.cached_tokens or 0
             output = used.output_tokens or 0
             done = admission.finished or admission.embedding or admission.completed
+            if admission.completed is not None:
+                # A transcription is charged the audio it was given once it finished.
+                audio_seconds = admission.completed.task_usage.audio_seconds
+                if audio_seconds > 0:
+                    self.metrics.audio_seconds.labels(model).inc(audio_seconds)
             if done is not None:
                 timings = done.timings
                 generate_ms = (
@@ -461,8 +470,12 @@ class Serving:
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
         # Every request that reached a model counts against request budgets, whatever
-        # it used (an image costs no tokens).
-        self.budgets.charge(tenant, key, prompt + output, requests=1)
+        # it used (an image costs no tokens); audio is counted in whole seconds.
+        self.budgets.charge(
+            tenant,
+            key,
+            Spent(tokens=prompt + output, requests=1, audio_seconds=math.ceil(audio_seconds)),
+        )
         if self.usage is not None:
             self.usage.record(
                 UsageRecord(
@@ -476,6 +489,7 @@ class Serving:
                     queue_wait_ms=round(queue_wait_ms, 3),
                     generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
+                    audio_seconds=audio_seconds,
                 )
             )
 
@@ -499,3 +513,20 @@ class Serving:
         self.metrics.tokens.labels(model).inc(output)
         self.metrics.prompt_tokens.labels(model).inc(prompt)
         self.rate_limiter.charge_tokens(tenant, output + prompt)
+
+
+# Every request can spend tokens, a request and the loads it causes; audio and speech
+# budgets bind only the requests that bring audio or ask for speech.
+_ANY_REQUEST: frozenset[Unit] = frozenset({"tokens", "requests", "load_ms"})
+_TRANSCRIPTION: frozenset[Unit] = _ANY_REQUEST | {"audio_seconds"}
+_SPEECH: frozenset[Unit] = _ANY_REQUEST | {"characters"}
+
+
+def _spends(request: PoolRequest) -> frozenset[Unit]:
+    """The budget units that bind ``request`` at admission."""
+    if isinstance(request, TaskRequest):
+        if "transcription" in request.job.served_by:
+            return _TRANSCRIPTION
+        if "speech" in request.job.served_by:
+            return _SPEECH
+    return _ANY_REQUEST

@@ -27,6 +27,7 @@ from pool.http._route import (
     serves,
 )
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
+from pool.http.openai._audio_routes import AUDIO_ROUTES, register_audio
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
     ERRORS,
@@ -187,6 +188,7 @@ ROUTES = (
     OPENAI_COMPLETIONS,
     IMAGES_GENERATIONS,
     OPENAI_IMAGES_GENERATIONS,
+    *AUDIO_ROUTES,
 )
 
 
@@ -275,4 +277,5 @@ def register(app: Quart, ctx: AppContext) -> None:
             "image",
         )
 
+    register_audio(blueprint, ctx)
     app.register_blueprint(blueprint)
