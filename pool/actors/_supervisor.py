@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import BudgetCounters, Budgets, Subject
+from pool.actors.accounting._budgets import BudgetCounters, Budgets, Spent, Subject
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder, UsageSink
 from pool.actors.accounting._usage_store import FILE_NAME as USAGE_FILE_NAME
@@ -372,11 +372,13 @@ class Pool:
         tenants spent in the current windows before a restart still counts."""
         if self._usage_store is None or not self._budgets.enabled:
             return
-        spent: dict[tuple[Subject, float], dict[str, int]] = {}
+        spent: dict[tuple[Subject, float], dict[str, Spent]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
             spent[(subject, since)] = {
-                t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
+                t.group: Spent(t.prompt_tokens + t.output_tokens, t.characters)
+                for t in totals
+                if t.group is not None
             }
         self._budgets.restore(spent)
 

@@ -61,6 +61,18 @@ from pool.backends._registry import (
     unregister_backend,
 )
 from pool.backends._sentence_pooling import SentenceConfig, read_sentence_config
+from pool.backends._speech import (
+    AUDIO_FORMATS,
+    MEDIA_TYPES,
+    UNENCODED_FORMATS,
+    AudioFormat,
+    SpeechAudio,
+    SpeechJob,
+    SpeechRuntime,
+    Voice,
+    VoiceListing,
+    check_input,
+)
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
     OutputFormat,
@@ -75,7 +87,11 @@ from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "AUDIO_FORMATS",
+    "MEDIA_TYPES",
     "MODEL_KINDS",
+    "UNENCODED_FORMATS",
+    "AudioFormat",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -103,6 +119,9 @@ __all__ = [
     "Runtime",
     "SentenceConfig",
     "SleepingRuntime",
+    "SpeechAudio",
+    "SpeechJob",
+    "SpeechRuntime",
     "SplitReportingRuntime",
     "TaskJob",
     "TaskResult",
@@ -117,9 +136,12 @@ __all__ = [
     "ToolChoice",
     "ToolSpec",
     "Turn",
+    "Voice",
+    "VoiceListing",
     "apply_override",
     "assemble_calls",
     "backend_names",
+    "check_input",
     "context_field",
     "definition_class",
     "file_identity",

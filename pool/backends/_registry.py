@@ -28,6 +28,7 @@ _MODULES: dict[str, str] = {
     "vllm": "pool.backends.vllm",
     "vllm_serve": "pool.backends.vllm_serve",
     "openai_remote": "pool.backends.openai_remote",
+    "piper": "pool.backends.piper",
 }
 
 _backends: dict[str, Backend[Any]] = {}

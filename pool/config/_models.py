@@ -197,7 +197,8 @@ class UsageSettings(_Strict):
 
 
 class BudgetRule(_Strict):
-    """One budget: the tokens a key or a tenant may spend per UTC day and/or month."""
+    """One budget: the tokens (and the characters said by speech models) a key or a
+    tenant may spend per UTC day and/or month."""
 
     key: str | None = Field(None, description="The name of the key the budget binds.")
     tenant: str | None = Field(None, description="The tenant the budget binds.")
@@ -207,13 +208,28 @@ class BudgetRule(_Strict):
     tokens_per_month: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Prompt plus output tokens per UTC calendar month."
     )
+    characters_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC day."
+    )
+    characters_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC calendar month."
+    )
 
     @model_validator(mode="after")
     def _one_subject_and_a_limit(self) -> BudgetRule:
         if (self.key is None) == (self.tenant is None):
             raise ValueError("a budget names exactly one of key and tenant")
-        if self.tokens_per_day is None and self.tokens_per_month is None:
-            raise ValueError("a budget sets tokens_per_day, tokens_per_month or both")
+        limits = (
+            self.tokens_per_day,
+            self.tokens_per_month,
+            self.characters_per_day,
+            self.characters_per_month,
+        )
+        if all(limit is None for limit in limits):
+            raise ValueError(
+                "a budget sets at least one of tokens_per_day, tokens_per_month,"
+                " characters_per_day and characters_per_month"
+            )
         return self
 
 

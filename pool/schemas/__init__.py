@@ -16,6 +16,7 @@ from pool.schemas._compat import (
     OllamaOptions,
     OllamaStoreRequest,
     OpenAISampling,
+    SpeechRequest,
 )
 from pool.schemas._documented import with_components
 from pool.schemas._keys import KeyCreated, KeyCreateRequest, KeyList, KeyRevoked, KeyRow
@@ -123,6 +124,8 @@ from pool.schemas._replies import (
     TextCompletionStreamEvent,
     UsageReport,
     UsageRow,
+    VoiceCard,
+    VoiceList,
 )
 from pool.schemas._responses import (
     Content,
@@ -289,6 +292,7 @@ __all__ = [
     "RunnerResources",
     "RunnerUnloadRequest",
     "RunnerUnloaded",
+    "SpeechRequest",
     "StatusSuccess",
     "TextCompletion",
     "TextCompletionChoice",
@@ -297,6 +301,8 @@ __all__ = [
     "TextFormat",
     "UsageReport",
     "UsageRow",
+    "VoiceCard",
+    "VoiceList",
     "WaitingFor",
     "renders",
     "with_components",

@@ -167,6 +167,17 @@ class EmbeddingList(_Reply):
     usage: EmbeddingUsage
 
 
+class VoiceCard(_Reply):
+    id: str = Field(description="The name to give as a speech request's `voice`.")
+    model: str = Field(description="The speech model that speaks in it.")
+    language: str | None = Field(None, description="Its language, as the voice names it.")
+
+
+class VoiceList(_Reply):
+    object: Literal["list"]
+    data: list[VoiceCard]
+
+
 class ModelCard(_Reply):
     id: str
     object: Literal["model"]
@@ -652,6 +663,9 @@ class UsageRow(_Reply):
     prompt_tokens: int
     cached_tokens: int = Field(description="Prompt tokens a prefix cache served.")
     output_tokens: int
+    characters: int = Field(
+        description="Characters of text that speech models said (`/v1/audio/speech`)."
+    )
 
 
 class UsageReport(_Reply):

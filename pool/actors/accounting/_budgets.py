@@ -1,8 +1,9 @@
 """Token budgets per key or tenant and UTC day or month (``service.budgets``).
 
 A budget counts the prompt plus output tokens of finished requests in its window (the
-UTC day, or the UTC calendar month). A request is checked at admission: once a window's
-count has reached its limit, new requests of that key or tenant are refused with 429
+UTC day, or the UTC calendar month), or the characters speech models said for them
+(``characters_per_day``, ``characters_per_month``). A request is checked at admission:
+once a window's count has reached its limit, new requests of that key or tenant are refused with 429
 ``budget_exceeded`` and ``Retry-After`` set to the seconds left until the window
 resets. Requests already running finish and are counted, so a budget can be overshot by
 what was in flight when it ran out.
@@ -33,6 +34,8 @@ from pool.errors import PoolError
 
 Period = Literal["day", "month"]
 Subject = Literal["key", "tenant"]
+# What a budget counts: prompt plus output tokens, or characters said by speech models.
+Unit = Literal["tokens", "characters"]
 
 
 class BudgetCounters(Protocol):
@@ -95,14 +98,29 @@ def window(period: Period, now: float) -> Window:
 
 
 @dataclass(frozen=True, slots=True)
+class Spent:
+    """What a key or tenant used in a window: tokens, and characters said by speech models."""
+
+    tokens: int = 0
+    characters: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class _Limit:
     subject: Subject
     name: str
     period: Period
-    tokens: int
+    amount: int
+    unit: Unit = "tokens"
 
     def counter(self, current: Window) -> str:
-        return f"{self.subject}:{self.name}:{self.period}:{current.id}"
+        # Token counters keep the name they had before characters were counted (shared
+        # counters in Redis outlive an upgrade).
+        suffix = "" if self.unit == "tokens" else f":{self.unit}"
+        return f"{self.subject}:{self.name}:{self.period}:{current.id}{suffix}"
+
+    def of(self, spent: Spent) -> int:
+        return spent.tokens if self.unit == "tokens" else spent.characters
 
 
 def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
@@ -111,10 +129,14 @@ def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
         subject: Subject = "key" if rule.key is not None else "tenant"
         name = rule.key if rule.key is not None else rule.tenant
         assert name is not None  # BudgetRule names exactly one
-        if rule.tokens_per_day is not None:
-            limits.append(_Limit(subject, name, "day", rule.tokens_per_day))
-        if rule.tokens_per_month is not None:
-            limits.append(_Limit(subject, name, "month", rule.tokens_per_month))
+        for period, unit, amount in (
+            ("day", "tokens", rule.tokens_per_day),
+            ("month", "tokens", rule.tokens_per_month),
+            ("day", "characters", rule.characters_per_day),
+            ("month", "characters", rule.characters_per_month),
+        ):
+            if amount is not None:
+                limits.append(_Limit(subject, name, period, amount, unit))  # type: ignore[arg-type]
     return limits
 
 
@@ -167,7 +189,7 @@ class Budgets:
             current = window(limit.period, now)
             spent = self.counters.spent(limit.counter(current), current.ends_at)
             # Of several spent budgets, the one that resets last decides the wait.
-            if spent >= limit.tokens and (refusal is None or current.ends_at > refusal[1].ends_at):
+            if spent >= limit.amount and (refusal is None or current.ends_at > refusal[1].ends_at):
                 refusal = (limit, current, spent)
         if refusal is None:
             return
@@ -175,16 +197,16 @@ class Budgets:
         wait = max(1.0, math.ceil(current.ends_at - now))
         raise PoolError(
             "budget_exceeded",
-            f"{limit.subject} {limit.name!r} has spent its budget of {limit.tokens} tokens"
-            f" per {limit.period} ({current.id}, UTC)",
+            f"{limit.subject} {limit.name!r} has spent its budget of {limit.amount}"
+            f" {limit.unit} per {limit.period} ({current.id}, UTC)",
             retry_after_s=wait,
             details={
                 "budget": {
                     limit.subject: limit.name,
                     "period": limit.period,
                     "window": current.id,
-                    "limit_tokens": limit.tokens,
-                    "spent_tokens": spent,
+                    f"limit_{limit.unit}": limit.amount,
+                    f"spent_{limit.unit}": spent,
                     "resets_at": int(current.ends_at),
                 }
             },
@@ -200,28 +222,33 @@ class Budgets:
             for limit in limits
         }
 
-    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, int]]) -> None:
+    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, Spent]]) -> None:
         """Count what was spent in the current windows before this pool started: for
-        each of :meth:`current_windows`, the tokens per key or tenant name since then
-        (from the usage database). Local counters only: shared ones were never lost."""
+        each of :meth:`current_windows`, the tokens and characters per key or tenant name
+        since then (from the usage database). Local counters only: shared ones were never
+        lost."""
         if not isinstance(self.counters, LocalCounters):
             return
         now = self._clock()
         for (subject, name), limits in self._by_subject.items():
             for limit in limits:
                 current = window(limit.period, now)
-                tokens = spent.get((subject, current.starts_at), {}).get(name, 0)
-                if tokens > 0:
-                    self.counters.add(limit.counter(current), tokens, current.ends_at)
+                amount = limit.of(spent.get((subject, current.starts_at), {}).get(name, Spent()))
+                if amount > 0:
+                    self.counters.add(limit.counter(current), amount, current.ends_at)
 
-    def charge(self, tenant: str, key: str | None, tokens: int) -> None:
-        """Count a finished request's prompt plus output ``tokens``."""
-        if tokens <= 0 or not self._by_subject:
+    def charge(self, tenant: str, key: str | None, tokens: int, characters: int = 0) -> None:
+        """Count a finished request's prompt plus output ``tokens`` and the ``characters``
+        a speech model said for it."""
+        used = Spent(max(0, tokens), max(0, characters))
+        if not (used.tokens or used.characters) or not self._by_subject:
             return
         limits = self._applying(tenant, key)
         if not limits:
             return
         now = self._clock()
         for limit in limits:
-            current = window(limit.period, now)
-            self.counters.add(limit.counter(current), tokens, current.ends_at)
+            amount = limit.of(used)
+            if amount > 0:
+                current = window(limit.period, now)
+                self.counters.add(limit.counter(current), amount, current.ends_at)

@@ -37,10 +37,19 @@ CREATE TABLE IF NOT EXISTS usage (
     output_tokens INTEGER NOT NULL,
     queue_ms REAL NOT NULL,
     generation_ms REAL,
-    status TEXT NOT NULL
+    status TEXT NOT NULL,
+    characters INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
+# The columns added after the table first shipped (a file an older pool wrote gains
+# them when opened; its rows count 0): the characters of speech input (issue #41).
+_ADDED = {"usage": {"characters": "INTEGER NOT NULL DEFAULT 0"}}
+# The columns in the order INSERT gives them.
+_COLUMNS = (
+    "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
+    " generation_ms, status, characters"
+)
 
 GroupBy = Literal["key", "tenant", "model"]
 Bucket = Literal["hour", "day"]
@@ -69,6 +78,8 @@ class UsageRecord:
     queue_wait_ms: float
     generate_ms: float | None
     status: str
+    # Text a speech model said (its input's characters); 0 for the other kinds.
+    characters: int = 0
 
     @property
     def tokens(self) -> int:
@@ -86,6 +97,7 @@ class UsageTotal:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    characters: int = 0
 
 
 class UsageStore:
@@ -106,7 +118,7 @@ class UsageStore:
         with self._opening:
             db = self._connections.get(role)
             if db is None:
-                db = open_database(self.path, _SCHEMA)
+                db = open_database(self.path, _SCHEMA, _ADDED)
                 self._connections[role] = db
             return db
 
@@ -125,13 +137,16 @@ class UsageStore:
                 r.queue_wait_ms,
                 r.generate_ms,
                 r.status,
+                r.characters,
             )
             for r in records
         ]
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                f"INSERT INTO usage ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
@@ -167,7 +182,7 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens) FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(characters) FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -180,6 +195,7 @@ class UsageStore:
                 prompt_tokens=int(row[3]),
                 cached_tokens=int(row[4]),
                 output_tokens=int(row[5]),
+                characters=int(row[6]),
             )
             for row in rows
         ]

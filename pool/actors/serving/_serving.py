@@ -458,9 +458,17 @@ class Serving:
             elif prompt or output:
                 # A finished request counted these as it finished (_record_finished).
                 self._count_tokens(model, tenant, prompt, output)
-        if prompt or output:
-            self.metrics.record_tenant_tokens(tenant, prompt, output)
-            self.budgets.charge(tenant, key, prompt + output)
+        # Text said by a speech model: what its finished job counted (a cut stream
+        # counts nothing, as a task cut short is charged only what its runtime counted).
+        characters = 0
+        if admission is not None and admission.completed is not None:
+            characters = admission.completed.task_usage.characters
+        if characters:
+            self.metrics.characters.labels(model).inc(characters)
+        if prompt or output or characters:
+            if prompt or output:
+                self.metrics.record_tenant_tokens(tenant, prompt, output)
+            self.budgets.charge(tenant, key, prompt + output, characters)
         if self.usage is not None:
             self.usage.record(
                 UsageRecord(
@@ -474,6 +482,7 @@ class Serving:
                     queue_wait_ms=round(queue_wait_ms, 3),
                     generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
+                    characters=characters,
                 )
             )
 

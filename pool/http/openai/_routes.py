@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from quart import Blueprint, Quart, Response
+from quart import Blueprint, Quart, Response, request
 
 from pool.http._collected import collected
 from pool.http._common import (
@@ -15,6 +15,7 @@ from pool.http._common import (
     inference_headers,
     json_response,
     open_model_route,
+    require,
 )
 from pool.http._route import (
     COMPLETION_REFUSALS,
@@ -35,6 +36,14 @@ from pool.http.openai._render import (
     completion_body,
     embeddings_body,
 )
+from pool.http.openai._speech import (
+    OPENAI_SPEECH,
+    OPENAI_VOICES,
+    SPEECH,
+    VOICES,
+    speech_answer,
+    voices_answer,
+)
 from pool.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -42,6 +51,7 @@ from pool.schemas import (
     CompletionRequest,
     EmbeddingList,
     EmbeddingsRequest,
+    SpeechRequest,
     TextCompletion,
     TextCompletionStreamEvent,
 )
@@ -150,6 +160,10 @@ ROUTES = (
     OPENAI_EMBEDDINGS,
     COMPLETIONS,
     OPENAI_COMPLETIONS,
+    SPEECH,
+    OPENAI_SPEECH,
+    VOICES,
+    OPENAI_VOICES,
 )
 
 
@@ -224,5 +238,16 @@ def register(app: Quart, ctx: AppContext) -> None:
             pool, opened, requests[0], stream, heartbeat_s=HEARTBEAT_S
         )
         return streamed_answer(chunks, admission)
+
+    @serves(blueprint, SPEECH, OPENAI_SPEECH)
+    async def speech() -> Response:
+        """OpenAI's text to speech: the audio, streamed as it is made or whole."""
+        return await speech_answer(pool, await open_model_route(ctx, SpeechRequest))
+
+    @serves(blueprint, VOICES, OPENAI_VOICES)
+    async def voices() -> Response:
+        """The voices of the speech models."""
+        require(ctx, "inference")
+        return await voices_answer(pool, request.args.get("model") or None)
 
     app.register_blueprint(blueprint)
