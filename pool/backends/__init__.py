@@ -72,6 +72,7 @@ from pool.backends._speech import (
     Voice,
     VoiceListing,
     check_input,
+    wav_header,
 )
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
@@ -158,4 +159,5 @@ __all__ = [
     "register_backend",
     "unregister_backend",
     "validate_load_request",
+    "wav_header",
 ]

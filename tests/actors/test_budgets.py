@@ -185,3 +185,30 @@ async def test_a_restarted_pool_remembers_what_its_budgets_spent(private_state: 
         await pool.respond(ask(words(20)), tenant="acme")
         with pytest.raises(PoolError):  # but the key's month is still spent
             await pool.respond(ask("x", key_name="ci"), tenant="acme")
+
+
+def test_characters_budgets_count_speech_and_refuse_only_speech() -> None:
+    clock = Clock(datetime(2026, 3, 14, 12, 0, tzinfo=UTC))
+    rules = [
+        BudgetRule(tenant="acme", tokens_per_day=100, characters_per_month=1000),
+    ]
+    budgets = Budgets(rules, clock=clock)
+    budgets.charge("acme", None, 0, 600)
+    budgets.charge("acme", None, 40, 400)  # 1000 characters: that budget is spent
+    budgets.check("acme", None)  # tokens: 40 of 100
+    with pytest.raises(PoolError) as refused:
+        budgets.check("acme", None, "characters")
+    assert refused.value.details["budget"] == {
+        "tenant": "acme",
+        "period": "month",
+        "window": "2026-03",
+        "limit_characters": 1000,
+        "spent_characters": 1000,
+        "resets_at": int(datetime(2026, 4, 1, tzinfo=UTC).timestamp()),
+    }
+    budgets.charge("acme", None, 60)
+    with pytest.raises(PoolError) as tokens:
+        budgets.check("acme", None)
+    assert tokens.value.details["budget"]["limit_tokens"] == 100
+    with pytest.raises(ValueError, match="characters_per_day"):
+        BudgetRule(tenant="acme")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.lowlevel
 
 from pool import PoolError
 from pool.backends import LoadContext, SpeechJob, get_backend
@@ -73,7 +74,7 @@ def test_the_voices_are_read_without_loading() -> None:
     backend = get_backend("piper")
     (voice,) = backend.voices(_definition(), None)  # type: ignore[attr-defined]
     assert (voice.id, voice.language) == ("joe", "en_US")
-    with pytest.raises(BackendError, match="not installed|model_path"):
+    with pytest.raises(BackendError, match=r"not installed|model_path"):
         backend.voices(PiperModel.model_validate({}), None)  # type: ignore[attr-defined]
 
 
@@ -103,7 +104,9 @@ async def test_a_sentence_is_speech_of_a_plausible_length(runtime: PiperRuntime)
 @pytest.mark.real_model
 async def test_the_audio_comes_sentence_by_sentence(runtime: PiperRuntime) -> None:
     sink = Collect()
-    await runtime.synthesize(SpeechInput("One sentence here. And a second one! A third?", None), sink)
+    await runtime.synthesize(
+        SpeechInput("One sentence here. And a second one! A third?", None), sink
+    )
     assert len(sink.pieces) == 3
     for piece in sink.pieces:
         assert_speech(piece, runtime.sample_rate, words=3)
@@ -160,7 +163,7 @@ async def test_a_caller_that_stops_listening_stops_the_synthesis(
 
         async def send(self, piece: bytes, /) -> None:
             self.scope.cancel()
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     with trio.CancelScope() as scope:
         await runtime.synthesize(SpeechInput(text, None), LeaveAfterOne(scope))

@@ -171,8 +171,9 @@ class Budgets:
             found.extend(self._by_subject.get(("key", key), ()))
         return found
 
-    def check(self, tenant: str, key: str | None) -> None:
-        """Refuse a new request whose key or tenant has spent a budget.
+    def check(self, tenant: str, key: str | None, unit: Unit = "tokens") -> None:
+        """Refuse a new request whose key or tenant has spent a budget of ``unit`` (what
+        the request would spend: a speech request characters, the others tokens).
 
         Raises:
             PoolError: ``budget_exceeded`` (429) with ``Retry-After`` (seconds until
@@ -180,7 +181,7 @@ class Budgets:
         """
         if not self._by_subject:
             return
-        limits = self._applying(tenant, key)
+        limits = [limit for limit in self._applying(tenant, key) if limit.unit == unit]
         if not limits:
             return
         now = self._clock()

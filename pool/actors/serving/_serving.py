@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import Budgets
+from pool.actors.accounting._budgets import Budgets, Unit
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder
 from pool.actors.accounting._usage_store import UsageRecord
@@ -140,7 +140,7 @@ class Serving:
             self._check_open()
             request, key_limit = self._identify_caller(request)
             # Before routing: a spent budget is refused here, not relayed to a peer.
-            self._check_budget(request.model, tenant, request.key_name)
+            self._check_budget(request.model, tenant, request.key_name, _spends(request))
             route, prefix_keys = await self._route(request, tenant)
             if route is not None:
                 assert isinstance(request, InferenceRequest)  # only those are routed
@@ -413,9 +413,9 @@ class Serving:
         finally:
             ticket.abandon()
 
-    def _check_budget(self, model: str, tenant: str, key: str | None) -> None:
+    def _check_budget(self, model: str, tenant: str, key: str | None, unit: Unit) -> None:
         try:
-            self.budgets.check(tenant, key)
+            self.budgets.check(tenant, key, unit)
         except PoolError as exc:
             budget = exc.details.get("budget", {})
             self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
@@ -506,3 +506,10 @@ class Serving:
         self.metrics.tokens.labels(model).inc(output)
         self.metrics.prompt_tokens.labels(model).inc(prompt)
         self.rate_limiter.charge_tokens(tenant, output + prompt)
+
+
+def _spends(request: PoolRequest) -> Unit:
+    """What the budgets count of ``request``: characters for speech, else tokens."""
+    if isinstance(request, TaskRequest) and "speech" in request.job.served_by:
+        return "characters"
+    return "tokens"
