@@ -89,6 +89,7 @@ async def main(rounds: int, out: Path | None) -> dict[str, Any]:
     import onnxruntime
     from piper import PiperVoice
 
+    machine = describe()
     path = resolve_model_path(VOICE)
     voice = PiperVoice.load(path)
     settings = build_settings(
@@ -144,7 +145,7 @@ async def main(rounds: int, out: Path | None) -> dict[str, Any]:
         "benchmark": "speech_direct",
         "command": f"python -m benchmarks.speech_direct --rounds {rounds}",
         "machine": {
-            **describe(),
+            **machine,
             "loadavg_at_end": describe()["loadavg_at_start"],
             "onnxruntime": onnxruntime.__version__,
             "piper_tts": metadata.version("piper-tts"),
