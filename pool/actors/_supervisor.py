@@ -388,6 +388,7 @@ class Pool:
                     tokens=t.prompt_tokens + t.output_tokens,
                     requests=t.requests,
                     audio_seconds=math.ceil(t.audio_seconds),
+                    characters=t.characters,
                 )
                 for t in totals
                 if t.group is not None

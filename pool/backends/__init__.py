@@ -79,6 +79,19 @@ from pool.backends._rerank import (
     rerank_job,
 )
 from pool.backends._sentence_pooling import SentenceConfig, read_sentence_config
+from pool.backends._speech import (
+    AUDIO_FORMATS,
+    MEDIA_TYPES,
+    UNENCODED_FORMATS,
+    AudioFormat,
+    SpeechAudio,
+    SpeechJob,
+    SpeechRuntime,
+    Voice,
+    VoiceListing,
+    check_input,
+    wav_header,
+)
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
     OutputFormat,
@@ -102,10 +115,14 @@ from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "AUDIO_FORMATS",
     "FORWARDED_KINDS",
     "KIND_ROUTES",
+    "MEDIA_TYPES",
     "MODEL_KINDS",
     "SAMPLE_RATE",
+    "UNENCODED_FORMATS",
+    "AudioFormat",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -143,6 +160,9 @@ __all__ = [
     "Segment",
     "SentenceConfig",
     "SleepingRuntime",
+    "SpeechAudio",
+    "SpeechJob",
+    "SpeechRuntime",
     "SplitReportingRuntime",
     "TaskJob",
     "TaskResult",
@@ -161,10 +181,13 @@ __all__ = [
     "TranscriptionJob",
     "TranscriptionTask",
     "Turn",
+    "Voice",
+    "VoiceListing",
     "Word",
     "apply_override",
     "assemble_calls",
     "backend_names",
+    "check_input",
     "context_field",
     "decode_audio",
     "definition_class",
@@ -184,4 +207,5 @@ __all__ = [
     "rerank_job",
     "unregister_backend",
     "validate_load_request",
+    "wav_header",
 ]

@@ -30,6 +30,7 @@ _MODULES: dict[str, str] = {
     "vllm_serve": "pool.backends.vllm_serve",
     "openai_remote": "pool.backends.openai_remote",
     "server": "pool.backends.server",
+    "piper": "pool.backends.piper",
 }
 
 _backends: dict[str, Backend[Any]] = {}

@@ -534,6 +534,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if route.text is not None:
         media_type, schema = route.text
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
+    for media_type, schema in route.media:
+        content[media_type] = {"schema": schema}
     if content:
         success["content"] = content
     valid_input_codes = list(route.valid_input_codes)

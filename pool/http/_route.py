@@ -33,6 +33,8 @@ class Route:
         status: the success status.
         reply: the model of the success body (JSON); None for a text answer or none.
         text: the media type of a success body that is not JSON, and its schema.
+        media: the media types (and schemas) of a binary success body, one of which is
+            answered (audio in the formats a request may ask for).
         stream: the media type of the streamed answer (``stream: true``).
         events: the model of one streamed event's JSON (an SSE event's ``data``, an NDJSON
             line): the union of every event the stream can send.
@@ -56,6 +58,7 @@ class Route:
     status: int = 200
     reply: type[BaseModel] | None = None
     text: tuple[str, dict[str, Any]] | None = None
+    media: tuple[tuple[str, dict[str, Any]], ...] = ()
     stream: str | None = None
     events: type[BaseModel] | None = None
     errors: ErrorShape = "pool"

@@ -30,6 +30,7 @@ from pool.schemas._compat import (
     RerankDocument,
     RerankRequest,
     ScoreRequest,
+    SpeechRequest,
 )
 from pool.schemas._documented import with_components
 from pool.schemas._images import ImageData, ImageGenerationRequest, ImagesResponse
@@ -144,6 +145,8 @@ from pool.schemas._replies import (
     TextCompletionStreamEvent,
     UsageReport,
     UsageRow,
+    VoiceCard,
+    VoiceList,
 )
 from pool.schemas._responses import (
     Content,
@@ -322,6 +325,7 @@ __all__ = [
     "ScoreItem",
     "ScoreReply",
     "ScoreRequest",
+    "SpeechRequest",
     "StatusSuccess",
     "TextCompletion",
     "TextCompletionChoice",
@@ -339,6 +343,8 @@ __all__ = [
     "TranslationForm",
     "UsageReport",
     "UsageRow",
+    "VoiceCard",
+    "VoiceList",
     "WaitingFor",
     "renders",
     "with_components",

@@ -213,6 +213,15 @@ class ScoreReply(_Reply):
     data: list[ScoreItem] = Field(description="One score per pair, in request order.")
     usage: RerankUsage
     method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+class VoiceCard(_Reply):
+    id: str = Field(description="The name to give as a speech request's `voice`.")
+    model: str = Field(description="The speech model that speaks in it.")
+    language: str | None = Field(None, description="Its language, as the voice names it.")
+
+
+class VoiceList(_Reply):
+    object: Literal["list"]
+    data: list[VoiceCard]
 
 
 class ModelCard(_Reply):
@@ -702,6 +711,9 @@ class UsageRow(_Reply):
     output_tokens: int
     audio_seconds: float = Field(
         0.0, description="Seconds of audio transcribed (/v1/audio/transcriptions, translations)."
+    )
+    characters: int = Field(
+        0, description="Characters of text that speech models said (`/v1/audio/speech`)."
     )
 
 

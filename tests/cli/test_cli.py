@@ -483,10 +483,10 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     by_tenant = await cli(info, "usage")
     assert by_tenant.code == 0, by_tenant.err
     header, *rows = by_tenant.out.splitlines()
-    assert header.split() == ["TENANT", "REQUESTS", "PROMPT", "CACHED", "OUTPUT"]
+    assert header.split() == ["TENANT", "REQUESTS", "PROMPT", "CACHED", "OUTPUT", "CHARS"]
     assert [row.split() for row in rows] == [
-        ["team-a", "1", "3", "0", "3"],
-        ["team-b", "1", "1", "0", "1"],
+        ["team-a", "1", "3", "0", "3", "0"],
+        ["team-b", "1", "1", "0", "1", "0"],
     ]
     daily = await cli(info, "usage", "--group-by", "model", "--bucket", "day", "--since", "0")
     assert daily.code == 0, daily.err
@@ -494,6 +494,7 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     assert row.split()[0].endswith("T00:00:00Z") and row.split()[1:3] == ["echo", "2"]
     as_json = await cli(info, "usage", "--group-by", "key", "--json")
     row = {"key": None, "requests": 2, "prompt_tokens": 4, "cached_tokens": 0, "output_tokens": 4}
+    row["characters"] = 0
     assert as_json.json_lines() == [{"usage": [row]}]
     none = await cli(info, "usage", "--until", "2000-01-01T00:00:00Z")
     assert none.code == 0 and none.out.strip() == "no usage recorded in this range"

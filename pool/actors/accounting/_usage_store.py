@@ -38,19 +38,26 @@ CREATE TABLE IF NOT EXISTS usage (
     queue_ms REAL NOT NULL,
     generation_ms REAL,
     status TEXT NOT NULL,
-    audio_seconds REAL NOT NULL DEFAULT 0
+    audio_seconds REAL NOT NULL DEFAULT 0,
+    characters INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
-# Columns added since the first release, each with the default its older rows read as:
-# a database written by an older pool gets them when it is first opened (the columns a
-# table lacks are added; none is ever dropped or renamed, so an older pool still reads
-# the file, ignoring them).
-_ADDED_COLUMNS = (("audio_seconds", "REAL NOT NULL DEFAULT 0"),)
+# The columns added after the table first shipped (a file an older pool wrote gains
+# them when opened; its rows count 0): the seconds of audio transcribed and the
+# characters of speech input (issue #41).
+_ADDED = {
+    "usage": {
+        "audio_seconds": "REAL NOT NULL DEFAULT 0",
+        "characters": "INTEGER NOT NULL DEFAULT 0",
+    }
+}
+# The columns in the order INSERT gives them.
 _COLUMNS = (
     "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
-    " generation_ms, status, audio_seconds"
+    " generation_ms, status, audio_seconds, characters"
 )
+_PLACEHOLDERS = ", ".join("?" for _ in _COLUMNS.split(","))
 
 GroupBy = Literal["key", "tenant", "model"]
 Bucket = Literal["hour", "day"]
@@ -81,6 +88,8 @@ class UsageRecord:
     status: str
     # The seconds of audio a transcription was given (0 for everything else).
     audio_seconds: float = 0.0
+    # Text a speech model said (its input's characters); 0 for the other kinds.
+    characters: int = 0
 
     @property
     def tokens(self) -> int:
@@ -99,20 +108,7 @@ class UsageTotal:
     cached_tokens: int
     output_tokens: int
     audio_seconds: float = 0.0
-
-
-def _add_columns(db: sqlite3.Connection) -> None:
-    """Bring a database an older pool wrote up to this schema (:data:`_ADDED_COLUMNS`)."""
-    present = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
-    for name, declaration in _ADDED_COLUMNS:
-        if name not in present:
-            try:
-                db.execute(f"ALTER TABLE usage ADD COLUMN {name} {declaration}")
-            except sqlite3.OperationalError as exc:
-                # Another connection (the reader, or a second pool on the same state
-                # directory) added it first.
-                if "duplicate column" not in str(exc):
-                    raise
+    characters: int = 0
 
 
 class UsageStore:
@@ -133,8 +129,7 @@ class UsageStore:
         with self._opening:
             db = self._connections.get(role)
             if db is None:
-                db = open_database(self.path, _SCHEMA)
-                _add_columns(db)
+                db = open_database(self.path, _SCHEMA, _ADDED)
                 self._connections[role] = db
             return db
 
@@ -154,6 +149,7 @@ class UsageStore:
                 r.generate_ms,
                 r.status,
                 r.audio_seconds,
+                r.characters,
             )
             for r in records
         ]
@@ -161,7 +157,7 @@ class UsageStore:
         with db:
             db.execute("BEGIN IMMEDIATE")
             db.executemany(
-                f"INSERT INTO usage ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows
             )
 
     def prune(self, before: float) -> int:
@@ -198,7 +194,8 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds) FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds), SUM(characters)"
+            " FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -212,6 +209,7 @@ class UsageStore:
                 cached_tokens=int(row[4]),
                 output_tokens=int(row[5]),
                 audio_seconds=round(float(row[6] or 0.0), 3),
+                characters=int(row[7] or 0),
             )
             for row in rows
         ]

@@ -228,6 +228,12 @@ class PoolMetrics:
             ["model"],
             registry=r,
         )
+        self.characters = Counter(
+            "llm_pool_speech_characters",
+            "Characters of text said by speech models (/v1/audio/speech)",
+            ["model"],
+            registry=r,
+        )
         self.cache_lookups = Counter(
             "llm_pool_cache_lookups",
             "Requests to a runtime with a prefix cache, by outcome (hit or miss)",

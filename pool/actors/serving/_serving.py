@@ -467,6 +467,13 @@ class Serving:
             elif prompt or output:
                 # A finished request counted these as it finished (_record_finished).
                 self._count_tokens(model, tenant, prompt, output)
+        # Text said by a speech model: what its finished job counted (a cut stream
+        # counts nothing, as a task cut short is charged only what its runtime counted).
+        characters = 0
+        if admission is not None and admission.completed is not None:
+            characters = admission.completed.task_usage.characters
+        if characters:
+            self.metrics.characters.labels(model).inc(characters)
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
         # Every request that reached a model counts against request budgets, whatever
@@ -474,7 +481,12 @@ class Serving:
         self.budgets.charge(
             tenant,
             key,
-            Spent(tokens=prompt + output, requests=1, audio_seconds=math.ceil(audio_seconds)),
+            Spent(
+                tokens=prompt + output,
+                requests=1,
+                audio_seconds=math.ceil(audio_seconds),
+                characters=characters,
+            ),
         )
         if self.usage is not None:
             self.usage.record(
@@ -490,6 +502,7 @@ class Serving:
                     generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
                     audio_seconds=audio_seconds,
+                    characters=characters,
                 )
             )
 
@@ -515,11 +528,11 @@ class Serving:
         self.rate_limiter.charge_tokens(tenant, output + prompt)
 
 
-# Every request can spend tokens, a request and the loads it causes; audio and speech
-# budgets bind only the requests that bring audio or ask for speech.
+# Every request spends a request and may cause a load; speech spends characters, not
+# tokens; audio budgets bind only the requests that bring audio.
 _ANY_REQUEST: frozenset[Unit] = frozenset({"tokens", "requests", "load_ms"})
 _TRANSCRIPTION: frozenset[Unit] = _ANY_REQUEST | {"audio_seconds"}
-_SPEECH: frozenset[Unit] = _ANY_REQUEST | {"characters"}
+_SPEECH: frozenset[Unit] = frozenset({"requests", "load_ms", "characters"})
 
 
 def _spends(request: PoolRequest) -> frozenset[Unit]:

@@ -251,6 +251,7 @@ def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
     row["cached_tokens"] = total.cached_tokens
     row["output_tokens"] = total.output_tokens
     row["audio_seconds"] = total.audio_seconds
+    row["characters"] = total.characters
     return row
 
 

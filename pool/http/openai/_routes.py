@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from quart import Blueprint, Quart, Response
+from quart import Blueprint, Quart, Response, request
 
 from pool.http._collected import collected
 from pool.http._common import (
@@ -15,6 +15,7 @@ from pool.http._common import (
     inference_headers,
     json_response,
     open_model_route,
+    require,
 )
 from pool.http._forwarding import forward_route
 from pool.http._route import (
@@ -38,6 +39,14 @@ from pool.http.openai._render import (
     completion_body,
     embeddings_body,
 )
+from pool.http.openai._speech import (
+    OPENAI_SPEECH,
+    OPENAI_VOICES,
+    SPEECH,
+    VOICES,
+    speech_answer,
+    voices_answer,
+)
 from pool.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -47,6 +56,7 @@ from pool.schemas import (
     EmbeddingsRequest,
     ImageGenerationRequest,
     ImagesResponse,
+    SpeechRequest,
     TextCompletion,
     TextCompletionStreamEvent,
 )
@@ -189,6 +199,10 @@ ROUTES = (
     IMAGES_GENERATIONS,
     OPENAI_IMAGES_GENERATIONS,
     *AUDIO_ROUTES,
+    SPEECH,
+    OPENAI_SPEECH,
+    VOICES,
+    OPENAI_VOICES,
 )
 
 
@@ -278,4 +292,15 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
 
     register_audio(blueprint, ctx)
+    @serves(blueprint, SPEECH, OPENAI_SPEECH)
+    async def speech() -> Response:
+        """OpenAI's text to speech: the audio, streamed as it is made or whole."""
+        return await speech_answer(pool, await open_model_route(ctx, SpeechRequest))
+
+    @serves(blueprint, VOICES, OPENAI_VOICES)
+    async def voices() -> Response:
+        """The voices of the speech models."""
+        require(ctx, "inference")
+        return await voices_answer(pool, request.args.get("model") or None)
+
     app.register_blueprint(blueprint)
