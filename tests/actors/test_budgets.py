@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from pool import PoolError, open_pool
 from pool.actors import Budgets, EmbeddingRequest, InferenceRequest
 from pool.actors.accounting._budgets import Spent, Unit, window
-
 from pool.config import BudgetRule, build_settings
 
 from .helpers import ask as plain_ask
@@ -226,6 +225,8 @@ async def test_a_request_budget_counts_requests_whatever_they_used(private_state
         await pool.respond(ask("other"), tenant="beta")
         clock.now += 7200  # the next UTC day
         await pool.respond(ask("again"), tenant="acme")
+
+
 def test_characters_budgets_count_speech_and_refuse_only_speech() -> None:
     clock = Clock(datetime(2026, 3, 14, 12, 0, tzinfo=UTC))
     rules = [

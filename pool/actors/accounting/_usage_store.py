@@ -156,9 +156,7 @@ class UsageStore:
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany(
-                f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows
-            )
+            db.executemany(f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows)
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
