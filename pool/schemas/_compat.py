@@ -240,6 +240,8 @@ class ScoreRequest(_Lenient):
     text_2: ScoreText
     allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
     keep_alive: KeepAlive = None
+
+
 # OpenAI's formats of ``POST /v1/audio/speech``; the pool encodes `wav` and `pcm` and
 # refuses the others with a 400 `response_format_unsupported`.
 SpeechFormat = Literal["wav", "pcm", "mp3", "opus", "aac", "flac"]

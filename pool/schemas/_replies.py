@@ -213,6 +213,8 @@ class ScoreReply(_Reply):
     data: list[ScoreItem] = Field(description="One score per pair, in request order.")
     usage: RerankUsage
     method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+
+
 class VoiceCard(_Reply):
     id: str = Field(description="The name to give as a speech request's `voice`.")
     model: str = Field(description="The speech model that speaks in it.")

@@ -292,6 +292,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         )
 
     register_audio(blueprint, ctx)
+
     @serves(blueprint, SPEECH, OPENAI_SPEECH)
     async def speech() -> Response:
         """OpenAI's text to speech: the audio, streamed as it is made or whole."""
