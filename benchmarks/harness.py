@@ -53,12 +53,16 @@ class Server:
 
 @contextmanager
 def run_server(
-    name: str, command: list[str], timeout_s: float = 120.0, environ: dict[str, str] | None = None
+    name: str,
+    command: list[str],
+    timeout_s: float = 120.0,
+    environ: dict[str, str] | None = None,
+    cpus: str | None = None,
 ) -> Iterator[Server]:
     """Start ``command`` (which prints ``listening on URL``) and stop it afterwards;
-    ``environ`` adds to the environment it inherits."""
+    ``environ`` adds to the environment it inherits; ``cpus`` pins it (taskset's list)."""
     process = subprocess.Popen(
-        command,
+        pinned(command, cpus),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **environ} if environ else None,
@@ -81,6 +85,12 @@ def run_server(
         stop_process(process)
 
 
+def pinned(command: list[str], cpus: str | None) -> list[str]:
+    """``command`` run on ``cpus`` only (taskset execs it: the pid, and so the CPU time
+    read from /proc, stay the server's)."""
+    return ["taskset", "-c", cpus, *command] if cpus else command
+
+
 def stop_process(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if it has not exited within 20 s."""
     process.terminate()
@@ -97,6 +107,7 @@ def pool_server(
     service: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
     name: str = "pool",
+    cpus: str | None = None,
     **engine: Any,
 ) -> Iterator[Server]:
     """A pool serving ``models`` (``engine`` settings beside them; ``environ`` adds to
@@ -121,12 +132,14 @@ def pool_server(
             "--log-level",
             "warning",
         ]
-        with run_server(name, command, environ=environ) as server:
+        with run_server(name, command, environ=environ, cpus=cpus) as server:
             yield server
 
 
 @contextmanager
-def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[Server]:
+def litellm_server(
+    model: str, upstream_base: str, master_key: str, cpus: str | None = None
+) -> Iterator[Server]:
     """LiteLLM's proxy (from its own environment, scripts/build-litellm-env) serving
     ``model`` from the OpenAI-compatible ``upstream_base``; one worker, no database."""
     binary = subprocess.run(
@@ -157,7 +170,7 @@ def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[
         port = free_port()
         command = [binary, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
         process = subprocess.Popen(
-            [*command, "--num_workers", "1"],
+            pinned([*command, "--num_workers", "1"], cpus),
             cwd=folder,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -207,10 +220,10 @@ def wait_healthy(server: Server, path: str, timeout_s: float) -> None:
 
 
 @contextmanager
-def zero_upstream() -> Iterator[Server]:
+def zero_upstream(cpus: str | None = None) -> Iterator[Server]:
     """``benchmarks/zero_upstream.py``: Chat Completions streamed at no cost per token."""
     command = [sys.executable, "-m", "benchmarks.zero_upstream", "--port", "0"]
-    with run_server("direct", command) as server:
+    with run_server("direct", command, cpus=cpus) as server:
         yield server
 
 

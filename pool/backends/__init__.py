@@ -19,6 +19,7 @@ from pool.backends._load_request import (
     validate_load_request,
 )
 from pool.backends._oom import out_of_memory
+from pool.backends._pass_through import relayed_text
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
@@ -41,7 +42,10 @@ from pool.backends._protocol import (
     MemoryProfile,
     MemorySplit,
     ModelKind,
+    PassThrough,
     PrefixCachingRuntime,
+    RawSink,
+    RelayPath,
     Runtime,
     SleepingRuntime,
     SplitReportingRuntime,
@@ -50,6 +54,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
     Turn,
+    takes_raw,
 )
 from pool.backends._registry import (
     backend_names,
@@ -99,7 +104,10 @@ __all__ = [
     "MemorySplit",
     "ModelKind",
     "OutputFormat",
+    "PassThrough",
     "PrefixCachingRuntime",
+    "RawSink",
+    "RelayPath",
     "Runtime",
     "SentenceConfig",
     "SleepingRuntime",
@@ -134,6 +142,8 @@ __all__ = [
     "read_gguf_header",
     "read_sentence_config",
     "register_backend",
+    "relayed_text",
+    "takes_raw",
     "unregister_backend",
     "validate_load_request",
 ]

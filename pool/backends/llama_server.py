@@ -266,6 +266,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
                 or format_tool_family(definition.prompt_format) is not None
             ),
             structured_output=not definition.embedding,
+            relays_chat=not definition.embedding,
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:

@@ -146,6 +146,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
             tools=not definition.embedding,
             structured_output=not definition.embedding,
+            relays_chat=not definition.embedding,
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
