@@ -58,11 +58,14 @@ def run_server(
     timeout_s: float = 120.0,
     environ: dict[str, str] | None = None,
     cpus: str | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[Server]:
     """Start ``command`` (which prints ``listening on URL``) and stop it afterwards;
-    ``environ`` adds to the environment it inherits; ``cpus`` pins it (taskset's list)."""
+    ``environ`` adds to the environment it inherits; ``cpus`` pins it (taskset's list);
+    ``cwd``: where it runs (``python -m`` imports from there first)."""
     process = subprocess.Popen(
         pinned(command, cpus),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **environ} if environ else None,
@@ -108,11 +111,14 @@ def pool_server(
     environ: dict[str, str] | None = None,
     name: str = "pool",
     cpus: str | None = None,
+    checkout: Path | None = None,
     **engine: Any,
 ) -> Iterator[Server]:
     """A pool serving ``models`` (``engine`` settings beside them; ``environ`` adds to
-    its environment, e.g. ``LLM_POOL_STATE_DIR``, or ``PYTHONPATH`` to run another
-    checkout's pool)."""
+    its environment, e.g. ``LLM_POOL_STATE_DIR``; ``checkout``: a folder holding another
+    checkout's ``pool`` package, served in place of this one)."""
+    if checkout is not None:
+        environ = {**(environ or {}), "PYTHONPATH": str(checkout.resolve())}
     settings = {
         "service": {"log_level": "warning", "shutdown_grace_s": 1, **(service or {})},
         "engine": {"max_queue": 4096, **engine, "models": models},
@@ -132,7 +138,7 @@ def pool_server(
             "--log-level",
             "warning",
         ]
-        with run_server(name, command, environ=environ, cpus=cpus) as server:
+        with run_server(name, command, environ=environ, cpus=cpus, cwd=checkout) as server:
             yield server
 
 

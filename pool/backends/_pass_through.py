@@ -76,18 +76,47 @@ class _Account:
 
     def __init__(self) -> None:
         self.usage: dict[str, Any] | None = None
-        self.tokens = 0
+        self.events = 0  # every event read
+        self.quiet = 0  # those that carried no token: the opening, a finish, the usage
         self.finish = "stop"
         self.stop_sequence: str | None = None
 
+    @property
+    def tokens(self) -> int:
+        """The events that carried a token (the charge where no usage comes)."""
+        return max(0, self.events - self.quiet)
+
     def read(self, events: bytes) -> None:
-        self.tokens += len(_TOKEN.findall(events))
-        if b"finish_reason" in events and (found := _FINISH.findall(events)):
-            self.finish = _REASONS.get(found[-1].decode(), "stop")
-            if (stop := _STOP_REASON.search(events)) is not None:
-                self.stop_sequence = json.loads(b'"' + stop.group(1) + b'"')
-        if b'"usage"' in events and (usage := _USAGE.findall(events)):
+        """Keep count of ``events`` (whole events): every test here is a C-level scan of
+        the batch, and a regex runs only where there is something to read (a finish
+        reason that is not null, a usage object), about twice a stream."""
+        # An event starts a batch or follows a blank line; text has no raw newline.
+        self.events += events.count(b"\n\ndata:") + events.startswith(b"data:")
+        if events.count(b'"finish_reason"') != events.count(b'"finish_reason":null'):
+            finishing = [block for block in events.split(b"\n\n") if _FINISH.search(block)]
+            if finishing:
+                found = _FINISH.findall(finishing[-1])
+                self.finish = _REASONS.get(found[-1].decode(), "stop")
+                self.quiet += sum(1 for block in finishing if not _TOKEN.search(block))
+                if (stop := _STOP_REASON.search(finishing[-1])) is not None:
+                    self.stop_sequence = json.loads(b'"' + stop.group(1) + b'"')
+        if (b'"usage":{' in events or b'"usage": {' in events) and (
+            usage := _USAGE.findall(events)
+        ):
             self.usage = json.loads(usage[-1])
+            self.quiet += len(_EMPTY_CHOICES.findall(events))
+
+    def opening(self, events: bytes) -> None:
+        """``events`` came before the first token: those without one carried none."""
+        self.quiet += sum(
+            1
+            for block in events.split(b"\n\n")
+            if block.startswith(b"data:")
+            and not _TOKEN.search(block)
+            # a finish event here was counted by read()
+            and not _FINISH.search(block)
+            and not (_EMPTY_CHOICES.search(block) and _USAGE.search(block))
+        )
 
     def stats(self, started: float, first_ms: float | None) -> GenerationStats:
         usage = self.usage or {}
@@ -142,14 +171,17 @@ def _failure(events: bytes, what: str) -> tuple[bytes, BackendError] | None:
 def _client_view(events: bytes, edits: _Edits) -> bytes:
     """``events`` as the client gets them (the module's doc)."""
     out = edits.model(events)
-    if not edits.ask.include_usage and b'"usage"' in out:
+    if edits.ask.include_usage or b'"usage"' not in out:
+        return out
+    if b'"usage":{' in out or b'"usage": {' in out:  # the usage event: dropped
         out = b"".join(
             block + b"\n\n"
             for block in out.split(b"\n\n")
             if block and not (_EMPTY_CHOICES.search(block) and _USAGE.search(block))
         )
-        out = _USAGE_NULL.sub(b"", out)
-    return out
+    if b',"usage":null' in out:  # as every upstream here spells it
+        return out.replace(b',"usage":null', b"")
+    return _USAGE_NULL.sub(b"", out)
 
 
 async def relay_stream(
@@ -190,6 +222,7 @@ async def relay_stream(
         account.read(events)
         used.output_tokens = account.tokens
         if first_ms is None:
+            account.opening(events)
             if not _TOKEN.search(events):
                 held += events
                 return

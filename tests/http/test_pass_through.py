@@ -264,3 +264,34 @@ async def test_an_upstream_failure_mid_stream_is_the_same_error_event(
     }
     assert b"[DONE]" not in response.content
     assert (b"x_odd" in response.content) is pass_through
+
+
+async def test_an_upstream_that_spells_its_json_with_spaces(nursery: trio.Nursery) -> None:
+    """Whitespace in the upstream's JSON (a Python server's ``json.dumps``): the same
+    edits, and the last token may come in the finish event itself (as vLLM sends it)."""
+    chunks = [
+        {"id": "x", "model": "up-served", "choices": [{"delta": {"content": w}}], "usage": None}
+        for w in ("one", " two")
+    ]
+    chunks.append(
+        {
+            "id": "x",
+            "model": "up-served",
+            "choices": [{"delta": {"content": " three"}, "finish_reason": "stop"}],
+            "usage": None,
+        }
+    )
+    raw = b"".join(_event(json.dumps(c)) for c in chunks) + b"data: [DONE]\n\n"
+    upstream = await _upstream(nursery, raw_stream=raw)
+    info = await _serve(nursery, upstream)
+    body = {"model": "remote", "messages": _CHAT, "stream": True}
+    async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    expected = b"".join(
+        _event(json.dumps(c).replace('"model": "up-served"', '"model":"remote"')) for c in chunks
+    ).replace(b', "usage": null', b"")
+    assert response.content == expected + b"data: [DONE]\n\n"
+    async with open_pool(_remote_settings(upstream.url)) as pool:
+        finished = await pool.respond(_ask(stream=True))
+    assert finished.usage.output_tokens == 3  # no usage came: the events with a token
+    assert finished.finish_reason == "stop"
