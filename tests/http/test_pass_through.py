@@ -295,3 +295,47 @@ async def test_an_upstream_that_spells_its_json_with_spaces(nursery: trio.Nurser
         finished = await pool.respond(_ask(stream=True))
     assert finished.usage.output_tokens == 3  # no usage came: the events with a token
     assert finished.finish_reason == "stop"
+
+
+async def test_a_client_that_leaves_stops_the_upstream(nursery: trio.Nursery) -> None:
+    """Cancellation on the pass-through path: the client leaves after a few events, the
+    pool closes its upstream connection, and the upstream (a pool serving a slow stub)
+    stops generating at once rather than after its 200 words."""
+    slow = {
+        "slow": {
+            "backend": "stub",
+            "enabled": True,
+            "stub_reply": " ".join(f"w{i}" for i in range(200)),
+            "stub_tokens_per_second": 20,
+        }
+    }
+    upstream = await start_server(nursery, slow)
+    front = await start_server(
+        nursery,
+        {
+            "remote": {
+                "backend": "openai_remote",
+                "enabled": True,
+                "remote_base_url": upstream.url + "/v1",
+                "remote_model": "slow",
+                "allow_remote": True,
+            }
+        },
+    )
+    body = {"model": "remote", "messages": _CHAT, "stream": True}
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with client.stream("POST", front.url + "/v1/chat/completions", json=body) as answer:
+            seen = b""
+            async for part in answer.aiter_bytes():
+                seen += part
+                if seen.count(b'"content":"w') >= 3:
+                    break
+        assert b'"model":"remote"' in seen
+
+        async def inflight(info: ServerInfo, model: str) -> int:
+            row = (await client.get(f"{info.url}/v1/admin/models/{model}")).json()
+            return int(row["runtime_inflight"])
+
+        with trio.fail_after(5):
+            while await inflight(upstream, "slow") or await inflight(front, "remote"):
+                await trio.sleep(0.05)
