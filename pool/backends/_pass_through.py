@@ -35,7 +35,7 @@ from pool.backends._chat_client import (
     UpstreamConnectionFailed,
     usage_cached_tokens,
 )
-from pool.backends._protocol import GenerationStats, PassThrough, RawSink
+from pool.backends._protocol import GenerationStats, PassThrough, RawSink, TokensUsed
 from pool.backends._upstream import Transport, UpstreamError, UpstreamTimeout, upstream_message
 from pool.errors import BackendError, PoolError
 
@@ -46,6 +46,7 @@ _STOP_REASON = re.compile(rb'"stop_reason"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 # An event that carries a token: non-empty text, reasoning text, or a tool-call piece.
 _TOKEN = re.compile(rb'"(?:content|reasoning_content|reasoning)"\s*:\s*"[^"]|"tool_calls"\s*:\s*\[')
+_TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _USAGE_NULL = re.compile(rb',\s*"usage"\s*:\s*null')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _DONE = re.compile(rb"^data:\s*\[DONE\]\s*$", re.MULTILINE)
@@ -92,6 +93,7 @@ class _Account:
         reason that is not null, a usage object), about twice a stream."""
         # An event starts a batch or follows a blank line; text has no raw newline.
         self.events += events.count(b"\n\ndata:") + events.startswith(b"data:")
+        finishing: list[bytes] = []
         if events.count(b'"finish_reason"') != events.count(b'"finish_reason":null'):
             finishing = [block for block in events.split(b"\n\n") if _FINISH.search(block)]
             if finishing:
@@ -100,11 +102,28 @@ class _Account:
                 self.quiet += sum(1 for block in finishing if not _TOKEN.search(block))
                 if (stop := _STOP_REASON.search(finishing[-1])) is not None:
                     self.stop_sequence = json.loads(b'"' + stop.group(1) + b'"')
-        if (b'"usage":{' in events or b'"usage": {' in events) and (
-            usage := _USAGE.findall(events)
-        ):
-            self.usage = json.loads(usage[-1])
-            self.quiet += len(_EMPTY_CHOICES.findall(events))
+        if b'"usage":{' in events or b'"usage": {' in events:
+            # The usage event (no choices); or usage in every event (vLLM's continuous
+            # stats): then parsed once for the prompt and again where the stream ends.
+            closing = len(_EMPTY_CHOICES.findall(events))
+            self.quiet += closing
+            if (closing or finishing or self.usage is None) and (usage := _USAGE.findall(events)):
+                self.usage = json.loads(usage[-1])
+
+    def prompt_so_far(self, events: bytes, used: TokensUsed) -> None:
+        """The prompt's tokens as soon as the upstream tells them, so that a request cut
+        short is charged them (as ``stream_chat`` does): from a usage object, or from
+        llama-server's ``timings`` (``prompt_n`` computed plus ``cache_n`` reused)."""
+        usage = self.usage or {}
+        if isinstance(usage.get("prompt_tokens"), int):
+            used.prompt_tokens = usage["prompt_tokens"]
+            used.cached_tokens = usage_cached_tokens(usage, None)
+        elif b'"timings"' in events and (timings := _TIMINGS.findall(events)):
+            found = json.loads(timings[-1])
+            if isinstance(found.get("prompt_n"), int):
+                cached = found.get("cache_n") if isinstance(found.get("cache_n"), int) else 0
+                used.prompt_tokens = found["prompt_n"] + cached
+                used.cached_tokens = cached
 
     def opening(self, events: bytes) -> None:
         """``events`` came before the first token: those without one carried none."""
@@ -221,6 +240,8 @@ async def relay_stream(
             raise error
         account.read(events)
         used.output_tokens = account.tokens
+        if used.prompt_tokens is None:
+            account.prompt_so_far(events, used)
         if first_ms is None:
             account.opening(events)
             if not _TOKEN.search(events):
