@@ -513,6 +513,17 @@ class Pool:
         """The models loaded on this node."""
         return [name for name, actor in self._models.items() if actor.state == "loaded"]
 
+    def relays_chat(self, name: str) -> bool:
+        """Whether a Chat Completions request for ``name`` may be relayed on the
+        pass-through path: its backend relays a Chat Completions upstream, or a cluster
+        peer (reached over Chat Completions) may serve it."""
+        if self._router is not None:
+            return True
+        try:
+            return self.model(name).capabilities.relays_chat
+        except PoolError:
+            return False
+
     @property
     def clustered(self) -> bool:
         """Whether this pool is one node of a cluster (pool.cluster)."""

@@ -29,6 +29,7 @@ from pool.backends._load_request import (
     validate_load_request,
 )
 from pool.backends._oom import out_of_memory
+from pool.backends._pass_through import relayed_text
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
@@ -51,7 +52,10 @@ from pool.backends._protocol import (
     MemoryProfile,
     MemorySplit,
     ModelKind,
+    PassThrough,
     PrefixCachingRuntime,
+    RawSink,
+    RelayPath,
     Runtime,
     SleepingRuntime,
     SplitReportingRuntime,
@@ -60,6 +64,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
     Turn,
+    takes_raw,
 )
 from pool.backends._registry import (
     backend_names,
@@ -149,10 +154,13 @@ __all__ = [
     "MemorySplit",
     "ModelKind",
     "OutputFormat",
+    "PassThrough",
     "PrefixCachingRuntime",
     "RankResult",
     "Ranked",
     "RankingRuntime",
+    "RawSink",
+    "RelayPath",
     "ReplyHead",
     "RerankJob",
     "RerankMethod",
@@ -204,7 +212,9 @@ __all__ = [
     "read_gguf_header",
     "read_sentence_config",
     "register_backend",
+    "relayed_text",
     "rerank_job",
+    "takes_raw",
     "unregister_backend",
     "validate_load_request",
     "wav_header",

@@ -21,6 +21,7 @@ import trio
 from pool.backends._chat_client import chat_messages, stream_chat, tool_fields
 from pool.backends._embedding import embed_upstream
 from pool.backends._forced_calls import ScanningSink, force_with_grammar
+from pool.backends._pass_through import relay_reply, relay_stream
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
     CacheFlushed,
@@ -32,6 +33,7 @@ from pool.backends._protocol import (
     MemorySplit,
     TokenSink,
     TokensUsed,
+    takes_raw,
 )
 from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._server_cache import ServerCache, conversation_text
@@ -165,13 +167,28 @@ class ManagedServerRuntime:
         if self._cache is not None:
             lease = self._cache.lease(request, conversation_text(body))
             body.update(lease.fields)
+        headers = with_trace(self._headers, request.trace_parent)
+        ask = request.pass_through
         try:
+            if ask is not None and scanning is None and takes_raw(sink):
+                # The client speaks the server's dialect and nothing here needs the
+                # tokens (the pool's forced tool calls do): its bytes go through.
+                relay = relay_stream if ask.stream else relay_reply
+                return await relay(
+                    self._upstream,
+                    "/v1/chat/completions",
+                    body,
+                    sink,
+                    ask,
+                    headers=headers,
+                    what=self.process.label,
+                )
             stats = await stream_chat(
                 self._upstream,
                 self.chat_path,
                 body,
                 scanning or sink,
-                headers=with_trace(self._headers, request.trace_parent),
+                headers=headers,
                 what=self.process.label,
             )
             if scanning is not None:

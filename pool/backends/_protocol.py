@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
@@ -57,6 +57,7 @@ ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled"
 Role = Literal["user", "assistant", "tool"]
 # "tool_calls" is never a runtime's own report: the pool sets it when calls came back.
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
+RelayPath = Literal["translated", "pass_through"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,29 @@ class CacheScope:
 
 
 @dataclass(frozen=True, slots=True)
+class PassThrough:
+    """The client speaks the upstream's own dialect, and nothing the pool does needs the
+    tokens: a runtime that relays an upstream may forward the upstream's bytes with only
+    ``model`` rewritten (docs/performance.md, "Pass-through relay").
+
+    Set by the route (only Chat Completions sets it); a runtime that must see the tokens
+    (forced tool calls by the pool's grammar) or a sink that must (the reply recorder of
+    prefix affinity, :func:`takes_raw`) keeps the translated path.
+
+    Args:
+        model: the name the client asked for: what the upstream's ``model`` becomes.
+        stream: the client asked for a stream (else one body is forwarded).
+        include_usage: the client asked for ``stream_options.include_usage``; the
+            upstream is always asked for it (the pool's accounting reads it), and the
+            usage event is dropped from what the client gets when it did not ask.
+    """
+
+    model: str
+    stream: bool = True
+    include_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CacheFlushed:
     """What one runtime's flush removed."""
 
@@ -170,6 +194,8 @@ class GenerationRequest:
     # The W3C ``traceparent`` of the request's span where the pool traces (pool/tracing):
     # a runtime that calls another server over HTTP sends it on, so the trace continues.
     trace_parent: str | None = None
+    # The client's dialect is the upstream's (see PassThrough); None: translate.
+    pass_through: PassThrough | None = None
 
     @property
     def offers_tools(self) -> bool:
@@ -198,6 +224,9 @@ class GenerationStats:
     # Time the request waited inside a batching engine's own scheduler before its first
     # step (vLLM's queued-to-scheduled); the pool's queue is measured by the pool.
     backend_queue_ms: float | None = None
+    # How the reply crossed the pool: the upstream's bytes forwarded ("pass_through") or
+    # tokens rendered again in the client's dialect ("translated").
+    relay_path: RelayPath = "translated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +257,10 @@ class Capabilities:
     # The routes the model's runtime forwards to its own server as they came (backend
     # `server`, pool/backends/_forward.py): pool paths such as /v1/images/generations.
     forwards: frozenset[str] = frozenset()
+    # The runtime relays an upstream that speaks Chat Completions (llama_server,
+    # vllm_serve, openai_remote): a Chat Completions client may get its bytes as they
+    # are (PassThrough). A gate, not a row field.
+    relays_chat: bool = False
 
     @property
     def generation(self) -> bool:
@@ -274,6 +307,23 @@ class TokenSink(Protocol):
     used: TokensUsed
 
     async def send(self, text: str | ToolCallDelta) -> None: ...
+
+
+class RawSink(Protocol):
+    """A :class:`TokenSink` that also takes an upstream's bytes, forwarded as they are
+    (the pass-through relay, :class:`PassThrough`); ``takes_raw`` says it does now."""
+
+    used: TokensUsed
+    takes_raw: bool
+
+    async def send(self, text: str | bytes | ToolCallDelta) -> None: ...
+
+
+def takes_raw(sink: TokenSink) -> TypeGuard[RawSink]:
+    """Whether ``sink`` takes the upstream's bytes in place of text now (a sink that
+    wraps another answers for the inner one); a sink that must see the text (the reply
+    recorder of prefix affinity) says no."""
+    return bool(getattr(sink, "takes_raw", False))
 
 
 class Runtime(Protocol):

@@ -275,6 +275,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
                 or format_tool_family(definition.prompt_format) is not None
             ),
             structured_output=definition.kind == "chat",
+            relays_chat=definition.kind == "chat",
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:

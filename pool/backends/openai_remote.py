@@ -27,6 +27,7 @@ from pool.backends._chat_client import (
 )
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, EmbeddingFields, embed_upstream
 from pool.backends._managed import SERVER_SAMPLING, sampling_fields
+from pool.backends._pass_through import relay_reply, relay_stream
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     Backend,
@@ -38,6 +39,7 @@ from pool.backends._protocol import (
     LoadContext,
     ModelKind,
     TokenSink,
+    takes_raw,
 )
 from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._tools import ToolCallDelta
@@ -73,10 +75,15 @@ class _CountingSink:
         self.sink = sink
         self.used = sink.used
         self.sent = 0
+        self.takes_raw = takes_raw(sink)
 
-    async def send(self, text: str | ToolCallDelta) -> None:
+    async def send(self, text: str | bytes | ToolCallDelta) -> None:
         self.sent += 1
-        await self.sink.send(text)
+        if isinstance(text, bytes):
+            assert takes_raw(self.sink), "bytes only go to a sink that takes them"
+            await self.sink.send(text)
+        else:
+            await self.sink.send(text)
 
 
 class OpenAIRemoteRuntime:
@@ -116,17 +123,31 @@ class OpenAIRemoteRuntime:
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         counting = _CountingSink(sink)
+        ask = request.pass_through if counting.takes_raw else None
         attempts = 0
         while True:
             try:
+                headers = with_trace(self.headers(request), request.trace_parent)
                 # The whole call, connection included, is bounded by remote_timeout_s.
                 with trio.fail_after(self._definition.remote_timeout_s):
+                    if ask is not None:
+                        # The client speaks the upstream's dialect: its bytes go through.
+                        relay = relay_stream if ask.stream else relay_reply
+                        return await relay(
+                            self.upstream,
+                            "/chat/completions",
+                            self.body(request),
+                            counting,
+                            ask,
+                            headers=headers,
+                            what="remote API",
+                        )
                     return await stream_chat(
                         self.upstream,
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=with_trace(self.headers(request), request.trace_parent),
+                        headers=headers,
                         what="remote API",
                     )
             except trio.TooSlowError:
@@ -205,6 +226,7 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             # Passed through in OpenAI's own fields; the upstream decides.
             tools=True,
             structured_output=True,
+            relays_chat=not definition.embedding,
         )
 
     def effective_target_inflight(self, definition: OpenAIRemoteModel) -> int:

@@ -157,6 +157,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
             tools=definition.kind == "chat",
             structured_output=definition.kind == "chat",
+            relays_chat=definition.kind == "chat",
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:

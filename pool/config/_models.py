@@ -310,6 +310,12 @@ class ServiceSettings(_Strict):
     keep_alive_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         75.0, description="How long an idle kept-alive HTTP connection stays open."
     )
+    pass_through: bool = Field(
+        True,
+        description="Chat Completions requests to a Chat Completions upstream (llama_server,"
+        " vllm_serve, openai_remote, a cluster peer) get the upstream's own bytes with"
+        " `model` rewritten when nothing needs the tokens; false renders every reply again.",
+    )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     hf_endpoint: str | None = Field(
         None, description="Hugging Face endpoint for pulls (default: $HF_ENDPOINT or the hub)."

@@ -85,6 +85,8 @@ class StreamRenderer(Generic[Out]):
             return self.render_delta(admission, event)
         if isinstance(event, ToolCallDelta):
             return self.render_tool_call(admission, event)
+        if isinstance(event, bytes):
+            return self.render_raw(admission, event)
         if isinstance(event, Finished):
             return self.render_finished(admission, event)
         assert isinstance(event, Failed)
@@ -105,6 +107,11 @@ class StreamRenderer(Generic[Out]):
     def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> Out | None:
         """A tool-call piece (a dialect without tools is never offered any)."""
         return None
+
+    def render_raw(self, admission: Admission, events: bytes) -> Out | None:
+        """An upstream's own events, already in the client's dialect (the pass-through
+        relay: only a dialect that asks for it, with ``PassThrough``, is offered any)."""
+        raise AssertionError(f"{type(self).__name__} asked for no pass-through")
 
     def render_wait(self, admission: Admission, waiting: Waiting) -> Out:
         """A ``Queued``/``Loading`` report (only with ``reports_waits``)."""

@@ -85,7 +85,8 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
 class Admission:
     """A request that has a replica slot: read its events, then leave the ``admit`` block.
 
-    ``events()`` yields every :class:`Delta`, then exactly one :class:`Finished` or
+    ``events()`` yields every :class:`Delta` (or, for a request relayed on the
+    pass-through path, the upstream's own bytes), then exactly one :class:`Finished` or
     :class:`Failed`; ``collect()`` returns the :class:`Finished` or raises the error.
 
     An admission that still waits for VRAM or a load (``admit(report_waits=True)``)
@@ -186,6 +187,9 @@ class Admission:
             return
         pieces: list[str] = []
         call_pieces: list[ToolCallDelta] = []
+        # A pass-through reply's body (Finished.body); a stream's events are not kept.
+        ask = getattr(self.ticket.request, "pass_through", None)
+        raw: list[bytes] | None = [] if ask is not None and not ask.stream else None
         async for item in self.ticket.receive_channel:
             if type(item) is Delta:
                 pieces.append(item.text)
@@ -193,8 +197,12 @@ class Admission:
             elif isinstance(item, ToolCallDelta):
                 call_pieces.append(item)
                 yield item
+            elif isinstance(item, bytes):
+                if raw is not None:
+                    raw.append(item)
+                yield item
             else:
-                yield self._ending(item, pieces, call_pieces)
+                yield self._ending(item, pieces, call_pieces, raw)
                 return
         yield self._closed_early()
 
@@ -221,8 +229,10 @@ class Admission:
                 elif isinstance(item, ToolCallDelta):
                     call_pieces.append(item)
                     batch.append(item)
+                elif isinstance(item, bytes):  # a stream's events: not kept
+                    batch.append(item)
                 else:
-                    batch.append(self._ending(item, pieces, call_pieces))
+                    batch.append(self._ending(item, pieces, call_pieces, None))
                     yield batch
                     return
                 try:
@@ -237,7 +247,11 @@ class Admission:
         yield [self._closed_early()]
 
     def _ending(
-        self, item: Output, pieces: list[str], call_pieces: list[ToolCallDelta]
+        self,
+        item: Output,
+        pieces: list[str],
+        call_pieces: list[ToolCallDelta],
+        raw: list[bytes] | None,
     ) -> Finished | Failed:
         if isinstance(item, JobFinished):
             self.job = item
@@ -246,8 +260,16 @@ class Admission:
             reason = item.stats.finish_reason
             if calls and reason == "stop":
                 reason = "tool_calls"
+            passed = item.stats.relay_path == "pass_through"
             finished = Finished(
-                "".join(pieces), reason, usage, timings, calls, item.stats.stop_sequence
+                "".join(pieces),
+                reason,
+                usage,
+                timings,
+                calls,
+                item.stats.stop_sequence,
+                item.stats.relay_path,
+                b"".join(raw) if passed and raw is not None else None,
             )
             self.finished = finished
             if self._on_finished is not None:

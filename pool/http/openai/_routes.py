@@ -3,13 +3,16 @@ and answers in OpenAI's shapes (:mod:`._render`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
 from quart import Blueprint, Quart, Response, request
 
+from pool.backends import PassThrough
 from pool.http._collected import collected
 from pool.http._common import (
+    JSON_TYPE,
     AppContext,
     HotRoute,
     inference_headers,
@@ -209,6 +212,7 @@ ROUTES = (
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("openai", __name__)
+    pass_through = ctx.settings.service.pass_through
     ctx.error_shapes[blueprint.name] = ERRORS
 
     # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
@@ -219,16 +223,25 @@ def register(app: Quart, ctx: AppContext) -> None:
         opened = await open_model_route(ctx, ChatCompletionRequest)
         body = opened.body
         request = opened.neutral(inference_request(body))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        passes = pass_through and pool.relays_chat(body.model)
+        if passes:
+            # The upstream may answer in this very dialect (pool/backends/_pass_through.py).
+            ask = PassThrough(body.model, body.stream, include_usage)
+            request = dataclasses.replace(request, pass_through=ask)
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
             done = await collected(pool, opened, request)
+            if done.finished.body is not None:  # the upstream's reply, model rewritten
+                return Response(done.finished.body, headers=done.headers(), content_type=JSON_TYPE)
             return json_response(
                 chat_completion_body(completion_id, created, body.model, done.finished),
                 headers=done.headers(),
             )
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = ChatCompletionStream(completion_id, created, body.model, include_usage)
+        stream = ChatCompletionStream(
+            completion_id, created, body.model, include_usage, pass_through=passes
+        )
         admission, chunks = await admitted_stream(
             pool, opened, request, stream, heartbeat_s=HEARTBEAT_S
         )
