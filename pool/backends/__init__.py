@@ -24,6 +24,8 @@ from pool.backends._process import free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     MODEL_KINDS,
+    AdapterRuntime,
+    AdapterUse,
     Backend,
     CacheFlushed,
     CacheScope,
@@ -76,6 +78,8 @@ from pool.config import Decoding
 __all__ = [
     "ALL_THINKING_MODES",
     "MODEL_KINDS",
+    "AdapterRuntime",
+    "AdapterUse",
     "Backend",
     "CacheFlushed",
     "CacheScope",

@@ -51,7 +51,7 @@ from pool.actors.residency._vram import CudaContexts, LoadMeter, charges
 from pool.actors.values._events import WaitReason
 from pool.actors.values._snapshots import ModelSnapshot
 from pool.backends import LoadRequest
-from pool.config import Settings
+from pool.config import LoraAdapter, Settings
 from pool.errors import PoolError
 
 log = logging.getLogger("pool")
@@ -109,6 +109,23 @@ class Residency:
             return self.models[name]
         except KeyError:
             raise PoolError("unknown_model", f"model {name!r} is not configured") from None
+
+    def serving(self, name: str) -> tuple[ModelActor, LoraAdapter | None]:
+        """The model that serves requests for ``name``, the one place model names
+        resolve for requests: a configured model serves itself; the name of a LoRA
+        adapter resolves to its base model and the adapter.
+
+        Raises:
+            PoolError: ``unknown_model`` for any other name.
+        """
+        actor = self.models.get(name)
+        if actor is not None:
+            return actor, None
+        for actor in self.models.values():
+            adapter = actor.adapters.get(name)
+            if adapter is not None:
+                return actor, adapter
+        raise PoolError("unknown_model", f"model {name!r} is not configured")
 
     def residence_for(self, actor: ModelActor) -> Residence:
         """Open the record of ``actor`` (ModelActor calls this as it is built)."""
