@@ -287,9 +287,28 @@ class Pool:
         Raises:
             PoolError: ``unknown_model`` for ``base``; ``invalid_request`` for a name
                 that another model or adapter has, or a file that cannot be loaded;
-                ``invalid_load_request`` where the backend takes no adapter now.
+                ``invalid_load_request`` where the backend takes no adapter now;
+                ``load_failed`` where its file does not fit on the base's GPUs.
             pydantic.ValidationError: ``adapter`` is a dict that fails its schema.
         """
+        actor, spec = self._adapter_for(base, adapter)
+        fits, reason = self._residency.adapter_room(actor, actor.check_adapter(spec))
+        if not fits:
+            self._residency.decisions.record("refuse", spec.name, reason, for_model=base)
+            raise PoolError("load_failed", f"adapter {spec.name!r}: {reason}")
+        return await actor.add_adapter(spec)
+
+    def preview_adapter(
+        self, base: str, adapter: LoraAdapter | Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """What :meth:`add_adapter` would do now, changing nothing (a load preview's
+        shape: ``fits``, the base's ``gpus`` and the adapter's MiB on each, ``error``)."""
+        actor, spec = self._adapter_for(base, adapter)
+        return self._residency.preview_adapter(actor.name, spec)
+
+    def _adapter_for(
+        self, base: str, adapter: LoraAdapter | Mapping[str, Any]
+    ) -> tuple[ModelActor, LoraAdapter]:
         actor = self.model(base)
         spec = adapter if isinstance(adapter, LoraAdapter) else LoraAdapter.model_validate(adapter)
         if spec.name in self._models:
@@ -299,7 +318,7 @@ class Pool:
                 raise PoolError(
                     "invalid_request", f"adapter {spec.name!r} is already on model {other.name!r}"
                 )
-        return await actor.add_adapter(spec)
+        return actor, spec
 
     async def remove_adapter(self, base: str, name: str) -> ModelSnapshot:
         """Stop serving adapter ``name`` of ``base``; its running requests finish first.

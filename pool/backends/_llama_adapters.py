@@ -85,6 +85,9 @@ class LlamaAdapters:
         wanted = None if use is None else (use.name, use.scale)
         if wanted == self._applied:
             return
+        if use is not None and use.name not in self._loaded and use.path is not None:
+            # Given back when the pool evicted it alone: loaded again for this request.
+            self.add(use.name, Path(use.path), use.scale)
         self._set(use)
         self._applied = wanted
         self.switches += 1

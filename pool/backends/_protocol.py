@@ -155,6 +155,9 @@ class AdapterUse:
 
     name: str
     scale: float = 1.0
+    # The adapter's file: a runtime that gave the adapter back (the pool evicted it
+    # alone) loads it again from here before the request runs.
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -381,6 +381,12 @@ class VllmRuntime:
         lora = None
         if request.adapter is not None:
             known = self._loras.get(request.adapter.name)
+            if known is None and request.adapter.path is not None:
+                # Given back when the pool evicted it alone: vLLM loads it with the request.
+                known = self._loras[request.adapter.name] = (
+                    next(self._lora_ids),
+                    Path(request.adapter.path),
+                )
             if known is None:
                 raise PoolError(
                     "unknown_model", f"LoRA adapter {request.adapter.name!r} is not loaded"

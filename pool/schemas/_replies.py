@@ -566,6 +566,10 @@ class AdapterRow(_Reply):
         description="Its file's size: what it adds to the base's memory on each replica."
     )
     requests: int = Field(description="Requests admitted for it since it was added.")
+    evicted: bool = Field(
+        description="The pool evicted it alone to make room (least recently used adapter"
+        " first, before its base is considered); its next request loads it again."
+    )
 
 
 class ModelRow(_Reply):

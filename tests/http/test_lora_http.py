@@ -82,9 +82,7 @@ async def test_an_adapter_is_requested_by_name_on_every_surface(
     base = await _chat(client, "smol")
     assert await _chat(client, "smol-zero") == base
     assert await _chat(client, "smol-shift") != base
-    responses = await client.post(
-        "/v1/responses", json={"model": "smol-shift", "input": QUESTION}
-    )
+    responses = await client.post("/v1/responses", json={"model": "smol-shift", "input": QUESTION})
     assert responses.status_code == 200, responses.text
     assert responses.json()["model"] == "smol-shift"
     messages = await client.post(
@@ -140,22 +138,20 @@ async def test_a_backend_without_adapters_refuses_them(
 ) -> None:
     adapter = tmp_path / "a.gguf"
     adapter.write_bytes(b"GGUF")
+    exl = {"backend": "exllamav3", "model_path": str(tmp_path)}
     info = await start_server(
         nursery,
-        {
-            "echo": {"backend": "stub", "enabled": True},
-            "fixed": {"backend": "stub", "lora_adapters": [{"name": "f-1", "path": str(adapter)}]},
-        },
+        {"exl": exl, "fixed": {**exl, "lora_adapters": [{"name": "f-1", "path": str(adapter)}]}},
     )
     async with httpx.AsyncClient(base_url=info.url, timeout=10) as client:
         refused = await client.post(
-            "/v1/admin/models/echo/adapters", json={"name": "echo-1", "path": str(adapter)}
+            "/v1/admin/models/exl/adapters", json={"name": "exl-1", "path": str(adapter)}
         )
-        assert refused.status_code == 400
+        assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["code"] == "invalid_load_request"
         assert "does not serve LoRA adapters" in refused.json()["error"]["message"]
         load = await client.post("/v1/admin/models/fixed/load")
         assert load.status_code == 400
         assert load.json()["error"]["code"] == "invalid_load_request"
-        schema = await client.post("/v1/admin/models/echo/adapters", json={"name": "a/b"})
+        schema = await client.post("/v1/admin/models/exl/adapters", json={"name": "a/b"})
         assert schema.status_code == 422

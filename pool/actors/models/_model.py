@@ -36,6 +36,7 @@ from pool.actors.values._snapshots import (
 )
 from pool.backends import (
     AdapterRuntime,
+    AdapterUse,
     Backend,
     Capabilities,
     EmbeddingJob,
@@ -130,6 +131,7 @@ class _Command:
         "fail",
         "add_adapter",
         "remove_adapter",
+        "evict_adapter",
     ]
     plan: PlacedLoad | None = None
     adapter: LoraAdapter | None = None
@@ -235,8 +237,12 @@ class ModelActor:
         self._adapter_sizes: dict[str, float] = {}
         # The adapters the running replicas were loaded with: a measurement of that load
         # includes them; one added since is counted by its file size on top.
-        self._adapters_at_load: frozenset[str] = frozenset()
+        self._sizes_at_load: dict[str, float] = {}
         self._adapter_uses: dict[str, tuple[int, float]] = {}
+        # Adapters the pool evicted alone (their runtimes gave them back); each comes back
+        # with its next request. Their files, resolved once.
+        self.evicted_adapters: set[str] = set()
+        self._adapter_files: dict[str, Path] = {}
         group_wait_ms = (
             definition.adapter_group_wait_ms
             if definition.adapter_group_wait_ms is not None
@@ -533,6 +539,8 @@ class ModelActor:
                 result = await self._do_add_adapter(command.adapter)
             elif command.kind == "remove_adapter":
                 result = await self._do_remove_adapter(command.reason)
+            elif command.kind == "evict_adapter":
+                result = await self._do_evict_adapter(command.reason)
             else:
                 await self._do_replica_failed(command)
                 return
@@ -657,7 +665,8 @@ class ModelActor:
                 details={"last_error": self.last_error},
             ) from leaf
         self.replicas = replicas
-        self._adapters_at_load = frozenset(self.adapters)
+        self.evicted_adapters.clear()
+        self._sizes_at_load = {a.name: self._adapter_size(a) for a in self.adapters.values()}
         await self.residence.loaded()
         self.last_error = None
         self.unload_reason, self._comeback = None, None
@@ -892,10 +901,48 @@ class ModelActor:
         """Stop serving adapter ``name``; a request running with it finishes first."""
         return await self._call(_Command("remove_adapter", reason=name))
 
-    def adapter_used(self, name: str) -> None:
-        """A request for adapter ``name`` was admitted (its LRU position)."""
+    def adapter_used(self, name: str) -> AdapterUse:
+        """A request for adapter ``name`` was admitted: its LRU position, and what the
+        job carries (an evicted adapter comes back with it).
+
+        Raises:
+            PoolError: ``invalid_request`` when its file is gone.
+        """
+        adapter = self.adapters[name]
         count, _ = self._adapter_uses.get(name, (0, 0.0))
         self._adapter_uses[name] = (count + 1, time.monotonic())
+        self.evicted_adapters.discard(name)
+        path = self._adapter_files.get(name)
+        if path is None:
+            path = self._adapter_files[name] = self.adapter_path(adapter)
+        return AdapterUse(name, adapter.scale, str(path))
+
+    def adapter_last_used(self, name: str) -> float:
+        """When adapter ``name`` last served (monotonic; 0: never)."""
+        return self._adapter_uses.get(name, (0, 0.0))[1]
+
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Adapters the loaded replicas hold that the pool may evict alone (backends that
+        add and remove adapters while loaded)."""
+        if self.state != "loaded" or self.backend.adapter_support != "runtime":
+            return []
+        return [name for name in self.adapters if name not in self.evicted_adapters]
+
+    async def evict_adapter(self, name: str) -> ModelSnapshot:
+        """Give back adapter ``name``'s memory on every replica; it stays served and
+        comes back with its next request (pool/actors/residency/_residency.py)."""
+        return await self._call(_Command("evict_adapter", reason=name))
+
+    async def _do_evict_adapter(self, name: str) -> ModelSnapshot:
+        if name in self.adapters and self.state == "loaded":
+            self.evicted_adapters.add(name)
+            for replica in self.replicas:
+                runtime = replica.runtime
+                if isinstance(runtime, AdapterRuntime):
+                    await runtime.remove_adapter(name)
+            log.info("model=%s adapter %s evicted alone", self.name, name)
+        return self.snapshot()
 
     def adapter_path(self, adapter: LoraAdapter) -> Path:
         """The adapter's file, resolved as model paths are.
@@ -911,16 +958,28 @@ class ModelActor:
             raise PoolError("invalid_request", f"adapter {adapter.name!r}: {path} does not exist")
         return path
 
-    def adapter_mib(self, *, unmeasured: bool = False) -> int:
-        """MiB the adapters add to each replica (their files' sizes, rounded up); with
-        ``unmeasured``, only those added after the current load (which a measurement of
-        that load cannot include)."""
-        total = sum(
-            self._adapter_size(a)
-            for a in self.adapters.values()
-            if not (unmeasured and a.name in self._adapters_at_load)
+    def adapter_mib(self) -> int:
+        """MiB the served adapters add to each replica (their files' sizes), those the
+        pool evicted alone left out."""
+        return math.ceil(
+            sum(
+                self._adapter_size(a)
+                for a in self.adapters.values()
+                if a.name not in self.evicted_adapters
+            )
         )
-        return math.ceil(total)
+
+    def adapter_mib_since_load(self) -> int:
+        """How the adapters changed each replica's memory since its load was measured:
+        those added since, less those loaded with it and since removed or evicted."""
+        held = {
+            a.name: self._adapter_size(a)
+            for a in self.adapters.values()
+            if a.name not in self.evicted_adapters
+        }
+        added = sum(mib for name, mib in held.items() if name not in self._sizes_at_load)
+        gone = sum(mib for name, mib in self._sizes_at_load.items() if name not in held)
+        return round(added - gone)
 
     def _adapter_size(self, adapter: LoraAdapter) -> float:
         size = self._adapter_sizes.get(adapter.name)
@@ -933,12 +992,21 @@ class ModelActor:
             self._adapter_sizes[adapter.name] = size
         return size
 
-    async def _do_add_adapter(self, adapter: LoraAdapter) -> ModelSnapshot:
+    def check_adapter(self, adapter: LoraAdapter) -> int:
+        """Whether ``adapter`` may be added now; the MiB it adds to each replica.
+
+        Raises:
+            PoolError: as :meth:`add_adapter`, before anything is loaded.
+        """
         with_it = [*(a for a in self.adapters.values() if a.name != adapter.name), adapter]
         self.backend.check_adapters(self.definition.model_copy(update={"lora_adapters": with_it}))
         if self.state == "loaded":
             # What the running replicas were started with decides what they can take.
             self.backend.check_adapters(self.active_definition, at_runtime=True)
+        return math.ceil(_size_mib(self.adapter_path(adapter)))
+
+    async def _do_add_adapter(self, adapter: LoraAdapter) -> ModelSnapshot:
+        self.check_adapter(adapter)
         path = self.adapter_path(adapter)
         if adapter.name in self.adapters:
             await self._do_remove_adapter(adapter.name)
@@ -958,6 +1026,7 @@ class ModelActor:
         else:
             await self._drop_sleepers()  # they were loaded without it
         self.adapters[adapter.name] = adapter
+        self._adapter_files[adapter.name] = path
         self._adapter_sizes.pop(adapter.name, None)
         self._adapter_uses.pop(adapter.name, None)
         log.info("model=%s adapter %s added (%s)", self.name, adapter.name, path)
@@ -970,6 +1039,8 @@ class ModelActor:
             raise PoolError("unknown_model", f"model {self.name!r} has no adapter {name!r}")
         self._adapter_sizes.pop(name, None)
         self._adapter_uses.pop(name, None)
+        self._adapter_files.pop(name, None)
+        self.evicted_adapters.discard(name)
         if self.state == "loaded":
             for replica in self.replicas:
                 runtime = replica.runtime
@@ -994,6 +1065,7 @@ class ModelActor:
                     size_mib=round(self._adapter_size(adapter), 3),
                     requests=count,
                     last_used_at=last,
+                    evicted=adapter.name in self.evicted_adapters,
                 )
             )
         return tuple(views)

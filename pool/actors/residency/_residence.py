@@ -235,10 +235,10 @@ class Residence:
         if estimate.mib is None:
             return estimate
         measured = estimate.source == "observed_load_delta"
-        extra = self.actor.adapter_mib(unmeasured=measured)
+        extra = self.actor.adapter_mib_since_load() if measured else self.actor.adapter_mib()
         if not extra:
             return estimate
-        return replace(estimate, mib=estimate.mib + extra * estimate.replica_count)
+        return replace(estimate, mib=max(0, estimate.mib + extra * estimate.replica_count))
 
     def _model_estimate(
         self, definition: ModelDefinition | None, replicas: int | None
@@ -284,12 +284,14 @@ class Residence:
             return {}
         if actor.state != "loading" and self.observed_per_gpu is not None:
             held = dict(self.observed_per_gpu)
-            added = actor.adapter_mib(unmeasured=True)
-            if added:
+            # Adapters added, removed or evicted since the load was measured.
+            change = actor.adapter_mib_since_load()
+            if change:
+                sign = 1 if change > 0 else -1
                 for gpu, mib in charges(
-                    actor.placement, added, replicas=len(actor.replicas)
+                    actor.placement, abs(change), replicas=len(actor.replicas)
                 ).items():
-                    held[gpu] = held.get(gpu, 0) + mib
+                    held[gpu] = max(0, held.get(gpu, 0) + sign * mib)
             return held
         per_replica = self.vram_estimate().per_replica_mib or 0
         count = actor.selected_replicas if actor.state == "loading" else len(actor.replicas)

@@ -41,7 +41,6 @@ from pool.actors.serving._waits import RequestWaits
 from pool.actors.values._events import Finished, Waiting
 from pool.backends import (
     ALL_THINKING_MODES,
-    AdapterUse,
     Capabilities,
     EmbeddingJob,
     GenerationRequest,
@@ -280,8 +279,7 @@ class Serving:
                 "wrong_model_kind",
                 f"{adapter.name!r} is a LoRA adapter of {actor.name!r}: it serves generation only",
             )
-        actor.adapter_used(adapter.name)
-        return dataclasses.replace(job, adapter=AdapterUse(adapter.name, adapter.scale))
+        return dataclasses.replace(job, adapter=actor.adapter_used(adapter.name))
 
     async def _intake(
         self,

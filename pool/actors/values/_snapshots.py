@@ -62,6 +62,8 @@ class AdapterView:
     # one (monotonic seconds; None: never): the LRU order of adapter eviction.
     requests: int = 0
     last_used_at: float | None = None
+    # The pool evicted it alone (its memory given back); its next request loads it again.
+    evicted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

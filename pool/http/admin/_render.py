@@ -168,6 +168,7 @@ def adapter_body(adapter: AdapterView) -> dict[str, Any]:
         "scale": adapter.scale,
         "size_mib": adapter.size_mib,
         "requests": adapter.requests,
+        "evicted": adapter.evicted,
     }
 
 

@@ -140,9 +140,13 @@ ADD_ADAPTER = Route(
     " adapter of that name on this base is replaced. Answers the base's row. 400"
     " `invalid_request`: the name is another model's or adapter's, or the file does not"
     " exist or does not load; 400 `invalid_load_request`: the backend serves no adapters,"
-    " or (llama_server) only those it was started with.",
+    " or (llama_server) only those it was started with; 500 `load_failed`: its file does"
+    " not fit on the base's GPUs. With `dry_run=true` nothing changes: 200 with what the"
+    " add would do now, as a load preview (`fits`, the base's `gpus`, the adapter's MiB"
+    " on each in `gpu_split_mib`, `need_mib` per replica, `error` and `reason`).",
     LoraAdapter,
-    reply=ModelRow,
+    reply=LoadAnswer,
+    query=(("dry_run", "boolean", "Answer what the add would do, changing nothing."),),
     refusals=(400, 404, 409),
     valid_input_codes=(*LOAD_REFUSALS, "invalid_request"),
 )
@@ -339,7 +343,10 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Serve a LoRA adapter on ``name`` (docs/backends.md, "LoRA adapters")."""
         require(ctx, "admin")
         pool.model(name)
+        dry_run = flag(request.args.get("dry_run"), "dry_run")
         body = await read_body(LoraAdapter)
+        if dry_run:
+            return json_response(pool.preview_adapter(name, body))
         # The pool owns the change; a client that disconnects does not cancel it midway.
         return json_response(model_row(await pool.detached(pool.add_adapter, name, body)))
 
