@@ -117,3 +117,64 @@ async def test_in_process_jobs_carry_their_lora_request(tmp_path: Path) -> None:
     with pytest.raises(PoolError) as unknown:
         runtime.engine_job(_request("t9"), runtime.render(_request("t9")))
     assert unknown.value.code == "unknown_model"
+
+
+async def test_vllm_serve_loads_and_unloads_adapters_at_runtime(nursery: trio.Nursery) -> None:
+    """The calls vLLM's server answers with VLLM_ALLOW_RUNTIME_LORA_UPDATING, made to a
+    recording HTTP server; a refusal of the server's is the pool's BackendError."""
+    import json
+    import types
+    from functools import partial
+
+    from pool.backends._managed import ManagedServerRuntime
+    from pool.backends._upstream import open_transport
+    from pool.errors import BackendError
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buffer = b""
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                data = await stream.receive_some()
+                if not data:
+                    return
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            lines = head.decode().split("\r\n")
+            length = next(
+                int(line.split(":")[1])
+                for line in lines
+                if line.lower().startswith("content-length")
+            )
+            while len(buffer) < length:
+                buffer += await stream.receive_some()
+            body, buffer = buffer[:length], buffer[length:]
+            calls.append((lines[0].split()[1], json.loads(body)))
+            status = "400 Bad Request" if b"bad" in body else "200 OK"
+            answer = b'{"ok": true}'
+            await stream.send_all(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(answer)}\r\n\r\n".encode()
+                + answer
+            )
+
+    listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    runtime = ManagedServerRuntime.__new__(ManagedServerRuntime)
+    runtime.process = types.SimpleNamespace(label="vllm[0]")  # type: ignore[assignment]
+    runtime._headers = None
+    runtime._runtime_adapters = True
+    runtime._upstream = open_transport(f"http://127.0.0.1:{port}", timeout_s=10.0)
+    await runtime.add_adapter("t1", Path("/adapters/t1"), 1.0)
+    await runtime.remove_adapter("t1")
+    assert calls == [
+        ("/v1/load_lora_adapter", {"lora_name": "t1", "lora_path": "/adapters/t1"}),
+        ("/v1/unload_lora_adapter", {"lora_name": "t1"}),
+    ]
+    with pytest.raises(BackendError, match="HTTP 400"):
+        await runtime.add_adapter("bad", Path("/bad"), 1.0)
+    runtime._runtime_adapters = False
+    with pytest.raises(BackendError, match="takes no LoRA adapter"):
+        await runtime.add_adapter("t2", Path("/adapters/t2"), 1.0)
+    await runtime._upstream.aclose()
