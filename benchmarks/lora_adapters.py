@@ -86,12 +86,31 @@ def _sides(paths: list[Path]) -> dict[str, tuple[dict[str, Any], list[str]]]:
 
 async def _throughput(models: dict[str, Any], clients: list[str], requests: int) -> dict[str, Any]:
     settings = build_settings(
-        {"engine": {"decoding": {"temperature": 0.0, "max_tokens": MAX_TOKENS}, "models": models}}
+        {
+            "service": {"usage": {"enabled": False}},
+            "engine": {
+                "decoding": {"temperature": 0.0, "max_tokens": MAX_TOKENS},
+                "models": models,
+            },
+        }
     )
     rss_before = _rss_mib()
     async with open_pool(settings) as pool:
         rss_loaded = _rss_mib()
-        estimate = sum(s.vram.mib or 0 for s in pool.snapshots() if s.state == "loaded")
+        # What the loads would hold offloaded to a GPU, as the pool estimates a load
+        # before it is measured (weights and KV cache per replica, plus the adapters'
+        # files); here they run on the CPU, which holds no VRAM.
+        estimate = sum(
+            pool.residence(s.name)
+            .vram_estimate(
+                definition=s.active_definition.model_copy(update={"gguf_n_gpu_layers": -1}),
+                replicas=s.loaded_replicas,
+            )
+            .mib
+            or 0
+            for s in pool.snapshots()
+            if s.state == "loaded"
+        )
         tokens = 0
 
         async def client(model: str) -> None:
@@ -122,10 +141,11 @@ async def _switch_cost(paths: list[Path], requests: int) -> dict[str, Any]:
     adapters = [{"name": f"tune-{i}", "path": str(p)} for i, p in enumerate(paths[:2])]
     settings = build_settings(
         {
+            "service": {"usage": {"enabled": False}},
             "engine": {
                 "decoding": {"temperature": 0.0, "max_tokens": MAX_TOKENS},
                 "models": {"smol": _model(lora_adapters=adapters, prefix_cache_mib=256)},
-            }
+            },
         }
     )
     async with open_pool(settings) as pool:
@@ -166,6 +186,8 @@ async def measure(paths: list[Path], requests: int) -> dict[str, Any]:
 def run(requests: int, out: Path) -> None:
     base = resolve_model_path(GGUF)
     folder = Path(tempfile.mkdtemp(prefix="lora-bench-"))
+    # What the pool learns (footprints, saved prompt states) stays out of the user's state.
+    os.environ["LLM_POOL_STATE_DIR"] = str(folder / "state")
     paths = [tiny_lora.write(folder / f"tune-{i}.gguf", base, seed=i + 1) for i in range(ADAPTERS)]
     report: dict[str, Any] = {
         "machine": describe(),
@@ -185,7 +207,8 @@ def run(requests: int, out: Path) -> None:
         f" at end {[round(x, 2) for x in report['loadavg_at_end']]}.",
         f"Adapter file: {report['adapter_file_mib']} MiB each (rank 8, every attn_q).",
         "",
-        "| side | tokens/s | output tokens | s | RSS growth MiB | pool estimate MiB | grouped |",
+        "| side | tokens/s | output tokens | s | RSS growth MiB | pool GPU estimate MiB |"
+        " grouped |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, side in report["sides"].items():

@@ -256,7 +256,17 @@ class Pool:
         return self._residency.decisions.recent(model, limit)
 
     def snapshot(self, name: str) -> ModelSnapshot:
-        return self.model(name).snapshot()
+        """The row of model ``name``, or of the LoRA adapter of that name (its base's
+        state, with ``parent`` and ``adapter``).
+
+        Raises:
+            PoolError: ``unknown_model``.
+        """
+        actor, adapter = self._residency.serving(name)
+        row = actor.snapshot()
+        if adapter is None:
+            return row
+        return next(r for r in adapter_rows(row) if r.name == name)
 
     def snapshots(self, *, adapters: bool = False) -> list[ModelSnapshot]:
         """Every model's row; with ``adapters``, each LoRA adapter's row after its

@@ -73,6 +73,10 @@ async def test_adapters_are_listed_with_their_base(client: httpx.AsyncClient) ->
     # llama.cpp applies one adapter at a time: the bound grouping may add is shown.
     assert rows["smol"]["adapter_group_wait_ms"] == 250.0
     assert rows["echo"]["adapters"] == [] and rows["echo"]["adapter_group_wait_ms"] is None
+    one = (await client.get("/v1/admin/models/smol-shift")).json()
+    assert one["parent"] == "smol" and one["adapter"]["name"] == "smol-shift"
+    show = await client.post("/api/show", json={"model": "smol-zero"})
+    assert show.status_code == 200 and show.json()["details"]["parent_model"] == "smol"
 
 
 @pytest.mark.real_model
