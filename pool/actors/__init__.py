@@ -58,6 +58,7 @@ from pool.actors.values._events import (
     WaitReason,
 )
 from pool.actors.values._snapshots import (
+    AdapterView,
     CanaryHealth,
     CanaryStatus,
     FlushResult,
@@ -87,6 +88,7 @@ __all__ = [
     "USAGE_BUCKETS",
     "USAGE_FILE_NAME",
     "USAGE_GROUPS",
+    "AdapterView",
     "Admission",
     "BudgetCounters",
     "Budgets",

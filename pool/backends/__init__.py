@@ -35,6 +35,8 @@ from pool.backends._process import free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     MODEL_KINDS,
+    AdapterRuntime,
+    AdapterUse,
     Backend,
     CacheFlushed,
     CacheScope,
@@ -127,6 +129,8 @@ __all__ = [
     "MODEL_KINDS",
     "SAMPLE_RATE",
     "UNENCODED_FORMATS",
+    "AdapterRuntime",
+    "AdapterUse",
     "AudioFormat",
     "Backend",
     "CacheFlushed",

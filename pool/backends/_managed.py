@@ -9,6 +9,7 @@ the replica then fails the model.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -24,6 +25,7 @@ from pool.backends._forced_calls import ScanningSink, force_with_grammar
 from pool.backends._pass_through import relay_reply, relay_stream
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
+    AdapterUse,
     CacheFlushed,
     CacheUsage,
     EmbeddingJob,
@@ -45,6 +47,8 @@ from pool.errors import BackendError
 
 # A server's split of its GPU memory, read from the output lines its process kept.
 MemoryReader = Callable[[Sequence[str]], MemorySplit | None]
+# The body fields that make a server apply a request's LoRA adapter.
+AdapterFields = Callable[[AdapterUse], dict[str, Any]]
 
 log = logging.getLogger("pool.process")
 
@@ -95,8 +99,14 @@ class ManagedServerRuntime:
         grammar_calls: ToolCallFamily | None = None,
         cache: ServerCache | None = None,
         memory_reader: MemoryReader | None = None,
+        adapter_fields: AdapterFields | None = None,
+        runtime_adapters: bool = False,
     ) -> None:
         self.process = process
+        # The server loads and unloads adapters while it runs (vLLM's LoRA endpoints).
+        self._runtime_adapters = runtime_adapters
+        # The body fields that apply a request's LoRA adapter (None: the server has none).
+        self._adapter_fields = adapter_fields
         # Reads the server's own split of its GPU memory from the lines the process
         # kept (None: the server does not say).
         self._memory_reader = memory_reader
@@ -152,6 +162,10 @@ class ManagedServerRuntime:
         if thinking is not None:
             # Both servers hand these to the model's Jinja chat template.
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        if request.adapter is not None:
+            if self._adapter_fields is None:
+                raise BackendError(f"{self.process.label} serves no LoRA adapters")
+            body.update(self._adapter_fields(request.adapter))
         return body
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
@@ -201,6 +215,39 @@ class ManagedServerRuntime:
         finally:
             if lease is not None and self._cache is not None:
                 self._cache.release(lease)
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        """vLLM's ``/v1/load_lora_adapter``: the adapter serves under ``name``."""
+        await self._adapter_call(
+            "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
+        )
+
+    async def remove_adapter(self, name: str) -> None:
+        """vLLM's ``/v1/unload_lora_adapter``."""
+        await self._adapter_call("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def _adapter_call(self, path: str, body: dict[str, Any]) -> None:
+        if not self._runtime_adapters:
+            raise BackendError(f"{self.process.label} takes no LoRA adapter while it runs")
+        try:
+            async with self._upstream.request(
+                "POST",
+                path,
+                body=json.dumps(body).encode(),
+                headers=self._json_headers(),
+                timeout_s=120.0,
+            ) as response:
+                answer = await response.read()
+        except UpstreamError as exc:
+            raise BackendError(f"{self.process.label}: POST {path} failed: {exc}") from exc
+        if response.status != 200:
+            raise BackendError(
+                f"{self.process.label}: POST {path} answered HTTP {response.status}:"
+                f" {answer[:300].decode('utf-8', 'replace')}"
+            )
+
+    def _json_headers(self) -> dict[str, str]:
+        return {**(self._headers or {}), "Content-Type": "application/json"}
 
     def _exited_error(self) -> BackendError | None:
         """What a failed call really means when the server died under it."""
@@ -412,6 +459,8 @@ async def launch(
     cache: ServerCache | None = None,
     memory_lines: re.Pattern[str] | None = None,
     memory_reader: MemoryReader | None = None,
+    adapter_fields: AdapterFields | None = None,
+    runtime_adapters: bool = False,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -441,6 +490,8 @@ async def launch(
         grammar_calls=grammar_calls,
         cache=cache,
         memory_reader=memory_reader,
+        adapter_fields=adapter_fields,
+        runtime_adapters=runtime_adapters,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

@@ -173,6 +173,18 @@ class CacheUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterUse:
+    """The LoRA adapter a generation runs with: its name (the model name the client
+    asked for) and how strongly it applies."""
+
+    name: str
+    scale: float = 1.0
+    # The adapter's file: a runtime that gave the adapter back (the pool evicted it
+    # alone) loads it again from here before the request runs.
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a runtime is asked to generate; built by the pool from an API request."""
 
@@ -196,6 +208,8 @@ class GenerationRequest:
     trace_parent: str | None = None
     # The client's dialect is the upstream's (see PassThrough); None: translate.
     pass_through: PassThrough | None = None
+    # The LoRA adapter of the model the client named (None: the base model alone).
+    adapter: AdapterUse | None = None
 
     @property
     def offers_tools(self) -> bool:
@@ -404,6 +418,25 @@ class SplitReportingRuntime(Runtime, Protocol):
         ...
 
 
+@runtime_checkable
+class AdapterRuntime(Runtime, Protocol):
+    """A runtime that takes LoRA adapters on and off while it serves (the backend's
+    ``adapter_support`` is ``runtime``); a generation names its adapter in
+    :attr:`GenerationRequest.adapter`."""
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        """Load the adapter at ``path`` under ``name``, beside those already loaded.
+
+        Raises:
+            BackendError: the file is not an adapter of this model.
+        """
+        ...
+
+    async def remove_adapter(self, name: str) -> None:
+        """Free the adapter ``name``; a generation that runs with it finishes first."""
+        ...
+
+
 class EmbeddingRuntime(Runtime, Protocol):
     """A runtime of an embedding model (``Capabilities.embeddings``)."""
 
@@ -507,6 +540,13 @@ class Backend(ABC, Generic[ConfigT]):
     # stay_warm"): an LLM 300 s; the slow loaders get the seed's longest (900 s, its
     # diffusion pipelines); small encoders the shortest (60 s, its vision models).
     stay_warm_s: float = 300.0
+    # LoRA adapters (docs/backends.md, "LoRA adapters"): "none" refuses them, "preloaded"
+    # takes those of the definition at load (one added later needs a reload), "runtime"
+    # adds and removes them on a loaded model (an :class:`AdapterRuntime`).
+    adapter_support: Literal["none", "preloaded", "runtime"] = "none"
+    # One adapter set applies at a time per replica (a llama.cpp context): the scheduler
+    # may run queued requests of the applied adapter first (``adapter_group_wait_ms``).
+    groups_adapters: bool = False
 
     @property
     def name(self) -> str:
@@ -581,6 +621,26 @@ class Backend(ABC, Generic[ConfigT]):
                     field_name,
                 )
             check_override_value(field_name, value, rule)
+
+    def check_adapters(self, definition: ConfigT, *, at_runtime: bool = False) -> None:
+        """Refuse LoRA adapters this backend cannot serve.
+
+        Raises:
+            PoolError: ``invalid_load_request`` (field ``lora_adapters``): the backend
+                takes no adapters, or (``at_runtime``) none on a loaded model.
+        """
+        if self.adapter_support == "none" and (definition.lora_adapters or at_runtime):
+            raise invalid_load_request(
+                f"backend {self.name!r} does not serve LoRA adapters (llama_cpp, llama_server,"
+                " vllm and vllm_serve do)",
+                "lora_adapters",
+            )
+        if at_runtime and self.adapter_support == "preloaded":
+            raise invalid_load_request(
+                f"backend {self.name!r} takes LoRA adapters only at load: add it to the"
+                " model's lora_adapters and reload the model",
+                "lora_adapters",
+            )
 
     def apply_load_override(self, definition: ConfigT, patch: Mapping[str, Any]) -> ConfigT:
         """The effective definition of one load: ``patch`` over ``definition`` by key presence."""

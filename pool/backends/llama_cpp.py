@@ -26,6 +26,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._kinds import KindFields
+from pool.backends._llama_adapters import LlamaAdapters
 from pool.backends._llama_buffers import buffer_sizes, capture_load_log, memory_split
 from pool.backends._llama_rank import rank_pairs
 from pool.backends._placement import GpuPlacement
@@ -206,8 +207,11 @@ class LlamaCppRuntime:
         tool_family: ToolCallFamily = "hermes",
         disk: DiskStates | None = None,
         buffers: dict[tuple[str, str], float] | None = None,
+        adapters: LlamaAdapters | None = None,
     ) -> None:
         self._llama = llama
+        # The LoRA adapters loaded into this replica's model (touched on the worker only).
+        self.adapters = adapters or LlamaAdapters(llama)
         # What llama.cpp said it allocated while loading: MiB by (device, model|KV).
         self.buffers = buffers or {}
         self._definition = definition
@@ -238,6 +242,17 @@ class LlamaCppRuntime:
 
     def cache_usage(self) -> CacheUsage | None:
         return None if self._definition.kind != "chat" else self._prompt_cache.usage()
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        # At the worker's next turn: a running generation finishes first, untouched.
+        await trio.to_thread.run_sync(self.adapters.add, name, path, scale, limiter=self._limiter)
+
+    async def remove_adapter(self, name: str) -> None:
+        if self._closed:
+            return
+        await trio.to_thread.run_sync(self.adapters.remove, name, limiter=self._limiter)
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -302,7 +317,9 @@ class LlamaCppRuntime:
 
         gen_started = time.perf_counter()
         try:
-            reused = self._prompt_cache.prepare(llama, request.cache.key, tokens)
+            self.adapters.apply(request.adapter)
+            cache_key = self.adapters.cache_key(request.cache.key, request.adapter)
+            reused = self._prompt_cache.prepare(llama, cache_key, tokens)
             used.cached_tokens = reused
             produced, first_at, finish, stop_sequence = self._decode(
                 tokens,
@@ -573,6 +590,9 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
     context_field = "gguf_n_ctx"
     # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
     context_padding = 256
+    # LoRA adapters load into the resident model; its one context applies one at a time.
+    adapter_support = "runtime"
+    groups_adapters = True
 
     def memory_profile(self, definition: LlamaCppModel) -> MemoryProfile:
         return MemoryProfile(
@@ -646,6 +666,16 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 kwargs[field.removeprefix("gguf_")] = _GGML_TYPES[value]
 
         buffers: dict[tuple[str, str], float] = {}
+        adapter_files = [
+            (a.name, context.model_path(a.path, f" (adapter {a.name!r})"), a.scale)
+            for a in definition.lora_adapters
+        ]
+        made: list[LlamaAdapters] = []
+
+        def adapters_of(llama: Any) -> LlamaAdapters:
+            if not made:
+                made.append(LlamaAdapters(llama))
+            return made[0]
 
         def load_blocking() -> Any:
             if definition.kind == "rerank":
@@ -659,6 +689,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
             buffers.update(buffer_sizes(logged))
             try:
+                for name, adapter_path, scale in adapter_files:
+                    adapters_of(llama).add(name, adapter_path, scale)
                 # Warm-up, as llama-server does: the first forward pass touches every
                 # memory-mapped weight page and sizes the compute buffers. Paying for
                 # it here keeps it out of the first request's time to first token.
@@ -669,7 +701,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 else:
                     llama.eval([max(llama.token_bos(), 0)])
                     llama.reset()
-            except (ValueError, RuntimeError) as exc:
+            except (ValueError, RuntimeError, BackendError) as exc:
                 llama.close()
                 raise BackendError(f"llama.cpp could not run {path}: {exc}") from exc
             return llama
@@ -696,7 +728,16 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 path.name, metadata.get("general.name"), metadata.get("general.architecture")
             )
         )
-        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk, buffers)
+        return LlamaCppRuntime(
+            llama,
+            definition,
+            prompt_format,
+            limiter,
+            family,
+            disk,
+            buffers,
+            adapters_of(llama),
+        )
 
     async def flush_stored(
         self,

@@ -25,10 +25,17 @@ from pydantic import Field, PositiveInt
 
 from pool.backends._embedding import PooledEmbeddingFields
 from pool.backends._format_templates import FORMAT_TEMPLATES, format_template_file
-from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._managed import (
+    SERVER_SAMPLING,
+    AdapterFields,
+    ManagedServerRuntime,
+    find_binary,
+    launch,
+)
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
+    AdapterUse,
     Backend,
     Capabilities,
     LoadContext,
@@ -216,6 +223,13 @@ def command_line(
     if d.kind in ("embedding", "rerank") and d.llama_server_n_ctx and not own_ubatch:
         add("-b", d.llama_server_n_ctx)
         add("-ub", d.llama_server_n_ctx)
+    for adapter in d.lora_adapters:
+        # Repeated --lora keeps the order: adapter i is the `id` i of a request's `lora`.
+        add("--lora", resolve_model_path(adapter.path, base_dir))
+    if d.lora_adapters:
+        # Loaded at scale 0: a request without `lora` gets the base model alone, and one
+        # with it gets its own adapter and scale (adapter_fields).
+        args.append("--lora-init-without-apply")
     own_split = {"-ts", "--tensor-split"} & set(d.llama_server_extra_args)
     # Virtual GPUs have no devices to split over: only the environment names them.
     split = placement is not None and len(placement.gpus) > 1 and not placement.virtual
@@ -246,6 +260,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     context_field = "llama_server_n_ctx"
     # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
     context_padding = 256
+    # Adapters are loaded as the server starts (--lora); one added later needs a reload.
+    adapter_support = "preloaded"
 
     def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
         # llama-server's -c is the whole context, shared by its parallel slots.
@@ -325,7 +341,22 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             rerank_path="/v1/rerank" if definition.kind == "rerank" else None,
             grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
+            adapter_fields=adapter_fields(definition),
         )
+
+
+def adapter_fields(definition: LlamaServerModel) -> AdapterFields | None:
+    """The per-request ``lora`` field of each adapter the server was started with."""
+    ids = {adapter.name: index for index, adapter in enumerate(definition.lora_adapters)}
+    if not ids:
+        return None
+
+    def fields(use: AdapterUse) -> dict[str, Any]:
+        if use.name not in ids:
+            raise BackendError(f"LoRA adapter {use.name!r} was not loaded with this server")
+        return {"lora": [{"id": ids[use.name], "scale": use.scale}]}
+
+    return fields
 
 
 BACKEND = LlamaServerBackend()

@@ -12,6 +12,7 @@ import hashlib
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import trio
@@ -93,9 +94,14 @@ def stub_tokens(text: str) -> list[str]:
 
 
 class StubRuntime:
-    def __init__(self, definition: StubModel) -> None:
+    def __init__(self, definition: StubModel, adapters: dict[str, Path] | None = None) -> None:
         self._definition = definition
         self._closed = False
+        # LoRA adapters "loaded" (name -> MiB, their files' sizes): a reply with one
+        # starts with its name in brackets, and they count in the VRAM it reports.
+        self._adapters: dict[str, float] = {}
+        for name, path in (adapters or {}).items():
+            self._add(name, path)
         # Split once: a benchmark's stub must cost next to nothing per request.
         reply = definition.stub_reply
         self._reply_tokens = stub_tokens(reply) if reply is not None else []
@@ -104,7 +110,20 @@ class StubRuntime:
 
     @property
     def vram_mib(self) -> int | None:
-        return self._definition.stub_vram_mib
+        return self._definition.stub_vram_mib + math.ceil(sum(self._adapters.values()))
+
+    def _add(self, name: str, path: Path) -> None:
+        if not path.is_file():
+            raise BackendError(f"LoRA adapter file {path} does not exist")
+        self._adapters[name] = path.stat().st_size / (1024 * 1024)
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        self._add(name, path)
+        await trio.lowlevel.checkpoint()
+
+    async def remove_adapter(self, name: str) -> None:
+        self._adapters.pop(name, None)
+        await trio.lowlevel.checkpoint()
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -112,6 +131,13 @@ class StubRuntime:
         started = time.perf_counter()
         reply = self._definition.stub_reply
         tokens = self._reply_tokens if reply is not None else stub_tokens(request.turns[-1].text)
+        if request.adapter is not None:
+            use = request.adapter
+            if use.name not in self._adapters:
+                if use.path is None:
+                    raise PoolError("unknown_model", f"LoRA adapter {use.name!r} is not loaded")
+                self._add(use.name, Path(use.path))  # evicted alone: back for this request
+            tokens = [f"[{use.name}]", *(" " + t.lstrip() for t in tokens[:1]), *tokens[1:]]
         self._answered += 1
         degrade_after = self._definition.stub_degrade_after
         if degrade_after is not None and self._answered > degrade_after:
@@ -227,8 +253,8 @@ class StubRankingRuntime(StubRuntime):
     # Every call's documents, for tests of the pool's batching.
     calls: list[int]
 
-    def __init__(self, definition: StubModel) -> None:
-        super().__init__(definition)
+    def __init__(self, definition: StubModel, adapters: dict[str, Path] | None = None) -> None:
+        super().__init__(definition, adapters)
         self.calls = []
 
     @property
@@ -248,6 +274,8 @@ class StubBackend(Backend[StubModel]):
     config = StubModel
     # A test double: its reload cost is whatever a test sets, so is its window.
     stay_warm_s = 0.0
+    # Adapters as the pool sees them (files, memory, names in replies), for its tests.
+    adapter_support = "runtime"
 
     def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(
@@ -275,9 +303,10 @@ class StubBackend(Backend[StubModel]):
                 f"stub_fail_load is set for model {context.model_name!r}"
                 f" (replica {context.replica_index})"
             )
+        adapters = {a.name: context.model_path(a.path) for a in definition.lora_adapters}
         if definition.kind == "rerank":
-            return StubRankingRuntime(definition)
-        return StubRuntime(definition)
+            return StubRankingRuntime(definition, adapters)
+        return StubRuntime(definition, adapters)
 
     def declared_vram_mib(self, definition: StubModel) -> int | None:
         return definition.stub_vram_mib or None

@@ -25,7 +25,7 @@ from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFiel
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Backend, Capabilities, LoadContext, ModelKind
+from pool.backends._protocol import AdapterUse, Backend, Capabilities, LoadContext, ModelKind
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -33,6 +33,7 @@ from pool.backends._vllm_fields import (
     LOAD_CONSTRAINTS,
     VllmFields,
     VllmLoadOverrides,
+    check_vllm_adapters,
     engine_arguments,
     model_source,
     replica_concurrency,
@@ -40,6 +41,7 @@ from pool.backends._vllm_fields import (
 )
 from pool.backends._vllm_memory import VLLM_MEMORY_LINES, vllm_memory_split
 from pool.backends.prompt_formats import thinking_modes
+from pool.config import resolve_model_path
 from pool.errors import BackendError
 
 
@@ -83,9 +85,10 @@ def command_line(
     port: int,
     served_name: str,
     placement: GpuPlacement | None = None,
+    base_dir: str | None = None,
 ) -> list[str]:
     """The ``vllm serve`` arguments for ``d``: its engine arguments as flags, on the GPUs
-    of ``placement``."""
+    of ``placement``; its LoRA adapters served under their own names."""
     if Path(binary).name.startswith("python"):
         args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
@@ -102,6 +105,9 @@ def command_line(
                 args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
+    if d.lora_adapters:
+        args.append("--lora-modules")
+        args += [f"{a.name}={resolve_model_path(a.path, base_dir)}" for a in d.lora_adapters]
     if d.kind == "chat":
         # Tool calls come back parsed by the model family's parser (tool_choice auto).
         args += [
@@ -143,6 +149,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
     cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0
+    # --lora-modules at start; /v1/load_lora_adapter and /v1/unload_lora_adapter after.
+    adapter_support = "runtime"
 
     def capabilities(self, definition: VllmServeModel) -> Capabilities:
         return Capabilities(
@@ -167,6 +175,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
     def check_load_override(self, patch: Mapping[str, Any]) -> None:
         super().check_load_override(table_checked(patch))
 
+    def check_adapters(self, definition: VllmServeModel, *, at_runtime: bool = False) -> None:
+        super().check_adapters(definition, at_runtime=at_runtime)
+        check_vllm_adapters(definition, at_runtime=at_runtime)
+
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         return replica_concurrency(definition)
 
@@ -179,12 +191,26 @@ class VllmServeBackend(Backend[VllmServeModel]):
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
             _with_cached_token_counts(
-                command_line(definition, binary, model, port, context.model_name, context.placement)
+                command_line(
+                    definition,
+                    binary,
+                    model,
+                    port,
+                    context.model_name,
+                    context.placement,
+                    context.settings_dir,
+                )
             ),
             # Dev mode serves /reset_prefix_cache, which a cache flush calls.
             child_environment(
                 {
                     "VLLM_SERVER_DEV_MODE": "1",
+                    # Serves /v1/load_lora_adapter and /v1/unload_lora_adapter.
+                    **(
+                        {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+                        if definition.lora_enabled
+                        else {}
+                    ),
                     **definition.vllm_serve_env,
                     # In the environment: a command line is any user's to read.
                     **(
@@ -217,7 +243,14 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # vLLM's workers say what the weights and the KV cache took (/metrics).
             memory_lines=VLLM_MEMORY_LINES,
             memory_reader=vllm_memory_split,
+            # vLLM serves each adapter as a model of its own name.
+            adapter_fields=_adapter_model if definition.lora_enabled else None,
+            runtime_adapters=definition.lora_enabled,
         )
+
+
+def _adapter_model(use: AdapterUse) -> dict[str, Any]:
+    return {"model": use.name}
 
 
 BACKEND = VllmServeBackend()

@@ -415,6 +415,29 @@ class DecodingDefaults(
     """``engine.decoding``: defaults for every request field a client may omit."""
 
 
+# An adapter's name: requested as a model, so spelled as model names are.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+
+
+class LoraAdapter(_Strict):
+    """A LoRA adapter served on a base model under a model name of its own (docs/backends.md,
+    "LoRA adapters")."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        description="The model name requests use for the base with this adapter applied;"
+        " unique among models and adapters.",
+    )
+    path: str = Field(
+        min_length=1,
+        description="The adapter's file (a LoRA GGUF for llama_cpp and llama_server) or"
+        " folder (a PEFT adapter for vLLM); relative paths start where model paths do.",
+    )
+    scale: Annotated[float, Field(ge=-100.0, le=100.0)] = Field(
+        1.0, description="How strongly the adapter applies (1: as trained, 0: not at all)."
+    )
+
+
 class CommonModelFields(_Strict):
     """Fields every model definition has, whatever its backend."""
 
@@ -477,6 +500,19 @@ class CommonModelFields(_Strict):
         " first answer after a load of the model's current definition.",
     )
 
+    lora_adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        description="LoRA adapters served on this model, each requested as a model of its"
+        " own name (llama_cpp, llama_server, vllm, vllm_serve; other backends refuse them).",
+    )
+    adapter_group_wait_ms: NonNegativeFloat | None = Field(
+        None,
+        description="Longest extra wait (ms) the scheduler may give a queued request so that"
+        " requests for the adapter a replica has applied run first, where a backend applies"
+        " one adapter set at a time (llama_cpp); 0: strict queue order. Default"
+        " `engine.adapter_group_wait_ms`.",
+    )
+
     @model_validator(mode="after")
     def _check_replicas(self) -> CommonModelFields:
         if self.replica_max is not None and self.replicas > self.replica_max:
@@ -485,6 +521,9 @@ class CommonModelFields(_Strict):
             )
         if "text" not in self.modalities:
             raise ValueError("modalities must include 'text'")
+        names = [adapter.name for adapter in self.lora_adapters]
+        if len(set(names)) != len(names):
+            raise ValueError("lora_adapters: two adapters have the same name")
         return self
 
     @property
@@ -698,6 +737,11 @@ class EngineSettings(BaseModel):
         default_factory=ClusterSettings,
         description="Several pools as one through Redis (docs/cluster.md).",
     )
+    adapter_group_wait_ms: NonNegativeFloat = Field(
+        250.0,
+        description="Default of a model's `adapter_group_wait_ms`: the longest extra wait"
+        " grouping requests of one LoRA adapter may add to another request.",
+    )
     # Settings files go through build_settings, which reports every bad model at once;
     # the validator serves settings built in code. Each entry dumps as its own class.
     models: dict[
@@ -708,6 +752,22 @@ class EngineSettings(BaseModel):
     def _virtual_gpus_have_budgets(self) -> EngineSettings:
         if self.virtual_gpus and not self.gpu_budget_mib:
             raise ValueError("virtual_gpus needs gpu_budget_mib: one budget per virtual GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_names_are_free(self) -> EngineSettings:
+        seen: dict[str, str] = {}
+        for base, definition in self.models.items():
+            for adapter in definition.lora_adapters:
+                if adapter.name in self.models:
+                    raise ValueError(
+                        f"adapter {adapter.name!r} of model {base!r} has the name of a model"
+                    )
+                if adapter.name in seen:
+                    raise ValueError(
+                        f"adapter {adapter.name!r} is on both {seen[adapter.name]!r} and {base!r}"
+                    )
+                seen[adapter.name] = base
         return self
 
     @field_validator("backend")

@@ -248,6 +248,11 @@ class ModelCard(_Reply):
     nodes: list[str] | None = Field(
         None, description="In a cluster: the nodes that have the model loaded (docs/cluster.md)."
     )
+    parent: str | None = Field(
+        None,
+        description="For a LoRA adapter: the base model that serves it (its `loaded` and"
+        " `context_length` are the base's); absent for a model of its own.",
+    )
 
 
 class ModelList(_Reply):
@@ -610,6 +615,22 @@ _MEASURED = (
 )
 
 
+class AdapterRow(_Reply):
+    """A LoRA adapter served on a base model (docs/backends.md, "LoRA adapters")."""
+
+    name: str = Field(description="The model name requests use for it.")
+    path: str
+    scale: float
+    size_mib: float = Field(
+        description="Its file's size: what it adds to the base's memory on each replica."
+    )
+    requests: int = Field(description="Requests admitted for it since it was added.")
+    evicted: bool = Field(
+        description="The pool evicted it alone to make room (least recently used adapter"
+        " first, before its base is considered); its next request loads it again."
+    )
+
+
 class ModelRow(_Reply):
     """One configured model with its live state (spec: runtime-admin-api)."""
 
@@ -662,6 +683,21 @@ class ModelRow(_Reply):
         description="Its output canary; null where canaries are off for the model"
         " (canary_interval_s 0, a remote model that sets none, a model that does not"
         " generate text)."
+    )
+    parent: str | None = Field(
+        None,
+        description="On an adapter's row: the base model that serves it; the row's state,"
+        " queue and memory are the base's.",
+    )
+    adapter: AdapterRow | None = Field(None, description="On an adapter's row: the adapter.")
+    adapters: list[AdapterRow] = Field(
+        default_factory=list, description="On a base's row: the LoRA adapters it serves."
+    )
+    adapter_group_wait_ms: float | None = Field(
+        None,
+        description="Where the backend applies one adapter at a time (llama_cpp) and the"
+        " model has adapters: the longest extra wait (ms) the scheduler may add to a request"
+        " to run requests of an already applied adapter first; null otherwise.",
     )
     definition: dict[str, Any]
 

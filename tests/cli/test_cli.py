@@ -520,3 +520,20 @@ def test_a_preview_says_which_models_it_spares() -> None:
         "it would evict, in order: b",
         "it would spare (in their stay-warm windows): a",
     ]
+
+
+def test_ps_shows_an_adapter_under_its_base() -> None:
+    from rich.console import Console
+
+    from pool.cli._models import models_table
+
+    base = {"name": "smol", "kind": "chat", "resolved_backend": "llama_cpp",
+            "runtime_state": "loaded", "loaded_replicas": 1, "replicas": 1,
+            "inflight_requests": 2, "queue_depth": 0, "gpus": []}  # fmt: skip
+    adapter = {**base, "name": "smol-tune", "parent": "smol",
+               "adapter": {"name": "smol-tune", "size_mib": 1.1}}  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    console.print(models_table([base, adapter]))
+    lines = {line.split()[0]: line.split() for line in console.file.getvalue().splitlines()[1:]}  # type: ignore[attr-defined]
+    assert lines["smol-tune"][1:6] == ["chat", "lora", "on", "smol", "loaded"]
+    assert "+1.1" in lines["smol-tune"] and lines["smol"][2] == "llama_cpp"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
@@ -45,13 +46,14 @@ from pool.actors.residency._planner import (
     Target,
     Wait,
 )
+from pool.actors.residency._planner import room as planner_room
 from pool.actors.residency._residence import Residence
 from pool.actors.residency._sleep import read_host_ram, sleep_verdict
 from pool.actors.residency._vram import CudaContexts, LoadMeter, charges
 from pool.actors.values._events import WaitReason
 from pool.actors.values._snapshots import ModelSnapshot
 from pool.backends import LoadRequest
-from pool.config import Settings
+from pool.config import LoraAdapter, Settings
 from pool.errors import PoolError
 
 log = logging.getLogger("pool")
@@ -109,6 +111,23 @@ class Residency:
             return self.models[name]
         except KeyError:
             raise PoolError("unknown_model", f"model {name!r} is not configured") from None
+
+    def serving(self, name: str) -> tuple[ModelActor, LoraAdapter | None]:
+        """The model that serves requests for ``name``, the one place model names
+        resolve for requests: a configured model serves itself; the name of a LoRA
+        adapter resolves to its base model and the adapter.
+
+        Raises:
+            PoolError: ``unknown_model`` for any other name.
+        """
+        actor = self.models.get(name)
+        if actor is not None:
+            return actor, None
+        for actor in self.models.values():
+            adapter = actor.adapters.get(name)
+            if adapter is not None:
+                return actor, adapter
+        raise PoolError("unknown_model", f"model {name!r} is not configured")
 
     def residence_for(self, actor: ModelActor) -> Residence:
         """Open the record of ``actor`` (ModelActor calls this as it is built)."""
@@ -441,6 +460,8 @@ class Residency:
                     if isinstance(outcome, Evict) and outcome.steps:
                         step = outcome.steps[0]
                         assert step.victim is not None
+                        if await self._evict_adapter(self.models[step.victim.name], actor):
+                            continue  # re-planned without it: the base may stay
                         await self._evict(
                             self.models[step.victim.name],
                             actor,
@@ -560,6 +581,96 @@ class Residency:
         if refused is not None:
             log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
         return refused is None
+
+    async def _evict_adapter(self, victim: ModelActor, incoming: ModelActor) -> bool:
+        """Before the planner's ``victim`` goes, evict the least recently used LoRA adapter
+        held on its GPUs alone (docs/backends.md, "LoRA adapters"); False when none is."""
+        gpus = victim.placed_gpus()
+        held = [
+            (actor.adapter_last_used(name), actor, name)
+            for actor in self.models.values()
+            if actor.placed_gpus() & gpus or actor is victim
+            for name in actor.resident_adapters
+        ]
+        if not held:
+            return False
+        last_used, base, name = min(held, key=lambda entry: entry[0])
+        idle = (
+            "never used" if not last_used else f"last used {time.monotonic() - last_used:.0f} s ago"
+        )
+        self.decisions.record(
+            "evict",
+            name,
+            f"least recently used LoRA adapter on GPU(s) {sorted(gpus)} ({idle}), evicted alone"
+            f" before its base {base.name!r} or any model is considered",
+            for_model=incoming.name,
+        )
+        await base.evict_adapter(name)
+        return True
+
+    def preview_adapter(self, base: str, adapter: LoraAdapter) -> dict[str, Any]:
+        """What adding ``adapter`` to ``base`` would do now, changing nothing, in the
+        shape of a load preview: whether it fits on the base's GPUs (its file on each
+        replica's), and the refusal it would answer."""
+        actor = self.model(base)
+        answer: dict[str, Any] = {
+            "model": base,
+            "state": actor.state,
+            "fits": False,
+            "gpus": [],
+            "gpu_split_mib": [],
+            "evict": [],
+            "wait_for": [],
+            "spared_warm": [],
+            "need_mib": 0,
+            "estimate_source": "adapter_file_size",
+            "expected_load_s": None,
+            "error": None,
+        }
+        try:
+            need = actor.check_adapter(adapter)
+        except PoolError as exc:
+            answer.update(error=exc.code, reason=exc.message)
+            return answer
+        answer["need_mib"] = need
+        fits, reason = self.adapter_room(actor, need)
+        placement = actor.placement if actor.state == "loaded" else ()
+        answer.update(
+            fits=fits,
+            reason=reason,
+            gpus=[list(p.gpus) for p in placement],
+            gpu_split_mib=[
+                [round(need * share) for share in p.split] if p.split else [need] * len(p.gpus)
+                for p in placement
+            ],
+            error=None if fits else "load_failed",
+        )
+        return answer
+
+    def adapter_room(self, actor: ModelActor, need: int) -> tuple[bool, str]:
+        """Whether ``need`` MiB more per replica fits on the loaded ``actor``'s GPUs."""
+        if actor.state != "loaded":
+            return True, (
+                f"the base is {actor.state}: the adapter loads with it, adding {need} MiB per"
+                " replica to its estimate"
+            )
+        if not actor.placement or not self.gpus.view().gpus:
+            return True, "the base holds no GPU: the adapter loads into it now"
+        views = self.gate.views(trio.current_time())
+        # Named apart from the base, so the room counts what the base holds now.
+        target = Target(
+            name=f"{actor.name}#adapter",
+            priority=actor.definition.priority,
+            per_replica_mib=need,
+            source="adapter_file_size",
+            replicas=len(actor.replicas),
+        )
+        free = planner_room(target, views, self.gate.gpu_room()) or {}
+        wanted = charges(actor.placement, need, replicas=len(actor.replicas))
+        short = {gpu: mib for gpu, mib in wanted.items() if free.get(gpu, 0) < mib}
+        if short:
+            return False, f"no room for {need} MiB per replica on GPU(s) {sorted(short)}"
+        return True, f"{need} MiB per replica on the base's GPUs; it loads without a reload"
 
     async def _evict(
         self, victim: ModelActor, incoming: ModelActor, spared: tuple[ModelActor, ...] = ()

@@ -47,7 +47,7 @@ from pool.backends import (
     GenerationRequest,
     TaskJob,
 )
-from pool.config import Settings
+from pool.config import LoraAdapter, Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 
@@ -199,9 +199,7 @@ class Serving:
         prefix_keys: PendingKeys | None = None
         if self.settings.engine.prefix_affinity:
             prefix_keys = PendingKeys(request, cache_scope(request, tenant))
-        route = await self.router.route(
-            request.model, self.residency.models.get(request.model), prefix_keys
-        )
+        route = await self.router.route(request.model, self._local(request.model), prefix_keys)
         return route, prefix_keys
 
     @asynccontextmanager
@@ -222,12 +220,14 @@ class Serving:
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that this node serves: intake, the queue and the
         wait, then the request's metrics and usage row however it ends."""
-        actor = self.residency.model(request.model)
+        actor, adapter = self.residency.serving(request.model)
         status = "cancelled"
         admission: Admission | None = None
         try:
             request_id = request_id or new_request_id()
             job = await self._intake(request, actor, request_id, tenant, key_limit, trace)
+            if adapter is not None:
+                job = self._with_adapter(job, actor, adapter)
             deadline = trio.current_time() + actor.queue_timeout_s
             enqueue = self._enqueuer(
                 actor,
@@ -262,6 +262,25 @@ class Serving:
         finally:
             self.metrics.requests.labels(actor.name, tenant, status).inc()
             self._account(actor.name, tenant, request.key_name, admission, status)
+
+    def _local(self, model: str) -> ModelActor | None:
+        """The model of this node that serves ``model`` (an adapter's base), if any."""
+        try:
+            return self.residency.serving(model)[0]
+        except PoolError:
+            return None
+
+    @staticmethod
+    def _with_adapter(
+        job: GenerationRequest | EmbeddingJob | TaskJob, actor: ModelActor, adapter: LoraAdapter
+    ) -> GenerationRequest:
+        """A request for adapter ``adapter`` of ``actor``: a generation with it applied."""
+        if not isinstance(job, GenerationRequest):
+            raise PoolError(
+                "wrong_model_kind",
+                f"{adapter.name!r} is a LoRA adapter of {actor.name!r}: it serves generation only",
+            )
+        return dataclasses.replace(job, adapter=actor.adapter_used(adapter.name))
 
     async def _intake(
         self,
@@ -379,7 +398,7 @@ class Serving:
         trace: RequestTrace | None,
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
-        local = self.residency.models.get(request.model)
+        local = self._local(request.model)
         request_id = request_id or new_request_id()
         job = build_generation_request(
             request,
