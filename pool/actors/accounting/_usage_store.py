@@ -42,6 +42,29 @@ CREATE TABLE IF NOT EXISTS usage (
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
 
+# Columns added after the first release, in order: a file written by an older pool gets
+# them (with their defaults) when it is opened, so old rows read as zero. One step per
+# column, each standing alone: add a new column as a new step at the end.
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    # Seconds of model loading a request caused (it found its model unloaded).
+    ("load_seconds", "REAL NOT NULL DEFAULT 0"),
+)
+# The columns an INSERT names, in the table's order once migrated.
+_COLUMNS = (
+    "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
+    " generation_ms, status, " + ", ".join(name for name, _ in MIGRATIONS)
+)
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Add the columns of :data:`MIGRATIONS` that the file lacks."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for name, declaration in MIGRATIONS:
+        if name not in have:
+            # Names and declarations are the fixed table above, never a caller's text.
+            db.execute(f"ALTER TABLE usage ADD COLUMN {name} {declaration}")
+
+
 GroupBy = Literal["key", "tenant", "model"]
 Bucket = Literal["hour", "day"]
 GROUPS: tuple[GroupBy, ...] = ("key", "tenant", "model")
@@ -69,6 +92,8 @@ class UsageRecord:
     queue_wait_ms: float
     generate_ms: float | None
     status: str
+    # Seconds of model loading the request caused (0: it found its model loaded).
+    load_seconds: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -86,6 +111,7 @@ class UsageTotal:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    load_seconds: float = 0.0
 
 
 class UsageStore:
@@ -107,6 +133,7 @@ class UsageStore:
             db = self._connections.get(role)
             if db is None:
                 db = open_database(self.path, _SCHEMA)
+                migrate(db)
                 self._connections[role] = db
             return db
 
@@ -125,13 +152,16 @@ class UsageStore:
                 r.queue_wait_ms,
                 r.generate_ms,
                 r.status,
+                r.load_seconds,
             )
             for r in records
         ]
+        marks = ", ".join("?" * len(rows[0])) if rows else ""
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if rows:
+                db.executemany(f"INSERT INTO usage ({_COLUMNS}) VALUES ({marks})", rows)
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
@@ -167,7 +197,7 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens) FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(load_seconds) FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -180,6 +210,7 @@ class UsageStore:
                 prompt_tokens=int(row[3]),
                 cached_tokens=int(row[4]),
                 output_tokens=int(row[5]),
+                load_seconds=float(row[6] or 0.0),
             )
             for row in rows
         ]
