@@ -373,12 +373,17 @@ class Pool:
         if self._usage_store is None or not self._budgets.enabled:
             return
         spent: dict[tuple[Subject, float], dict[str, int]] = {}
+        loaded_ms: dict[tuple[Subject, float], dict[str, int]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
+            named = [t for t in totals if t.group is not None]
             spent[(subject, since)] = {
-                t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
+                str(t.group): t.prompt_tokens + t.output_tokens for t in named
             }
-        self._budgets.restore(spent)
+            loaded_ms[(subject, since)] = {
+                str(t.group): round(t.load_seconds * 1000) for t in named
+            }
+        self._budgets.restore(spent, loaded_ms)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(

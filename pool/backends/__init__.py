@@ -10,6 +10,7 @@ from __future__ import annotations
 from pool.backends._file_identity import file_identity
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
+from pool.backends._load_hints import capacity_fields, unmet_load_hint
 from pool.backends._load_request import (
     LoadRequest,
     apply_override,
@@ -120,6 +121,7 @@ __all__ = [
     "apply_override",
     "assemble_calls",
     "backend_names",
+    "capacity_fields",
     "context_field",
     "definition_class",
     "file_identity",
@@ -134,6 +136,7 @@ __all__ = [
     "read_gguf_header",
     "read_sentence_config",
     "register_backend",
+    "unmet_load_hint",
     "unregister_backend",
     "validate_load_request",
 ]

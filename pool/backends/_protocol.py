@@ -170,6 +170,10 @@ class GenerationRequest:
     # The W3C ``traceparent`` of the request's span where the pool traces (pool/tracing):
     # a runtime that calls another server over HTTP sends it on, so the trace continues.
     trace_parent: str | None = None
+    # A generation resumed after a pause (docs/vram.md, "Pause and resume"): the reply
+    # so far, which the runtime prefills after the prompt and continues from (its
+    # ``decoding.max_tokens`` is what is left). Empty: a fresh generation.
+    continue_text: str = ""
 
     @property
     def offers_tools(self) -> bool:
@@ -440,6 +444,9 @@ class Backend(ABC, Generic[ConfigT]):
         stay_warm_s: the stay-warm window of this backend's generation models when the
             definition sets none (docs/vram.md, "Stay warm"); embedding models take
             ``EMBEDDING_STAY_WARM_S``.
+        resumes_through_prompt: its runtimes honour ``GenerationRequest.continue_text``
+            (prefill the reply so far after the prompt, continue from there), so its
+            ``low`` streams may be paused for a swap and resumed after it.
     """
 
     config: type[ConfigT]
@@ -454,6 +461,7 @@ class Backend(ABC, Generic[ConfigT]):
     # stay_warm"): an LLM 300 s; the slow loaders get the seed's longest (900 s, its
     # diffusion pipelines); small encoders the shortest (60 s, its vision models).
     stay_warm_s: float = 300.0
+    resumes_through_prompt: bool = False
 
     @property
     def name(self) -> str:

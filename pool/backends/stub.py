@@ -112,6 +112,8 @@ class StubRuntime:
         degrade_after = self._definition.stub_degrade_after
         if degrade_after is not None and self._answered > degrade_after:
             tokens = []  # alive but wrong: it ends at once with nothing
+        if request.continue_text:
+            tokens = _after(tokens, request.continue_text)
         limit = request.decoding.max_tokens
         finish: Any = "length" if len(tokens) > limit else "stop"
         tokens = tokens[:limit]
@@ -174,10 +176,22 @@ class StubRuntime:
             await trio.sleep(self._definition.stub_unload_seconds)
 
 
+def _after(tokens: list[str], done: str) -> list[str]:
+    """The tokens that follow the reply so far, ``done`` (a resumed generation): the
+    stub's reply is fixed, so continuing it is skipping what was said."""
+    said = ""
+    for index, token in enumerate(tokens):
+        if len(said) >= len(done):
+            return tokens[index:] if said == done else []
+        said += token
+    return []
+
+
 class StubBackend(Backend[StubModel]):
     config = StubModel
     # A test double: its reload cost is whatever a test sets, so is its window.
     stay_warm_s = 0.0
+    resumes_through_prompt = True
 
     def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(

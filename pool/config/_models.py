@@ -207,13 +207,24 @@ class BudgetRule(_Strict):
     tokens_per_month: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Prompt plus output tokens per UTC calendar month."
     )
+    load_seconds_per_day: Annotated[float, Field(gt=0.0)] | None = Field(
+        None,
+        description="Seconds of model loading its requests may cause per UTC day (each"
+        " load a request started: an on-demand model, an evicted one coming back).",
+    )
 
     @model_validator(mode="after")
     def _one_subject_and_a_limit(self) -> BudgetRule:
         if (self.key is None) == (self.tenant is None):
             raise ValueError("a budget names exactly one of key and tenant")
-        if self.tokens_per_day is None and self.tokens_per_month is None:
-            raise ValueError("a budget sets tokens_per_day, tokens_per_month or both")
+        if (
+            self.tokens_per_day is None
+            and self.tokens_per_month is None
+            and self.load_seconds_per_day is None
+        ):
+            raise ValueError(
+                "a budget sets tokens_per_day, tokens_per_month, load_seconds_per_day or several"
+            )
         return self
 
 
@@ -568,6 +579,19 @@ class EngineSettings(BaseModel):
         30.0,
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
+    )
+    preemption: Literal["pause", "drain", "cut"] = Field(
+        "pause",
+        description="What a load for a request above `low` does when the room it needs is"
+        " held by a model that runs only `low` streams: `pause` them (they resume after"
+        ' the swap, docs/vram.md "Pause and resume"), `cut` them (they end with'
+        " `preempted`), or `drain` (wait for them, asking the model to make way after"
+        " `warm_wait_s`).",
+    )
+    preempt_max_pause_s: Annotated[float, Field(gt=0.0)] = Field(
+        120.0,
+        description="Longest pause of a paused stream; past it the stream ends with a"
+        " `preempted` error event and is charged only what it generated.",
     )
     canary_interval_s: NonNegativeFloat = Field(
         0.0,

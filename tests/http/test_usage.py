@@ -47,7 +47,7 @@ async def test_usage_by_tenant_model_and_hour(nursery: trio.Nursery) -> None:
             "t2": (1, 2),
         }
         assert all(set(r) == {"tenant", "requests", "prompt_tokens", "cached_tokens",
-                              "output_tokens"} for r in by_tenant)  # fmt: skip
+                              "output_tokens", "load_seconds"} for r in by_tenant)  # fmt: skip
         (by_model,) = await _usage(client, group_by="model", since=str(time.time() - 3600))
         assert by_model["model"] == "echo" and by_model["requests"] == 3
         (by_key,) = await _usage(client, group_by="key")

@@ -1,4 +1,5 @@
-"""Token budgets per key or tenant and UTC day or month (``service.budgets``).
+"""Token budgets per key or tenant and UTC day or month (``service.budgets``), and
+budgets of load seconds per UTC day (``load_seconds_per_day``).
 
 A budget counts the prompt plus output tokens of finished requests in its window (the
 UTC day, or the UTC calendar month). A request is checked at admission: once a window's
@@ -13,6 +14,11 @@ window, expiring after it) so several pools enforce one budget. Either way the c
 reads a local number and never waits on anything. Local counters start from the usage
 database (:meth:`Budgets.restore`), so restarting a pool does not give its budgets back;
 shared counters outlive a restart in Redis.
+
+A load-seconds budget counts the seconds of model loading the key's or tenant's
+requests caused (each load a request started), in milliseconds on counters of their
+own, and refuses the same way once spent: a tenant that keeps swapping models in stops
+at its budget while the others go on.
 
 The clock is injectable (seconds since the epoch), so tests move time across a window
 boundary instead of sleeping.
@@ -33,6 +39,8 @@ from pool.errors import PoolError
 
 Period = Literal["day", "month"]
 Subject = Literal["key", "tenant"]
+# What a limit counts: prompt plus output tokens, or milliseconds of loading caused.
+Unit = Literal["tokens", "load_ms"]
 
 
 class BudgetCounters(Protocol):
@@ -99,10 +107,18 @@ class _Limit:
     subject: Subject
     name: str
     period: Period
-    tokens: int
+    tokens: int  # the limit, in ``unit``
+    unit: Unit = "tokens"
 
     def counter(self, current: Window) -> str:
-        return f"{self.subject}:{self.name}:{self.period}:{current.id}"
+        # Token counters keep their names (shared counters outlive a pool's upgrade).
+        kind = "" if self.unit == "tokens" else f"{self.unit}:"
+        return f"{self.subject}:{self.name}:{kind}{self.period}:{current.id}"
+
+    def describe(self) -> str:
+        if self.unit == "load_ms":
+            return f"budget of {self.tokens / 1000:g} load seconds per {self.period}"
+        return f"budget of {self.tokens} tokens per {self.period}"
 
 
 def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
@@ -115,6 +131,9 @@ def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
             limits.append(_Limit(subject, name, "day", rule.tokens_per_day))
         if rule.tokens_per_month is not None:
             limits.append(_Limit(subject, name, "month", rule.tokens_per_month))
+        if rule.load_seconds_per_day is not None:
+            ms = max(1, round(rule.load_seconds_per_day * 1000))
+            limits.append(_Limit(subject, name, "day", ms, "load_ms"))
     return limits
 
 
@@ -173,18 +192,23 @@ class Budgets:
             return
         limit, current, spent = refusal
         wait = max(1.0, math.ceil(current.ends_at - now))
+        if limit.unit == "load_ms":
+            numbers: dict[str, float | int] = {
+                "limit_load_seconds": limit.tokens / 1000,
+                "spent_load_seconds": spent / 1000,
+            }
+        else:
+            numbers = {"limit_tokens": limit.tokens, "spent_tokens": spent}
         raise PoolError(
             "budget_exceeded",
-            f"{limit.subject} {limit.name!r} has spent its budget of {limit.tokens} tokens"
-            f" per {limit.period} ({current.id}, UTC)",
+            f"{limit.subject} {limit.name!r} has spent its {limit.describe()} ({current.id}, UTC)",
             retry_after_s=wait,
             details={
                 "budget": {
                     limit.subject: limit.name,
                     "period": limit.period,
                     "window": current.id,
-                    "limit_tokens": limit.tokens,
-                    "spent_tokens": spent,
+                    **numbers,
                     "resets_at": int(current.ends_at),
                 }
             },
@@ -200,17 +224,23 @@ class Budgets:
             for limit in limits
         }
 
-    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, int]]) -> None:
+    def restore(
+        self,
+        spent: Mapping[tuple[Subject, float], Mapping[str, int]],
+        loaded_ms: Mapping[tuple[Subject, float], Mapping[str, int]] | None = None,
+    ) -> None:
         """Count what was spent in the current windows before this pool started: for
-        each of :meth:`current_windows`, the tokens per key or tenant name since then
-        (from the usage database). Local counters only: shared ones were never lost."""
+        each of :meth:`current_windows`, the tokens (``spent``) and the milliseconds of
+        loading caused (``loaded_ms``) per key or tenant name since then (from the usage
+        database). Local counters only: shared ones were never lost."""
         if not isinstance(self.counters, LocalCounters):
             return
         now = self._clock()
         for (subject, name), limits in self._by_subject.items():
             for limit in limits:
                 current = window(limit.period, now)
-                tokens = spent.get((subject, current.starts_at), {}).get(name, 0)
+                source = spent if limit.unit == "tokens" else (loaded_ms or {})
+                tokens = source.get((subject, current.starts_at), {}).get(name, 0)
                 if tokens > 0:
                     self.counters.add(limit.counter(current), tokens, current.ends_at)
 
@@ -223,5 +253,19 @@ class Budgets:
             return
         now = self._clock()
         for limit in limits:
+            if limit.unit != "tokens":
+                continue
             current = window(limit.period, now)
             self.counters.add(limit.counter(current), tokens, current.ends_at)
+
+    def charge_load(self, tenant: str, key: str | None, seconds: float) -> None:
+        """Count ``seconds`` of model loading that a request of ``tenant`` (and ``key``)
+        caused against their load-seconds budgets."""
+        ms = round(seconds * 1000)
+        if ms <= 0 or not self._by_subject:
+            return
+        now = self._clock()
+        for limit in self._applying(tenant, key):
+            if limit.unit == "load_ms":
+                current = window(limit.period, now)
+                self.counters.add(limit.counter(current), ms, current.ends_at)

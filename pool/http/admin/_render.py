@@ -250,6 +250,7 @@ def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
     row["prompt_tokens"] = total.prompt_tokens
     row["cached_tokens"] = total.cached_tokens
     row["output_tokens"] = total.output_tokens
+    row["load_seconds"] = round(total.load_seconds, 3)
     return row
 
 
