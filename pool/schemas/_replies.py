@@ -724,6 +724,12 @@ class LoadPreview(_Reply):
         description="Models whose end it waits for (a load under way of this model), or the"
         " busy models that could make room once idle when it is refused."
     )
+    pause: list[str] = Field(
+        default_factory=list,
+        description="The request ids of the low-priority streams that a request above"
+        " `low` for this model would pause to make its room (engine.preemption: pause;"
+        ' docs/vram.md, "Pause and resume"); empty when none would.',
+    )
     need_mib: int = Field(description="MiB per replica, as the estimate chain says.")
     estimate_source: str
     expected_load_s: float | None = Field(

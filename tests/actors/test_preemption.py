@@ -344,3 +344,20 @@ async def test_smollm2_resumes_with_exactly_the_greedy_continuation() -> None:
     made = low.end.usage.output_tokens
     pauses = len(_actions(pool, "pause"))
     assert reference.usage.output_tokens <= made <= reference.usage.output_tokens + pauses
+
+
+async def test_the_preview_names_the_streams_a_load_would_pause(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_pool(_settings()) as pool, trio.open_nursery() as nursery:
+        assert pool.preview_load("high")["pause"] == []
+        low = Stream()
+        nursery.start_soon(low.run, pool)
+        await wait_until(lambda: low.deltas >= 2)
+        preview = pool.preview_load("high")
+        assert not preview["fits"]
+        (request_id,) = preview["pause"]
+        assert request_id.startswith("resp_")
+        assert pool.snapshot("low").running == 1  # the preview changed nothing
+        await low.done.wait()
+        assert pool.preview_load("high")["pause"] == []

@@ -304,15 +304,24 @@ class Residency:
     ) -> dict[str, Any]:
         """What :meth:`load` would do now, changing nothing: whether it fits, where
         (``gpus``, ``gpu_split_mib`` per replica), whom it would evict (in order), what
-        it would wait for, the expected load time (None before a measured load), and the
-        refusal (``error``, ``reason``) it would answer (see Gate.preview).
+        it would wait for, the expected load time (None before a measured load), the
+        refusal (``error``, ``reason``) it would answer (see Gate.preview), and ``pause``:
+        the low-priority streams a request above low for it would pause for its room
+        (request ids; docs/vram.md, "Pause and resume").
 
         Raises:
             PoolError: ``unknown_model`` or ``invalid_load_request`` (as the load would).
         """
         actor = self.model(name)
         plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
-        return self.gate.preview(actor, plan)
+        answer = self.gate.preview(actor, plan)
+        answer["pause"] = []
+        if not answer["fits"] and answer["error"] in (None, "load_failed"):
+            now = trio.current_time()
+            victim = self.pausable_victim(actor, self.gate.target(actor, plan), now, asked=True)
+            if victim is not None:
+                answer["pause"] = [getattr(t.request, "request_id", "") for t in victim.pausable]
+        return answer
 
     # -- gate views the pool passes on (virtual GPUs, the shared ledger, CUDA contexts)
     def runtime_holdings(self) -> list[tuple[int, int]]:
@@ -573,13 +582,18 @@ class Residency:
                 await self._changed.wait()
 
     # -- pause and resume across a swap (docs/vram.md, "Pause and resume") ---------------
-    def pausable_victim(self, actor: ModelActor, target: Target, now: float) -> ModelActor | None:
+    def pausable_victim(
+        self, actor: ModelActor, target: Target, now: float, *, asked: bool = False
+    ) -> ModelActor | None:
         """The busy model whose room a load of ``actor`` takes by pausing its streams,
         when ``engine.preemption`` is not ``drain``, a request above ``low`` waits for
-        ``actor``, and a model that the rules let it evict runs only preemptible streams
-        (``ModelActor.pausable``); the lowest priority, least recently used first."""
+        ``actor`` (or, ``asked``, would: the preview), and a model that the rules let it
+        evict runs only preemptible streams (``ModelActor.pausable``); the lowest
+        priority, least recently used first."""
         engine = self.settings.engine
-        if engine.preemption == "drain" or not actor.scheduler.queued_above("low"):
+        if engine.preemption == "drain":
+            return None
+        if not asked and not actor.scheduler.queued_above("low"):
             return None
         views = [
             v
