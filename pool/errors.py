@@ -67,6 +67,9 @@ STATUS_BY_CODE: dict[str, int] = {
     "backend_error": 502,
     "model_loading": 503,
     "queue_full": 503,
+    # A paused stream (priority low, paused for a swap) that was not resumed within
+    # engine.preempt_max_pause_s: it ends with this error event, charged what it made.
+    "preempted": 503,
     "shutting_down": 503,
     "starting": 503,
     "queue_timeout": 504,

@@ -461,15 +461,16 @@ class Pool:
         spent: dict[tuple[Subject, float], dict[str, Spent]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
+            named = [t for t in totals if t.group is not None]
             spent[(subject, since)] = {
-                t.group: Spent(
+                str(t.group): Spent(
                     tokens=t.prompt_tokens + t.output_tokens,
                     requests=t.requests,
                     audio_seconds=math.ceil(t.audio_seconds),
                     characters=t.characters,
+                    load_ms=round(t.load_seconds * 1000),
                 )
-                for t in totals
-                if t.group is not None
+                for t in named
             }
         self._budgets.restore(spent)
 

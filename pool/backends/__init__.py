@@ -20,6 +20,7 @@ from pool.backends._forward import (
 )
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
+from pool.backends._load_hints import capacity_fields, unmet_load_hint
 from pool.backends._load_request import (
     LoadRequest,
     apply_override,
@@ -199,6 +200,7 @@ __all__ = [
     "apply_override",
     "assemble_calls",
     "backend_names",
+    "capacity_fields",
     "check_input",
     "context_field",
     "decode_audio",
@@ -219,6 +221,7 @@ __all__ = [
     "relayed_text",
     "rerank_job",
     "takes_raw",
+    "unmet_load_hint",
     "unregister_backend",
     "validate_load_request",
     "wav_header",

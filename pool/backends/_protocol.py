@@ -210,6 +210,10 @@ class GenerationRequest:
     pass_through: PassThrough | None = None
     # The LoRA adapter of the model the client named (None: the base model alone).
     adapter: AdapterUse | None = None
+    # A generation resumed after a pause (docs/vram.md, "Pause and resume"): the reply
+    # so far, which the runtime prefills after the prompt and continues from (its
+    # ``decoding.max_tokens`` is what is left). Empty: a fresh generation.
+    continue_text: str = ""
 
     @property
     def offers_tools(self) -> bool:
@@ -526,6 +530,9 @@ class Backend(ABC, Generic[ConfigT]):
         stay_warm_s: the stay-warm window of this backend's generation models when the
             definition sets none (docs/vram.md, "Stay warm"); embedding models take
             ``EMBEDDING_STAY_WARM_S``.
+        resumes_through_prompt: its runtimes honour ``GenerationRequest.continue_text``
+            (prefill the reply so far after the prompt, continue from there), so its
+            ``low`` streams may be paused for a swap and resumed after it.
     """
 
     config: type[ConfigT]
@@ -547,6 +554,7 @@ class Backend(ABC, Generic[ConfigT]):
     # One adapter set applies at a time per replica (a llama.cpp context): the scheduler
     # may run queued requests of the applied adapter first (``adapter_group_wait_ms``).
     groups_adapters: bool = False
+    resumes_through_prompt: bool = False
 
     @property
     def name(self) -> str:

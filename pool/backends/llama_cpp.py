@@ -290,6 +290,12 @@ class LlamaCppRuntime:
         stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
         try:
             tokens = llama.tokenize(rendered.text.encode("utf-8"), add_bos=True, special=True)
+            if request.continue_text:
+                # Resumed after a pause: the reply so far is prefilled as plain text
+                # after the prompt (the tokens it was written in tokenize back the same).
+                tokens += llama.tokenize(
+                    request.continue_text.encode("utf-8"), add_bos=False, special=False
+                )
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"llama.cpp could not tokenize the prompt: {exc}") from exc
         tokenize_ms = (time.perf_counter() - started) * 1000.0
@@ -587,6 +593,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
     load_overrides = LlamaCppLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     load_recommendations = LOAD_RECOMMENDATIONS
+    resumes_through_prompt = True
     context_field = "gguf_n_ctx"
     # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
     context_padding = 256

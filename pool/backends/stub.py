@@ -142,6 +142,8 @@ class StubRuntime:
         degrade_after = self._definition.stub_degrade_after
         if degrade_after is not None and self._answered > degrade_after:
             tokens = []  # alive but wrong: it ends at once with nothing
+        if request.continue_text:
+            tokens = _after(tokens, request.continue_text)
         limit = request.decoding.max_tokens
         finish: Any = "length" if len(tokens) > limit else "stop"
         tokens = tokens[:limit]
@@ -268,6 +270,15 @@ class StubRankingRuntime(StubRuntime):
         await trio.lowlevel.checkpoint()
         tokens = sum(len(stub_tokens(query)) + len(stub_tokens(d)) for d in documents)
         return RankResult(tuple(stub_relevance(query, d) for d in documents), tokens)
+def _after(tokens: list[str], done: str) -> list[str]:
+    """The tokens that follow the reply so far, ``done`` (a resumed generation): the
+    stub's reply is fixed, so continuing it is skipping what was said."""
+    said = ""
+    for index, token in enumerate(tokens):
+        if len(said) >= len(done):
+            return tokens[index:] if said == done else []
+        said += token
+    return []
 
 
 class StubBackend(Backend[StubModel]):
@@ -276,6 +287,7 @@ class StubBackend(Backend[StubModel]):
     stay_warm_s = 0.0
     # Adapters as the pool sees them (files, memory, names in replies), for its tests.
     adapter_support = "runtime"
+    resumes_through_prompt = True
 
     def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(

@@ -697,6 +697,19 @@ class EngineSettings(BaseModel):
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
     )
+    preemption: Literal["pause", "drain", "cut"] = Field(
+        "pause",
+        description="What a load for a request above `low` does when the room it needs is"
+        " held by a model that runs only `low` streams: `pause` them (they resume after"
+        ' the swap, docs/vram.md "Pause and resume"), `cut` them (they end with'
+        " `preempted`), or `drain` (wait for them, asking the model to make way after"
+        " `warm_wait_s`).",
+    )
+    preempt_max_pause_s: Annotated[float, Field(gt=0.0)] = Field(
+        120.0,
+        description="Longest pause of a paused stream; past it the stream ends with a"
+        " `preempted` error event and is charged only what it generated.",
+    )
     canary_interval_s: NonNegativeFloat = Field(
         0.0,
         description="Seconds between output canaries of a loaded, idle generation model"

@@ -36,6 +36,7 @@ from pool.actors import (
     Failed,
     Finished,
     InferenceRequest,
+    Paused,
     Pool,
     ToolCallDelta,
     Waiting,
@@ -89,6 +90,8 @@ class StreamRenderer(Generic[Out]):
             return self.render_raw(admission, event)
         if isinstance(event, Finished):
             return self.render_finished(admission, event)
+        if isinstance(event, Paused):
+            return self.render_pause(admission, event)
         assert isinstance(event, Failed)
         return self.render_error(admission, event.error)
 
@@ -112,6 +115,11 @@ class StreamRenderer(Generic[Out]):
         """An upstream's own events, already in the client's dialect (the pass-through
         relay: only a dialect that asks for it, with ``PassThrough``, is offered any)."""
         raise AssertionError(f"{type(self).__name__} asked for no pass-through")
+    def render_pause(self, admission: Admission, paused: Paused) -> Out | None:
+        """The stream is paused for a swap (repeated while it lasts): the dialect's
+        keep-alive (an SSE comment, a ``ping``); nothing where it has none (Ollama's
+        NDJSON stalls, its clients wait)."""
+        return None
 
     def render_wait(self, admission: Admission, waiting: Waiting) -> Out:
         """A ``Queued``/``Loading`` report (only with ``reports_waits``)."""

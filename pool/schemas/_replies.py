@@ -711,12 +711,28 @@ class DecisionRow(_Reply):
     """One residency decision, with its reason (further fields carry its numbers)."""
 
     seq: int = Field(description="Increases by one with each decision.")
-    action: Literal["place", "evict", "wait", "yield", "refuse", "comeback", "reload", "fail"] = (
-        Field(
-            description="`reload`: the output canary found the model degraded and it was"
-            " drained and reloaded; `fail`: degraded past engine.canary_reloads_per_hour,"
-            " marked failed (docs/reliability.md)."
-        )
+    action: Literal[
+        "place",
+        "evict",
+        "wait",
+        "yield",
+        "refuse",
+        "comeback",
+        "reload",
+        "fail",
+        "pause",
+        "cut",
+        "resume",
+    ] = Field(
+        description="`pause`: the model's low-priority streams were paused at a token"
+        " boundary for a swap (`requests` names them), `cut`: ended instead"
+        " (engine.preemption: cut), `resume`: a paused stream runs again"
+        ' (docs/vram.md, "Pause and resume"); '
+        "`reload`: the output canary found the model degraded and it was"
+        " drained and reloaded, or the loaded copy did not serve a request's or a"
+        " runner load's load hints (the reason names the field; docs/vram.md, \"Load"
+        ' hints"); `fail`: degraded past engine.canary_reloads_per_hour, marked'
+        " failed (docs/reliability.md)."
     )
     model: str = Field(description="The model decided about.")
     for_model: str | None = Field(
@@ -753,6 +769,12 @@ class UsageRow(_Reply):
     characters: int = Field(
         0, description="Characters of text that speech models said (`/v1/audio/speech`)."
     )
+    load_seconds: float = Field(
+        0.0,
+        description="Seconds of model loading these requests caused: each load a request"
+        " started (an on-demand model, an evicted one coming back for it) is charged to"
+        " that request's key and tenant.",
+    )
 
 
 class UsageReport(_Reply):
@@ -768,6 +790,7 @@ class UsageReport(_Reply):
                             "prompt_tokens": 3400,
                             "cached_tokens": 1200,
                             "output_tokens": 980,
+                            "load_seconds": 0.0,
                         },
                         {
                             "tenant": "team-a",
@@ -775,6 +798,7 @@ class UsageReport(_Reply):
                             "prompt_tokens": 410,
                             "cached_tokens": 0,
                             "output_tokens": 150,
+                            "load_seconds": 2.5,
                         },
                     ]
                 }
@@ -801,6 +825,12 @@ class LoadPreview(_Reply):
     wait_for: list[str] = Field(
         description="Models whose end it waits for (a load under way of this model), or the"
         " busy models that could make room once idle when it is refused."
+    )
+    pause: list[str] = Field(
+        default_factory=list,
+        description="The request ids of the low-priority streams that a request above"
+        " `low` for this model would pause to make its room (engine.preemption: pause;"
+        ' docs/vram.md, "Pause and resume"); empty when none would.',
     )
     need_mib: int = Field(description="MiB per replica, as the estimate chain says.")
     estimate_source: str

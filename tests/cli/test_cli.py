@@ -493,8 +493,15 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     (row,) = daily.out.splitlines()[1:]
     assert row.split()[0].endswith("T00:00:00Z") and row.split()[1:3] == ["echo", "2"]
     as_json = await cli(info, "usage", "--group-by", "key", "--json")
-    row = {"key": None, "requests": 2, "prompt_tokens": 4, "cached_tokens": 0, "output_tokens": 4}
-    row["characters"] = 0
+    row = {
+        "key": None,
+        "requests": 2,
+        "prompt_tokens": 4,
+        "cached_tokens": 0,
+        "output_tokens": 4,
+        "load_seconds": 0.0,
+        "characters": 0,
+    }
     assert as_json.json_lines() == [{"usage": [row]}]
     none = await cli(info, "usage", "--until", "2000-01-01T00:00:00Z")
     assert none.code == 0 and none.out.strip() == "no usage recorded in this range"

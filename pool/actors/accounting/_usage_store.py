@@ -44,18 +44,20 @@ CREATE TABLE IF NOT EXISTS usage (
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
 # The columns added after the table first shipped (a file an older pool wrote gains
-# them when opened; its rows count 0): the seconds of audio transcribed and the
-# characters of speech input (issue #41).
+# them when opened; its rows count 0): the seconds of audio transcribed, the
+# characters of speech input (issue #41) and the seconds of loading caused (#46).
 _ADDED = {
     "usage": {
         "audio_seconds": "REAL NOT NULL DEFAULT 0",
         "characters": "INTEGER NOT NULL DEFAULT 0",
+        # Seconds of model loading a request caused (it found its model unloaded).
+        "load_seconds": "REAL NOT NULL DEFAULT 0",
     }
 }
 # The columns in the order INSERT gives them.
 _COLUMNS = (
     "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
-    " generation_ms, status, audio_seconds, characters"
+    " generation_ms, status, audio_seconds, characters, load_seconds"
 )
 _PLACEHOLDERS = ", ".join("?" for _ in _COLUMNS.split(","))
 
@@ -90,6 +92,8 @@ class UsageRecord:
     audio_seconds: float = 0.0
     # Text a speech model said (its input's characters); 0 for the other kinds.
     characters: int = 0
+    # Seconds of model loading the request caused (0: it found its model loaded).
+    load_seconds: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -109,6 +113,7 @@ class UsageTotal:
     output_tokens: int
     audio_seconds: float = 0.0
     characters: int = 0
+    load_seconds: float = 0.0
 
 
 class UsageStore:
@@ -150,13 +155,15 @@ class UsageStore:
                 r.status,
                 r.audio_seconds,
                 r.characters,
+                r.load_seconds,
             )
             for r in records
         ]
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany(f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows)
+            if rows:
+                db.executemany(f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows)
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
@@ -192,8 +199,8 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds), SUM(characters)"
-            " FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds), SUM(characters),"
+            " SUM(load_seconds) FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -208,6 +215,7 @@ class UsageStore:
                 output_tokens=int(row[5]),
                 audio_seconds=round(float(row[6] or 0.0), 3),
                 characters=int(row[7] or 0),
+                load_seconds=float(row[8] or 0.0),
             )
             for row in rows
         ]

@@ -272,6 +272,29 @@ class PoolMetrics:
             ["tenant"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "llm_pool_preempted_streams",
+            "Low-priority streams stopped for a swap (how: pause, or cut with"
+            " engine.preemption: cut)",
+            ["model", "how"],
+            registry=r,
+        )
+        self.pause_duration = Histogram(
+            "llm_pool_pause_seconds",
+            "How long paused streams stayed paused (outcome: resumed, or expired past"
+            " engine.preempt_max_pause_s, or left: the client went or the model was"
+            " unloaded)",
+            ["model", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tenant_load_seconds = Counter(
+            "llm_pool_tenant_load_seconds",
+            "Seconds of model loading caused by a tenant's requests (each load a request"
+            " started; see tenant_label)",
+            ["tenant"],
+            registry=r,
+        )
         self.tenant_output_tokens = Counter(
             "llm_pool_tenant_output_tokens",
             "Output tokens of ended requests by tenant, a cut one's included (see tenant_label)",
@@ -338,6 +361,10 @@ class PoolMetrics:
             self.tenant_prompt_tokens.labels(label).inc(prompt)
         if output:
             self.tenant_output_tokens.labels(label).inc(output)
+
+    def record_tenant_load(self, tenant: str, seconds: float) -> None:
+        if seconds > 0:
+            self.tenant_load_seconds.labels(self.tenant_label(tenant)).inc(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -184,8 +184,11 @@ class _SameLoad:
 class OnDemandLoader(Protocol):
     """Who carries out on-demand loads (the pool: a load outlives its first request)."""
 
-    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
-        """Start loading ``actor`` unless a load is pending; ``hint``: load overrides."""
+    def request(
+        self, actor: ModelActor, hint: dict[str, Any] | None, cause: Ticket | None = None
+    ) -> None:
+        """Start loading ``actor`` unless a load is pending; ``hint``: load overrides;
+        ``cause``: the request that found it unloaded (charged with the load's seconds)."""
 
     def pending(self, actor: ModelActor) -> bool: ...
 
@@ -460,7 +463,9 @@ class ModelActor:
         self.residence.used(keep_alive_s)
         if on_demand_wait and self._loader is not None:
             # An evicted model comes back with the load it had, whatever the request hints.
-            self._loader.request(self, load_hint if self.definition.on_demand else self._comeback)
+            self._loader.request(
+                self, load_hint if self.definition.on_demand else self._comeback, ticket
+            )
         return ticket
 
     def reject_waiting(self, error: PoolError) -> None:
@@ -491,6 +496,31 @@ class ModelActor:
     @property
     def queue_depth(self) -> int:
         return self.scheduler.queue_depth
+
+    # -- pause and resume across a swap (docs/vram.md, "Pause and resume") -------------
+    @property
+    def pausable(self) -> list[Ticket]:
+        """The running streams a swap may pause now: every request running here is
+        a preemptible generation, none waits in its queue, and the backend resumes
+        through the prompt. Empty when any of that does not hold."""
+        if self.state != "loaded" or self.scheduler.queue_depth or not self.replicas:
+            return []
+        if not self.backend.resumes_through_prompt:
+            return []
+        running = [t for r in self.replicas for t in r.running_tickets]
+        if not running or not all(
+            t.preemptible and isinstance(t.request, GenerationRequest) for t in running
+        ):
+            return []
+        return running
+
+    def pause_streams(self) -> list[Ticket]:
+        """Pause every stream :attr:`pausable` names (each stops at a token boundary;
+        the model is idle once their jobs have ended); the paused tickets."""
+        paused = self.pausable
+        for ticket in paused:
+            ticket.pause()
+        return paused
 
     def withdraw(self, ticket: Ticket) -> None:
         """Take a queued ``ticket`` out of the queue (its caller stopped waiting)."""

@@ -8,7 +8,10 @@ the pool's per-request overhead to a few microseconds.
 
 Order: priority first (``high`` > ``normal`` > ``low``), then the least recently served
 tenant within a priority (round-robin among busy tenants, with a newcomer first), then
-arrival order within a tenant. The request next in that order goes to the free replica
+arrival order within a tenant. Loads count beside requests served: a tenant whose
+request made the model load is charged one turn per ``LOAD_SECONDS_PER_TURN`` of that
+load (:meth:`Scheduler.charge_load`), so a tenant that keeps swapping models in waits
+behind the others for as many turns. The request next in that order goes to the free replica
 holding the longest part of its prompt (pool/actors/models/_affinity.py) when that is more
 than half of it, else to the least loaded (and least filled) free replica: affinity chooses
 among free slots only, so it never makes a request wait.
@@ -52,6 +55,10 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 # Tenants whose last service is remembered; a forgotten one counts as never served.
 _SERVED_MEMORY = 4096
+# Seconds of loading a tenant caused that count as one turn served (a request is one
+# turn, whatever its tokens: the round-robin is by requests). One second, about what a
+# short answer takes: a 10 s swap puts the tenant behind ten requests of the others.
+LOAD_SECONDS_PER_TURN = 1.0
 
 
 class Slots(Protocol):
@@ -226,6 +233,27 @@ class Scheduler:
         self._check_idle()
         return failed
 
+    def queued_above(self, priority: Priority) -> bool:
+        """Whether a request of a higher priority than ``priority`` waits here."""
+        rank = PRIORITIES.index(priority)
+        return any(self._queues[p] for p in PRIORITIES[:rank])
+
+    def charge_load(self, tenant: str, seconds: float) -> None:
+        """``tenant``'s request made the model load for ``seconds``: it counts as served
+        that many turns (``LOAD_SECONDS_PER_TURN``) past everyone served so far."""
+        turns = int(seconds // LOAD_SECONDS_PER_TURN)
+        if turns > 0:
+            self._mark_served(tenant, ahead=turns)
+
+    def _mark_served(self, tenant: str, ahead: int = 0) -> None:
+        # The serial counts every turn served; a charged tenant's mark lies ``ahead`` of
+        # it, so the others are served first until their marks pass it.
+        serial = next(self._served)
+        self._last_served[tenant] = max(self._last_served.get(tenant, -1), serial) + ahead
+        self._last_served.move_to_end(tenant)
+        while len(self._last_served) > _SERVED_MEMORY:
+            self._last_served.popitem(last=False)
+
     # -- dispatch ----------------------------------------------------------------
     def _pop_next(self, free: Sequence[Slots] = ()) -> Ticket | None:
         for priority in PRIORITIES:
@@ -245,10 +273,7 @@ class Scheduler:
             queue.remove(ticket)
             if not queue:
                 del tenants[tenant]
-            self._last_served[tenant] = next(self._served)
-            self._last_served.move_to_end(tenant)
-            while len(self._last_served) > _SERVED_MEMORY:
-                self._last_served.popitem(last=False)
+            self._mark_served(tenant)
             self._depth -= 1
             return ticket
         return None

@@ -3,7 +3,9 @@ the queue, a peer's relay, and the metrics of what finished (Pool.admit)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -21,7 +23,7 @@ from pool.actors.models._affinity import PendingKeys
 from pool.actors.models._metrics import PoolMetrics
 from pool.actors.models._ticket import JobFinished, Ticket
 from pool.actors.residency._residency import Residency
-from pool.actors.serving._admission import Admission, new_request_id
+from pool.actors.serving._admission import Admission, Resumer, new_request_id
 from pool.actors.serving._caller import CALLER
 from pool.actors.serving._health import check_runner_queue
 from pool.actors.serving._intake import (
@@ -63,6 +65,12 @@ RELAY_CAPABILITIES = Capabilities(
 
 _Request = TypeVar("_Request", bound=PoolRequest)
 
+log = logging.getLogger("pool")
+
+# How often a paused stream shows its client it is alive where the surface gave no
+# heartbeat of its own (well inside the idle timeouts of proxies, as HEARTBEAT_S).
+PAUSE_HEARTBEAT_S = 5.0
+
 
 class Serving:
     """Admission of requests (see :meth:`admit`); the pool hands it its parts."""
@@ -96,6 +104,8 @@ class Serving:
         self.budgets = budgets or Budgets(())
         # None: usage recording is off (service.usage.enabled).
         self.usage = usage
+        residency.on_load_charged = self._charge_load
+        residency.on_pause = self._count_preemption
 
     @asynccontextmanager
     async def admit(
@@ -229,6 +239,10 @@ class Serving:
             if adapter is not None:
                 job = self._with_adapter(job, actor, adapter)
             deadline = trio.current_time() + actor.queue_timeout_s
+            if load_hint:
+                # A loaded copy that does not serve the hint is unloaded first; the
+                # request's own on-demand load then brings it back with the hint.
+                await self.residency.reload_for_hint(actor, load_hint)
             enqueue = self._enqueuer(
                 actor,
                 job,
@@ -237,12 +251,32 @@ class Serving:
                 keep_alive=request.keep_alive,
                 load_hint=load_hint,
                 prefix_keys=prefix_keys,
+                key_name=request.key_name,
             )
             ticket, steps = await self._queue(
                 actor, enqueue, deadline, report_waits or heartbeat_s is not None, heartbeat_s
             )
+            resumer = (
+                self._resumer(
+                    actor,
+                    job,
+                    tenant=tenant,
+                    priority=priority,
+                    keep_alive=request.keep_alive,
+                    key_name=request.key_name,
+                    heartbeat_s=heartbeat_s,
+                )
+                if isinstance(job, GenerationRequest)
+                else None
+            )
             admission = Admission(
-                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+                ticket,
+                request_id,
+                request.model,
+                admitted_at,
+                self._record_finished,
+                steps,
+                resumer=resumer,
             )
             if trace is not None:
                 trace.admission, trace.actor = admission, actor
@@ -325,6 +359,7 @@ class Serving:
         keep_alive: float | str | None,
         load_hint: dict[str, Any] | None,
         prefix_keys: PendingKeys | None,
+        key_name: str | None = None,
     ) -> Callable[[], Ticket]:
         """What queues the job at its model, checking the runner-wide queue limit first
         (called when the request may queue: at once, or once a door opens)."""
@@ -344,7 +379,11 @@ class Serving:
             check_runner_queue(
                 self.residency.models.values(), self.settings.engine.max_queue_total, actor
             )
-            return admit()
+            ticket = admit()
+            ticket.key_name = key_name
+            # Only a generation can be resumed through its prompt.
+            ticket.preemptible = priority == "low" and isinstance(job, GenerationRequest)
+            return ticket
 
         return enqueue
 
@@ -464,10 +503,14 @@ class Serving:
         """
         prompt = cached = output = 0
         audio_seconds = 0.0
-        queue_wait_ms = 0.0
+        queue_wait_ms = load_seconds = 0.0
         generate_ms: float | None = None
         if admission is not None:
             queue_wait_ms = admission.queue_wait_ms
+            ticket = admission.queued_ticket
+            if ticket is not None:
+                ticket.accounted = True
+                load_seconds = ticket.load_seconds + admission.carried_load_s
             used = admission.used
             prompt = used.prompt_tokens or 0
             cached = used.cached_tokens or 0
@@ -522,6 +565,131 @@ class Serving:
                     status=status,
                     audio_seconds=audio_seconds,
                     characters=characters,
+                    load_seconds=round(load_seconds, 3),
+                )
+            )
+
+    def _count_preemption(self, actor: ModelActor, streams: int, cut: bool) -> None:
+        if streams:
+            self.metrics.preemptions.labels(actor.name, "cut" if cut else "pause").inc(streams)
+
+    def _resumer(
+        self,
+        actor: ModelActor,
+        job: GenerationRequest,
+        *,
+        tenant: str,
+        priority: str,
+        keep_alive: float | str | None,
+        key_name: str | None,
+        heartbeat_s: float | None,
+    ) -> Resumer:
+        """How a paused stream of ``job`` resumes (docs/vram.md, "Pause and resume").
+
+        The same request, with the reply so far as ``continue_text`` and the tokens left
+        as its ``max_tokens``, queues at its model again as a new request would: it waits
+        at the model's door while the swap it made way for happens, then its arrival
+        loads the model back (an evicted model comes back for a request), and it runs
+        once a replica takes it. The wait reports itself at least every heartbeat (the
+        stream's, else ``PAUSE_HEARTBEAT_S``) and is bounded by
+        ``engine.preempt_max_pause_s``: past it, ``preempted``.
+        """
+        engine = self.settings.engine
+        beat = heartbeat_s or PAUSE_HEARTBEAT_S
+
+        async def resume(
+            paused: Ticket, text: str, made: int
+        ) -> AsyncGenerator[Waiting | Ticket, None]:
+            paused_at = trio.current_time()
+            again = dataclasses.replace(
+                job,
+                continue_text=text,
+                decoding=dataclasses.replace(
+                    job.decoding, max_tokens=max(1, job.decoding.max_tokens - made)
+                ),
+            )
+            enqueue = self._enqueuer(
+                actor,
+                again,
+                tenant=tenant,
+                priority=priority,
+                keep_alive=keep_alive,
+                load_hint=None,
+                prefix_keys=None,
+                key_name=key_name,
+            )
+            deadline = paused_at + engine.preempt_max_pause_s
+            outcome = "left"
+            try:
+                ticket, steps = await self._queue(actor, enqueue, deadline, True, beat)
+                if ticket is not None:
+                    yield ticket
+                if steps is not None:
+                    async with contextlib.aclosing(steps) as waits:
+                        async for step in waits:
+                            yield step
+                else:
+                    assert ticket is not None
+                    await self._waits.ready(actor, ticket, deadline)
+                outcome = "resumed"
+            except PoolError as exc:
+                if exc.code != "queue_timeout":
+                    raise
+                outcome = "expired"
+                raise PoolError(
+                    "preempted",
+                    f"the stream was paused for a swap of model {actor.name!r} and its"
+                    f" model was not back within {engine.preempt_max_pause_s:g}s"
+                    " (engine.preempt_max_pause_s); it is charged only what it generated",
+                    details={"paused_s": round(trio.current_time() - paused_at, 3)},
+                ) from exc
+            finally:
+                paused_s = trio.current_time() - paused_at
+                self.metrics.pause_duration.labels(actor.name, outcome).observe(paused_s)
+                if outcome == "resumed":
+                    self.residency.decisions.record(
+                        "resume",
+                        actor.name,
+                        f"a paused stream runs again after {paused_s:.2f}s, continuing"
+                        f" after {made} generated token(s)",
+                        request=job.request_id,
+                        paused_s=round(paused_s, 3),
+                    )
+
+        return resume
+
+    def _charge_load(self, actor: ModelActor, ticket: Ticket, seconds: float) -> None:
+        """A load that ``ticket``'s request started took ``seconds``: charged to its
+        tenant and key (budgets, fair scheduling), and kept on its usage row; where that
+        row was written already (its client left during the load), in a row of its own
+        with status ``load`` and no tokens."""
+        log.info(
+            "request_id=%s model=%s caused a load of %.2fs tenant=%s key=%s",
+            getattr(ticket.request, "request_id", None),
+            actor.name,
+            seconds,
+            ticket.tenant,
+            ticket.key_name,
+        )
+        self.budgets.charge(ticket.tenant, ticket.key_name, Spent(load_ms=round(seconds * 1000)))
+        actor.scheduler.charge_load(ticket.tenant, seconds)
+        self.metrics.record_tenant_load(ticket.tenant, seconds)
+        if not ticket.accounted:
+            ticket.load_seconds += seconds
+        elif self.usage is not None:
+            self.usage.record(
+                UsageRecord(
+                    at=self.usage.clock(),
+                    key=ticket.key_name,
+                    tenant=ticket.tenant,
+                    model=actor.name,
+                    prompt_tokens=0,
+                    cached_tokens=0,
+                    output_tokens=0,
+                    queue_wait_ms=0.0,
+                    generate_ms=None,
+                    status="load",
+                    load_seconds=round(seconds, 3),
                 )
             )
 

@@ -112,9 +112,18 @@ class Completed:
     timings: Timings
 
 
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """The stream is paused for a swap (docs/vram.md, "Pause and resume"): nothing new
+    until its model is back. Repeated while the pause lasts, so each surface shows the
+    client it is alive (an SSE comment, a ping); the text then goes on where it stopped."""
+
+    paused_s: float
+
+
 # ToolCallDelta (from pool.backends) is the neutral piece of a tool call; bytes are an
 # upstream's own events, forwarded on the pass-through path (pool/backends/_pass_through.py).
-Event = Delta | ToolCallDelta | bytes | Finished | Failed
+Event = Delta | ToolCallDelta | bytes | Finished | Failed | Paused
 
 # What a request that has not started yet waits for: room on the GPUs (the VRAM gate,
 # or its model making way for another), its model's load, or a free replica slot.

@@ -270,6 +270,7 @@ def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
     row["output_tokens"] = total.output_tokens
     row["audio_seconds"] = total.audio_seconds
     row["characters"] = total.characters
+    row["load_seconds"] = round(total.load_seconds, 3)
     return row
 
 

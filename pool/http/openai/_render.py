@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Response
 
-from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta, Waiting
+from pool.actors import Admission, Delta, Embedded, Finished, Paused, ToolCallDelta, Waiting
 from pool.errors import PoolError
 from pool.http._common import (
     ErrorShape,
@@ -169,6 +169,9 @@ class _SseStream(StreamRenderer[bytes]):
         return _event(body)
 
     def render_wait(self, admission: Admission, waiting: Waiting) -> bytes:
+        return SSE_KEEP_ALIVE
+
+    def render_pause(self, admission: Admission, paused: Paused) -> bytes:
         return SSE_KEEP_ALIVE
 
 
