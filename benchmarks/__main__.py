@@ -170,6 +170,18 @@ def main(argv: list[str] | None = None) -> int:
         help="overhead-stub: another checkout of the pool served beside this one, interleaved;"
         " results go to overhead-stub-vs-baseline",
     )
+    run.add_argument(
+        "--no-litellm",
+        action="store_true",
+        help="pass-through: leave LiteLLM out (it needs its own environment, built once)",
+    )
+    run.add_argument(
+        "--pin",
+        metavar="PROXIES:UPSTREAM:CLIENT",
+        help="pass-through: the CPUs (taskset lists) of the proxies under test, of the"
+        " upstream and of the client (default: one core each, or with two cores the"
+        " proxies on the first, the upstream and the client on the second)",
+    )
     plot = commands.add_parser("plot", help="draw a run's plots again from its results.json")
     plot.add_argument("folder", type=Path, help="e.g. benchmarks/results/soak")
     args = parser.parse_args(argv)
@@ -187,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         scenario = partial(scenario, baseline=args.baseline.resolve())
         name += "-vs-baseline"
         command += f" --baseline {args.baseline}"
+    if args.scenario == "pass-through":
+        pin = tuple(args.pin.split(":")) if args.pin else None
+        if pin is not None and len(pin) != 3:
+            parser.error("--pin takes PROXIES:UPSTREAM:CLIENT")
+        scenario = partial(scenario, litellm=not args.no_litellm, pin=pin)
+        command += " --no-litellm" if args.no_litellm else ""
+        command += f" --pin {args.pin}" if args.pin else ""
     command += " --quick" if args.quick else ""
     report = trio.run(scenario, args.quick)
     out = args.out / name

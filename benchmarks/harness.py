@@ -53,12 +53,19 @@ class Server:
 
 @contextmanager
 def run_server(
-    name: str, command: list[str], timeout_s: float = 120.0, environ: dict[str, str] | None = None
+    name: str,
+    command: list[str],
+    timeout_s: float = 120.0,
+    environ: dict[str, str] | None = None,
+    cpus: str | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[Server]:
     """Start ``command`` (which prints ``listening on URL``) and stop it afterwards;
-    ``environ`` adds to the environment it inherits."""
+    ``environ`` adds to the environment it inherits; ``cpus`` pins it (taskset's list);
+    ``cwd``: where it runs (``python -m`` imports from there first)."""
     process = subprocess.Popen(
-        command,
+        pinned(command, cpus),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **environ} if environ else None,
@@ -81,6 +88,12 @@ def run_server(
         stop_process(process)
 
 
+def pinned(command: list[str], cpus: str | None) -> list[str]:
+    """``command`` run on ``cpus`` only (taskset execs it: the pid, and so the CPU time
+    read from /proc, stay the server's)."""
+    return ["taskset", "-c", cpus, *command] if cpus else command
+
+
 def stop_process(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if it has not exited within 20 s."""
     process.terminate()
@@ -97,11 +110,15 @@ def pool_server(
     service: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
     name: str = "pool",
+    cpus: str | None = None,
+    checkout: Path | None = None,
     **engine: Any,
 ) -> Iterator[Server]:
     """A pool serving ``models`` (``engine`` settings beside them; ``environ`` adds to
-    its environment, e.g. ``LLM_POOL_STATE_DIR``, or ``PYTHONPATH`` to run another
-    checkout's pool)."""
+    its environment, e.g. ``LLM_POOL_STATE_DIR``; ``checkout``: a folder holding another
+    checkout's ``pool`` package, served in place of this one)."""
+    if checkout is not None:
+        environ = {**(environ or {}), "PYTHONPATH": str(checkout.resolve())}
     settings = {
         "service": {"log_level": "warning", "shutdown_grace_s": 1, **(service or {})},
         "engine": {"max_queue": 4096, **engine, "models": models},
@@ -121,12 +138,14 @@ def pool_server(
             "--log-level",
             "warning",
         ]
-        with run_server(name, command, environ=environ) as server:
+        with run_server(name, command, environ=environ, cpus=cpus, cwd=checkout) as server:
             yield server
 
 
 @contextmanager
-def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[Server]:
+def litellm_server(
+    model: str, upstream_base: str, master_key: str, cpus: str | None = None
+) -> Iterator[Server]:
     """LiteLLM's proxy (from its own environment, scripts/build-litellm-env) serving
     ``model`` from the OpenAI-compatible ``upstream_base``; one worker, no database."""
     binary = subprocess.run(
@@ -157,7 +176,7 @@ def litellm_server(model: str, upstream_base: str, master_key: str) -> Iterator[
         port = free_port()
         command = [binary, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
         process = subprocess.Popen(
-            [*command, "--num_workers", "1"],
+            pinned([*command, "--num_workers", "1"], cpus),
             cwd=folder,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -207,10 +226,10 @@ def wait_healthy(server: Server, path: str, timeout_s: float) -> None:
 
 
 @contextmanager
-def zero_upstream() -> Iterator[Server]:
+def zero_upstream(cpus: str | None = None) -> Iterator[Server]:
     """``benchmarks/zero_upstream.py``: Chat Completions streamed at no cost per token."""
     command = [sys.executable, "-m", "benchmarks.zero_upstream", "--port", "0"]
-    with run_server("direct", command) as server:
+    with run_server("direct", command, cpus=cpus) as server:
         yield server
 
 

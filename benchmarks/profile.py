@@ -2,12 +2,15 @@
 
     python -m benchmarks.profile pool_chat --streams 64 --seconds 15 --out chat.txt
     python -m benchmarks.profile json_stub --streams 8           # JSON, stub model
+    python -m benchmarks.profile json_relay --streams 8 --svg --out json.svg  # flame graph
 
 Sides: ``pool_chat``, ``pool_responses`` (through ``openai_remote`` to the zero-work
 upstream), ``stub_chat``, ``stub_responses`` (in-process stub), ``json_stub`` and
 ``json_relay`` (one-token JSON answers). py-spy (``pip install py-spy``) samples the
 pool process at 200 Hz while the load runs; the summary prints the share of samples by
-function (self and inclusive) and by module.
+function (self and inclusive) and by module; with ``--svg`` it writes py-spy's flame
+graph instead. ``--pythonpath DIR`` serves another checkout's pool (``git archive REV
+pool | tar -x -C DIR``), for a before/after pair from one machine.
 """
 
 from __future__ import annotations
@@ -42,7 +45,14 @@ def _json_body(path: str, model: str, stream: bool = False) -> dict[str, Any]:
     return body
 
 
-async def run(side_name: str, streams: int, seconds: float, out: Path | None) -> dict[str, Any]:
+async def run(
+    side_name: str,
+    streams: int,
+    seconds: float,
+    out: Path | None,
+    svg: bool = False,
+    pythonpath: Path | None = None,
+) -> dict[str, Any]:
     sides = {**relay._SIDES, **relay._STUB_SIDES, **_JSON}
     side = sides[side_name]
     if side_name in _JSON:
@@ -63,7 +73,7 @@ async def run(side_name: str, streams: int, seconds: float, out: Path | None) ->
                 "target_inflight": 256,
             },
         }
-        with pool_server(models) as pool:
+        with pool_server(models, checkout=pythonpath) as pool:
             servers = {"upstream": upstream, "pool": pool}
             await relay._phase(servers, side, 4, 0.5)  # warm-up
             spy = None
@@ -71,7 +81,8 @@ async def run(side_name: str, streams: int, seconds: float, out: Path | None) ->
                 binary = shutil.which("py-spy") or "py-spy"
                 spy = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
                     [binary, "record", "-p", str(pool.process.pid), "-d", str(int(seconds)),
-                     "-r", "200", "-f", "raw", "-o", str(out), "--nonblocking"],
+                     "-r", "200", "-f", "flamegraph" if svg else "raw", "-o", str(out),
+                     "--nonblocking"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
@@ -131,8 +142,12 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--out", type=Path, help="py-spy's raw profile (none: no py-spy)")
+    parser.add_argument("--svg", action="store_true", help="--out is py-spy's flame graph")
+    parser.add_argument("--pythonpath", type=Path, help="serve the pool from this checkout")
     args = parser.parse_args()
-    summary = trio.run(run, args.side, args.streams, args.seconds, args.out)
+    summary = trio.run(
+        run, args.side, args.streams, args.seconds, args.out, args.svg, args.pythonpath
+    )
     print(
         f"{args.side} streams={args.streams}: {summary['tokens_per_s']:.0f} tokens/s,"
         f" {summary['requests_per_s']:.0f} requests/s,"
@@ -143,7 +158,7 @@ def main() -> None:
             else ""
         )
     )
-    if args.out is not None:
+    if args.out is not None and not args.svg:
         summary_path = args.out.with_suffix(".summary.txt")
         summary_path.write_text(summarize_profile(args.out))
         print(summary_path.read_text())

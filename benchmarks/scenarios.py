@@ -30,6 +30,8 @@ from benchmarks.harness import (
 )
 from benchmarks.llama_cpp_direct import GGUF, QUESTION
 from benchmarks.llama_cpp_direct import main as compare_llama_cpp
+from benchmarks.pass_through import pass_through
+from benchmarks.preemption import preemption
 from benchmarks.prefix_cache import prefix_cache as run_prefix_cache
 from benchmarks.relay import relay_capacity
 from benchmarks.soak import soak
@@ -600,8 +602,10 @@ SCENARIOS = {
     "llama-server": llama_server,
     "proxy-peers": proxy_peers,
     "vram-swap": vram_swap,
+    "preemption": preemption,
     "soak": soak,
     "relay-capacity": relay_capacity,
+    "pass-through": pass_through,
     "cluster-relay": cluster_relay,
     "prefix-cache": prefix_cache,
     "usage-cost": usage_cost,

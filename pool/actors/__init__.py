@@ -51,6 +51,7 @@ from pool.actors.values._events import (
     Failed,
     Finished,
     Loading,
+    Paused,
     Queued,
     Timings,
     Usage,
@@ -58,6 +59,7 @@ from pool.actors.values._events import (
     WaitReason,
 )
 from pool.actors.values._snapshots import (
+    AdapterView,
     CanaryHealth,
     CanaryStatus,
     FlushResult,
@@ -87,6 +89,7 @@ __all__ = [
     "USAGE_BUCKETS",
     "USAGE_FILE_NAME",
     "USAGE_GROUPS",
+    "AdapterView",
     "Admission",
     "BudgetCounters",
     "Budgets",
@@ -118,6 +121,7 @@ __all__ = [
     "ModelSnapshot",
     "NoGpus",
     "OutOfMemory",
+    "Paused",
     "Pool",
     "PoolHealth",
     "PoolRequest",

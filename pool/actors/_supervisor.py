@@ -15,6 +15,7 @@ format is rendered from these in ``pool/http``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import BudgetCounters, Budgets, Subject
+from pool.actors.accounting._budgets import BudgetCounters, Budgets, Spent, Subject
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder, UsageSink
 from pool.actors.accounting._usage_store import FILE_NAME as USAGE_FILE_NAME
@@ -56,9 +57,10 @@ from pool.actors.values._snapshots import (
     ModelSnapshot,
     PoolHealth,
     QueueStats,
+    adapter_rows,
 )
 from pool.backends import CacheUsage, LoadRequest
-from pool.config import Settings, state_dir
+from pool.config import LoraAdapter, Settings, state_dir
 from pool.errors import PoolError
 from pool.media import MediaLoader
 from pool.pulls import PullEvents, PullHandle, PullManager
@@ -255,10 +257,87 @@ class Pool:
         return self._residency.decisions.recent(model, limit)
 
     def snapshot(self, name: str) -> ModelSnapshot:
-        return self.model(name).snapshot()
+        """The row of model ``name``, or of the LoRA adapter of that name (its base's
+        state, with ``parent`` and ``adapter``).
 
-    def snapshots(self) -> list[ModelSnapshot]:
-        return [actor.snapshot() for actor in self._models.values()]
+        Raises:
+            PoolError: ``unknown_model``.
+        """
+        actor, adapter = self._residency.serving(name)
+        row = actor.snapshot()
+        if adapter is None:
+            return row
+        return next(r for r in adapter_rows(row) if r.name == name)
+
+    def snapshots(self, *, adapters: bool = False) -> list[ModelSnapshot]:
+        """Every model's row; with ``adapters``, each LoRA adapter's row after its
+        base's (the base's state and numbers, with ``parent`` and ``adapter`` set): what
+        model lists show. Sums over models (queues, memory) take the bases alone."""
+        rows = []
+        for actor in self._models.values():
+            row = actor.snapshot()
+            rows.append(row)
+            if adapters:
+                rows.extend(adapter_rows(row))
+        return rows
+
+    def serving_model(self, name: str) -> ModelActor:
+        """The model that serves requests for ``name``: itself, or an adapter's base.
+
+        Raises:
+            PoolError: ``unknown_model``.
+        """
+        return self._residency.serving(name)[0]
+
+    async def add_adapter(
+        self, base: str, adapter: LoraAdapter | Mapping[str, Any]
+    ) -> ModelSnapshot:
+        """Serve LoRA ``adapter`` on model ``base`` (docs/backends.md, "LoRA adapters"),
+        without reloading it; the base's row.
+
+        Raises:
+            PoolError: ``unknown_model`` for ``base``; ``invalid_request`` for a name
+                that another model or adapter has, or a file that cannot be loaded;
+                ``invalid_load_request`` where the backend takes no adapter now;
+                ``load_failed`` where its file does not fit on the base's GPUs.
+            pydantic.ValidationError: ``adapter`` is a dict that fails its schema.
+        """
+        actor, spec = self._adapter_for(base, adapter)
+        fits, reason = self._residency.adapter_room(actor, actor.check_adapter(spec))
+        if not fits:
+            self._residency.decisions.record("refuse", spec.name, reason, for_model=base)
+            raise PoolError("load_failed", f"adapter {spec.name!r}: {reason}")
+        return await actor.add_adapter(spec)
+
+    def preview_adapter(
+        self, base: str, adapter: LoraAdapter | Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """What :meth:`add_adapter` would do now, changing nothing (a load preview's
+        shape: ``fits``, the base's ``gpus`` and the adapter's MiB on each, ``error``)."""
+        actor, spec = self._adapter_for(base, adapter)
+        return self._residency.preview_adapter(actor.name, spec)
+
+    def _adapter_for(
+        self, base: str, adapter: LoraAdapter | Mapping[str, Any]
+    ) -> tuple[ModelActor, LoraAdapter]:
+        actor = self.model(base)
+        spec = adapter if isinstance(adapter, LoraAdapter) else LoraAdapter.model_validate(adapter)
+        if spec.name in self._models:
+            raise PoolError("invalid_request", f"adapter name {spec.name!r} is a model's name")
+        for other in self._models.values():
+            if other is not actor and spec.name in other.adapters:
+                raise PoolError(
+                    "invalid_request", f"adapter {spec.name!r} is already on model {other.name!r}"
+                )
+        return actor, spec
+
+    async def remove_adapter(self, base: str, name: str) -> ModelSnapshot:
+        """Stop serving adapter ``name`` of ``base``; its running requests finish first.
+
+        Raises:
+            PoolError: ``unknown_model`` for ``base`` or an adapter it does not have.
+        """
+        return await self.model(base).remove_adapter(name)
 
     async def wait_change(self) -> None:
         """Wait until a model changes state or goes idle (for whoever pushes state out)."""
@@ -319,7 +398,14 @@ class Pool:
         raised. A streamed task is read from :meth:`admit` with
         :meth:`Admission.task_events` instead."""
         async with self.admit(request, **kwargs) as admission:
-            return await admission.task_result()
+            done = await admission.task_result()
+        # Counted in the metrics and the tenant's token rate as an embedding's tokens are.
+        tokens = done.usage.prompt_tokens or 0
+        self._metrics.prompt_tokens.labels(request.model).inc(tokens)
+        self._rate_limiter.charge_tokens(
+            admission.ticket.tenant, tokens + (done.usage.output_tokens or 0)
+        )
+        return done
 
     async def detached(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(*args)`` in the pool's nursery and wait for its result.
@@ -372,15 +458,21 @@ class Pool:
         tenants spent in the current windows before a restart still counts."""
         if self._usage_store is None or not self._budgets.enabled:
             return
-        spent: dict[tuple[Subject, float], dict[str, int]] = {}
-        requests: dict[tuple[Subject, float], dict[str, int]] = {}
+        spent: dict[tuple[Subject, float], dict[str, Spent]] = {}
         for subject, since in self._budgets.current_windows():
             totals = await self._usage_store.query(subject, since=since)
+            named = [t for t in totals if t.group is not None]
             spent[(subject, since)] = {
-                t.group: t.prompt_tokens + t.output_tokens for t in totals if t.group is not None
+                str(t.group): Spent(
+                    tokens=t.prompt_tokens + t.output_tokens,
+                    requests=t.requests,
+                    audio_seconds=math.ceil(t.audio_seconds),
+                    characters=t.characters,
+                    load_ms=round(t.load_seconds * 1000),
+                )
+                for t in named
             }
-            requests[(subject, since)] = {t.group: t.requests for t in totals if t.group}
-        self._budgets.restore(spent, requests)
+        self._budgets.restore(spent)
 
     # -- runner API -------------------------------------------------------------------
     def start_load_task(
@@ -499,6 +591,17 @@ class Pool:
     def loaded_models(self) -> list[str]:
         """The models loaded on this node."""
         return [name for name, actor in self._models.items() if actor.state == "loaded"]
+
+    def relays_chat(self, name: str) -> bool:
+        """Whether a Chat Completions request for ``name`` may be relayed on the
+        pass-through path: its backend relays a Chat Completions upstream, or a cluster
+        peer (reached over Chat Completions) may serve it."""
+        if self._router is not None:
+            return True
+        try:
+            return self.model(name).capabilities.relays_chat
+        except PoolError:
+            return False
 
     @property
     def clustered(self) -> bool:

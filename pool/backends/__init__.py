@@ -7,6 +7,7 @@ CTranslate2 or vLLM.
 
 from __future__ import annotations
 
+from pool.backends._audio import decode_audio
 from pool.backends._file_identity import file_identity
 from pool.backends._forward import (
     FORWARDED_KINDS,
@@ -19,6 +20,7 @@ from pool.backends._forward import (
 )
 from pool.backends._gguf import GgufHeader, read_gguf_header
 from pool.backends._kinds import KindFields
+from pool.backends._load_hints import capacity_fields, unmet_load_hint
 from pool.backends._load_request import (
     LoadRequest,
     apply_override,
@@ -28,11 +30,14 @@ from pool.backends._load_request import (
     validate_load_request,
 )
 from pool.backends._oom import out_of_memory
+from pool.backends._pass_through import relayed_text
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import free_port
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     MODEL_KINDS,
+    AdapterRuntime,
+    AdapterUse,
     Backend,
     CacheFlushed,
     CacheScope,
@@ -50,7 +55,10 @@ from pool.backends._protocol import (
     MemoryProfile,
     MemorySplit,
     ModelKind,
+    PassThrough,
     PrefixCachingRuntime,
+    RawSink,
+    RelayPath,
     Runtime,
     SleepingRuntime,
     SplitReportingRuntime,
@@ -59,6 +67,7 @@ from pool.backends._protocol import (
     TokenSink,
     TokensUsed,
     Turn,
+    takes_raw,
 )
 from pool.backends._registry import (
     backend_names,
@@ -69,7 +78,28 @@ from pool.backends._registry import (
     register_backend,
     unregister_backend,
 )
+from pool.backends._rerank import (
+    Ranked,
+    RankingRuntime,
+    RankResult,
+    RerankJob,
+    RerankMethod,
+    rerank_job,
+)
 from pool.backends._sentence_pooling import SentenceConfig, read_sentence_config
+from pool.backends._speech import (
+    AUDIO_FORMATS,
+    MEDIA_TYPES,
+    UNENCODED_FORMATS,
+    AudioFormat,
+    SpeechAudio,
+    SpeechJob,
+    SpeechRuntime,
+    Voice,
+    VoiceListing,
+    check_input,
+    wav_header,
+)
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.backends._tools import (
     OutputFormat,
@@ -80,13 +110,29 @@ from pool.backends._tools import (
     assemble_calls,
     new_call_id,
 )
+from pool.backends._transcription import (
+    SAMPLE_RATE,
+    Segment,
+    Transcriber,
+    Transcript,
+    TranscriptionJob,
+    TranscriptionTask,
+    Word,
+)
 from pool.config import Decoding
 
 __all__ = [
     "ALL_THINKING_MODES",
+    "AUDIO_FORMATS",
     "FORWARDED_KINDS",
     "KIND_ROUTES",
+    "MEDIA_TYPES",
     "MODEL_KINDS",
+    "SAMPLE_RATE",
+    "UNENCODED_FORMATS",
+    "AdapterRuntime",
+    "AdapterUse",
+    "AudioFormat",
     "Backend",
     "CacheFlushed",
     "CacheScope",
@@ -113,11 +159,23 @@ __all__ = [
     "MemorySplit",
     "ModelKind",
     "OutputFormat",
+    "PassThrough",
     "PrefixCachingRuntime",
+    "RankResult",
+    "Ranked",
+    "RankingRuntime",
+    "RawSink",
+    "RelayPath",
     "ReplyHead",
+    "RerankJob",
+    "RerankMethod",
     "Runtime",
+    "Segment",
     "SentenceConfig",
     "SleepingRuntime",
+    "SpeechAudio",
+    "SpeechJob",
+    "SpeechRuntime",
     "SplitReportingRuntime",
     "TaskJob",
     "TaskResult",
@@ -131,11 +189,21 @@ __all__ = [
     "ToolCallDelta",
     "ToolChoice",
     "ToolSpec",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionJob",
+    "TranscriptionTask",
     "Turn",
+    "Voice",
+    "VoiceListing",
+    "Word",
     "apply_override",
     "assemble_calls",
     "backend_names",
+    "capacity_fields",
+    "check_input",
     "context_field",
+    "decode_audio",
     "definition_class",
     "file_identity",
     "forward_job",
@@ -150,6 +218,11 @@ __all__ = [
     "read_gguf_header",
     "read_sentence_config",
     "register_backend",
+    "relayed_text",
+    "rerank_job",
+    "takes_raw",
+    "unmet_load_hint",
     "unregister_backend",
     "validate_load_request",
+    "wav_header",
 ]

@@ -26,7 +26,7 @@ from pool.errors import BackendError, PoolError
 
 _FINISH = {"stop": "stop", "length": "length"}
 # What an upstream answers for a request it will not take as it is.
-_REFUSED_REQUEST = frozenset({400, 413, 422})
+REFUSED_REQUEST = frozenset({400, 413, 422})
 
 
 def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
@@ -120,7 +120,7 @@ def _call_pieces(deltas: Any) -> list[ToolCallDelta]:
     return pieces
 
 
-def _cached_tokens(usage: dict[str, Any], timings: Any) -> int | None:
+def usage_cached_tokens(usage: dict[str, Any], timings: Any) -> int | None:
     """Prompt tokens the upstream served from its prefix cache (None: it does not say).
 
     OpenAI-style servers (vLLM, llama-server) put them in
@@ -189,7 +189,7 @@ async def stream_chat(
         async with transport.request("POST", path, body=payload, headers=headers) as response:
             if response.status != 200:
                 message = upstream_message(await response.read())
-                if response.status in _REFUSED_REQUEST:
+                if response.status in REFUSED_REQUEST:
                     # The request itself was refused (more images than the model takes,
                     # say): the client's to fix, not a broken backend. Other 4xx (auth,
                     # an unknown model, a busy or unloading peer) stay backend errors.
@@ -228,7 +228,7 @@ async def stream_chat(
                     if usage:
                         prompt_tokens = usage.get("prompt_tokens")
                         completion_tokens = usage.get("completion_tokens")
-                        cached_tokens = _cached_tokens(usage, chunk.get("timings"))
+                        cached_tokens = usage_cached_tokens(usage, chunk.get("timings"))
                     _count_so_far(used, usage, chunk.get("timings"))
     except UpstreamTimeout as exc:
         raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc

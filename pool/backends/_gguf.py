@@ -21,6 +21,14 @@ class GgufHeader:
     data_offset: int
     file_size: int
     parameter_count: int = 0
+    tensor_names: frozenset[str] = frozenset()
+
+    @property
+    def rank_head(self) -> bool:
+        """Whether the model has a rank head: the classifier llama.cpp's rank pooling
+        reads (``cls`` and/or ``cls.output``, as its converter writes for rerankers).
+        Without one, rank pooling hands back a hidden state, not a score."""
+        return bool({"cls.weight", "cls.output.weight"} & self.tensor_names)
 
     @property
     def weights_bytes(self) -> int:
@@ -58,8 +66,9 @@ def read_gguf_header(path: Path) -> GgufHeader:
             (value_type,) = struct.unpack("<I", f.read(4))
             metadata[key] = _read_value(f, value_type)
         parameters = 0
+        names: set[str] = set()
         for _ in range(tensor_count):
-            _read_string(f)
+            names.add(_read_string(f))
             (n_dims,) = struct.unpack("<I", f.read(4))
             if n_dims > 8:
                 raise ValueError(f"a GGUF tensor of {n_dims} dimensions")
@@ -68,7 +77,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
         alignment = int(metadata.get("general.alignment", 32))
         position = f.tell()
     data_offset = position + (-position % alignment)
-    return GgufHeader(metadata, data_offset, path.stat().st_size, parameters)
+    return GgufHeader(metadata, data_offset, path.stat().st_size, parameters, frozenset(names))
 
 
 def _read_string(f: BinaryIO) -> str:

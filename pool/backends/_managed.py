@@ -9,6 +9,7 @@ the replica then fails the model.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -21,8 +22,10 @@ import trio
 from pool.backends._chat_client import chat_messages, stream_chat, tool_fields
 from pool.backends._embedding import embed_upstream
 from pool.backends._forced_calls import ScanningSink, force_with_grammar
+from pool.backends._pass_through import relay_reply, relay_stream
 from pool.backends._process import ManagedProcess
 from pool.backends._protocol import (
+    AdapterUse,
     CacheFlushed,
     CacheUsage,
     EmbeddingJob,
@@ -32,7 +35,9 @@ from pool.backends._protocol import (
     MemorySplit,
     TokenSink,
     TokensUsed,
+    takes_raw,
 )
+from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
@@ -42,6 +47,8 @@ from pool.errors import BackendError
 
 # A server's split of its GPU memory, read from the output lines its process kept.
 MemoryReader = Callable[[Sequence[str]], MemorySplit | None]
+# The body fields that make a server apply a request's LoRA adapter.
+AdapterFields = Callable[[AdapterUse], dict[str, Any]]
 
 log = logging.getLogger("pool.process")
 
@@ -88,11 +95,18 @@ class ManagedServerRuntime:
         enable_thinking: bool | None = None,
         embedding_batch: int | None = None,
         embedding_truncate: dict[str, Any] | None = None,
+        rerank_path: str | None = None,
         grammar_calls: ToolCallFamily | None = None,
         cache: ServerCache | None = None,
         memory_reader: MemoryReader | None = None,
+        adapter_fields: AdapterFields | None = None,
+        runtime_adapters: bool = False,
     ) -> None:
         self.process = process
+        # The server loads and unloads adapters while it runs (vLLM's LoRA endpoints).
+        self._runtime_adapters = runtime_adapters
+        # The body fields that apply a request's LoRA adapter (None: the server has none).
+        self._adapter_fields = adapter_fields
         # Reads the server's own split of its GPU memory from the lines the process
         # kept (None: the server does not say).
         self._memory_reader = memory_reader
@@ -100,6 +114,8 @@ class ManagedServerRuntime:
         # what tells the server it may cut texts longer than its context.
         self._embedding_batch = embedding_batch
         self._embedding_truncate = embedding_truncate
+        # Set for a rerank model: the server's rerank route (it answers nothing else).
+        self._rerank_path = rerank_path
         # llama-server: forced tool calls by the pool's grammar (see _forced_calls).
         self._grammar_calls = grammar_calls
         # The server's prefix-cache strategy: scopes requests and flushes (None: none).
@@ -146,6 +162,10 @@ class ManagedServerRuntime:
         if thinking is not None:
             # Both servers hand these to the model's Jinja chat template.
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        if request.adapter is not None:
+            if self._adapter_fields is None:
+                raise BackendError(f"{self.process.label} serves no LoRA adapters")
+            body.update(self._adapter_fields(request.adapter))
         return body
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
@@ -161,13 +181,28 @@ class ManagedServerRuntime:
         if self._cache is not None:
             lease = self._cache.lease(request, conversation_text(body))
             body.update(lease.fields)
+        headers = with_trace(self._headers, request.trace_parent)
+        ask = request.pass_through
         try:
+            if ask is not None and scanning is None and takes_raw(sink):
+                # The client speaks the server's dialect and nothing here needs the
+                # tokens (the pool's forced tool calls do): its bytes go through.
+                relay = relay_stream if ask.stream else relay_reply
+                return await relay(
+                    self._upstream,
+                    "/v1/chat/completions",
+                    body,
+                    sink,
+                    ask,
+                    headers=headers,
+                    what=self.process.label,
+                )
             stats = await stream_chat(
                 self._upstream,
                 self.chat_path,
                 body,
                 scanning or sink,
-                headers=with_trace(self._headers, request.trace_parent),
+                headers=headers,
                 what=self.process.label,
             )
             if scanning is not None:
@@ -180,6 +215,39 @@ class ManagedServerRuntime:
         finally:
             if lease is not None and self._cache is not None:
                 self._cache.release(lease)
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        """vLLM's ``/v1/load_lora_adapter``: the adapter serves under ``name``."""
+        await self._adapter_call(
+            "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
+        )
+
+    async def remove_adapter(self, name: str) -> None:
+        """vLLM's ``/v1/unload_lora_adapter``."""
+        await self._adapter_call("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def _adapter_call(self, path: str, body: dict[str, Any]) -> None:
+        if not self._runtime_adapters:
+            raise BackendError(f"{self.process.label} takes no LoRA adapter while it runs")
+        try:
+            async with self._upstream.request(
+                "POST",
+                path,
+                body=json.dumps(body).encode(),
+                headers=self._json_headers(),
+                timeout_s=120.0,
+            ) as response:
+                answer = await response.read()
+        except UpstreamError as exc:
+            raise BackendError(f"{self.process.label}: POST {path} failed: {exc}") from exc
+        if response.status != 200:
+            raise BackendError(
+                f"{self.process.label}: POST {path} answered HTTP {response.status}:"
+                f" {answer[:300].decode('utf-8', 'replace')}"
+            )
+
+    def _json_headers(self) -> dict[str, str]:
+        return {**(self._headers or {}), "Content-Type": "application/json"}
 
     def _exited_error(self) -> BackendError | None:
         """What a failed call really means when the server died under it."""
@@ -204,6 +272,32 @@ class ManagedServerRuntime:
                 headers=self._headers,
                 what=self.process.label,
                 truncate_fields=self._embedding_truncate,
+            )
+        except BackendError as exc:
+            if (exited := self._exited_error()) is not None:
+                raise exited from exc
+            raise
+
+    @property
+    def ranks(self) -> bool:
+        """Whether this server was started in its reranking mode (kind ``rerank``)."""
+        return self._rerank_path is not None
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """The documents scored by the server's rerank route, in one request."""
+        if self._rerank_path is None:
+            raise BackendError(f"{self.process.label} was not started to rerank")
+        if self._closed or not self.process.alive:
+            raise BackendError(f"{self.process.label} is not running: {self.process.tail()[-500:]}")
+        try:
+            return await rank_upstream(
+                self._upstream,
+                self._rerank_path,
+                query,
+                documents,
+                model=self._model,
+                headers=self._headers,
+                what=self.process.label,
             )
         except BackendError as exc:
             if (exited := self._exited_error()) is not None:
@@ -305,6 +399,10 @@ class ManagedServerRuntime:
             nursery.cancel_scope.cancel()
 
     async def _probe(self) -> None:
+        if self._rerank_path is not None:
+            # A reranking server has no chat endpoint either: one score proves it ready.
+            await self.rank("Hi", ("Hello",))
+            return
         if self._embedding_batch is not None:
             # An embedding server has no chat endpoint: one vector proves it ready.
             await self.embed(EmbeddingJob("probe", self._model, ("Hi",)))
@@ -356,10 +454,13 @@ async def launch(
     enable_thinking: bool | None = None,
     embedding_batch: int | None = None,
     embedding_truncate: dict[str, Any] | None = None,
+    rerank_path: str | None = None,
     grammar_calls: ToolCallFamily | None = None,
     cache: ServerCache | None = None,
     memory_lines: re.Pattern[str] | None = None,
     memory_reader: MemoryReader | None = None,
+    adapter_fields: AdapterFields | None = None,
+    runtime_adapters: bool = False,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -369,6 +470,8 @@ async def launch(
     ``embedding_batch``: set for an embedding model (the most texts per request); its
     readiness probe is then one embedding rather than one generated token.
     ``embedding_truncate``: body fields that let the server cut over-long texts.
+    ``rerank_path``: set for a rerank model (the server's rerank route); its readiness
+    probe is then one score.
     """
     process = ManagedProcess(label, command, env, keep=memory_lines)
     process.spawn()
@@ -383,9 +486,12 @@ async def launch(
         enable_thinking=enable_thinking,
         embedding_batch=embedding_batch,
         embedding_truncate=embedding_truncate,
+        rerank_path=rerank_path,
         grammar_calls=grammar_calls,
         cache=cache,
         memory_reader=memory_reader,
+        adapter_fields=adapter_fields,
+        runtime_adapters=runtime_adapters,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
@@ -57,6 +57,7 @@ ALL_THINKING_MODES: tuple[ThinkingMode, ...] = ("default", "enabled", "disabled"
 Role = Literal["user", "assistant", "tool"]
 # "tool_calls" is never a runtime's own report: the pool sets it when calls came back.
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
+RelayPath = Literal["translated", "pass_through"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,29 @@ class CacheScope:
 
 
 @dataclass(frozen=True, slots=True)
+class PassThrough:
+    """The client speaks the upstream's own dialect, and nothing the pool does needs the
+    tokens: a runtime that relays an upstream may forward the upstream's bytes with only
+    ``model`` rewritten (docs/performance.md, "Pass-through relay").
+
+    Set by the route (only Chat Completions sets it); a runtime that must see the tokens
+    (forced tool calls by the pool's grammar) or a sink that must (the reply recorder of
+    prefix affinity, :func:`takes_raw`) keeps the translated path.
+
+    Args:
+        model: the name the client asked for: what the upstream's ``model`` becomes.
+        stream: the client asked for a stream (else one body is forwarded).
+        include_usage: the client asked for ``stream_options.include_usage``; the
+            upstream is always asked for it (the pool's accounting reads it), and the
+            usage event is dropped from what the client gets when it did not ask.
+    """
+
+    model: str
+    stream: bool = True
+    include_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CacheFlushed:
     """What one runtime's flush removed."""
 
@@ -146,6 +170,18 @@ class CacheUsage:
 
     size_mib: float
     used_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterUse:
+    """The LoRA adapter a generation runs with: its name (the model name the client
+    asked for) and how strongly it applies."""
+
+    name: str
+    scale: float = 1.0
+    # The adapter's file: a runtime that gave the adapter back (the pool evicted it
+    # alone) loads it again from here before the request runs.
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +206,14 @@ class GenerationRequest:
     # The W3C ``traceparent`` of the request's span where the pool traces (pool/tracing):
     # a runtime that calls another server over HTTP sends it on, so the trace continues.
     trace_parent: str | None = None
+    # The client's dialect is the upstream's (see PassThrough); None: translate.
+    pass_through: PassThrough | None = None
+    # The LoRA adapter of the model the client named (None: the base model alone).
+    adapter: AdapterUse | None = None
+    # A generation resumed after a pause (docs/vram.md, "Pause and resume"): the reply
+    # so far, which the runtime prefills after the prompt and continues from (its
+    # ``decoding.max_tokens`` is what is left). Empty: a fresh generation.
+    continue_text: str = ""
 
     @property
     def offers_tools(self) -> bool:
@@ -198,6 +242,9 @@ class GenerationStats:
     # Time the request waited inside a batching engine's own scheduler before its first
     # step (vLLM's queued-to-scheduled); the pool's queue is measured by the pool.
     backend_queue_ms: float | None = None
+    # How the reply crossed the pool: the upstream's bytes forwarded ("pass_through") or
+    # tokens rendered again in the client's dialect ("translated").
+    relay_path: RelayPath = "translated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +275,10 @@ class Capabilities:
     # The routes the model's runtime forwards to its own server as they came (backend
     # `server`, pool/backends/_forward.py): pool paths such as /v1/images/generations.
     forwards: frozenset[str] = frozenset()
+    # The runtime relays an upstream that speaks Chat Completions (llama_server,
+    # vllm_serve, openai_remote): a Chat Completions client may get its bytes as they
+    # are (PassThrough). A gate, not a row field.
+    relays_chat: bool = False
 
     @property
     def generation(self) -> bool:
@@ -274,6 +325,23 @@ class TokenSink(Protocol):
     used: TokensUsed
 
     async def send(self, text: str | ToolCallDelta) -> None: ...
+
+
+class RawSink(Protocol):
+    """A :class:`TokenSink` that also takes an upstream's bytes, forwarded as they are
+    (the pass-through relay, :class:`PassThrough`); ``takes_raw`` says it does now."""
+
+    used: TokensUsed
+    takes_raw: bool
+
+    async def send(self, text: str | bytes | ToolCallDelta) -> None: ...
+
+
+def takes_raw(sink: TokenSink) -> TypeGuard[RawSink]:
+    """Whether ``sink`` takes the upstream's bytes in place of text now (a sink that
+    wraps another answers for the inner one); a sink that must see the text (the reply
+    recorder of prefix affinity) says no."""
+    return bool(getattr(sink, "takes_raw", False))
 
 
 class Runtime(Protocol):
@@ -351,6 +419,25 @@ class SplitReportingRuntime(Runtime, Protocol):
 
     def memory_split(self) -> MemorySplit | None:
         """The split of this replica's GPU memory; None where the engine did not say."""
+        ...
+
+
+@runtime_checkable
+class AdapterRuntime(Runtime, Protocol):
+    """A runtime that takes LoRA adapters on and off while it serves (the backend's
+    ``adapter_support`` is ``runtime``); a generation names its adapter in
+    :attr:`GenerationRequest.adapter`."""
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        """Load the adapter at ``path`` under ``name``, beside those already loaded.
+
+        Raises:
+            BackendError: the file is not an adapter of this model.
+        """
+        ...
+
+    async def remove_adapter(self, name: str) -> None:
+        """Free the adapter ``name``; a generation that runs with it finishes first."""
         ...
 
 
@@ -443,6 +530,9 @@ class Backend(ABC, Generic[ConfigT]):
         stay_warm_s: the stay-warm window of this backend's generation models when the
             definition sets none (docs/vram.md, "Stay warm"); embedding models take
             ``EMBEDDING_STAY_WARM_S``.
+        resumes_through_prompt: its runtimes honour ``GenerationRequest.continue_text``
+            (prefill the reply so far after the prompt, continue from there), so its
+            ``low`` streams may be paused for a swap and resumed after it.
     """
 
     config: type[ConfigT]
@@ -457,6 +547,14 @@ class Backend(ABC, Generic[ConfigT]):
     # stay_warm"): an LLM 300 s; the slow loaders get the seed's longest (900 s, its
     # diffusion pipelines); small encoders the shortest (60 s, its vision models).
     stay_warm_s: float = 300.0
+    # LoRA adapters (docs/backends.md, "LoRA adapters"): "none" refuses them, "preloaded"
+    # takes those of the definition at load (one added later needs a reload), "runtime"
+    # adds and removes them on a loaded model (an :class:`AdapterRuntime`).
+    adapter_support: Literal["none", "preloaded", "runtime"] = "none"
+    # One adapter set applies at a time per replica (a llama.cpp context): the scheduler
+    # may run queued requests of the applied adapter first (``adapter_group_wait_ms``).
+    groups_adapters: bool = False
+    resumes_through_prompt: bool = False
 
     @property
     def name(self) -> str:
@@ -531,6 +629,26 @@ class Backend(ABC, Generic[ConfigT]):
                     field_name,
                 )
             check_override_value(field_name, value, rule)
+
+    def check_adapters(self, definition: ConfigT, *, at_runtime: bool = False) -> None:
+        """Refuse LoRA adapters this backend cannot serve.
+
+        Raises:
+            PoolError: ``invalid_load_request`` (field ``lora_adapters``): the backend
+                takes no adapters, or (``at_runtime``) none on a loaded model.
+        """
+        if self.adapter_support == "none" and (definition.lora_adapters or at_runtime):
+            raise invalid_load_request(
+                f"backend {self.name!r} does not serve LoRA adapters (llama_cpp, llama_server,"
+                " vllm and vllm_serve do)",
+                "lora_adapters",
+            )
+        if at_runtime and self.adapter_support == "preloaded":
+            raise invalid_load_request(
+                f"backend {self.name!r} takes LoRA adapters only at load: add it to the"
+                " model's lora_adapters and reload the model",
+                "lora_adapters",
+            )
 
     def apply_load_override(self, definition: ConfigT, patch: Mapping[str, Any]) -> ConfigT:
         """The effective definition of one load: ``patch`` over ``definition`` by key presence."""

@@ -24,11 +24,13 @@ _MODULES: dict[str, str] = {
     "llama_cpp": "pool.backends.llama_cpp",
     "llama_server": "pool.backends.llama_server",
     "ct2": "pool.backends.ct2",
+    "whisper": "pool.backends.whisper",
     "exllamav3": "pool.backends.exllamav3",
     "vllm": "pool.backends.vllm",
     "vllm_serve": "pool.backends.vllm_serve",
     "openai_remote": "pool.backends.openai_remote",
     "server": "pool.backends.server",
+    "piper": "pool.backends.piper",
 }
 
 _backends: dict[str, Backend[Any]] = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -21,8 +21,18 @@ from pool.backends._protocol import TokenSink
 from pool.backends._tools import ToolCallDelta
 
 R = TypeVar("R")
+P = TypeVar("P")
+P_contra = TypeVar("P_contra", contravariant=True)
 Piece = str | ToolCallDelta
 Emit = Callable[[Piece], None]
+
+
+class PieceSink(Protocol[P_contra]):
+    """What :func:`stream_from_thread` hands pieces to: a generation's ``TokenSink``, a
+    task's sink, a speech job's PCM sink."""
+
+    async def send(self, piece: P_contra, /) -> None: ...
+
 
 # How often a worker blocked on a full buffer looks at the stop flag.
 _STOP_POLL_S = 0.05
@@ -33,17 +43,18 @@ class GenerationStopped(Exception):
 
 
 async def stream_from_thread(
-    work: Callable[[Emit], R],
-    sink: TokenSink,
+    work: Callable[[Callable[[P], None]], R],
+    sink: PieceSink[P],
     *,
     limiter: trio.CapacityLimiter,
     buffer: int = 64,
 ) -> R:
-    """Run ``work(emit)`` on a worker thread; every ``emit(text)`` reaches ``sink`` in order.
+    """Run ``work(emit)`` on a worker thread; every ``emit(piece)`` reaches ``sink`` in
+    order (text and tool-call pieces of a generation, bytes of a task).
 
     Raises whatever ``work`` raises; cancellation stops the worker at its next ``emit``.
     """
-    pieces: deque[Piece] = deque()
+    pieces: deque[P] = deque()
     space = threading.Semaphore(buffer)
     stop = threading.Event()
     trio_token = trio.lowlevel.current_trio_token()
@@ -55,7 +66,7 @@ async def stream_from_thread(
     def notify() -> None:
         state["arrived"].set()
 
-    def emit(text: Piece) -> None:
+    def emit(text: P) -> None:
         while not space.acquire(timeout=_STOP_POLL_S):
             if stop.is_set():
                 raise GenerationStopped

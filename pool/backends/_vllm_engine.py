@@ -95,6 +95,8 @@ class EngineJob:
     prompt: dict[str, Any]
     sampling: dict[str, Any]
     chat: ChatSpec | None = None
+    # The LoRA adapter it runs with: (name, vLLM's integer id, path); None: the base.
+    lora: tuple[str, int, str] | None = None
     stream: PieceStream = dataclasses.field(default_factory=PieceStream)
     stats: GenerationStats | None = None
     task: asyncio.Task[None] | None = None
@@ -617,7 +619,14 @@ class EngineHost:
             )
             tokenize_ms = (time.perf_counter() - started) * 1000.0
             deltas = 0
-            async for output in engine.generate(engine_input, params, job.request_id):
+            lora_request = None
+            if job.lora is not None:
+                from vllm.lora.request import LoRARequest
+
+                lora_request = LoRARequest(*job.lora)
+            async for output in engine.generate(
+                engine_input, params, job.request_id, lora_request=lora_request
+            ):
                 completion = output.outputs[0]
                 if completion.token_ids:
                     deltas += len(completion.token_ids)

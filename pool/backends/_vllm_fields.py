@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveInt
 
 from pool.backends._protocol import LoadOverrides
-from pool.config import CommonModelFields
+from pool.config import CommonModelFields, invalid_load_request
 
 
 class VllmFields(CommonModelFields):
@@ -58,6 +58,23 @@ class VllmFields(CommonModelFields):
         " schema only for tools sent with strict: true, function constrains every call's"
         " envelope, parameter also pins every tool's arguments to its schema.",
     )
+    vllm_enable_lora: bool = Field(
+        False,
+        description="Start the engine with LoRA support (enable_lora) though the model has"
+        " no lora_adapters yet, so adapters can be added while it runs; on whenever"
+        " lora_adapters is set.",
+    )
+    vllm_max_loras: PositiveInt | None = Field(
+        None, description="vLLM's max_loras: adapters in one batch (vLLM's default: 1)."
+    )
+    vllm_max_lora_rank: PositiveInt | None = Field(
+        None, description="vLLM's max_lora_rank: the largest adapter rank served."
+    )
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the engine starts with LoRA support."""
+        return self.vllm_enable_lora or bool(self.lora_adapters)
 
 
 class VllmLoadOverrides(LoadOverrides):
@@ -180,7 +197,35 @@ def engine_arguments(d: VllmFields) -> dict[str, Any]:
         "speculative_config": speculative_config(d),
     }
     arguments.update({key: value for key, value in optional.items() if value is not None})
+    if d.lora_enabled:
+        arguments["enable_lora"] = True
+        if d.vllm_max_loras is not None:
+            arguments["max_loras"] = d.vllm_max_loras
+        if d.vllm_max_lora_rank is not None:
+            arguments["max_lora_rank"] = d.vllm_max_lora_rank
     return arguments
+
+
+def check_vllm_adapters(d: VllmFields, *, at_runtime: bool) -> None:
+    """vLLM's own limits on adapters: a scale is not a vLLM notion (an adapter applies
+    as trained), and one added to a running engine needs LoRA support from its start.
+
+    Raises:
+        PoolError: ``invalid_load_request`` (field ``lora_adapters``).
+    """
+    for adapter in d.lora_adapters:
+        if adapter.scale != 1.0:
+            raise invalid_load_request(
+                f"adapter {adapter.name!r}: vLLM applies an adapter as trained (scale 1);"
+                f" got scale {adapter.scale:g}",
+                "lora_adapters",
+            )
+    if at_runtime and not d.lora_enabled:
+        raise invalid_load_request(
+            "this vLLM engine was started without LoRA support: set vllm_enable_lora (or"
+            " lora_adapters) and reload the model",
+            "lora_adapters",
+        )
 
 
 def model_source(d: VllmFields) -> str | None:

@@ -15,10 +15,10 @@ import gc
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import trio
 from pydantic import Field, NonNegativeInt, PositiveInt
@@ -26,7 +26,9 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from pool.backends._gguf import read_gguf_header
 from pool.backends._grammar import load_grammar, output_grammar, tool_call_grammar
 from pool.backends._kinds import KindFields
+from pool.backends._llama_adapters import LlamaAdapters
 from pool.backends._llama_buffers import buffer_sizes, capture_load_log, memory_split
+from pool.backends._llama_rank import rank_pairs
 from pool.backends._placement import GpuPlacement
 from pool.backends._prefix_cache import LlamaPromptCache, scope_matches
 from pool.backends._protocol import (
@@ -43,9 +45,11 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
     MemorySplit,
+    ModelKind,
     TokenSink,
     TokensUsed,
 )
+from pool.backends._rerank import RankResult, require_rank_head
 from pool.backends._saved_states import DiskStates, model_key
 from pool.backends._text import StopScanner
 from pool.backends._threaded import stream_from_thread
@@ -77,7 +81,13 @@ LLAMA_CPP_SAMPLING = frozenset(
 
 
 class LlamaCppModel(CommonModelFields, KindFields):
-    """GGUF in-process through llama-cpp-python."""
+    """GGUF in-process through llama-cpp-python.
+
+    ``kind: rerank`` loads a GGUF with a rank head with rank pooling and serves /v1/rerank
+    and /v1/score (:mod:`pool.backends._llama_rank`).
+    """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["llama_cpp"] = "llama_cpp"
     gguf_n_gpu_layers: int = -1
@@ -197,8 +207,11 @@ class LlamaCppRuntime:
         tool_family: ToolCallFamily = "hermes",
         disk: DiskStates | None = None,
         buffers: dict[tuple[str, str], float] | None = None,
+        adapters: LlamaAdapters | None = None,
     ) -> None:
         self._llama = llama
+        # The LoRA adapters loaded into this replica's model (touched on the worker only).
+        self.adapters = adapters or LlamaAdapters(llama)
         # What llama.cpp said it allocated while loading: MiB by (device, model|KV).
         self.buffers = buffers or {}
         self._definition = definition
@@ -221,14 +234,25 @@ class LlamaCppRuntime:
     async def flush_cache(
         self, *, scope: str, tenant: str | None = None, tag: str | None = None
     ) -> CacheFlushed:
-        if self._closed or self._definition.embedding:
+        if self._closed or self._definition.kind != "chat":
             return CacheFlushed()
         return await trio.to_thread.run_sync(
             self._prompt_cache.flush, self._llama, scope, tenant, tag, limiter=self._limiter
         )
 
     def cache_usage(self) -> CacheUsage | None:
-        return None if self._definition.embedding else self._prompt_cache.usage()
+        return None if self._definition.kind != "chat" else self._prompt_cache.usage()
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        # At the worker's next turn: a running generation finishes first, untouched.
+        await trio.to_thread.run_sync(self.adapters.add, name, path, scale, limiter=self._limiter)
+
+    async def remove_adapter(self, name: str) -> None:
+        if self._closed:
+            return
+        await trio.to_thread.run_sync(self.adapters.remove, name, limiter=self._limiter)
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -266,6 +290,12 @@ class LlamaCppRuntime:
         stops = tuple(dict.fromkeys([*rendered.stop, *request.decoding.stop]))
         try:
             tokens = llama.tokenize(rendered.text.encode("utf-8"), add_bos=True, special=True)
+            if request.continue_text:
+                # Resumed after a pause: the reply so far is prefilled as plain text
+                # after the prompt (the tokens it was written in tokenize back the same).
+                tokens += llama.tokenize(
+                    request.continue_text.encode("utf-8"), add_bos=False, special=False
+                )
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"llama.cpp could not tokenize the prompt: {exc}") from exc
         tokenize_ms = (time.perf_counter() - started) * 1000.0
@@ -293,7 +323,9 @@ class LlamaCppRuntime:
 
         gen_started = time.perf_counter()
         try:
-            reused = self._prompt_cache.prepare(llama, request.cache.key, tokens)
+            self.adapters.apply(request.adapter)
+            cache_key = self.adapters.cache_key(request.cache.key, request.adapter)
+            reused = self._prompt_cache.prepare(llama, cache_key, tokens)
             used.cached_tokens = reused
             produced, first_at, finish, stop_sequence = self._decode(
                 tokens,
@@ -416,6 +448,21 @@ class LlamaCppRuntime:
             return EmbeddingResult(tuple(tuple(float(x) for x in v) for v in vectors), count)
 
         return await trio.to_thread.run_sync(embed_blocking, limiter=self._limiter)
+
+    @property
+    def ranks(self) -> bool:
+        return self._definition.kind == "rerank"
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """The documents scored by the GGUF's rank head (rank pooling)."""
+        if self._closed:
+            raise BackendError("the llama_cpp runtime is closed")
+        llama = self._llama
+        # The file names the model in an error: the runtime is not told its pool name.
+        name = Path(self._definition.model_path or "model").name
+        return await trio.to_thread.run_sync(
+            rank_pairs, llama, name, query, documents, limiter=self._limiter
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -546,9 +593,13 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
     load_overrides = LlamaCppLoadOverrides
     load_constraints = LOAD_CONSTRAINTS
     load_recommendations = LOAD_RECOMMENDATIONS
+    resumes_through_prompt = True
     context_field = "gguf_n_ctx"
     # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
     context_padding = 256
+    # LoRA adapters load into the resident model; its one context applies one at a time.
+    adapter_support = "runtime"
+    groups_adapters = True
 
     def memory_profile(self, definition: LlamaCppModel) -> MemoryProfile:
         return MemoryProfile(
@@ -574,8 +625,8 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             sampling=LLAMA_CPP_SAMPLING,
             # Tools need a format with a tool convention (or a chat template that renders
             # them); output grammars work always.
-            tools=format_renders_tools(definition.prompt_format) and not definition.embedding,
-            structured_output=not definition.embedding,
+            tools=format_renders_tools(definition.prompt_format) and definition.kind == "chat",
+            structured_output=definition.kind == "chat",
         )
 
     def effective_target_inflight(self, definition: LlamaCppModel) -> int:
@@ -606,11 +657,13 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
             kwargs["n_threads"] = definition.gguf_n_threads
         if definition.gguf_seed is not None:
             kwargs["seed"] = definition.gguf_seed
-        if definition.embedding:
+        if definition.kind in ("embedding", "rerank"):
             kwargs["embedding"] = True
-            # A pooled sequence must fit in one micro-batch.
+            # A pooled sequence (a reranked pair) must fit in one micro-batch.
             kwargs["n_ubatch"] = kwargs["n_batch"]
-            if definition.pooling is not None:
+            if definition.kind == "rerank":
+                kwargs["pooling_type"] = _POOLING_TYPES["rank"]
+            elif definition.pooling is not None:
                 kwargs["pooling_type"] = _POOLING_TYPES[definition.pooling]
         for field in ("gguf_type_k", "gguf_type_v"):
             value = getattr(definition, field)
@@ -620,8 +673,20 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 kwargs[field.removeprefix("gguf_")] = _GGML_TYPES[value]
 
         buffers: dict[tuple[str, str], float] = {}
+        adapter_files = [
+            (a.name, context.model_path(a.path, f" (adapter {a.name!r})"), a.scale)
+            for a in definition.lora_adapters
+        ]
+        made: list[LlamaAdapters] = []
+
+        def adapters_of(llama: Any) -> LlamaAdapters:
+            if not made:
+                made.append(LlamaAdapters(llama))
+            return made[0]
 
         def load_blocking() -> Any:
+            if definition.kind == "rerank":
+                require_rank_head(path)
             if definition.embedding and "pooling_type" not in kwargs:
                 kwargs["pooling_type"] = _default_pooling(path)
             try:
@@ -631,15 +696,19 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
             buffers.update(buffer_sizes(logged))
             try:
+                for name, adapter_path, scale in adapter_files:
+                    adapters_of(llama).add(name, adapter_path, scale)
                 # Warm-up, as llama-server does: the first forward pass touches every
                 # memory-mapped weight page and sizes the compute buffers. Paying for
                 # it here keeps it out of the first request's time to first token.
-                if definition.embedding:
+                if definition.kind == "rerank":
+                    rank_pairs(llama, context.model_name, "warm up", ("warm up",))
+                elif definition.embedding:
                     llama.embed("warm up")
                 else:
                     llama.eval([max(llama.token_bos(), 0)])
                     llama.reset()
-            except (ValueError, RuntimeError) as exc:
+            except (ValueError, RuntimeError, BackendError) as exc:
                 llama.close()
                 raise BackendError(f"llama.cpp could not run {path}: {exc}") from exc
             return llama
@@ -647,7 +716,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         limiter = trio.CapacityLimiter(1)
         llama = await trio.to_thread.run_sync(load_blocking, limiter=limiter)
         disk = None
-        if not definition.embedding and definition.prefix_cache_disk_mib > 0:
+        if definition.kind == "chat" and definition.prefix_cache_disk_mib > 0:
             disk = await trio.to_thread.run_sync(_indexed_states, definition, path, limiter=limiter)
         try:
             prompt_format = _prompt_format(definition, llama)
@@ -666,7 +735,16 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
                 path.name, metadata.get("general.name"), metadata.get("general.architecture")
             )
         )
-        return LlamaCppRuntime(llama, definition, prompt_format, limiter, family, disk, buffers)
+        return LlamaCppRuntime(
+            llama,
+            definition,
+            prompt_format,
+            limiter,
+            family,
+            disk,
+            buffers,
+            adapters_of(llama),
+        )
 
     async def flush_stored(
         self,
@@ -676,7 +754,7 @@ class LlamaCppBackend(Backend[LlamaCppModel]):
         tenant: str | None,
         tag: str | None,
     ) -> CacheFlushed:
-        if definition.embedding or definition.prefix_cache_disk_mib <= 0:
+        if definition.kind != "chat" or definition.prefix_cache_disk_mib <= 0:
             return CacheFlushed()
         try:
             path = resolve_model_path(definition.model_path or "", settings_dir)

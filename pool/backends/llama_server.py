@@ -18,23 +18,32 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import trio
 from pydantic import Field, PositiveInt
 
 from pool.backends._embedding import PooledEmbeddingFields
 from pool.backends._format_templates import FORMAT_TEMPLATES, format_template_file
-from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._managed import (
+    SERVER_SAMPLING,
+    AdapterFields,
+    ManagedServerRuntime,
+    find_binary,
+    launch,
+)
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
 from pool.backends._protocol import (
+    AdapterUse,
     Backend,
     Capabilities,
     LoadContext,
     LoadOverrides,
     MemoryProfile,
+    ModelKind,
 )
+from pool.backends._rerank import require_rank_head
 from pool.backends._server_cache import SlotCache
 from pool.backends._tool_calls import ToolCallFamily, tool_call_family
 from pool.backends.llama_cpp import FlashAttn
@@ -47,8 +56,11 @@ class LlamaServerModel(CommonModelFields, PooledEmbeddingFields):
     """A managed native ``llama-server`` subprocess.
 
     With ``embedding: true`` it starts with ``--embeddings`` (and ``--pooling``) and
-    serves embeddings only.
+    serves embeddings only; with ``kind: rerank`` it starts with ``--reranking`` (a GGUF
+    with a rank head) and serves /v1/rerank and /v1/score only.
     """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["llama_server"] = "llama_server"
     llama_server_binary: str = "llama-server"
@@ -199,14 +211,25 @@ def command_line(
     add("--spec-draft-p-min", d.llama_server_spec_draft_p_min)
     add("--spec-draft-ngl", d.llama_server_spec_draft_ngl)
     add("--reasoning-format", d.llama_server_reasoning)
-    if d.embedding:
+    if d.kind == "rerank":
+        # Rank pooling over the GGUF's rank head; the server then answers /v1/rerank.
+        args.append("--reranking")
+    elif d.embedding:
         args.append("--embeddings")
         add("--pooling", d.pooling)
-        # A pooled text must fit in one micro-batch (512 tokens by default): as large as
-        # the context, so any text the context takes can be embedded.
-        if d.llama_server_n_ctx and not {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args):
-            add("-b", d.llama_server_n_ctx)
-            add("-ub", d.llama_server_n_ctx)
+    # A pooled text (a reranked pair) must fit in one micro-batch (512 tokens by
+    # default): as large as the context, so any text the context takes is read.
+    own_ubatch = {"-ub", "--ubatch-size"} & set(d.llama_server_extra_args)
+    if d.kind in ("embedding", "rerank") and d.llama_server_n_ctx and not own_ubatch:
+        add("-b", d.llama_server_n_ctx)
+        add("-ub", d.llama_server_n_ctx)
+    for adapter in d.lora_adapters:
+        # Repeated --lora keeps the order: adapter i is the `id` i of a request's `lora`.
+        add("--lora", resolve_model_path(adapter.path, base_dir))
+    if d.lora_adapters:
+        # Loaded at scale 0: a request without `lora` gets the base model alone, and one
+        # with it gets its own adapter and scale (adapter_fields).
+        args.append("--lora-init-without-apply")
     own_split = {"-ts", "--tensor-split"} & set(d.llama_server_extra_args)
     # Virtual GPUs have no devices to split over: only the environment names them.
     split = placement is not None and len(placement.gpus) > 1 and not placement.virtual
@@ -237,6 +260,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     context_field = "llama_server_n_ctx"
     # llama.cpp pads its context to a multiple of 256 (llama_context: n_ctx_pad).
     context_padding = 256
+    # Adapters are loaded as the server starts (--lora); one added later needs a reload.
+    adapter_support = "preloaded"
 
     def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
         # llama-server's -c is the whole context, shared by its parallel slots.
@@ -260,12 +285,13 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             # llama-server has no `dimensions`: a request setting it is a 400.
             # Passed in OpenAI's fields; --jinja renders tools with the model's template
             # (the pool's for a built-in format: refused where it has no tool markup).
-            tools=not definition.embedding
+            tools=definition.kind == "chat"
             and (
                 not uses_format_template(definition)
                 or format_tool_family(definition.prompt_format) is not None
             ),
-            structured_output=not definition.embedding,
+            structured_output=definition.kind == "chat",
+            relays_chat=definition.kind == "chat",
         )
 
     def effective_target_inflight(self, definition: LlamaServerModel) -> int:
@@ -285,6 +311,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
         model_path = context.model_path(definition.model_path)
         if not await trio.to_thread.run_sync(model_path.is_file):
             raise BackendError(f"model file {model_path} does not exist")
+        if definition.kind == "rerank":
+            await trio.to_thread.run_sync(require_rank_head, model_path)
         binary = await find_binary(definition.llama_server_binary, "llama-server")
         port = definition.llama_server_port or free_port(definition.llama_server_host)
         return await launch(
@@ -310,9 +338,25 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             request_timeout_s=max(definition.llama_server_start_timeout_s, 600.0),
             enable_thinking=definition.enable_thinking,
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
+            rerank_path="/v1/rerank" if definition.kind == "rerank" else None,
             grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
+            adapter_fields=adapter_fields(definition),
         )
+
+
+def adapter_fields(definition: LlamaServerModel) -> AdapterFields | None:
+    """The per-request ``lora`` field of each adapter the server was started with."""
+    ids = {adapter.name: index for index, adapter in enumerate(definition.lora_adapters)}
+    if not ids:
+        return None
+
+    def fields(use: AdapterUse) -> dict[str, Any]:
+        if use.name not in ids:
+            raise BackendError(f"LoRA adapter {use.name!r} was not loaded with this server")
+        return {"lora": [{"id": ids[use.name], "scale": use.scale}]}
+
+    return fields
 
 
 BACKEND = LlamaServerBackend()

@@ -6,13 +6,15 @@ Nothing runs locally: a "replica" is an HTTP client. Only ``temperature``, ``top
 ``backend_timeout`` and an upstream error ``backend_error``. The pool refuses requests
 without ``allow_remote: true`` before they get here. A model with ``embedding: true``
 passes embeddings through to the upstream's ``/embeddings`` (``embedding_batch_size``
-texts per request) and serves no generation.
+texts per request) and serves no generation; one of ``kind: rerank`` passes rerank and
+score requests through to the upstream's ``/rerank`` (Cohere's, Jina's, vLLM's shape).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 import trio
 from pydantic import Field
@@ -25,6 +27,7 @@ from pool.backends._chat_client import (
 )
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, EmbeddingFields, embed_upstream
 from pool.backends._managed import SERVER_SAMPLING, sampling_fields
+from pool.backends._pass_through import relay_reply, relay_stream
 from pool.backends._protocol import (
     ALL_THINKING_MODES,
     Backend,
@@ -34,8 +37,11 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     LoadContext,
+    ModelKind,
     TokenSink,
+    takes_raw,
 )
+from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._tools import ToolCallDelta
 from pool.backends._upstream import UpstreamError, open_transport, with_trace
 from pool.config import CommonModelFields
@@ -44,6 +50,8 @@ from pool.errors import BackendError, PoolError
 
 class OpenAIRemoteModel(CommonModelFields, EmbeddingFields):
     """An upstream OpenAI-compatible Chat Completions API."""
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["openai_remote"] = "openai_remote"
     remote_api_kind: Literal["chat_completions"] = "chat_completions"
@@ -67,10 +75,15 @@ class _CountingSink:
         self.sink = sink
         self.used = sink.used
         self.sent = 0
+        self.takes_raw = takes_raw(sink)
 
-    async def send(self, text: str | ToolCallDelta) -> None:
+    async def send(self, text: str | bytes | ToolCallDelta) -> None:
         self.sent += 1
-        await self.sink.send(text)
+        if isinstance(text, bytes):
+            assert takes_raw(self.sink), "bytes only go to a sink that takes them"
+            await self.sink.send(text)
+        else:
+            await self.sink.send(text)
 
 
 class OpenAIRemoteRuntime:
@@ -110,17 +123,31 @@ class OpenAIRemoteRuntime:
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         counting = _CountingSink(sink)
+        ask = request.pass_through if counting.takes_raw else None
         attempts = 0
         while True:
             try:
+                headers = with_trace(self.headers(request), request.trace_parent)
                 # The whole call, connection included, is bounded by remote_timeout_s.
                 with trio.fail_after(self._definition.remote_timeout_s):
+                    if ask is not None:
+                        # The client speaks the upstream's dialect: its bytes go through.
+                        relay = relay_stream if ask.stream else relay_reply
+                        return await relay(
+                            self.upstream,
+                            "/chat/completions",
+                            self.body(request),
+                            counting,
+                            ask,
+                            headers=headers,
+                            what="remote API",
+                        )
                     return await stream_chat(
                         self.upstream,
                         "/chat/completions",
                         self.body(request),
                         counting,
-                        headers=with_trace(self.headers(request), request.trace_parent),
+                        headers=headers,
                         what="remote API",
                     )
             except trio.TooSlowError:
@@ -153,6 +180,29 @@ class OpenAIRemoteRuntime:
                 f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
             ) from None
 
+    @property
+    def ranks(self) -> bool:
+        return self._definition.kind == "rerank"
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        """Pass-through to the upstream's ``/rerank``, within ``remote_timeout_s``."""
+        try:
+            with trio.fail_after(self._definition.remote_timeout_s):
+                return await rank_upstream(
+                    self.upstream,
+                    "/rerank",
+                    query,
+                    documents,
+                    model=self._definition.remote_model,
+                    headers=self._headers,
+                    what="remote API",
+                )
+        except trio.TooSlowError:
+            raise PoolError(
+                "backend_timeout",
+                f"the remote API did not finish within {self._definition.remote_timeout_s:g}s",
+            ) from None
+
     async def close(self) -> None:
         await self.upstream.aclose()
 
@@ -176,6 +226,7 @@ class OpenAIRemoteBackend(Backend[OpenAIRemoteModel]):
             # Passed through in OpenAI's own fields; the upstream decides.
             tools=True,
             structured_output=True,
+            relays_chat=not definition.embedding,
         )
 
     def effective_target_inflight(self, definition: OpenAIRemoteModel) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import trio
@@ -30,7 +32,10 @@ from pool.backends._protocol import (
     ModelKind,
     TokenSink,
 )
+from pool.backends._rerank import RankResult
+from pool.backends._tasks import TaskSink
 from pool.backends._text import StopScanner
+from pool.backends._transcription import Segment, Transcript, TranscriptionJob, Word
 from pool.config import CommonModelFields
 from pool.errors import BackendError, PoolError
 
@@ -89,9 +94,14 @@ def stub_tokens(text: str) -> list[str]:
 
 
 class StubRuntime:
-    def __init__(self, definition: StubModel) -> None:
+    def __init__(self, definition: StubModel, adapters: dict[str, Path] | None = None) -> None:
         self._definition = definition
         self._closed = False
+        # LoRA adapters "loaded" (name -> MiB, their files' sizes): a reply with one
+        # starts with its name in brackets, and they count in the VRAM it reports.
+        self._adapters: dict[str, float] = {}
+        for name, path in (adapters or {}).items():
+            self._add(name, path)
         # Split once: a benchmark's stub must cost next to nothing per request.
         reply = definition.stub_reply
         self._reply_tokens = stub_tokens(reply) if reply is not None else []
@@ -100,7 +110,20 @@ class StubRuntime:
 
     @property
     def vram_mib(self) -> int | None:
-        return self._definition.stub_vram_mib
+        return self._definition.stub_vram_mib + math.ceil(sum(self._adapters.values()))
+
+    def _add(self, name: str, path: Path) -> None:
+        if not path.is_file():
+            raise BackendError(f"LoRA adapter file {path} does not exist")
+        self._adapters[name] = path.stat().st_size / (1024 * 1024)
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        self._add(name, path)
+        await trio.lowlevel.checkpoint()
+
+    async def remove_adapter(self, name: str) -> None:
+        self._adapters.pop(name, None)
+        await trio.lowlevel.checkpoint()
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:
         if self._closed:
@@ -108,10 +131,19 @@ class StubRuntime:
         started = time.perf_counter()
         reply = self._definition.stub_reply
         tokens = self._reply_tokens if reply is not None else stub_tokens(request.turns[-1].text)
+        if request.adapter is not None:
+            use = request.adapter
+            if use.name not in self._adapters:
+                if use.path is None:
+                    raise PoolError("unknown_model", f"LoRA adapter {use.name!r} is not loaded")
+                self._add(use.name, Path(use.path))  # evicted alone: back for this request
+            tokens = [f"[{use.name}]", *(" " + t.lstrip() for t in tokens[:1]), *tokens[1:]]
         self._answered += 1
         degrade_after = self._definition.stub_degrade_after
         if degrade_after is not None and self._answered > degrade_after:
             tokens = []  # alive but wrong: it ends at once with nothing
+        if request.continue_text:
+            tokens = _after(tokens, request.continue_text)
         limit = request.decoding.max_tokens
         finish: Any = "length" if len(tokens) > limit else "stop"
         tokens = tokens[:limit]
@@ -166,6 +198,41 @@ class StubRuntime:
         await trio.lowlevel.checkpoint()
         return EmbeddingResult(vectors, sum(len(stub_tokens(t)) for t in job.texts))
 
+    async def transcribe(self, job: TranscriptionJob, sink: TaskSink) -> Transcript:
+        """A transcript known in advance (``kind: transcription``): ``stub_reply``, else
+        the audio's length in words, one segment per word (paced as its tokens), the
+        segments sharing the audio's time evenly. For the routes' tests; the real
+        transcriber is the ``whisper`` backend."""
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        seconds = job.seconds
+        pieces = self._reply_tokens or stub_tokens(f"{seconds:.1f} seconds of audio")
+        rate = self._definition.stub_tokens_per_second
+        step = seconds / len(pieces)
+        segments = []
+        for index, piece in enumerate(pieces):
+            if rate:
+                await trio.sleep(1.0 / rate)
+            start, end = round(index * step, 3), round((index + 1) * step, 3)
+            words = (Word(piece, start, end, 1.0),) if job.word_timestamps else ()
+            segments.append(
+                Segment(
+                    id=index,
+                    seek=round(start * 100),
+                    start=start,
+                    end=end,
+                    text=piece,
+                    tokens=(index,),
+                    temperature=0.0,
+                    avg_logprob=-0.1,
+                    compression_ratio=1.0,
+                    no_speech_prob=0.0,
+                    words=words,
+                )
+            )
+            await sink.send(piece)
+        return Transcript("".join(pieces), job.language or "en", round(seconds, 3), tuple(segments))
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -174,10 +241,53 @@ class StubRuntime:
             await trio.sleep(self._definition.stub_unload_seconds)
 
 
+def stub_relevance(query: str, document: str) -> float:
+    """The stub's rank head: the share of the query's words (lower-cased) that the
+    document holds, so a test knows which document comes first."""
+    asked = set(query.lower().split())
+    held = set(document.lower().split())
+    return len(asked & held) / len(asked) if asked else 0.0
+
+
+class StubRankingRuntime(StubRuntime):
+    """The stub of a ``kind: rerank`` model: it scores pairs (:func:`stub_relevance`)."""
+
+    # Every call's documents, for tests of the pool's batching.
+    calls: list[int]
+
+    def __init__(self, definition: StubModel, adapters: dict[str, Path] | None = None) -> None:
+        super().__init__(definition, adapters)
+        self.calls = []
+
+    @property
+    def ranks(self) -> bool:
+        return True
+
+    async def rank(self, query: str, documents: Sequence[str]) -> RankResult:
+        if self._closed:
+            raise BackendError("stub runtime is closed")
+        self.calls.append(len(documents))
+        await trio.lowlevel.checkpoint()
+        tokens = sum(len(stub_tokens(query)) + len(stub_tokens(d)) for d in documents)
+        return RankResult(tuple(stub_relevance(query, d) for d in documents), tokens)
+def _after(tokens: list[str], done: str) -> list[str]:
+    """The tokens that follow the reply so far, ``done`` (a resumed generation): the
+    stub's reply is fixed, so continuing it is skipping what was said."""
+    said = ""
+    for index, token in enumerate(tokens):
+        if len(said) >= len(done):
+            return tokens[index:] if said == done else []
+        said += token
+    return []
+
+
 class StubBackend(Backend[StubModel]):
     config = StubModel
     # A test double: its reload cost is whatever a test sets, so is its window.
     stay_warm_s = 0.0
+    # Adapters as the pool sees them (files, memory, names in replies), for its tests.
+    adapter_support = "runtime"
+    resumes_through_prompt = True
 
     def capabilities(self, definition: StubModel) -> Capabilities:
         return Capabilities(
@@ -205,7 +315,10 @@ class StubBackend(Backend[StubModel]):
                 f"stub_fail_load is set for model {context.model_name!r}"
                 f" (replica {context.replica_index})"
             )
-        return StubRuntime(definition)
+        adapters = {a.name: context.model_path(a.path) for a in definition.lora_adapters}
+        if definition.kind == "rerank":
+            return StubRankingRuntime(definition, adapters)
+        return StubRuntime(definition, adapters)
 
     def declared_vram_mib(self, definition: StubModel) -> int | None:
         return definition.stub_vram_mib or None

@@ -81,6 +81,7 @@ from pool.backends._vllm_fields import (
     LOAD_CONSTRAINTS,
     VllmFields,
     VllmLoadOverrides,
+    check_vllm_adapters,
     engine_arguments,
     model_source,
     replica_concurrency,
@@ -274,8 +275,14 @@ class VllmRuntime:
         limiter: trio.CapacityLimiter,
         rss_before_engine_mib: float,
         sleep_ram_mib: int | None = None,
+        adapters: Mapping[str, Path] | None = None,
     ) -> None:
         self._host = host
+        # The LoRA adapters served: name -> (vLLM's integer id, the adapter's folder).
+        self._lora_ids = itertools.count(1)
+        self._loras: dict[str, tuple[int, Path]] = {
+            name: (next(self._lora_ids), path) for name, path in (adapters or {}).items()
+        }
         # Set when the engine runs with sleep mode and its weights' size is known.
         self._sleep_ram_mib = sleep_ram_mib
         self.asleep = False
@@ -371,12 +378,58 @@ class VllmRuntime:
         }
         if images:
             prompt["multi_modal_data"] = {"image": images}
+        lora = None
+        if request.adapter is not None:
+            known = self._loras.get(request.adapter.name)
+            if known is None and request.adapter.path is not None:
+                # Given back when the pool evicted it alone: vLLM loads it with the request.
+                known = self._loras[request.adapter.name] = (
+                    next(self._lora_ids),
+                    Path(request.adapter.path),
+                )
+            if known is None:
+                raise PoolError(
+                    "unknown_model", f"LoRA adapter {request.adapter.name!r} is not loaded"
+                )
+            lora = (request.adapter.name, known[0], str(known[1]))
         return EngineJob(
             request_id=f"{request.request_id}-{next(_request_numbers)}",
             prompt=prompt,
             sampling=sampling_arguments(request, rendered),
             chat=chat_spec(request, self._tool_parser, self._definition.vllm_tool_strict_level),
+            lora=lora,
         )
+
+    async def add_adapter(self, name: str, path: Path, scale: float) -> None:
+        """Register the adapter and have the engine load it now (``AsyncLLM.add_lora``),
+        so its first request does not pay for the load."""
+        if not self._definition.lora_enabled:
+            raise BackendError("the engine was started without LoRA support (vllm_enable_lora)")
+        lora_id = next(self._lora_ids)
+
+        async def add(engine: Any) -> bool:
+            from vllm.lora.request import LoRARequest
+
+            return bool(await engine.add_lora(LoRARequest(name, lora_id, str(path))))
+
+        try:
+            await self._host.run_on_engine(add)
+        except Exception as exc:
+            raise BackendError(f"vLLM could not load LoRA adapter {path}: {exc}") from exc
+        self._loras[name] = (lora_id, path)
+
+    async def remove_adapter(self, name: str) -> None:
+        known = self._loras.pop(name, None)
+        if known is None or self._closed:
+            return
+
+        async def remove(engine: Any) -> bool:
+            return bool(await engine.remove_lora(known[0]))
+
+        try:
+            await self._host.run_on_engine(remove)
+        except Exception as exc:  # noqa: BLE001 - gone from the pool's side all the same
+            log.warning("vllm %s: removing adapter %s failed: %s", self._host.name, name, exc)
 
     async def flush_cache(
         self, *, scope: str, tenant: str | None = None, tag: str | None = None
@@ -459,6 +512,8 @@ class VllmBackend(Backend[VllmModel]):
     cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to load (30-240 s measured on CPU; CUDA graphs on a GPU): the seed's longest window.
     stay_warm_s = 900.0
+    # LoRARequest per request; AsyncLLM.add_lora / remove_lora while it runs.
+    adapter_support = "runtime"
 
     def capabilities(self, definition: VllmModel) -> Capabilities:
         multi_turn, _ = format_traits(definition.prompt_format)
@@ -474,6 +529,10 @@ class VllmBackend(Backend[VllmModel]):
 
     def check_load_override(self, patch: Mapping[str, Any]) -> None:
         super().check_load_override(table_checked(patch))
+
+    def check_adapters(self, definition: VllmModel, *, at_runtime: bool = False) -> None:
+        super().check_adapters(definition, at_runtime=at_runtime)
+        check_vllm_adapters(definition, at_runtime=at_runtime)
 
     def effective_target_inflight(self, definition: VllmModel) -> int:
         return replica_concurrency(definition)
@@ -502,7 +561,8 @@ class VllmBackend(Backend[VllmModel]):
                 await host.close()
             raise
         weights = await trio.to_thread.run_sync(weights_mib, model) if sleep_mode else None
-        return VllmRuntime(host, definition, prompt_format, limiter, rss_before, weights)
+        adapters = {a.name: context.model_path(a.path) for a in definition.lora_adapters}
+        return VllmRuntime(host, definition, prompt_format, limiter, rss_before, weights, adapters)
 
 
 BACKEND = VllmBackend()

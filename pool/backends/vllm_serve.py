@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,7 +25,7 @@ from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFiel
 from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import Backend, Capabilities, LoadContext
+from pool.backends._protocol import AdapterUse, Backend, Capabilities, LoadContext, ModelKind
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -33,6 +33,7 @@ from pool.backends._vllm_fields import (
     LOAD_CONSTRAINTS,
     VllmFields,
     VllmLoadOverrides,
+    check_vllm_adapters,
     engine_arguments,
     model_source,
     replica_concurrency,
@@ -40,11 +41,18 @@ from pool.backends._vllm_fields import (
 )
 from pool.backends._vllm_memory import VLLM_MEMORY_LINES, vllm_memory_split
 from pool.backends.prompt_formats import thinking_modes
+from pool.config import resolve_model_path
 from pool.errors import BackendError
 
 
 class VllmServeModel(VllmFields, PooledEmbeddingFields):
-    """A managed ``vllm serve`` subprocess."""
+    """A managed ``vllm serve`` subprocess.
+
+    ``kind: rerank`` runs vLLM's pooling runner on a cross-encoder (its score task), and
+    the replica serves /v1/rerank and /v1/score only, through vLLM's /v1/rerank.
+    """
+
+    KINDS: ClassVar[tuple[ModelKind, ...]] = ("chat", "embedding", "rerank")
 
     backend: Literal["vllm_serve"] = "vllm_serve"
     vllm_serve_binary: str = "vllm"
@@ -77,9 +85,10 @@ def command_line(
     port: int,
     served_name: str,
     placement: GpuPlacement | None = None,
+    base_dir: str | None = None,
 ) -> list[str]:
     """The ``vllm serve`` arguments for ``d``: its engine arguments as flags, on the GPUs
-    of ``placement``."""
+    of ``placement``; its LoRA adapters served under their own names."""
     if Path(binary).name.startswith("python"):
         args = [binary, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
@@ -96,7 +105,10 @@ def command_line(
                 args.append("--no-" + flag[2:])
         else:
             args.extend([flag, json.dumps(value) if isinstance(value, dict) else str(value)])
-    if not d.embedding:
+    if d.lora_adapters:
+        args.append("--lora-modules")
+        args += [f"{a.name}={resolve_model_path(a.path, base_dir)}" for a in d.lora_adapters]
+    if d.kind == "chat":
         # Tool calls come back parsed by the model family's parser (tool_choice auto).
         args += [
             "--enable-auto-tool-choice",
@@ -105,6 +117,11 @@ def command_line(
         ]
         if d.vllm_tool_strict_level is not None:
             args += ["--tool-strict-level", d.vllm_tool_strict_level]
+    elif d.kind == "rerank":
+        # The pooling runner keeps a cross-encoder's classifier as it is (vLLM's score
+        # task: /score and /v1/rerank); a causal LM to convert takes `--convert classify`
+        # and its overrides in vllm_serve_extra_args.
+        args += ["--runner", "pooling"]
     else:
         # `auto` converts a causal LM to an embedding model and keeps a native one.
         args += ["--runner", "pooling"]
@@ -132,6 +149,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
     cache_bytes_field = "vllm_kv_cache_memory_bytes"
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0
+    # --lora-modules at start; /v1/load_lora_adapter and /v1/unload_lora_adapter after.
+    adapter_support = "runtime"
 
     def capabilities(self, definition: VllmServeModel) -> Capabilities:
         return Capabilities(
@@ -144,8 +163,9 @@ class VllmServeBackend(Backend[VllmServeModel]):
             sampling=SERVER_SAMPLING,
             kind=definition.kind,
             embedding_dimensions=definition.embedding and definition.embedding_dimensions,
-            tools=not definition.embedding,
-            structured_output=not definition.embedding,
+            tools=definition.kind == "chat",
+            structured_output=definition.kind == "chat",
+            relays_chat=definition.kind == "chat",
         )
 
     def gpus_per_replica(self, definition: VllmServeModel) -> int | None:
@@ -154,6 +174,10 @@ class VllmServeBackend(Backend[VllmServeModel]):
 
     def check_load_override(self, patch: Mapping[str, Any]) -> None:
         super().check_load_override(table_checked(patch))
+
+    def check_adapters(self, definition: VllmServeModel, *, at_runtime: bool = False) -> None:
+        super().check_adapters(definition, at_runtime=at_runtime)
+        check_vllm_adapters(definition, at_runtime=at_runtime)
 
     def effective_target_inflight(self, definition: VllmServeModel) -> int:
         return replica_concurrency(definition)
@@ -167,12 +191,26 @@ class VllmServeBackend(Backend[VllmServeModel]):
         return await launch(
             f"model={context.model_name} vllm[{context.replica_index}]",
             _with_cached_token_counts(
-                command_line(definition, binary, model, port, context.model_name, context.placement)
+                command_line(
+                    definition,
+                    binary,
+                    model,
+                    port,
+                    context.model_name,
+                    context.placement,
+                    context.settings_dir,
+                )
             ),
             # Dev mode serves /reset_prefix_cache, which a cache flush calls.
             child_environment(
                 {
                     "VLLM_SERVER_DEV_MODE": "1",
+                    # Serves /v1/load_lora_adapter and /v1/unload_lora_adapter.
+                    **(
+                        {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+                        if definition.lora_enabled
+                        else {}
+                    ),
                     **definition.vllm_serve_env,
                     # In the environment: a command line is any user's to read.
                     **(
@@ -198,13 +236,21 @@ class VllmServeBackend(Backend[VllmServeModel]):
             embedding_batch=definition.embedding_batch_size if definition.embedding else None,
             # -1: cut a text to the model's length (Ollama's truncate, the default).
             embedding_truncate={"truncate_prompt_tokens": -1},
+            rerank_path="/v1/rerank" if definition.kind == "rerank" else None,
             # Automatic prefix caching is on by default in vLLM; a salt per tenant and tag
             # keeps each scope's cached blocks its own.
             cache=SaltCache(),
             # vLLM's workers say what the weights and the KV cache took (/metrics).
             memory_lines=VLLM_MEMORY_LINES,
             memory_reader=vllm_memory_split,
+            # vLLM serves each adapter as a model of its own name.
+            adapter_fields=_adapter_model if definition.lora_enabled else None,
+            runtime_adapters=definition.lora_enabled,
         )
+
+
+def _adapter_model(use: AdapterUse) -> dict[str, Any]:
+    return {"model": use.name}
 
 
 BACKEND = VllmServeBackend()

@@ -57,6 +57,9 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
     table.add_column("ESTIMATE")
     table.add_column("GPUS")
     for row in rows:
+        if row.get("parent"):
+            table.add_row(*_adapter_line(row))
+            continue
         gpus = row.get("gpus") or []
         table.add_row(
             row["name"],
@@ -78,6 +81,23 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             or "-",
         )
     return table
+
+
+def _adapter_line(row: dict[str, Any]) -> tuple[str, ...]:
+    """A LoRA adapter's line: served by its base, whose line has the state's numbers."""
+    adapter = row.get("adapter") or {}
+    return (
+        row["name"],
+        str(row.get("kind", "")),
+        f"lora on {row['parent']}",
+        _state(row),
+        "-",
+        "-",
+        "-",
+        f"+{adapter.get('size_mib', 0):,.1f} MiB",
+        "adapter file size",
+        "-",
+    )
 
 
 async def ps(client: PoolClient, io: Io) -> int:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from pool.cli._client import EXIT_OK, Io, PoolClient
 
-_COUNTS = ("requests", "prompt_tokens", "cached_tokens", "output_tokens")
+_COUNTS = ("requests", "prompt_tokens", "cached_tokens", "output_tokens", "characters")
 
 
 def usage_table(group_by: str, rows: list[dict[str, Any]]) -> Table:
@@ -19,7 +19,7 @@ def usage_table(group_by: str, rows: list[dict[str, Any]]) -> Table:
     if bucketed:
         table.add_column("BUCKET (UTC)")
     table.add_column(group_by.upper())
-    for column in ("REQUESTS", "PROMPT", "CACHED", "OUTPUT"):
+    for column in ("REQUESTS", "PROMPT", "CACHED", "OUTPUT", "CHARS"):
         table.add_column(column, justify="right")
     for row in rows:
         name = row.get(group_by)

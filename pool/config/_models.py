@@ -169,6 +169,25 @@ class AuthSettings(_Strict):
         return keys
 
 
+class AudioSettings(_Strict):
+    """``service.audio``: the bounds of an upload to the audio routes
+    (``/v1/audio/transcriptions``, ``/v1/audio/translations``)."""
+
+    max_bytes: PositiveInt = Field(
+        15 * 1024 * 1024,
+        description="Largest audio file; larger is 413 `audio_too_large` (the whole body"
+        " is bounded by `max_body_bytes` first: raise both for larger files).",
+    )
+    max_seconds: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(
+        1800.0,
+        description="Longest audio, decoded; longer is 400 `audio_too_long` (decoding stops"
+        " there, so a small file that expands to hours costs no more).",
+    )
+    decode_threads: Annotated[int, Field(ge=1, le=64)] = Field(
+        2, description="Uploads decoded at once (each on a worker thread, before admission)."
+    )
+
+
 class UsageSettings(_Strict):
     """``service.usage``: the usage database (``usage.sqlite3`` in the state directory).
 
@@ -197,8 +216,8 @@ class UsageSettings(_Strict):
 
 
 class BudgetRule(_Strict):
-    """One budget: the tokens, or the requests, a key or a tenant may spend per UTC day
-    and/or month."""
+    """One budget: what a key or a tenant may spend per UTC day and/or month, in tokens,
+    requests, seconds of audio, characters of speech or seconds of loading caused."""
 
     key: str | None = Field(None, description="The name of the key the budget binds.")
     tenant: str | None = Field(None, description="The tenant the budget binds.")
@@ -216,22 +235,35 @@ class BudgetRule(_Strict):
     requests_per_month: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Requests per UTC calendar month (as `requests_per_day`)."
     )
+    audio_seconds_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC day."
+    )
+    audio_seconds_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Seconds of audio transcribed per UTC calendar month."
+    )
+    characters_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC day."
+    )
+    characters_per_month: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Characters of text said by speech models per UTC calendar month."
+    )
+    load_seconds_per_day: Annotated[float, Field(gt=0.0)] | None = Field(
+        None,
+        description="Seconds of model loading its requests may cause per UTC day (each"
+        " load a request started: an on-demand model, an evicted one coming back).",
+    )
 
     @model_validator(mode="after")
     def _one_subject_and_a_limit(self) -> BudgetRule:
         if (self.key is None) == (self.tenant is None):
             raise ValueError("a budget names exactly one of key and tenant")
-        limits = (
-            self.tokens_per_day,
-            self.tokens_per_month,
-            self.requests_per_day,
-            self.requests_per_month,
-        )
-        if all(limit is None for limit in limits):
-            raise ValueError(
-                "a budget sets tokens_per_day, tokens_per_month, requests_per_day or"
-                " requests_per_month (any of them together)"
-            )
+        limits = {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name.endswith(("_per_day", "_per_month"))
+        }
+        if all(limit is None for limit in limits.values()):
+            raise ValueError(f"a budget sets at least one of {', '.join(limits)}")
         return self
 
 
@@ -277,6 +309,12 @@ class ServiceSettings(_Strict):
     )
     keep_alive_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         75.0, description="How long an idle kept-alive HTTP connection stays open."
+    )
+    pass_through: bool = Field(
+        True,
+        description="Chat Completions requests to a Chat Completions upstream (llama_server,"
+        " vllm_serve, openai_remote, a cluster peer) get the upstream's own bytes with"
+        " `model` rewritten when nothing needs the tokens; false renders every reply again.",
     )
     model_store: str | None = Field(None, description="Folder that pulled models are written to.")
     hf_endpoint: str | None = Field(
@@ -361,6 +399,7 @@ class ServiceSettings(_Strict):
     )
     # Issue #29: usage records and token budgets (docs/operations.md).
     usage: UsageSettings = Field(default_factory=UsageSettings)
+    audio: AudioSettings = Field(default_factory=AudioSettings)
     budgets: list[BudgetRule] = Field(
         default_factory=list,
         description="Token budgets per key or tenant and UTC day/month; past one, 429"
@@ -374,6 +413,29 @@ class DecodingDefaults(
     create_model("DecodingDefaults", __base__=_Strict, **defaults_fields())  # type: ignore[misc]
 ):
     """``engine.decoding``: defaults for every request field a client may omit."""
+
+
+# An adapter's name: requested as a model, so spelled as model names are.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+
+
+class LoraAdapter(_Strict):
+    """A LoRA adapter served on a base model under a model name of its own (docs/backends.md,
+    "LoRA adapters")."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        description="The model name requests use for the base with this adapter applied;"
+        " unique among models and adapters.",
+    )
+    path: str = Field(
+        min_length=1,
+        description="The adapter's file (a LoRA GGUF for llama_cpp and llama_server) or"
+        " folder (a PEFT adapter for vLLM); relative paths start where model paths do.",
+    )
+    scale: Annotated[float, Field(ge=-100.0, le=100.0)] = Field(
+        1.0, description="How strongly the adapter applies (1: as trained, 0: not at all)."
+    )
 
 
 class CommonModelFields(_Strict):
@@ -438,6 +500,19 @@ class CommonModelFields(_Strict):
         " first answer after a load of the model's current definition.",
     )
 
+    lora_adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        description="LoRA adapters served on this model, each requested as a model of its"
+        " own name (llama_cpp, llama_server, vllm, vllm_serve; other backends refuse them).",
+    )
+    adapter_group_wait_ms: NonNegativeFloat | None = Field(
+        None,
+        description="Longest extra wait (ms) the scheduler may give a queued request so that"
+        " requests for the adapter a replica has applied run first, where a backend applies"
+        " one adapter set at a time (llama_cpp); 0: strict queue order. Default"
+        " `engine.adapter_group_wait_ms`.",
+    )
+
     @model_validator(mode="after")
     def _check_replicas(self) -> CommonModelFields:
         if self.replica_max is not None and self.replicas > self.replica_max:
@@ -446,6 +521,9 @@ class CommonModelFields(_Strict):
             )
         if "text" not in self.modalities:
             raise ValueError("modalities must include 'text'")
+        names = [adapter.name for adapter in self.lora_adapters]
+        if len(set(names)) != len(names):
+            raise ValueError("lora_adapters: two adapters have the same name")
         return self
 
     @property
@@ -505,6 +583,38 @@ def _model_definition(raw: Any, info: ValidationInfo) -> Any:
     if isinstance(raw, Mapping) and isinstance(backend := info.data.get("backend"), str):
         return model_definition(raw, backend)
     return raw
+
+
+class RerankLimits(_Strict):
+    """Bounds of one rerank or score request (``engine.rerank``), checked before it is
+    queued so that a large request is a 400 naming the bound, never a runtime's
+    out-of-memory error; and how its documents are split into runtime calls."""
+
+    max_documents: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        1000,
+        description="Most documents (score: pairs) in one request; past it 400"
+        " `too_many_documents`.",
+    )
+    max_document_chars: Annotated[int, Field(ge=1, le=4_000_000)] = Field(
+        32_768,
+        description="Longest document (and query) in characters; past it 400 `document_too_long`.",
+    )
+    max_request_chars: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        2_000_000,
+        description="The query's and documents' characters together (the query counted"
+        " once per document, as each pair is read so); past it 400 `rerank_too_long`.",
+    )
+    batch_documents: Annotated[int, Field(ge=1, le=4096)] = Field(
+        32,
+        description="Most documents the pool hands a runtime in one call; the documents of"
+        " a request are evaluated in such batches, one after the other.",
+    )
+    batch_chars: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        65_536,
+        description="Most characters (query and documents) in one such call, so that a"
+        " batch fits the runtime's context and micro-batch; a single longer pair goes"
+        " alone.",
+    )
 
 
 class EngineSettings(BaseModel):
@@ -587,6 +697,19 @@ class EngineSettings(BaseModel):
         description="How long a load that needs room lets busy loaded models serve their"
         " queues first (warm promotion) before the best victim stops taking new requests.",
     )
+    preemption: Literal["pause", "drain", "cut"] = Field(
+        "pause",
+        description="What a load for a request above `low` does when the room it needs is"
+        " held by a model that runs only `low` streams: `pause` them (they resume after"
+        ' the swap, docs/vram.md "Pause and resume"), `cut` them (they end with'
+        " `preempted`), or `drain` (wait for them, asking the model to make way after"
+        " `warm_wait_s`).",
+    )
+    preempt_max_pause_s: Annotated[float, Field(gt=0.0)] = Field(
+        120.0,
+        description="Longest pause of a paused stream; past it the stream ends with a"
+        " `preempted` error event and is charged only what it generated.",
+    )
     canary_interval_s: NonNegativeFloat = Field(
         0.0,
         description="Seconds between output canaries of a loaded, idle generation model"
@@ -618,9 +741,19 @@ class EngineSettings(BaseModel):
         " (lowest priority first either way): `swap_cost` the cheapest to bring back and"
         " least asked for lately, `lru` the least recently used (docs/vram.md).",
     )
+    rerank: RerankLimits = Field(
+        default_factory=RerankLimits,
+        description='Bounds and batching of /v1/rerank and /v1/score (docs/api.md, "Rerank'
+        ' and score").',
+    )
     cluster: ClusterSettings = Field(
         default_factory=ClusterSettings,
         description="Several pools as one through Redis (docs/cluster.md).",
+    )
+    adapter_group_wait_ms: NonNegativeFloat = Field(
+        250.0,
+        description="Default of a model's `adapter_group_wait_ms`: the longest extra wait"
+        " grouping requests of one LoRA adapter may add to another request.",
     )
     # Settings files go through build_settings, which reports every bad model at once;
     # the validator serves settings built in code. Each entry dumps as its own class.
@@ -632,6 +765,22 @@ class EngineSettings(BaseModel):
     def _virtual_gpus_have_budgets(self) -> EngineSettings:
         if self.virtual_gpus and not self.gpu_budget_mib:
             raise ValueError("virtual_gpus needs gpu_budget_mib: one budget per virtual GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_names_are_free(self) -> EngineSettings:
+        seen: dict[str, str] = {}
+        for base, definition in self.models.items():
+            for adapter in definition.lora_adapters:
+                if adapter.name in self.models:
+                    raise ValueError(
+                        f"adapter {adapter.name!r} of model {base!r} has the name of a model"
+                    )
+                if adapter.name in seen:
+                    raise ValueError(
+                        f"adapter {adapter.name!r} is on both {seen[adapter.name]!r} and {base!r}"
+                    )
+                seen[adapter.name] = base
         return self
 
     @field_validator("backend")

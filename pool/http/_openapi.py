@@ -133,7 +133,8 @@ _WHY: dict[int, str] = {
     408: "The body arrived slower than `service.body_timeout_s`",
     409: "The model's state forbids the request (on `/v1/admin/usage`: usage recording is"
     " off, `usage_disabled`)",
-    413: "The body is larger than `service.max_body_bytes`",
+    413: "The body is larger than `service.max_body_bytes` (on the audio routes, or the"
+    " file than `service.audio.max_bytes`: `audio_too_large`)",
     422: "The body does not match the schema",
     426: "A plain GET of the WebSocket route: upgrade to a WebSocket",
     429: "Tenant over its rate limit (`rate_limit_exceeded`), or a key or tenant past its"
@@ -190,6 +191,23 @@ _EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("post", "/openai/v1/completions"): {"model": "{model}", "prompt": "Once upon a time"},
     ("post", "/openai/v1/embeddings"): {"model": "{embedding}", "input": ["hello", "world"]},
+    # An embedding model answers rerank too (by cosine similarity).
+    **{
+        ("post", path): {
+            "model": "{embedding}",
+            "query": "What is the capital of France?",
+            "documents": ["Paris is the capital of France.", "Berlin is in Germany."],
+        }
+        for path in ("/v1/rerank", "/rerank", "/v2/rerank", "/openai/v1/rerank")
+    },
+    **{
+        ("post", path): {
+            "model": "{embedding}",
+            "text_1": "What is the capital of France?",
+            "text_2": ["Paris is the capital of France.", "Berlin is in Germany."],
+        }
+        for path in ("/v1/score", "/score", "/openai/v1/score")
+    },
 }
 _PATH_EXAMPLES = {"name": "{model}", "model": "{pullable}", "task_id": "0" * 32}
 # Query parameters with a closed set of values, and examples: (path, name) -> ...
@@ -463,7 +481,7 @@ _MORE: dict[tuple[str, str], Callable[[], str]] = {
 
 # The routes that run a model: their answers carry the X-RateLimit-* headers of a tenant
 # with a request limit (pool/http/_common.py, rate_limit_headers).
-_DIALECTS = ("inference", "openai", "anthropic", "ollama")
+_DIALECTS = ("inference", "openai", "rerank", "anthropic", "ollama")
 _RUN_NO_MODEL = {"/api/pull", "/api/copy", "/api/show"}
 _RATE_LIMIT_HEADERS = {
     "X-RateLimit-Limit": {
@@ -516,6 +534,8 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
     if route.text is not None:
         media_type, schema = route.text
         content[media_type] = {"schema": _SSE_EVENT if media_type == SSE else schema}
+    for media_type, schema in route.media:
+        content[media_type] = {"schema": schema}
     if content:
         success["content"] = content
     valid_input_codes = list(route.valid_input_codes)
@@ -576,7 +596,7 @@ def _operation(route: Route, keyed: dict[Any, Any], served: Served) -> dict[str,
             media["example"] = _filled(example, served)
         operation["requestBody"] = {
             "required": route.body_required,
-            "content": {"application/json": media},
+            "content": {route.request_media: media},
         }
     parameters = [
         {

@@ -267,7 +267,7 @@ class RequestPipeline:
                 ]
                 head.append((b"x-request-id", request.request_id.encode("latin-1")))
                 for name, value in rate_limit_headers(headers_of, request.tenant).items():
-                    head.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+                    head.append((_name_bytes(name), value.encode("latin-1")))
                 message = {**message, "headers": head}
             await send(message)
 
@@ -294,10 +294,23 @@ class RequestPipeline:
                     return b"".join(parts)
 
 
+# Header names as they go on the wire, encoded once: every answer's head has the same
+# dozen names (py-spy: lower() and encode() of each, per answer, on the JSON path).
+_NAMES: dict[str, bytes] = {}
+
+
+def _name_bytes(name: str) -> bytes:
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        encoded = name.lower().encode("latin-1")
+        if len(_NAMES) < 512:  # the pool's own names; a bound all the same
+            _NAMES[name] = encoded
+    return encoded
+
+
 def _head(response: Response) -> list[tuple[bytes, bytes]]:
     return [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in response.headers.items()
+        (_name_bytes(name), value.encode("latin-1")) for name, value in response.headers.items()
     ]
 
 

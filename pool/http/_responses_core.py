@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pool.actors import Admission, Delta, Finished, ToolCallDelta, Waiting
+from pool.actors import Admission, Delta, Finished, Paused, ToolCallDelta, Waiting
 from pool.backends import ImagePart, TextPart, ToolCall, Turn
 from pool.errors import PoolError
 from pool.http._common import dumps
-from pool.http._streaming import StreamRenderer
+from pool.http._streaming import SSE_KEEP_ALIVE, StreamRenderer
 from pool.http._tools import responses_output_format, responses_tools, tool_choice
 from pool.schemas import FunctionChoice, FunctionTool, TextFormat
 
@@ -125,3 +125,6 @@ class SseEvents(StreamRenderer[bytes]):
 
     def render_error(self, admission: Admission, exc: PoolError) -> bytes:
         return sse_all(self.events.render_error(admission, exc))
+
+    def render_pause(self, admission: Admission, paused: Paused) -> bytes:
+        return SSE_KEEP_ALIVE

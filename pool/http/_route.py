@@ -28,10 +28,13 @@ class Route:
     """One operation of the document.
 
     Attributes:
-        request: the JSON body's model; None for a route without a body.
+        request: the body's model; None for a route without a body.
+        request_media: the body's media type (a multipart form's fields are the model's).
         status: the success status.
         reply: the model of the success body (JSON); None for a text answer or none.
         text: the media type of a success body that is not JSON, and its schema.
+        media: the media types (and schemas) of a binary success body, one of which is
+            answered (audio in the formats a request may ask for).
         stream: the media type of the streamed answer (``stream: true``).
         events: the model of one streamed event's JSON (an SSE event's ``data``, an NDJSON
             line): the union of every event the stream can send.
@@ -55,6 +58,7 @@ class Route:
     status: int = 200
     reply: type[BaseModel] | None = None
     text: tuple[str, dict[str, Any]] | None = None
+    media: tuple[tuple[str, dict[str, Any]], ...] = ()
     stream: str | None = None
     events: type[BaseModel] | None = None
     errors: ErrorShape = "pool"
@@ -64,6 +68,7 @@ class Route:
     query: tuple[tuple[str, str | dict[str, Any], str], ...] = ()
     refusals: tuple[int, ...] | None = None
     valid_input_codes: tuple[str, ...] = ()
+    request_media: str = "application/json"
 
 
 # The codes a schema-valid request may still be refused with (``valid_input_codes``), by
@@ -90,9 +95,27 @@ GENERATION_REFUSALS = (
 # A stream of several prompts too (the schema cannot tie `stream` to `prompt`).
 COMPLETION_REFUSALS = (*GENERATION_REFUSALS, "logprobs_unsupported", "stream_multiple_prompts")
 EMBEDDING_REFUSALS = ("dimensions_unsupported", "remote_not_allowed", "wrong_model_kind")
+# Rerank and score: the model's kind, and the bounds of `engine.rerank` (settings the
+# document cannot show).
+RERANK_REFUSALS = (
+    "document_too_long",
+    "remote_not_allowed",
+    "rerank_too_long",
+    "too_many_documents",
+    "wrong_model_kind",
+)
 # A route forwarded to a model's server (pool/http/_forwarding.py): the model's kind, and
 # the server's own refusal of the request (invalid_request quoting it).
 FORWARD_REFUSALS = ("invalid_request", "remote_not_allowed", "wrong_model_kind")
+# An upload that is no audio, or longer than `service.audio.max_seconds`; a stream or
+# granularities with a format that has no place for them.
+AUDIO_REFUSALS = (
+    "audio_too_long",
+    "invalid_audio",
+    "invalid_request",
+    "remote_not_allowed",
+    "wrong_model_kind",
+)
 # A load: another backend's override, or overrides while the model is loaded.
 LOAD_REFUSALS = ("invalid_load_request",)
 

@@ -36,6 +36,7 @@ from pool.actors import (
     Failed,
     Finished,
     InferenceRequest,
+    Paused,
     Pool,
     ToolCallDelta,
     Waiting,
@@ -85,8 +86,12 @@ class StreamRenderer(Generic[Out]):
             return self.render_delta(admission, event)
         if isinstance(event, ToolCallDelta):
             return self.render_tool_call(admission, event)
+        if isinstance(event, bytes):
+            return self.render_raw(admission, event)
         if isinstance(event, Finished):
             return self.render_finished(admission, event)
+        if isinstance(event, Paused):
+            return self.render_pause(admission, event)
         assert isinstance(event, Failed)
         return self.render_error(admission, event.error)
 
@@ -104,6 +109,16 @@ class StreamRenderer(Generic[Out]):
 
     def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> Out | None:
         """A tool-call piece (a dialect without tools is never offered any)."""
+        return None
+
+    def render_raw(self, admission: Admission, events: bytes) -> Out | None:
+        """An upstream's own events, already in the client's dialect (the pass-through
+        relay: only a dialect that asks for it, with ``PassThrough``, is offered any)."""
+        raise AssertionError(f"{type(self).__name__} asked for no pass-through")
+    def render_pause(self, admission: Admission, paused: Paused) -> Out | None:
+        """The stream is paused for a swap (repeated while it lasts): the dialect's
+        keep-alive (an SSE comment, a ``ping``); nothing where it has none (Ollama's
+        NDJSON stalls, its clients wait)."""
         return None
 
     def render_wait(self, admission: Admission, waiting: Waiting) -> Out:

@@ -11,8 +11,9 @@ from pool.http import (
     ollama,
     openai,
     openai_responses,
+    rerank,
     responses,
     runner,
 )
 
-SURFACES = (responses, openai, openai_responses, anthropic, ollama, admin, runner, _ui)
+SURFACES = (responses, openai, openai_responses, rerank, anthropic, ollama, admin, runner, _ui)

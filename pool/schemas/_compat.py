@@ -196,6 +196,95 @@ class EmbeddingsRequest(_Lenient):
     keep_alive: KeepAlive = None
 
 
+# The most documents (or score pairs) the schema takes; the pool's own bound,
+# `engine.rerank.max_documents`, is lower by default (400 `too_many_documents`).
+MAX_RERANK_DOCUMENTS = 100_000
+RERANK_RETURN_DOCUMENTS = (
+    'Each result carries its document (`{"text"}`) as well as its index; default false,'
+    " as Cohere's v2 API."
+)
+
+
+class RerankDocument(_Lenient):
+    """A document as an object (Jina's and Cohere's clients send ``{"text": ...}``)."""
+
+    text: Text
+
+
+class RerankRequest(_Lenient):
+    """``POST /v1/rerank`` (also ``/rerank``, ``/v2/rerank``): the shape llama.cpp, vLLM,
+    Jina and Cohere clients send."""
+
+    model: ModelName
+    query: Text
+    documents: Annotated[
+        list[Text | RerankDocument], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)
+    ]
+    top_n: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Answer the best `top_n` results only; default: every document."
+    )
+    return_documents: bool = Field(False, description=RERANK_RETURN_DOCUMENTS)
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
+    keep_alive: KeepAlive = None
+
+
+ScoreText = Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)]
+
+
+class ScoreRequest(_Lenient):
+    """``POST /v1/score`` (vLLM's): ``text_1`` scored against each of ``text_2``, or the
+    two lists pair by pair (then of one length)."""
+
+    model: ModelName
+    text_1: ScoreText
+    text_2: ScoreText
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
+    keep_alive: KeepAlive = None
+
+
+# OpenAI's formats of ``POST /v1/audio/speech``; the pool encodes `wav` and `pcm` and
+# refuses the others with a 400 `response_format_unsupported`.
+SpeechFormat = Literal["wav", "pcm", "mp3", "opus", "aac", "flac"]
+
+
+class SpeechRequest(_Lenient):
+    """``POST /v1/audio/speech`` (OpenAI format)."""
+
+    model: ModelName
+    input: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)] = Field(
+        description="The text to say; a model takes at most its `max_input_characters`"
+        " (4096 by default, else 400 `input_too_long`)."
+    )
+    voice: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        None,
+        description="One of the model's voices (`GET /v1/audio/voices`); unset: its first."
+        " Another name is a 400 `unknown_voice`.",
+    )
+    response_format: SpeechFormat = Field(
+        "wav",
+        description="`wav` (16-bit mono) or `pcm` (raw 16-bit little-endian mono at the"
+        " model's rate, `X-Sample-Rate`); `mp3`, `opus`, `aac` and `flac` are a 400"
+        " `response_format_unsupported` (no encoder is shipped).",
+    )
+    speed: Annotated[float, Field(ge=0.25, le=4.0)] = Field(
+        1.0, description="1.0 is the voice's own pace; 2.0 twice as fast."
+    )
+    stream_format: Literal["audio"] = Field(
+        "audio", description="Only `audio` (the audio itself); OpenAI's `sse` is not served."
+    )
+    instructions: Annotated[str, StringConstraints(max_length=4096)] | None = Field(
+        None, description="Accepted for OpenAI's clients; Piper voices cannot follow them."
+    )
+    stream: bool = Field(
+        True,
+        description="Pool extension: send the audio as it is made, sentence by sentence"
+        " (a WAV header then has open sizes, as streamed WAV does); `false` answers the"
+        " whole file once it is made, with exact sizes and `Content-Length`.",
+    )
+    keep_alive: KeepAlive = None
+    allow_remote: bool = Field(False, description=ALLOW_REMOTE_DESCRIPTION)
+
+
 class OllamaEmbedRequest(_Lenient):
     """``POST /api/embed``: one text or several."""
 

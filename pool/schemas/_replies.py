@@ -167,6 +167,65 @@ class EmbeddingList(_Reply):
     usage: EmbeddingUsage
 
 
+RERANK_METHOD_DESCRIPTION = (
+    "Pool extension: how the scores were made: `rank_head` (the model's rank head read each"
+    " query and document together) or `embedding_cosine` (an embedding model's fallback:"
+    " the cosine similarity of the query's and the document's embeddings)."
+)
+
+
+class RerankedDocument(_Reply):
+    text: str
+
+
+class RerankResult(_Reply):
+    index: int = Field(description="The document's place in the request's `documents`.")
+    relevance_score: float
+    document: RerankedDocument | None = Field(
+        None, description="The document, with `return_documents: true`."
+    )
+
+
+class RerankUsage(_Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankReply(_Reply):
+    id: str
+    model: str
+    results: list[RerankResult] = Field(description="Best first (`top_n` of them if given).")
+    usage: RerankUsage
+    method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+
+
+class ScoreItem(_Reply):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreReply(_Reply):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreItem] = Field(description="One score per pair, in request order.")
+    usage: RerankUsage
+    method: Literal["rank_head", "embedding_cosine"] = Field(description=RERANK_METHOD_DESCRIPTION)
+
+
+class VoiceCard(_Reply):
+    id: str = Field(description="The name to give as a speech request's `voice`.")
+    model: str = Field(description="The speech model that speaks in it.")
+    language: str | None = Field(None, description="Its language, as the voice names it.")
+
+
+class VoiceList(_Reply):
+    object: Literal["list"]
+    data: list[VoiceCard]
+
+
 class ModelCard(_Reply):
     id: str
     object: Literal["model"]
@@ -188,6 +247,11 @@ class ModelCard(_Reply):
     )
     nodes: list[str] | None = Field(
         None, description="In a cluster: the nodes that have the model loaded (docs/cluster.md)."
+    )
+    parent: str | None = Field(
+        None,
+        description="For a LoRA adapter: the base model that serves it (its `loaded` and"
+        " `context_length` are the base's); absent for a model of its own.",
     )
 
 
@@ -551,6 +615,22 @@ _MEASURED = (
 )
 
 
+class AdapterRow(_Reply):
+    """A LoRA adapter served on a base model (docs/backends.md, "LoRA adapters")."""
+
+    name: str = Field(description="The model name requests use for it.")
+    path: str
+    scale: float
+    size_mib: float = Field(
+        description="Its file's size: what it adds to the base's memory on each replica."
+    )
+    requests: int = Field(description="Requests admitted for it since it was added.")
+    evicted: bool = Field(
+        description="The pool evicted it alone to make room (least recently used adapter"
+        " first, before its base is considered); its next request loads it again."
+    )
+
+
 class ModelRow(_Reply):
     """One configured model with its live state (spec: runtime-admin-api)."""
 
@@ -604,6 +684,21 @@ class ModelRow(_Reply):
         " (canary_interval_s 0, a remote model that sets none, a model that does not"
         " generate text)."
     )
+    parent: str | None = Field(
+        None,
+        description="On an adapter's row: the base model that serves it; the row's state,"
+        " queue and memory are the base's.",
+    )
+    adapter: AdapterRow | None = Field(None, description="On an adapter's row: the adapter.")
+    adapters: list[AdapterRow] = Field(
+        default_factory=list, description="On a base's row: the LoRA adapters it serves."
+    )
+    adapter_group_wait_ms: float | None = Field(
+        None,
+        description="Where the backend applies one adapter at a time (llama_cpp) and the"
+        " model has adapters: the longest extra wait (ms) the scheduler may add to a request"
+        " to run requests of an already applied adapter first; null otherwise.",
+    )
     definition: dict[str, Any]
 
 
@@ -616,12 +711,28 @@ class DecisionRow(_Reply):
     """One residency decision, with its reason (further fields carry its numbers)."""
 
     seq: int = Field(description="Increases by one with each decision.")
-    action: Literal["place", "evict", "wait", "yield", "refuse", "comeback", "reload", "fail"] = (
-        Field(
-            description="`reload`: the output canary found the model degraded and it was"
-            " drained and reloaded; `fail`: degraded past engine.canary_reloads_per_hour,"
-            " marked failed (docs/reliability.md)."
-        )
+    action: Literal[
+        "place",
+        "evict",
+        "wait",
+        "yield",
+        "refuse",
+        "comeback",
+        "reload",
+        "fail",
+        "pause",
+        "cut",
+        "resume",
+    ] = Field(
+        description="`pause`: the model's low-priority streams were paused at a token"
+        " boundary for a swap (`requests` names them), `cut`: ended instead"
+        " (engine.preemption: cut), `resume`: a paused stream runs again"
+        ' (docs/vram.md, "Pause and resume"); '
+        "`reload`: the output canary found the model degraded and it was"
+        " drained and reloaded, or the loaded copy did not serve a request's or a"
+        " runner load's load hints (the reason names the field; docs/vram.md, \"Load"
+        ' hints"); `fail`: degraded past engine.canary_reloads_per_hour, marked'
+        " failed (docs/reliability.md)."
     )
     model: str = Field(description="The model decided about.")
     for_model: str | None = Field(
@@ -652,6 +763,18 @@ class UsageRow(_Reply):
     prompt_tokens: int
     cached_tokens: int = Field(description="Prompt tokens a prefix cache served.")
     output_tokens: int
+    audio_seconds: float = Field(
+        0.0, description="Seconds of audio transcribed (/v1/audio/transcriptions, translations)."
+    )
+    characters: int = Field(
+        0, description="Characters of text that speech models said (`/v1/audio/speech`)."
+    )
+    load_seconds: float = Field(
+        0.0,
+        description="Seconds of model loading these requests caused: each load a request"
+        " started (an on-demand model, an evicted one coming back for it) is charged to"
+        " that request's key and tenant.",
+    )
 
 
 class UsageReport(_Reply):
@@ -667,6 +790,7 @@ class UsageReport(_Reply):
                             "prompt_tokens": 3400,
                             "cached_tokens": 1200,
                             "output_tokens": 980,
+                            "load_seconds": 0.0,
                         },
                         {
                             "tenant": "team-a",
@@ -674,6 +798,7 @@ class UsageReport(_Reply):
                             "prompt_tokens": 410,
                             "cached_tokens": 0,
                             "output_tokens": 150,
+                            "load_seconds": 2.5,
                         },
                     ]
                 }
@@ -700,6 +825,12 @@ class LoadPreview(_Reply):
     wait_for: list[str] = Field(
         description="Models whose end it waits for (a load under way of this model), or the"
         " busy models that could make room once idle when it is refused."
+    )
+    pause: list[str] = Field(
+        default_factory=list,
+        description="The request ids of the low-priority streams that a request above"
+        " `low` for this model would pause to make its room (engine.preemption: pause;"
+        ' docs/vram.md, "Pause and resume"); empty when none would.',
     )
     need_mib: int = Field(description="MiB per replica, as the estimate chain says.")
     estimate_source: str

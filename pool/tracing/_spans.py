@@ -332,6 +332,10 @@ class OtelRequestTrace:
             attributes = (("llm_pool.replica", ticket.replica),)
         if self.relayed_to is not None:
             attributes += (("llm_pool.relayed_to", self.relayed_to),)
+        # A generation's path through the relay: the upstream's bytes or rendered again.
+        stats = getattr(job, "stats", None)
+        if isinstance(relay_path := getattr(stats, "relay_path", None), str):
+            attributes += (("llm_pool.relay_path", relay_path),)
         events: tuple[tuple[str, int], ...] = ()
         first_ms = getattr(job, "time_to_first_token_ms", None)
         if first_ms is not None:

@@ -11,10 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool import PoolError, open_pool
 from pool.actors import Budgets, EmbeddingRequest, InferenceRequest
-from pool.actors.accounting._budgets import window
+from pool.actors.accounting._budgets import Spent, Unit, window
 from pool.config import BudgetRule, build_settings
 
 from .helpers import ask as plain_ask
+
+# The units a text request and a speech request spend (pool/actors/serving/_serving.py).
+TEXT: tuple[Unit, ...] = ("tokens", "requests", "load_ms")
+SPEECH: tuple[Unit, ...] = ("requests", "load_ms", "characters")
 
 
 class Clock:
@@ -221,3 +225,30 @@ async def test_a_request_budget_counts_requests_whatever_they_used(private_state
         await pool.respond(ask("other"), tenant="beta")
         clock.now += 7200  # the next UTC day
         await pool.respond(ask("again"), tenant="acme")
+
+
+def test_characters_budgets_count_speech_and_refuse_only_speech() -> None:
+    clock = Clock(datetime(2026, 3, 14, 12, 0, tzinfo=UTC))
+    rules = [
+        BudgetRule(tenant="acme", tokens_per_day=100, characters_per_month=1000),
+    ]
+    budgets = Budgets(rules, clock=clock)
+    budgets.charge("acme", None, Spent(characters=600))
+    budgets.charge("acme", None, Spent(tokens=40, characters=400))  # 1000 characters: spent
+    budgets.check("acme", None, TEXT)  # tokens: 40 of 100
+    with pytest.raises(PoolError) as refused:
+        budgets.check("acme", None, SPEECH)
+    assert refused.value.details["budget"] == {
+        "tenant": "acme",
+        "period": "month",
+        "window": "2026-03",
+        "limit_characters": 1000,
+        "spent_characters": 1000,
+        "resets_at": int(datetime(2026, 4, 1, tzinfo=UTC).timestamp()),
+    }
+    budgets.charge("acme", None, Spent(tokens=60))
+    with pytest.raises(PoolError) as tokens:
+        budgets.check("acme", None, TEXT)
+    assert tokens.value.details["budget"]["limit_tokens"] == 100
+    with pytest.raises(ValueError, match="characters_per_day"):
+        BudgetRule(tenant="acme")

@@ -130,3 +130,36 @@ async def test_a_load_eta_counts_down_from_the_last_measured_load(
         await trio.sleep(10)
         assert pool.load_eta_s("m") == pytest.approx(20, abs=0.1)
         await again.done.wait()
+
+
+async def test_a_runner_load_reuses_a_copy_that_serves_it_and_reloads_one_that_does_not(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The toy backend's ``toy_ctx`` is its context field: a loaded copy of 256 serves a
+    runner load of 128 as it is; one of 512 reloads it, with a ``reload`` decision."""
+    from pool.backends import register_backend, unregister_backend
+
+    from ..backends import toy_backend
+
+    register_backend("toy", toy_backend.__name__)
+    try:
+        settings = build_settings({"engine": {"models": {"t": {"backend": "toy"}}}})
+        async with open_pool(settings) as pool:
+            await pool.load("t", {"toy_ctx": 256})
+            loads = pool.model("t").load_count
+            task = pool.start_load_task("t", {"toy_ctx": 128})
+            await task.done.wait()
+            assert task.status == "completed", task.error
+            assert pool.model("t").load_count == loads
+            assert pool.snapshot("t").load_override == {"toy_ctx": 256}
+            assert not [d for d in pool.decisions("t") if d.action == "reload"]
+
+            task = pool.start_load_task("t", {"toy_ctx": 512})
+            await task.done.wait()
+            assert task.status == "completed", task.error
+            assert pool.model("t").load_count == loads + 1
+            assert pool.snapshot("t").load_override == {"toy_ctx": 512}
+            (reload,) = [d for d in pool.decisions("t") if d.action == "reload"]
+            assert reload.reason.endswith("toy_ctx 512 asked; the loaded copy has 256")
+    finally:
+        unregister_backend("toy")

@@ -316,3 +316,30 @@ def test_store_groups_and_buckets(tmp_path: Path) -> None:
     ]
     assert store.prune(day + 86400) == 3
     store.close()
+
+
+def test_a_file_from_before_characters_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    # The table as it shipped before speech (issue #41), with one row in it.
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE usage (at REAL NOT NULL, key TEXT, tenant TEXT NOT NULL,"
+            " model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER"
+            " NOT NULL, output_tokens INTEGER NOT NULL, queue_ms REAL NOT NULL,"
+            " generation_ms REAL, status TEXT NOT NULL)"
+        )
+        db.execute("INSERT INTO usage VALUES (1, NULL, 'acme', 'm', 3, 0, 4, 0, 1, 'success')")
+    store = UsageStore(path)
+    try:
+        record = UsageRecord(2, None, "acme", "tts", 0, 0, 0, 0.0, 5.0, "success", characters=42)
+        store.append([record])
+        (total,) = store.totals("tenant")
+        assert (total.requests, total.prompt_tokens, total.characters) == (2, 3, 42)
+    finally:
+        store.close()
+    # Opened again: the column is there once, not added twice.
+    again = UsageStore(path)
+    try:
+        assert [t.characters for t in again.totals("model")] == [0, 42]
+    finally:
+        again.close()

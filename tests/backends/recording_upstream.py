@@ -43,6 +43,11 @@ class Received:
 class RecordingUpstream:
     chunks: list[dict[str, Any]] = field(default_factory=reply_chunks)
     received: list[Received] = field(default_factory=list)
+    # The exact bytes of a streamed answer (in place of ``chunks``) and of an answer
+    # to ``"stream": false`` (default: the streamed one): a test of the pass-through
+    # relay checks that they reach the client as they were sent.
+    raw_stream: bytes | None = None
+    raw_reply: bytes | None = None
     port: int = 0
 
     @property
@@ -81,6 +86,13 @@ class RecordingUpstream:
             if method == "GET" and path == "/v1/models":
                 await stream.send_all(_response("application/json", b'{"data": [{"id": "up"}]}'))
             elif method == "POST" and path == "/v1/chat/completions":
+                posted = self.received[-1].body
+                if self.raw_reply is not None and posted.get("stream") is False:
+                    await stream.send_all(_response("application/json", self.raw_reply))
+                    return
+                if self.raw_stream is not None:
+                    await stream.send_all(_response("text/event-stream", self.raw_stream))
+                    return
                 events = "".join(f"data: {json.dumps(c)}\n\n" for c in self.chunks)
                 events += "data: [DONE]\n\n"
                 await stream.send_all(_response("text/event-stream", events.encode()))

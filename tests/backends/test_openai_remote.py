@@ -18,9 +18,10 @@ from pool import (
     request_from_responses,
     serve,
 )
-from pool.actors import EmbeddingRequest
+from pool.actors import EmbeddingRequest, TaskRequest
+from pool.backends import Ranked, rerank_job
 from pool.backends.stub import stub_embedding
-from pool.config import build_settings
+from pool.config import RerankLimits, build_settings
 from tests.media.helpers import PNG, PNG_URL
 
 from .recording_upstream import RecordingUpstream
@@ -344,3 +345,32 @@ async def test_a_text_only_content_array_goes_as_one_text(nursery: trio.Nursery)
     assert body["messages"] == [
         {"role": "user", "content": "What is the capital of France?\nAnswer in one word."}
     ]
+
+
+async def test_rerank_passes_through_to_the_upstreams_rerank(nursery: trio.Nursery) -> None:
+    """A rerank model (``kind: rerank``) sends its pairs to the upstream's ``/rerank``:
+    here an upstream pool's stub rank head, whose scores come back in document order."""
+    settings = build_settings(
+        {"engine": {"models": {"ranker": {"backend": "stub", "enabled": True, "kind": "rerank"},
+                               "up": {"backend": "stub", "enabled": True}}}}
+    )  # fmt: skip
+    upstream: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, port=0, task_status=task_status)
+    )
+    documents = ("berlin is in germany", "paris capital of france", "capital of spain")
+    async with open_pool(
+        _remote(upstream.url + "/v1", remote_model="ranker", kind="rerank")
+    ) as pool:
+        job = rerank_job("remote", ("capital of france",), documents, RerankLimits())
+        done = await pool.run_task(TaskRequest("remote", job, allow_remote=True))
+        assert done.value == Ranked((0.0, 1.0, 2 / 3), "rank_head")
+        assert done.usage.prompt_tokens == 3 * 3 + 4 + 4 + 3
+        with pytest.raises(PoolError) as info:
+            await pool.run_task(TaskRequest("remote", job))
+        assert info.value.code == "remote_not_allowed"
+    # An upstream model that cannot rank refuses the input: the client's 400, not a 502.
+    async with open_pool(_remote(upstream.url + "/v1", remote_model="up", kind="rerank")) as pool:
+        job = rerank_job("remote", ("q",), ("d",), RerankLimits())
+        with pytest.raises(PoolError) as info:
+            await pool.run_task(TaskRequest("remote", job, allow_remote=True))
+        assert info.value.code == "invalid_request" and "is of kind chat" in info.value.message

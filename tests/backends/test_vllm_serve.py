@@ -315,6 +315,17 @@ def test_embedding_model_runs_the_pooling_runner() -> None:
     ).embedding_dimensions
 
 
+def test_rerank_model_runs_the_pooling_runner_and_ranks_through_v1_rerank() -> None:
+    """``kind: rerank``: vLLM's pooling runner keeps a cross-encoder's classifier (its
+    score task); no tool parser, no pooler override; the replica ranks, not chats."""
+    args = command_line(_model(vllm_model="/m", kind="rerank"), "vllm", "/m", 1, "x")
+    assert _flag(args, "--runner") == "pooling"
+    assert "--pooler-config" not in args and "--enable-auto-tool-choice" not in args
+    caps = VllmServeBackend().capabilities(_model(vllm_model="/m", kind="rerank"))
+    assert caps.kind == "rerank" and not caps.generation and not caps.embeddings
+    assert not caps.tools and not caps.structured_output
+
+
 @pytest.mark.real_model
 @pytest.mark.timeout(1800)  # scripts/build-vllm-env first: minutes when not cached
 async def test_real_vllm_serve_embeddings_on_cpu() -> None:

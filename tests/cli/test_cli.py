@@ -483,17 +483,25 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
     by_tenant = await cli(info, "usage")
     assert by_tenant.code == 0, by_tenant.err
     header, *rows = by_tenant.out.splitlines()
-    assert header.split() == ["TENANT", "REQUESTS", "PROMPT", "CACHED", "OUTPUT"]
+    assert header.split() == ["TENANT", "REQUESTS", "PROMPT", "CACHED", "OUTPUT", "CHARS"]
     assert [row.split() for row in rows] == [
-        ["team-a", "1", "3", "0", "3"],
-        ["team-b", "1", "1", "0", "1"],
+        ["team-a", "1", "3", "0", "3", "0"],
+        ["team-b", "1", "1", "0", "1", "0"],
     ]
     daily = await cli(info, "usage", "--group-by", "model", "--bucket", "day", "--since", "0")
     assert daily.code == 0, daily.err
     (row,) = daily.out.splitlines()[1:]
     assert row.split()[0].endswith("T00:00:00Z") and row.split()[1:3] == ["echo", "2"]
     as_json = await cli(info, "usage", "--group-by", "key", "--json")
-    row = {"key": None, "requests": 2, "prompt_tokens": 4, "cached_tokens": 0, "output_tokens": 4}
+    row = {
+        "key": None,
+        "requests": 2,
+        "prompt_tokens": 4,
+        "cached_tokens": 0,
+        "output_tokens": 4,
+        "load_seconds": 0.0,
+        "characters": 0,
+    }
     assert as_json.json_lines() == [{"usage": [row]}]
     none = await cli(info, "usage", "--until", "2000-01-01T00:00:00Z")
     assert none.code == 0 and none.out.strip() == "no usage recorded in this range"
@@ -519,3 +527,20 @@ def test_a_preview_says_which_models_it_spares() -> None:
         "it would evict, in order: b",
         "it would spare (in their stay-warm windows): a",
     ]
+
+
+def test_ps_shows_an_adapter_under_its_base() -> None:
+    from rich.console import Console
+
+    from pool.cli._models import models_table
+
+    base = {"name": "smol", "kind": "chat", "resolved_backend": "llama_cpp",
+            "runtime_state": "loaded", "loaded_replicas": 1, "replicas": 1,
+            "inflight_requests": 2, "queue_depth": 0, "gpus": []}  # fmt: skip
+    adapter = {**base, "name": "smol-tune", "parent": "smol",
+               "adapter": {"name": "smol-tune", "size_mib": 1.1}}  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    console.print(models_table([base, adapter]))
+    lines = {line.split()[0]: line.split() for line in console.file.getvalue().splitlines()[1:]}  # type: ignore[attr-defined]
+    assert lines["smol-tune"][1:6] == ["chat", "lora", "on", "smol", "loaded"]
+    assert "+1.1" in lines["smol-tune"] and lines["smol"][2] == "llama_cpp"

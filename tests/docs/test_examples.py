@@ -43,6 +43,7 @@ EXPECTED_SKIPPED = {
     ("README.md", "scripts/test"),
     ("api.md", "curl -sN localhost:8011/v1/admin/events"),
     ("api.md", "from openai import OpenAI"),  # the embeddings example: no embedding model
+    ("api.md", "import httpx"),  # the rerank example: no rerank model
     ("backends.md", "llm-pool convert ct2"),
     ("operations.md", "scripts/serve"),
     ("operations.md", "deploy/systemd/install.sh"),

@@ -79,7 +79,10 @@ async def test_generated_bad_bodies_never_5xx(nursery: trio.Nursery) -> None:
 
 # More digits than Python reads into an int (sys.get_int_max_str_digits(): 4300).
 _LONG_INTEGER = b"9" * 5000
-_BODY_ROUTES = [r for r in ROUTES if r.request is not None]
+# (A multipart form's fields are text: no JSON number to overflow.)
+_BODY_ROUTES = [
+    r for r in ROUTES if r.request is not None and r.request_media == "application/json"
+]
 
 
 @pytest.fixture

@@ -491,8 +491,31 @@ _CHAT = [{"role": "user", "content": "What is the capital of France?"}]
         ),
     ),
 )
-async def test_chat_completions(nursery: trio.Nursery, case: str, body: dict[str, Any]) -> None:
+@pytest.mark.parametrize("relay", ["local", "pass-through", "translated"])
+async def test_chat_completions(
+    nursery: trio.Nursery, case: str, body: dict[str, Any], relay: str
+) -> None:
+    """The same bytes from a stub model, and from an ``openai_remote`` model in front of
+    a pool that serves it, on both paths of the relay (pool/backends/_pass_through.py)."""
     info = await _server(nursery)
+    if relay != "local":
+        remote = {
+            name: {
+                "backend": "openai_remote",
+                "enabled": True,
+                "remote_base_url": info.url + "/v1",
+                "remote_model": name,
+                "allow_remote": True,
+            }
+            for name in ("paris", "echo")
+        }
+        info = await start_server(
+            nursery,
+            remote,
+            runner_id="golden-runner",
+            gpus=NO_GPU,
+            pass_through=relay == "pass-through",
+        )
     transcript = Transcript(case)
     async with _client(info) as client:
         transcript.exchange(await client.post("/v1/chat/completions", json=body))

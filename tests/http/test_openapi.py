@@ -57,11 +57,14 @@ async def test_every_route_of_the_app_is_documented() -> None:
         source = inspect.getsource(view)
         # The body's model: what the route reads (a model route reads it as it opens).
         read = re.search(
-            r"(?:read_body\(|authorized_body\(ctx, |open_model_route\(ctx, )(\w+)", source
+            r"(?:read_body\(|authorized_body\(ctx, |open_model_route\(ctx, |read_form\()(\w+)",
+            source,
         )
         if read:
-            # The documented request schema is the model the route reads.
-            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            # The documented request schema is the model the route reads (a JSON body, or
+            # a multipart form's fields).
+            (media,) = operation["requestBody"]["content"].values()
+            schema = media["schema"]
             assert schema == {"$ref": f"#/components/schemas/{read.group(1)}"}, path
         else:
             assert "requestBody" not in operation, f"{method.upper()} {path} takes no body"
@@ -199,6 +202,15 @@ async def test_real_answers_match_the_documented_schemas(client: httpx.AsyncClie
     for encoding in ("float", "base64"):
         body = {"model": "vec", "input": ["a", "b"], "encoding_format": encoding}
         check(await client.post("/v1/embeddings", json=body), "/v1/embeddings")
+    # Rerank and score (an embedding model answers by cosine similarity), and a refusal.
+    rerank = {"model": "vec", "query": "q", "documents": ["a", {"text": "b"}],
+              "return_documents": True}  # fmt: skip
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank", "/openai/v1/rerank"):
+        check(await client.post(path, json=rerank), path)
+    check(await client.post("/v1/rerank", json=rerank | {"model": "echo"}), "/v1/rerank")
+    for path in ("/v1/score", "/score", "/openai/v1/score"):
+        body = {"model": "vec", "text_1": "q", "text_2": ["a", "b"]}
+        check(await client.post(path, json=body), path)
     # OpenAI's base URL: the Responses API in OpenAI's shapes, and the same routes as /v1.
     created = check(
         await client.post(

@@ -12,8 +12,10 @@ every member of every union, so no event model is left unexercised.
 
 from __future__ import annotations
 
+import io
 import json
 import typing
+import wave
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from pool.schemas import (
     PullState,
     ResponseStreamEvent,
     TextCompletionStreamEvent,
+    TranscriptionStreamEvent,
 )
 
 from . import tool_backend
@@ -61,6 +64,8 @@ COMPLETIONS = Surface(TextCompletionStreamEvent, "sse-done")
 OLLAMA_CHAT = Surface(OllamaChatStreamLine, "ndjson")
 OLLAMA_GENERATE = Surface(OllamaGenerateStreamLine, "ndjson")
 PULL = Surface(PullState, "ndjson")
+# Unnamed events as OpenAI's transcription streams send them, without a closing [DONE].
+TRANSCRIPTION = Surface(TranscriptionStreamEvent, "sse-done")
 
 # Every streamed route of the app and its surface; the document must agree.
 STREAMED: dict[str, Surface] = {
@@ -74,6 +79,8 @@ STREAMED: dict[str, Surface] = {
     "/api/chat": OLLAMA_CHAT,
     "/api/generate": OLLAMA_GENERATE,
     "/api/pull": PULL,
+    "/v1/audio/transcriptions": TRANSCRIPTION,
+    "/openai/v1/audio/transcriptions": TRANSCRIPTION,
 }
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -85,6 +92,7 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     "long": {"backend": "stub", "enabled": True, "stub_reply": "one two three four five six"},
     "caller": {"backend": "toolcaller", "enabled": True},
+    "ears": {"backend": "stub", "enabled": True, "kind": "transcription"},
     # lazy: loads on the first request (0.4 s); never: its queue times out during the load.
     **WAITING_MODELS,
 }
@@ -253,6 +261,19 @@ CASES = [
          "OllamaGenerateChunk:empty", "OllamaGenerateLast:stop"),
     case("ollama-generate-error", "/api/generate", {"model": "echo", "prompt": "hi"},
          "OllamaGenerateChunk:text", "OllamaError", failing=True),
+    # -- transcriptions (a multipart form: the case's body is its fields, plus a WAV) -----
+    *(
+        c
+        for base in ("/v1", "/openai/v1")
+        for c in (
+            case(f"transcription-text{base}", f"{base}/audio/transcriptions",
+                 {"model": "ears", "stream": "true"},
+                 "TranscriptTextDelta", "TranscriptTextDone"),
+            case(f"transcription-error{base}", f"{base}/audio/transcriptions",
+                 {"model": "ears", "stream": "true"},
+                 "TranscriptTextDelta", "OpenAIError:backend_error", failing=True),
+        )
+    ),
 ]  # fmt: skip
 
 
@@ -390,6 +411,17 @@ async def _fail_after_two_tokens(self: StubRuntime, request: Any, sink: Any) -> 
     raise BackendError("the runtime fell over")
 
 
+def _silence_wav() -> bytes:
+    """Half a second of silence, the upload of the transcription cases."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(b"\x00\x00" * 8000)
+    return out.getvalue()
+
+
 @pytest.fixture
 async def toolcaller() -> AsyncIterator[None]:
     register_backend("toolcaller", tool_backend.__name__)
@@ -405,9 +437,14 @@ async def test_every_streamed_event_matches_its_model(
 ) -> None:
     if c.failing:
         monkeypatch.setattr(StubRuntime, "generate", _fail_after_two_tokens)
+        monkeypatch.setattr(StubRuntime, "transcribe", _fail_after_two_tokens)
     info = await start_server(nursery, MODELS)
     async with httpx.AsyncClient(base_url=info.url, timeout=30) as client:
-        reply = await client.post(c.path, json=c.body)
+        if "/audio/" in c.path:
+            upload = {"file": ("silence.wav", _silence_wav(), "audio/wav")}
+            reply = await client.post(c.path, data=c.body, files=upload)
+        else:
+            reply = await client.post(c.path, json=c.body)
     assert reply.status_code == 200, reply.text
     seen = check_stream(STREAMED[c.path], reply.text)
     produced = set().union(*seen)

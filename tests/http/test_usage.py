@@ -46,8 +46,9 @@ async def test_usage_by_tenant_model_and_hour(nursery: trio.Nursery) -> None:
             "t1": (1, 3),
             "t2": (1, 2),
         }
-        assert all(set(r) == {"tenant", "requests", "prompt_tokens", "cached_tokens",
-                              "output_tokens"} for r in by_tenant)  # fmt: skip
+        fields = {"tenant", "requests", "prompt_tokens", "cached_tokens", "output_tokens",
+                  "audio_seconds", "characters", "load_seconds"}  # fmt: skip
+        assert all(set(r) == fields for r in by_tenant)
         (by_model,) = await _usage(client, group_by="model", since=str(time.time() - 3600))
         assert by_model["model"] == "echo" and by_model["requests"] == 3
         (by_key,) = await _usage(client, group_by="key")

@@ -344,5 +344,8 @@ async def test_relayed_requests_carry_traceparent_upstream(receiver: Receiver) -
     from_front, from_peer = sorted(upstream_spans, key=lambda s: s.start_ns)
     assert front_span.trace_id == from_front.trace_id == TRACE_ID
     assert front_span.parent_span_id == CALLER_SPAN
+    # A Chat Completions client of a Chat Completions upstream: its bytes went through.
+    generation = children(receiver, front_span)[GENERATION_SPAN]
+    assert generation.attributes["llm_pool.relay_path"] == "pass_through"
     assert from_front.parent_span_id == front_span.span_id
     assert (from_peer.trace_id, from_peer.parent_span_id) == ("ab" * 16, "cd" * 8)

@@ -1,10 +1,12 @@
-"""Token and request budgets per key or tenant and UTC day or month (``service.budgets``).
+"""Budgets per key or tenant and UTC day or month (``service.budgets``).
 
-A token budget counts the prompt plus output tokens of finished requests in its window
-(the UTC day, or the UTC calendar month); a request budget counts the requests that
-reached a model, whatever they used (routes where no tokens apply: images, speech).
-A request is checked at admission: once a window's count has reached its limit, new
-requests of that key or tenant are refused with 429
+A budget counts one unit of what finished requests used in its window (the UTC day, or
+the UTC calendar month): prompt plus output tokens; requests that reached a model,
+whatever they used (routes where no tokens apply: images, forwarded routes); seconds of
+audio transcribed (rounded up per request); characters said by speech models; or
+seconds of model loading the requests caused (counted in milliseconds). A request is
+checked at admission against the budgets of what it can spend: once a window's count has
+reached its limit, new requests of that key or tenant are refused with 429
 ``budget_exceeded`` and ``Retry-After`` set to the seconds left until the window
 resets. Requests already running finish and are counted, so a budget can be overshot by
 what was in flight when it ran out.
@@ -35,7 +37,31 @@ from pool.errors import PoolError
 
 Period = Literal["day", "month"]
 Subject = Literal["key", "tenant"]
-Unit = Literal["tokens", "requests"]
+# What a budget counts (load seconds in milliseconds, so that counters stay integers).
+Unit = Literal["tokens", "requests", "audio_seconds", "characters", "load_ms"]
+UNITS: tuple[Unit, ...] = ("tokens", "requests", "audio_seconds", "characters", "load_ms")
+# How a refusal names each unit, and the factor from the counter to what it shows.
+_SHOWN: dict[Unit, tuple[str, str, float]] = {
+    "tokens": ("tokens", "tokens", 1),
+    "requests": ("requests", "requests", 1),
+    "audio_seconds": ("audio_seconds", "seconds of audio", 1),
+    "characters": ("characters", "characters", 1),
+    "load_ms": ("load_seconds", "load seconds", 1000),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a request (or a key or tenant in a window) used, in every budget unit."""
+
+    tokens: int = 0
+    requests: int = 0
+    audio_seconds: int = 0
+    characters: int = 0
+    load_ms: int = 0
+
+    def of(self, unit: Unit) -> int:
+        return int(getattr(self, unit))
 
 
 class BudgetCounters(Protocol):
@@ -106,10 +132,10 @@ class _Limit:
     unit: Unit = "tokens"
 
     def counter(self, current: Window) -> str:
-        # Token counters keep the name they had before request budgets existed (shared
+        # Token counters keep the name they had before other units existed (shared
         # counters in a cluster outlive an upgrade).
         base = f"{self.subject}:{self.name}:{self.period}:{current.id}"
-        return base if self.unit == "tokens" else f"{base}:requests"
+        return base if self.unit == "tokens" else f"{base}:{self.unit}"
 
 
 def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
@@ -118,11 +144,18 @@ def _limits(rules: Iterable[BudgetRule]) -> list[_Limit]:
         subject: Subject = "key" if rule.key is not None else "tenant"
         name = rule.key if rule.key is not None else rule.tenant
         assert name is not None  # BudgetRule names exactly one
+        load_s = rule.load_seconds_per_day
+        load_ms = None if load_s is None else max(1, round(load_s * 1000))
         for amount, period, unit in (
             (rule.tokens_per_day, "day", "tokens"),
             (rule.tokens_per_month, "month", "tokens"),
             (rule.requests_per_day, "day", "requests"),
             (rule.requests_per_month, "month", "requests"),
+            (rule.audio_seconds_per_day, "day", "audio_seconds"),
+            (rule.audio_seconds_per_month, "month", "audio_seconds"),
+            (rule.characters_per_day, "day", "characters"),
+            (rule.characters_per_month, "month", "characters"),
+            (load_ms, "day", "load_ms"),
         ):
             if amount is not None:
                 limits.append(_Limit(subject, name, period, amount, unit))  # type: ignore[arg-type]
@@ -160,8 +193,9 @@ class Budgets:
             found.extend(self._by_subject.get(("key", key), ()))
         return found
 
-    def check(self, tenant: str, key: str | None) -> None:
-        """Refuse a new request whose key or tenant has spent a budget.
+    def check(self, tenant: str, key: str | None, units: Iterable[Unit] = UNITS) -> None:
+        """Refuse a new request whose key or tenant has spent a budget of one of
+        ``units`` (what the request can spend: a speech request characters, not tokens).
 
         Raises:
             PoolError: ``budget_exceeded`` (429) with ``Retry-After`` (seconds until
@@ -169,7 +203,8 @@ class Budgets:
         """
         if not self._by_subject:
             return
-        limits = self._applying(tenant, key)
+        wanted = set(units)
+        limits = [limit for limit in self._applying(tenant, key) if limit.unit in wanted]
         if not limits:
             return
         now = self._clock()
@@ -184,18 +219,21 @@ class Budgets:
             return
         limit, current, spent = refusal
         wait = max(1.0, math.ceil(current.ends_at - now))
+        field, words, scale = _SHOWN[limit.unit]
+        amount: float = limit.amount if scale == 1 else limit.amount / scale
+        used: float = spent if scale == 1 else spent / scale
         raise PoolError(
             "budget_exceeded",
-            f"{limit.subject} {limit.name!r} has spent its budget of {limit.amount}"
-            f" {limit.unit} per {limit.period} ({current.id}, UTC)",
+            f"{limit.subject} {limit.name!r} has spent its budget of {amount} {words}"
+            f" per {limit.period} ({current.id}, UTC)",
             retry_after_s=wait,
             details={
                 "budget": {
                     limit.subject: limit.name,
                     "period": limit.period,
                     "window": current.id,
-                    f"limit_{limit.unit}": limit.amount,
-                    f"spent_{limit.unit}": spent,
+                    f"limit_{field}": amount,
+                    f"spent_{field}": used,
                     "resets_at": int(current.ends_at),
                 }
             },
@@ -211,37 +249,31 @@ class Budgets:
             for limit in limits
         }
 
-    def restore(
-        self,
-        spent: Mapping[tuple[Subject, float], Mapping[str, int]],
-        requests: Mapping[tuple[Subject, float], Mapping[str, int]] | None = None,
-    ) -> None:
+    def restore(self, spent: Mapping[tuple[Subject, float], Mapping[str, Spent]]) -> None:
         """Count what was spent in the current windows before this pool started: for
-        each of :meth:`current_windows`, the tokens (``spent``) and the requests per key
-        or tenant name since then (from the usage database). Local counters only: shared
-        ones were never lost."""
+        each of :meth:`current_windows`, what each key or tenant name used since then
+        (from the usage database). Local counters only: shared ones were never lost."""
         if not isinstance(self.counters, LocalCounters):
             return
         now = self._clock()
         for (subject, name), limits in self._by_subject.items():
             for limit in limits:
                 current = window(limit.period, now)
-                source = spent if limit.unit == "tokens" else (requests or {})
-                amount = source.get((subject, current.starts_at), {}).get(name, 0)
+                used = spent.get((subject, current.starts_at), {}).get(name, Spent())
+                amount = used.of(limit.unit)
                 if amount > 0:
                     self.counters.add(limit.counter(current), amount, current.ends_at)
 
-    def charge(self, tenant: str, key: str | None, tokens: int, requests: int = 0) -> None:
-        """Count a finished request's prompt plus output ``tokens`` (and ``requests``:
-        1 for each request that reached a model)."""
-        if (tokens <= 0 and requests <= 0) or not self._by_subject:
+    def charge(self, tenant: str, key: str | None, used: Spent) -> None:
+        """Count what a finished request (or a load it caused) used."""
+        if not self._by_subject:
             return
         limits = self._applying(tenant, key)
         if not limits:
             return
         now = self._clock()
         for limit in limits:
-            amount = tokens if limit.unit == "tokens" else requests
+            amount = used.of(limit.unit)
             if amount > 0:
                 current = window(limit.period, now)
                 self.counters.add(limit.counter(current), amount, current.ends_at)

@@ -37,10 +37,29 @@ CREATE TABLE IF NOT EXISTS usage (
     output_tokens INTEGER NOT NULL,
     queue_ms REAL NOT NULL,
     generation_ms REAL,
-    status TEXT NOT NULL
+    status TEXT NOT NULL,
+    audio_seconds REAL NOT NULL DEFAULT 0,
+    characters INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 """
+# The columns added after the table first shipped (a file an older pool wrote gains
+# them when opened; its rows count 0): the seconds of audio transcribed, the
+# characters of speech input (issue #41) and the seconds of loading caused (#46).
+_ADDED = {
+    "usage": {
+        "audio_seconds": "REAL NOT NULL DEFAULT 0",
+        "characters": "INTEGER NOT NULL DEFAULT 0",
+        # Seconds of model loading a request caused (it found its model unloaded).
+        "load_seconds": "REAL NOT NULL DEFAULT 0",
+    }
+}
+# The columns in the order INSERT gives them.
+_COLUMNS = (
+    "at, key, tenant, model, prompt_tokens, cached_tokens, output_tokens, queue_ms,"
+    " generation_ms, status, audio_seconds, characters, load_seconds"
+)
+_PLACEHOLDERS = ", ".join("?" for _ in _COLUMNS.split(","))
 
 GroupBy = Literal["key", "tenant", "model"]
 Bucket = Literal["hour", "day"]
@@ -69,6 +88,12 @@ class UsageRecord:
     queue_wait_ms: float
     generate_ms: float | None
     status: str
+    # The seconds of audio a transcription was given (0 for everything else).
+    audio_seconds: float = 0.0
+    # Text a speech model said (its input's characters); 0 for the other kinds.
+    characters: int = 0
+    # Seconds of model loading the request caused (0: it found its model loaded).
+    load_seconds: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -86,6 +111,9 @@ class UsageTotal:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    audio_seconds: float = 0.0
+    characters: int = 0
+    load_seconds: float = 0.0
 
 
 class UsageStore:
@@ -106,7 +134,7 @@ class UsageStore:
         with self._opening:
             db = self._connections.get(role)
             if db is None:
-                db = open_database(self.path, _SCHEMA)
+                db = open_database(self.path, _SCHEMA, _ADDED)
                 self._connections[role] = db
             return db
 
@@ -125,13 +153,17 @@ class UsageStore:
                 r.queue_wait_ms,
                 r.generate_ms,
                 r.status,
+                r.audio_seconds,
+                r.characters,
+                r.load_seconds,
             )
             for r in records
         ]
         db = self._connection("write")
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if rows:
+                db.executemany(f"INSERT INTO usage ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", rows)
 
     def prune(self, before: float) -> int:
         """Delete rows that finished before ``before``; how many went."""
@@ -167,7 +199,8 @@ class UsageStore:
             params.append(until)
         sql = (
             f"SELECT {column}, {start} AS bucket, COUNT(*), SUM(prompt_tokens),"
-            " SUM(cached_tokens), SUM(output_tokens) FROM usage"
+            " SUM(cached_tokens), SUM(output_tokens), SUM(audio_seconds), SUM(characters),"
+            " SUM(load_seconds) FROM usage"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" GROUP BY {column}, bucket ORDER BY bucket, {column}"
         )
@@ -180,6 +213,9 @@ class UsageStore:
                 prompt_tokens=int(row[3]),
                 cached_tokens=int(row[4]),
                 output_tokens=int(row[5]),
+                audio_seconds=round(float(row[6] or 0.0), 3),
+                characters=int(row[7] or 0),
+                load_seconds=float(row[8] or 0.0),
             )
             for row in rows
         ]

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Sequence
 from typing import Protocol, TypeVar
 
-from pool.backends import CacheScope, GenerationRequest, ImagePart, TextPart, Turn
+from pool.backends import CacheScope, GenerationRequest, ImagePart, TextPart, Turn, relayed_text
 
 # Characters per block: a turn of chat is a few blocks; a 100k-character prompt is 200.
 BLOCK_CHARS = 512
@@ -212,16 +212,24 @@ class ReplyRecorder:
     summary learns the prompt with the answer, which is what its cache then holds and
     what a conversation's next turn starts with."""
 
-    __slots__ = ("_parts", "_request", "_summary")
+    __slots__ = ("_parts", "_raw", "_request", "_summary")
 
     def __init__(self, request: GenerationRequest, summary: PrefixSummary) -> None:
         self._request = request
         self._summary = summary
         self._parts: list[str] = []
+        self._raw: list[bytes] = []
 
     def add(self, text: str) -> None:
         self._parts.append(text)
 
+    def add_raw(self, events: bytes) -> None:
+        """An upstream's forwarded events (the pass-through relay): their text is read
+        once, at the end, rather than parsed per token."""
+        self._raw.append(events)
+
     def finish(self) -> None:
+        if self._raw:
+            self._parts.append(relayed_text(b"".join(self._raw)))
         if self._parts:
             self._summary.record(prefix_keys(self._request, "".join(self._parts)))

@@ -222,6 +222,18 @@ class PoolMetrics:
         self.prompt_tokens = Counter(
             "llm_pool_prompt_tokens", "Prompt tokens processed", ["model"], registry=r
         )
+        self.audio_seconds = Counter(
+            "llm_pool_audio_seconds",
+            "Seconds of audio in transcription requests that finished",
+            ["model"],
+            registry=r,
+        )
+        self.characters = Counter(
+            "llm_pool_speech_characters",
+            "Characters of text said by speech models (/v1/audio/speech)",
+            ["model"],
+            registry=r,
+        )
         self.cache_lookups = Counter(
             "llm_pool_cache_lookups",
             "Requests to a runtime with a prefix cache, by outcome (hit or miss)",
@@ -257,6 +269,29 @@ class PoolMetrics:
         self.tenant_prompt_tokens = Counter(
             "llm_pool_tenant_prompt_tokens",
             "Prompt tokens of ended requests by tenant, a cut one's included (see tenant_label)",
+            ["tenant"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "llm_pool_preempted_streams",
+            "Low-priority streams stopped for a swap (how: pause, or cut with"
+            " engine.preemption: cut)",
+            ["model", "how"],
+            registry=r,
+        )
+        self.pause_duration = Histogram(
+            "llm_pool_pause_seconds",
+            "How long paused streams stayed paused (outcome: resumed, or expired past"
+            " engine.preempt_max_pause_s, or left: the client went or the model was"
+            " unloaded)",
+            ["model", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tenant_load_seconds = Counter(
+            "llm_pool_tenant_load_seconds",
+            "Seconds of model loading caused by a tenant's requests (each load a request"
+            " started; see tenant_label)",
             ["tenant"],
             registry=r,
         )
@@ -326,6 +361,10 @@ class PoolMetrics:
             self.tenant_prompt_tokens.labels(label).inc(prompt)
         if output:
             self.tenant_output_tokens.labels(label).inc(output)
+
+    def record_tenant_load(self, tenant: str, seconds: float) -> None:
+        if seconds > 0:
+            self.tenant_load_seconds.labels(self.tenant_label(tenant)).inc(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -9,9 +9,11 @@ Trio runs every task on one thread, and the actor only changes them between awai
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import trio
@@ -24,6 +26,7 @@ from pool.actors.models._stats import RecentStats
 from pool.actors.models._ticket import Ticket
 from pool.actors.values._details import ModelDetails
 from pool.actors.values._snapshots import (
+    AdapterView,
     CanaryStatus,
     ModelSnapshot,
     OutOfMemory,
@@ -32,6 +35,8 @@ from pool.actors.values._snapshots import (
     VramEstimate,
 )
 from pool.backends import (
+    AdapterRuntime,
+    AdapterUse,
     Backend,
     Capabilities,
     EmbeddingJob,
@@ -43,7 +48,13 @@ from pool.backends import (
     get_backend,
     out_of_memory,
 )
-from pool.config import EngineSettings, ModelDefinition, Settings
+from pool.config import (
+    EngineSettings,
+    LoraAdapter,
+    ModelDefinition,
+    Settings,
+    resolve_model_path,
+)
 from pool.errors import BackendError, PoolError
 
 log = logging.getLogger("pool.model")
@@ -111,8 +122,19 @@ class ResidenceFacts(Protocol):
 
 @dataclass(slots=True)
 class _Command:
-    kind: Literal["load", "unload", "replica_failed", "set_model_path", "reload", "fail"]
+    kind: Literal[
+        "load",
+        "unload",
+        "replica_failed",
+        "set_model_path",
+        "reload",
+        "fail",
+        "add_adapter",
+        "remove_adapter",
+        "evict_adapter",
+    ]
     plan: PlacedLoad | None = None
+    adapter: LoraAdapter | None = None
     reason: str = ""
     unload_reason: UnloadReason = "requested"
     # An eviction that puts the replicas to sleep instead of closing them.
@@ -162,8 +184,11 @@ class _SameLoad:
 class OnDemandLoader(Protocol):
     """Who carries out on-demand loads (the pool: a load outlives its first request)."""
 
-    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
-        """Start loading ``actor`` unless a load is pending; ``hint``: load overrides."""
+    def request(
+        self, actor: ModelActor, hint: dict[str, Any] | None, cause: Ticket | None = None
+    ) -> None:
+        """Start loading ``actor`` unless a load is pending; ``hint``: load overrides;
+        ``cause``: the request that found it unloaded (charged with the load's seconds)."""
 
     def pending(self, actor: ModelActor) -> bool: ...
 
@@ -209,6 +234,25 @@ class ModelActor:
         max_queue = (
             definition.max_queue if definition.max_queue is not None else self.engine.max_queue
         )
+        # The LoRA adapters served on this model (settings, then the admin API); every
+        # load takes the current set, so they come back with the model.
+        self.adapters: dict[str, LoraAdapter] = {a.name: a for a in definition.lora_adapters}
+        self._adapter_sizes: dict[str, float] = {}
+        # The adapters the running replicas were loaded with: a measurement of that load
+        # includes them; one added since is counted by its file size on top.
+        self._sizes_at_load: dict[str, float] = {}
+        self._adapter_uses: dict[str, tuple[int, float]] = {}
+        # Adapters the pool evicted alone (their runtimes gave them back); each comes back
+        # with its next request. Their files, resolved once.
+        self.evicted_adapters: set[str] = set()
+        self._adapter_files: dict[str, Path] = {}
+        group_wait_ms = (
+            definition.adapter_group_wait_ms
+            if definition.adapter_group_wait_ms is not None
+            else self.engine.adapter_group_wait_ms
+        )
+        # None where the backend applies any adapter to any request (nothing to group).
+        self.adapter_group_wait_ms = group_wait_ms if self.backend.groups_adapters else None
         self.scheduler = Scheduler(
             max_queue,
             on_idle=self._on_idle,
@@ -219,6 +263,7 @@ class ModelActor:
             if self.engine.cluster.redis_url
             else 0,
             on_recent_prompts=on_recent_prompts,
+            adapter_group_wait_s=(self.adapter_group_wait_ms or 0.0) / 1000.0,
         )
         self.metrics = metrics
         self.queue_timeout_s = (
@@ -418,7 +463,9 @@ class ModelActor:
         self.residence.used(keep_alive_s)
         if on_demand_wait and self._loader is not None:
             # An evicted model comes back with the load it had, whatever the request hints.
-            self._loader.request(self, load_hint if self.definition.on_demand else self._comeback)
+            self._loader.request(
+                self, load_hint if self.definition.on_demand else self._comeback, ticket
+            )
         return ticket
 
     def reject_waiting(self, error: PoolError) -> None:
@@ -449,6 +496,31 @@ class ModelActor:
     @property
     def queue_depth(self) -> int:
         return self.scheduler.queue_depth
+
+    # -- pause and resume across a swap (docs/vram.md, "Pause and resume") -------------
+    @property
+    def pausable(self) -> list[Ticket]:
+        """The running streams a swap may pause now: every request running here is
+        a preemptible generation, none waits in its queue, and the backend resumes
+        through the prompt. Empty when any of that does not hold."""
+        if self.state != "loaded" or self.scheduler.queue_depth or not self.replicas:
+            return []
+        if not self.backend.resumes_through_prompt:
+            return []
+        running = [t for r in self.replicas for t in r.running_tickets]
+        if not running or not all(
+            t.preemptible and isinstance(t.request, GenerationRequest) for t in running
+        ):
+            return []
+        return running
+
+    def pause_streams(self) -> list[Ticket]:
+        """Pause every stream :attr:`pausable` names (each stops at a token boundary;
+        the model is idle once their jobs have ended); the paused tickets."""
+        paused = self.pausable
+        for ticket in paused:
+            ticket.pause()
+        return paused
 
     def withdraw(self, ticket: Ticket) -> None:
         """Take a queued ``ticket`` out of the queue (its caller stopped waiting)."""
@@ -492,6 +564,13 @@ class ModelActor:
                 result = await self._do_reload()
             elif command.kind == "fail":
                 result = await self._do_fail(command.reason)
+            elif command.kind == "add_adapter":
+                assert command.adapter is not None
+                result = await self._do_add_adapter(command.adapter)
+            elif command.kind == "remove_adapter":
+                result = await self._do_remove_adapter(command.reason)
+            elif command.kind == "evict_adapter":
+                result = await self._do_evict_adapter(command.reason)
             else:
                 await self._do_replica_failed(command)
                 return
@@ -540,7 +619,10 @@ class ModelActor:
         if resident is not None:
             return resident
         assert self._nursery is not None
-        effective = plan.effective(self.definition)
+        effective = plan.effective(self.definition).model_copy(
+            update={"lora_adapters": list(self.adapters.values())}
+        )
+        self.backend.check_adapters(effective)
         asleep, self._asleep = self._asleep, None
         if asleep is not None:
             if asleep.fits(effective, plan.replicas, command.gpus):
@@ -613,6 +695,8 @@ class ModelActor:
                 details={"last_error": self.last_error},
             ) from leaf
         self.replicas = replicas
+        self.evicted_adapters.clear()
+        self._sizes_at_load = {a.name: self._adapter_size(a) for a in self.adapters.values()}
         await self.residence.loaded()
         self.last_error = None
         self.unload_reason, self._comeback = None, None
@@ -832,6 +916,190 @@ class ModelActor:
                 ended += 1
         return ended
 
+    # -- LoRA adapters (docs/backends.md, "LoRA adapters") ----------------------------
+    async def add_adapter(self, adapter: LoraAdapter) -> ModelSnapshot:
+        """Serve ``adapter`` on this model: loaded into every replica now if the model
+        is loaded (no reload, running requests untouched), else with its next load.
+
+        Raises:
+            PoolError: ``invalid_load_request`` where the backend cannot add one to a
+                loaded model, ``invalid_request`` for a file it cannot load.
+        """
+        return await self._call(_Command("add_adapter", adapter=adapter))
+
+    async def remove_adapter(self, name: str) -> ModelSnapshot:
+        """Stop serving adapter ``name``; a request running with it finishes first."""
+        return await self._call(_Command("remove_adapter", reason=name))
+
+    def adapter_used(self, name: str) -> AdapterUse:
+        """A request for adapter ``name`` was admitted: its LRU position, and what the
+        job carries (an evicted adapter comes back with it).
+
+        Raises:
+            PoolError: ``invalid_request`` when its file is gone.
+        """
+        adapter = self.adapters[name]
+        count, _ = self._adapter_uses.get(name, (0, 0.0))
+        self._adapter_uses[name] = (count + 1, time.monotonic())
+        self.evicted_adapters.discard(name)
+        path = self._adapter_files.get(name)
+        if path is None:
+            path = self._adapter_files[name] = self.adapter_path(adapter)
+        return AdapterUse(name, adapter.scale, str(path))
+
+    def adapter_last_used(self, name: str) -> float:
+        """When adapter ``name`` last served (monotonic; 0: never)."""
+        return self._adapter_uses.get(name, (0, 0.0))[1]
+
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Adapters the loaded replicas hold that the pool may evict alone (backends that
+        add and remove adapters while loaded)."""
+        if self.state != "loaded" or self.backend.adapter_support != "runtime":
+            return []
+        return [name for name in self.adapters if name not in self.evicted_adapters]
+
+    async def evict_adapter(self, name: str) -> ModelSnapshot:
+        """Give back adapter ``name``'s memory on every replica; it stays served and
+        comes back with its next request (pool/actors/residency/_residency.py)."""
+        return await self._call(_Command("evict_adapter", reason=name))
+
+    async def _do_evict_adapter(self, name: str) -> ModelSnapshot:
+        if name in self.adapters and self.state == "loaded":
+            self.evicted_adapters.add(name)
+            for replica in self.replicas:
+                runtime = replica.runtime
+                if isinstance(runtime, AdapterRuntime):
+                    await runtime.remove_adapter(name)
+            log.info("model=%s adapter %s evicted alone", self.name, name)
+        return self.snapshot()
+
+    def adapter_path(self, adapter: LoraAdapter) -> Path:
+        """The adapter's file, resolved as model paths are.
+
+        Raises:
+            PoolError: ``invalid_request`` when it does not exist.
+        """
+        try:
+            path = resolve_model_path(adapter.path, self.settings.base_dir)
+        except FileNotFoundError as exc:
+            raise PoolError("invalid_request", f"adapter {adapter.name!r}: {exc}") from None
+        if not path.exists():
+            raise PoolError("invalid_request", f"adapter {adapter.name!r}: {path} does not exist")
+        return path
+
+    def adapter_mib(self) -> int:
+        """MiB the served adapters add to each replica (their files' sizes), those the
+        pool evicted alone left out."""
+        return math.ceil(
+            sum(
+                self._adapter_size(a)
+                for a in self.adapters.values()
+                if a.name not in self.evicted_adapters
+            )
+        )
+
+    def adapter_mib_since_load(self) -> int:
+        """How the adapters changed each replica's memory since its load was measured:
+        those added since, less those loaded with it and since removed or evicted."""
+        held = {
+            a.name: self._adapter_size(a)
+            for a in self.adapters.values()
+            if a.name not in self.evicted_adapters
+        }
+        added = sum(mib for name, mib in held.items() if name not in self._sizes_at_load)
+        gone = sum(mib for name, mib in self._sizes_at_load.items() if name not in held)
+        return round(added - gone)
+
+    def _adapter_size(self, adapter: LoraAdapter) -> float:
+        size = self._adapter_sizes.get(adapter.name)
+        if size is None:
+            try:
+                path = resolve_model_path(adapter.path, self.settings.base_dir)
+                size = _size_mib(path)
+            except (FileNotFoundError, OSError):
+                size = 0.0
+            self._adapter_sizes[adapter.name] = size
+        return size
+
+    def check_adapter(self, adapter: LoraAdapter) -> int:
+        """Whether ``adapter`` may be added now; the MiB it adds to each replica.
+
+        Raises:
+            PoolError: as :meth:`add_adapter`, before anything is loaded.
+        """
+        with_it = [*(a for a in self.adapters.values() if a.name != adapter.name), adapter]
+        self.backend.check_adapters(self.definition.model_copy(update={"lora_adapters": with_it}))
+        if self.state == "loaded":
+            # What the running replicas were started with decides what they can take.
+            self.backend.check_adapters(self.active_definition, at_runtime=True)
+        return math.ceil(_size_mib(self.adapter_path(adapter)))
+
+    async def _do_add_adapter(self, adapter: LoraAdapter) -> ModelSnapshot:
+        self.check_adapter(adapter)
+        path = self.adapter_path(adapter)
+        if adapter.name in self.adapters:
+            await self._do_remove_adapter(adapter.name)
+        if self.state == "loaded":
+            added: list[AdapterRuntime] = []
+            try:
+                for replica in self.replicas:
+                    runtime = replica.runtime
+                    if not isinstance(runtime, AdapterRuntime):
+                        raise BackendError("a replica's runtime takes no adapters")
+                    await runtime.add_adapter(adapter.name, path, adapter.scale)
+                    added.append(runtime)
+            except BackendError as exc:
+                for runtime in added:
+                    await runtime.remove_adapter(adapter.name)
+                raise PoolError("invalid_request", f"adapter {adapter.name!r}: {exc}") from exc
+        else:
+            await self._drop_sleepers()  # they were loaded without it
+        self.adapters[adapter.name] = adapter
+        self._adapter_files[adapter.name] = path
+        self._adapter_sizes.pop(adapter.name, None)
+        self._adapter_uses.pop(adapter.name, None)
+        log.info("model=%s adapter %s added (%s)", self.name, adapter.name, path)
+        if self._on_change is not None:
+            self._on_change()
+        return self.snapshot()
+
+    async def _do_remove_adapter(self, name: str) -> ModelSnapshot:
+        if self.adapters.pop(name, None) is None:
+            raise PoolError("unknown_model", f"model {self.name!r} has no adapter {name!r}")
+        self._adapter_sizes.pop(name, None)
+        self._adapter_uses.pop(name, None)
+        self._adapter_files.pop(name, None)
+        self.evicted_adapters.discard(name)
+        if self.state == "loaded":
+            for replica in self.replicas:
+                runtime = replica.runtime
+                if isinstance(runtime, AdapterRuntime):
+                    await runtime.remove_adapter(name)
+        else:
+            await self._drop_sleepers()
+        log.info("model=%s adapter %s removed", self.name, name)
+        if self._on_change is not None:
+            self._on_change()
+        return self.snapshot()
+
+    def adapter_views(self) -> tuple[AdapterView, ...]:
+        views = []
+        for adapter in self.adapters.values():
+            count, last = self._adapter_uses.get(adapter.name, (0, None))
+            views.append(
+                AdapterView(
+                    name=adapter.name,
+                    path=adapter.path,
+                    scale=adapter.scale,
+                    size_mib=round(self._adapter_size(adapter), 3),
+                    requests=count,
+                    last_used_at=last,
+                    evicted=adapter.name in self.evicted_adapters,
+                )
+            )
+        return tuple(views)
+
     async def _do_set_model_path(self, command: _Command) -> ModelSnapshot:
         await self._drop_sleepers()  # they hold the old files' weights
         await self.residence.read_files(command.model_path)
@@ -939,4 +1207,13 @@ class ModelActor:
             unload_reason=self.unload_reason,
             asleep_ram_mib=self.asleep_ram_mib,
             canary=self.residence.canary_status,
+            adapters=self.adapter_views(),
+            adapter_group_wait_ms=self.adapter_group_wait_ms if self.adapters else None,
         )
+
+
+def _size_mib(path: Path) -> float:
+    """A file's size, or a folder's files' (a PEFT adapter), in MiB."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / (1024 * 1024)
+    return path.stat().st_size / (1024 * 1024)

@@ -51,14 +51,21 @@ class _TicketSink:
         self.used = ticket.used
         self.first_at: float | None = None
 
+    # An upstream's bytes may stand for the text (pool/backends/_pass_through.py); the
+    # reply recorder of prefix affinity reads their text once, at the end.
+    takes_raw = True
+
     async def send(self, text: str | bytes | ToolCallDelta) -> None:
         if not text:
             return
         if self.first_at is None:
             self.first_at = time.perf_counter()
         self.used.pieces += 1
-        if self._ticket.reply is not None and isinstance(text, str):
-            self._ticket.reply.add(text)
+        if self._ticket.reply is not None:
+            if isinstance(text, str):
+                self._ticket.reply.add(text)
+            elif isinstance(text, bytes):
+                self._ticket.reply.add_raw(text)
         await trio.lowlevel.checkpoint_if_cancelled()
         channel = self._ticket.send_channel
         # A tool-call piece (or a task's bytes) is its own event; text goes out as a Delta.

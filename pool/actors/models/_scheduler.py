@@ -8,10 +8,19 @@ the pool's per-request overhead to a few microseconds.
 
 Order: priority first (``high`` > ``normal`` > ``low``), then the least recently served
 tenant within a priority (round-robin among busy tenants, with a newcomer first), then
-arrival order within a tenant. The request next in that order goes to the free replica
+arrival order within a tenant. Loads count beside requests served: a tenant whose
+request made the model load is charged one turn per ``LOAD_SECONDS_PER_TURN`` of that
+load (:meth:`Scheduler.charge_load`), so a tenant that keeps swapping models in waits
+behind the others for as many turns. The request next in that order goes to the free replica
 holding the longest part of its prompt (pool/actors/models/_affinity.py) when that is more
 than half of it, else to the least loaded (and least filled) free replica: affinity chooses
 among free slots only, so it never makes a request wait.
+
+Where a backend applies one LoRA adapter set at a time per replica (llama.cpp's context),
+a free replica takes a queued request for the adapter it applies before the request next
+in that order, if that one has waited less than ``adapter_group_wait_s``: switching
+costs a fresh prompt evaluation, and this bound caps what grouping adds to any wait. A
+replica is never left idle for it; with the bound at 0 the order above is strict.
 
 In a cluster (``recent_prompts`` above 0) the scheduler also keeps the model's
 :class:`RecentPrompts`, which the node's registry record carries to its peers; it hashes
@@ -21,6 +30,7 @@ every prompt then, with one replica too.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -45,6 +55,10 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 # Tenants whose last service is remembered; a forgotten one counts as never served.
 _SERVED_MEMORY = 4096
+# Seconds of loading a tenant caused that count as one turn served (a request is one
+# turn, whatever its tokens: the round-robin is by requests). One second, about what a
+# short answer takes: a 10 s swap puts the tenant behind ten requests of the others.
+LOAD_SECONDS_PER_TURN = 1.0
 
 
 class Slots(Protocol):
@@ -77,8 +91,14 @@ class Scheduler:
         affinity: bool = True,
         recent_prompts: int = 0,
         on_recent_prompts: Callable[[], None] | None = None,
+        adapter_group_wait_s: float = 0.0,
     ) -> None:
         self.max_queue = max_queue
+        self.adapter_group_wait_s = adapter_group_wait_s
+        # The adapter each replica ran its last generation with (None: the base), where
+        # grouping is on; how many requests grouping moved ahead.
+        self._applied: dict[Slots, str | None] = {}
+        self.grouped_total = 0
         self.affinity = affinity
         self.recent_prompts: RecentPrompts | None = (
             RecentPrompts(recent_prompts, on_recent_prompts)
@@ -113,6 +133,7 @@ class Scheduler:
 
     def set_replicas(self, replicas: Sequence[Slots]) -> None:
         self._replicas = tuple(replicas)
+        self._applied = {r: a for r, a in self._applied.items() if r in self._replicas}
         # A replica that stays keeps what it was given; a new one starts empty.
         self._prefixes = {
             r: self._prefixes.get(r) or PrefixSummary(recent=self.recent_prompts)
@@ -212,33 +233,83 @@ class Scheduler:
         self._check_idle()
         return failed
 
+    def queued_above(self, priority: Priority) -> bool:
+        """Whether a request of a higher priority than ``priority`` waits here."""
+        rank = PRIORITIES.index(priority)
+        return any(self._queues[p] for p in PRIORITIES[:rank])
+
+    def charge_load(self, tenant: str, seconds: float) -> None:
+        """``tenant``'s request made the model load for ``seconds``: it counts as served
+        that many turns (``LOAD_SECONDS_PER_TURN``) past everyone served so far."""
+        turns = int(seconds // LOAD_SECONDS_PER_TURN)
+        if turns > 0:
+            self._mark_served(tenant, ahead=turns)
+
+    def _mark_served(self, tenant: str, ahead: int = 0) -> None:
+        # The serial counts every turn served; a charged tenant's mark lies ``ahead`` of
+        # it, so the others are served first until their marks pass it.
+        serial = next(self._served)
+        self._last_served[tenant] = max(self._last_served.get(tenant, -1), serial) + ahead
+        self._last_served.move_to_end(tenant)
+        while len(self._last_served) > _SERVED_MEMORY:
+            self._last_served.popitem(last=False)
+
     # -- dispatch ----------------------------------------------------------------
-    def _pop_next(self) -> Ticket | None:
+    def _pop_next(self, free: Sequence[Slots] = ()) -> Ticket | None:
         for priority in PRIORITIES:
             tenants = self._queues[priority]
             if not tenants:
                 continue
             # The least recently served tenant goes first, so a tenant that just
             # arrived does not wait behind a flood from one that was served a moment ago.
-            tenant = min(
-                tenants, key=lambda t: (self._last_served.get(t, -1), tenants[t][0].sequence)
-            )
+            tenant = min(tenants, key=lambda t: self._tenant_turn(tenants, t))
+            ticket = tenants[tenant][0]
+            grouped = self._same_adapter(ticket, tenants, free)
+            if grouped is not None:
+                ticket = grouped
+                self.grouped_total += 1
+            tenant = ticket.tenant
             queue = tenants[tenant]
-            ticket = queue.popleft()
+            queue.remove(ticket)
             if not queue:
                 del tenants[tenant]
-            self._last_served[tenant] = next(self._served)
-            self._last_served.move_to_end(tenant)
-            while len(self._last_served) > _SERVED_MEMORY:
-                self._last_served.popitem(last=False)
+            self._mark_served(tenant)
             self._depth -= 1
             return ticket
+        return None
+
+    def _tenant_turn(
+        self, tenants: OrderedDict[str, deque[Ticket]], tenant: str
+    ) -> tuple[int, int]:
+        return self._last_served.get(tenant, -1), tenants[tenant][0].sequence
+
+    def _same_adapter(
+        self, head: Ticket, tenants: OrderedDict[str, deque[Ticket]], free: Sequence[Slots]
+    ) -> Ticket | None:
+        """A queued ticket (in tenant order) for an adapter a free replica applies, to
+        run before ``head``; None where ``head`` may run without a switch, or has waited
+        its bound out."""
+        if self.adapter_group_wait_s <= 0 or not free:
+            return None
+        applied = {self._applied.get(r) for r in free}
+        if adapter_of(head) in applied:
+            return None
+        if time.perf_counter() - head.enqueued_at >= self.adapter_group_wait_s:
+            return None
+        for tenant in sorted(tenants, key=lambda t: self._tenant_turn(tenants, t)):
+            for ticket in tenants[tenant]:
+                if adapter_of(ticket) in applied:
+                    return ticket
         return None
 
     def _choose(self, ticket: Ticket, free: list[Slots]) -> Slots:
         """The free replica for ``ticket``: most of its prompt held, then least loaded
         (the first of equals). With one replica nothing is hashed or remembered, unless
-        the cluster is told of the model's recent prompts."""
+        the cluster is told of the model's recent prompts. Where adapters are grouped,
+        only free replicas applying the ticket's adapter are considered, if any is."""
+        if self.adapter_group_wait_s > 0:
+            wanted = adapter_of(ticket)
+            free = [r for r in free if self._applied.get(r) == wanted] or free
         request = ticket.request
         if (
             not self.affinity
@@ -267,9 +338,11 @@ class Scheduler:
             free = [r for r in self._replicas if r.inflight < r.capacity]
             if not free:
                 return
-            ticket = self._pop_next()
+            ticket = self._pop_next(free)
             assert ticket is not None
             replica = self._choose(ticket, free)
+            if self.adapter_group_wait_s > 0:
+                self._applied[replica] = adapter_of(ticket)
             self.dispatched_total += 1
             ticket.mark_dispatched()
             self.stats.record_wait(ticket.queue_wait_ms)
@@ -284,3 +357,11 @@ class Scheduler:
     def _check_idle(self) -> None:
         if self._on_idle is not None and self._depth == 0 and self.running == 0:
             self._on_idle()
+
+
+def adapter_of(ticket: Ticket) -> str | None:
+    """The LoRA adapter ``ticket`` runs with (None: the base model, or not a generation)."""
+    request = ticket.request
+    if isinstance(request, GenerationRequest) and request.adapter is not None:
+        return request.adapter.name
+    return None

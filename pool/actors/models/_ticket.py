@@ -85,6 +85,18 @@ class Ticket:
     # What the job has used so far (its runtime and its sink keep it current): a request
     # that ends before its result is charged from it.
     used: TokensUsed = field(default_factory=TokensUsed)
+    # Seconds of model loading this request caused (it found its model unloaded and
+    # started the load): charged to its tenant and key with its usage row.
+    load_seconds: float = 0.0
+    # The key that sent it (None: no key), and whether its usage row was written (a
+    # load that ends after its requester left is then charged with a row of its own).
+    key_name: str | None = None
+    accounted: bool = False
+    # A stream the residency owner may pause for a swap (priority ``low``, or its key's
+    # or tenant's ``preemptible``), and whether it was: its job was stopped at a token
+    # boundary and its requester resumes it once the model is back.
+    preemptible: bool = False
+    paused: bool = False
     # What a request's trace reads (pool/tracing): whether it waited in the queue (found
     # no free replica on arrival), whether for a load of its model, the replica that ran
     # it, and when its job began (perf_counter).
@@ -118,6 +130,12 @@ class Ticket:
         self.send_channel.close()
         self.ready.set()
         self.started.set()
+
+    def pause(self) -> None:
+        """Stop the job at its next token boundary and mark it paused: its requester
+        keeps the reply so far and resumes it (pool/actors/serving/_admission.py)."""
+        self.paused = True
+        self.scope.cancel()
 
     def abandon(self) -> None:
         """The requester is gone: stop the job (if any) and drop buffered output."""

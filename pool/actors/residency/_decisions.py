@@ -17,9 +17,26 @@ from typing import Any, Literal
 # room for another; wait: a load found no room and waits for it; yield: a busy model
 # was asked to make way; refuse: a load was refused (the numbers say why); comeback: an
 # evicted enabled model is loaded again because room freed; reload: a model whose output
-# canary found it degraded was drained and reloaded; fail: it was degraded past
-# engine.canary_reloads_per_hour and marked failed (docs/reliability.md).
-Action = Literal["place", "evict", "wait", "yield", "refuse", "comeback", "reload", "fail"]
+# canary found it degraded was drained and reloaded, or a loaded copy that did not serve
+# a request's load hints (num_ctx, cache types) was unloaded to load with them
+# (docs/vram.md, "Load hints"); fail: it was degraded past
+# engine.canary_reloads_per_hour and marked failed (docs/reliability.md); pause: a
+# model's low-priority streams were paused at a token boundary so it could be evicted
+# for a load a request above low waits for (cut: ended instead, engine.preemption:
+# cut); resume: a paused stream runs again (docs/vram.md, "Pause and resume").
+Action = Literal[
+    "place",
+    "evict",
+    "wait",
+    "yield",
+    "refuse",
+    "comeback",
+    "reload",
+    "fail",
+    "pause",
+    "cut",
+    "resume",
+]
 
 # How many decisions are kept (the oldest go first).
 DECISIONS_KEPT = 500

@@ -28,6 +28,8 @@ class LoadPlan:
     # (what the replicas load).
     base: ModelDefinition | None = None
     definition: ModelDefinition | None = None
+    # The body named a replica count (a loaded copy with another count does not serve it).
+    replicas_asked: bool = False
 
     def effective(self, current: ModelDefinition) -> ModelDefinition:
         """What to load now: the planned definition, or ``patch`` over ``current`` when
@@ -52,4 +54,11 @@ def plan_load(
         body = LoadRequest.model_validate(dict(body))
     replicas, patch = validate_load_request(body, definition)
     effective = apply_override(definition, patch) if patch else definition
-    return LoadPlan(replicas, patch, bool(body.model_fields_set), definition, effective)
+    return LoadPlan(
+        replicas,
+        patch,
+        bool(body.model_fields_set),
+        definition,
+        effective,
+        replicas_asked=body.replicas is not None,
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -222,11 +223,26 @@ class Residence:
     def vram_estimate(
         self, *, definition: ModelDefinition | None = None, replicas: int | None = None
     ) -> VramEstimate:
-        """The estimate chain (pool/actors/residency/_estimate.py): the first step that answers.
+        """The estimate chain (pool/actors/residency/_estimate.py): the first step that
+        answers, plus its LoRA adapters' files on each replica (docs/backends.md, "LoRA
+        adapters"): all of them on an estimate, those added since the load on a
+        measurement of it.
 
         By default for the current load (or the next one with the configured
         definition); with ``definition``/``replicas``, for a load with those instead.
         """
+        estimate = self._model_estimate(definition, replicas)
+        if estimate.mib is None:
+            return estimate
+        measured = estimate.source == "observed_load_delta"
+        extra = self.actor.adapter_mib_since_load() if measured else self.actor.adapter_mib()
+        if not extra:
+            return estimate
+        return replace(estimate, mib=max(0, estimate.mib + extra * estimate.replica_count))
+
+    def _model_estimate(
+        self, definition: ModelDefinition | None, replicas: int | None
+    ) -> VramEstimate:
         actor = self.actor
         current = definition is None and replicas is None
         count = replicas or len(actor.replicas) or actor.selected_replicas
@@ -267,7 +283,16 @@ class Residence:
         if actor.state not in ("loading", "loaded", "unloading"):
             return {}
         if actor.state != "loading" and self.observed_per_gpu is not None:
-            return dict(self.observed_per_gpu)
+            held = dict(self.observed_per_gpu)
+            # Adapters added, removed or evicted since the load was measured.
+            change = actor.adapter_mib_since_load()
+            if change:
+                sign = 1 if change > 0 else -1
+                for gpu, mib in charges(
+                    actor.placement, abs(change), replicas=len(actor.replicas)
+                ).items():
+                    held[gpu] = max(0, held.get(gpu, 0) + sign * mib)
+            return held
         per_replica = self.vram_estimate().per_replica_mib or 0
         count = actor.selected_replicas if actor.state == "loading" else len(actor.replicas)
         return charges(actor.placement, per_replica, replicas=count)

@@ -20,16 +20,23 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import trio
 
 from pool.actors.models._model import ModelActor
+from pool.actors.models._ticket import Ticket
 from pool.actors.residency._canary import canary_plan
 from pool.actors.residency._canary_watch import CanaryWatch
 from pool.actors.residency._decisions import DecisionLog
-from pool.actors.residency._eviction import eviction_candidates, reload_s, warm_note
+from pool.actors.residency._eviction import (
+    eligible_victim,
+    eviction_candidates,
+    reload_s,
+    warm_note,
+)
 from pool.actors.residency._footprints import FootprintStore
 from pool.actors.residency._gate import Gate, held_mib
 from pool.actors.residency._gpu import GpuSource
@@ -45,13 +52,14 @@ from pool.actors.residency._planner import (
     Target,
     Wait,
 )
+from pool.actors.residency._planner import room as planner_room
 from pool.actors.residency._residence import Residence
 from pool.actors.residency._sleep import read_host_ram, sleep_verdict
 from pool.actors.residency._vram import CudaContexts, LoadMeter, charges
 from pool.actors.values._events import WaitReason
 from pool.actors.values._snapshots import ModelSnapshot
-from pool.backends import LoadRequest
-from pool.config import Settings
+from pool.backends import LoadRequest, unmet_load_hint
+from pool.config import LoraAdapter, Settings
 from pool.errors import PoolError
 
 log = logging.getLogger("pool")
@@ -103,12 +111,39 @@ class Residency:
         self._waiting_for_room: set[ModelActor] = set()
         # On-demand loads under way, with the overrides their first request hinted at.
         self._on_demand: dict[ModelActor, dict[str, Any]] = {}
+        # The request that started each on-demand load (charged with its seconds).
+        self._load_causes: dict[ModelActor, Ticket] = {}
+        # Who is told of a load a request caused: (model, that request, seconds); the
+        # serving side charges it to the request's tenant and key (docs/operations.md).
+        self.on_load_charged: Callable[[ModelActor, Ticket, float], None] | None = None
+        # Told of each preemption: (the model whose streams stopped, how many, cut).
+        self.on_pause: Callable[[ModelActor, int, bool], None] | None = None
+        # Loaded copies unloaded because a request's hint was not met, with that hint:
+        # the next on-demand load of the model takes it, whichever request starts it.
+        self._hint_reloads: dict[ModelActor, dict[str, Any]] = {}
 
     def model(self, name: str) -> ModelActor:
         try:
             return self.models[name]
         except KeyError:
             raise PoolError("unknown_model", f"model {name!r} is not configured") from None
+
+    def serving(self, name: str) -> tuple[ModelActor, LoraAdapter | None]:
+        """The model that serves requests for ``name``, the one place model names
+        resolve for requests: a configured model serves itself; the name of a LoRA
+        adapter resolves to its base model and the adapter.
+
+        Raises:
+            PoolError: ``unknown_model`` for any other name.
+        """
+        actor = self.models.get(name)
+        if actor is not None:
+            return actor, None
+        for actor in self.models.values():
+            adapter = actor.adapters.get(name)
+            if adapter is not None:
+                return actor, adapter
+        raise PoolError("unknown_model", f"model {name!r} is not configured")
 
     def residence_for(self, actor: ModelActor) -> Residence:
         """Open the record of ``actor`` (ModelActor calls this as it is built)."""
@@ -217,16 +252,28 @@ class Residency:
         return plan_load(body, self.model(name).definition)
 
     async def load(
-        self, name: str, body: LoadPlan | LoadRequest | Mapping[str, Any] | None = None
+        self,
+        name: str,
+        body: LoadPlan | LoadRequest | Mapping[str, Any] | None = None,
+        *,
+        reuse: bool = False,
     ) -> ModelSnapshot:
         """Load a configured model; its snapshot when the load has finished.
 
         On GPUs (real or virtual) the load must fit: idle models that may be evicted for
         it are unloaded first; if it still does not fit it fails with ``load_failed`` at
         once rather than waiting.
+
+        ``reuse`` (a runner load, Ollama's preload): a loaded copy that already serves
+        the body's overrides answers it as it is; one that cannot is reloaded with them
+        (a ``reload`` decision says why) instead of the body being refused.
         """
         actor = self.model(name)
         plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
+        if reuse and plan.explicit and actor.state == "loaded":
+            covered = await self.reload_unless_covered(actor, plan)
+            if covered is not None:
+                return covered
         while True:
             if actor.state == "unloading":
                 raise PoolError("model_unloading", f"model {name!r} is unloading; retry after")
@@ -251,10 +298,11 @@ class Residency:
         """Load ``name`` as a request to it would (Ollama's empty request): as
         :meth:`load`, with ``hint`` (load overrides a client asked for) applied if this
         call starts the load and the backend accepts it; an unsuitable hint is ignored,
-        as on an on-demand load."""
+        as on an on-demand load. A loaded copy that does not serve the hint is reloaded
+        with it (``reload_unless_covered``)."""
         actor = self.model(name)
-        plan = self._hinted(actor, hint) if actor.state in ("unloaded", "failed") else None
-        return await self.load(name, plan)
+        plan = self._hinted(actor, hint)
+        return await self.load(name, plan, reuse=True)
 
     async def startup(self) -> None:
         """Load every ``enabled`` model (a failed one is logged and left ``failed``)."""
@@ -275,15 +323,24 @@ class Residency:
     ) -> dict[str, Any]:
         """What :meth:`load` would do now, changing nothing: whether it fits, where
         (``gpus``, ``gpu_split_mib`` per replica), whom it would evict (in order), what
-        it would wait for, the expected load time (None before a measured load), and the
-        refusal (``error``, ``reason``) it would answer (see Gate.preview).
+        it would wait for, the expected load time (None before a measured load), the
+        refusal (``error``, ``reason``) it would answer (see Gate.preview), and ``pause``:
+        the low-priority streams a request above low for it would pause for its room
+        (request ids; docs/vram.md, "Pause and resume").
 
         Raises:
             PoolError: ``unknown_model`` or ``invalid_load_request`` (as the load would).
         """
         actor = self.model(name)
         plan = body if isinstance(body, LoadPlan) else plan_load(body, actor.definition)
-        return self.gate.preview(actor, plan)
+        answer = self.gate.preview(actor, plan)
+        answer["pause"] = []
+        if not answer["fits"] and answer["error"] in (None, "load_failed"):
+            now = trio.current_time()
+            victim = self.pausable_victim(actor, self.gate.target(actor, plan), now, asked=True)
+            if victim is not None:
+                answer["pause"] = [getattr(t.request, "request_id", "") for t in victim.pausable]
+        return answer
 
     # -- gate views the pool passes on (virtual GPUs, the shared ledger, CUDA contexts)
     def runtime_holdings(self) -> list[tuple[int, int]]:
@@ -301,14 +358,21 @@ class Residency:
         return self.gate.budgets()
 
     # -- on-demand loads (ModelActor's OnDemandLoader) ------------------------------------
-    def request(self, actor: ModelActor, hint: dict[str, Any] | None) -> None:
+    def request(
+        self, actor: ModelActor, hint: dict[str, Any] | None, cause: Ticket | None = None
+    ) -> None:
         """A request for ``actor`` (not loaded) waits: load it unless a load is pending.
 
         The load belongs to the owner, not to the request that triggered it: a client
-        that leaves does not cancel a load other requests may be waiting for."""
+        that leaves does not cancel a load other requests may be waiting for. The load's
+        seconds are charged to ``cause``, the request that started it (an on-demand
+        model, or an evicted one coming back for it)."""
         if actor in self._on_demand or self._nursery is None:
             return
-        self._on_demand[actor] = dict(hint or {})
+        if cause is not None:
+            self._load_causes[actor] = cause
+        reloaded = self._hint_reloads.pop(actor, None)
+        self._on_demand[actor] = dict(hint or reloaded or {})
         self._nursery.start_soon(self._on_demand_load, actor)
 
     def pending(self, actor: ModelActor) -> bool:
@@ -321,7 +385,9 @@ class Residency:
             )
             gpus = await self._make_room(actor, plan, wait=True)
             if gpus is not None:
+                started = trio.current_time()
                 await actor.load_placed(plan, gpus)
+                self._charge_load(actor, trio.current_time() - started)
         except PoolError as exc:
             log.warning("model=%s on-demand load failed: %s", actor.name, exc.message)
             if exc.code == "load_failed" and actor.state != "failed":
@@ -330,9 +396,65 @@ class Residency:
         finally:
             self._release(actor)
             del self._on_demand[actor]
+            self._load_causes.pop(actor, None)
         # Requests that arrived after a failed load was answered wait for a new one.
         if actor.queue_depth and actor.state in ("unloaded", "failed"):
             self.request(actor, None)
+
+    # -- load hints a loaded copy may already serve (pool/backends/_load_hints.py) ------
+    def unmet_hint(self, actor: ModelActor, hint: Mapping[str, Any] | None) -> str | None:
+        """Why ``actor``'s loaded copy cannot serve a request hinting ``hint``; None when
+        it can, or when there is nothing to decide (not loaded, no valid hint, a model
+        that loads as configured whatever a request hints: not ``on_demand``)."""
+        if actor.state != "loaded" or not actor.definition.on_demand:
+            return None
+        plan = self._hinted(actor, hint)
+        return None if plan is None else self._unmet(actor, plan)
+
+    @staticmethod
+    def _unmet(actor: ModelActor, plan: LoadPlan) -> str | None:
+        loaded = actor.active_definition or actor.definition
+        if plan.replicas_asked and plan.replicas != len(actor.replicas):
+            return f"replicas {plan.replicas} asked; {len(actor.replicas)} loaded"
+        known = actor.residence.details.context_length
+        return unmet_load_hint(loaded, plan.patch, context_length=known)
+
+    async def reload_for_hint(self, actor: ModelActor, hint: Mapping[str, Any] | None) -> None:
+        """Before a request with load hints is queued: a loaded copy that cannot serve
+        them is drained and unloaded (decision ``reload``), so the request's own
+        on-demand load brings the model back with them. A copy that serves them is left
+        alone: the pool does not reload on every ``num_ctx`` change as Ollama does."""
+        reason = self.unmet_hint(actor, hint)
+        if reason is None or actor in self._hint_reloads:
+            return
+        plan = self._hinted(actor, hint)
+        assert plan is not None
+        self._hint_reloads[actor] = dict(plan.patch)
+        self.decisions.record("reload", actor.name, f"a request's load hint is not met: {reason}")
+        log.info("model=%s reloads for a load hint: %s", actor.name, reason)
+        try:
+            await actor.unload()
+        except PoolError:
+            self._hint_reloads.pop(actor, None)
+            raise
+
+    async def reload_unless_covered(
+        self, actor: ModelActor, plan: LoadPlan
+    ) -> ModelSnapshot | None:
+        """A load of a loaded ``actor``: its row when the loaded copy serves ``plan``;
+        else it is unloaded (decision ``reload``, with why) and None: load it anew."""
+        reason = self._unmet(actor, plan)
+        if reason is None:
+            return actor.snapshot()
+        self.decisions.record("reload", actor.name, f"the load asks for more: {reason}")
+        await actor.unload()
+        return None
+
+    def _charge_load(self, actor: ModelActor, seconds: float) -> None:
+        """The load of ``actor`` that a request started took ``seconds``: charge it."""
+        cause = self._load_causes.pop(actor, None)
+        if cause is not None and self.on_load_charged is not None:
+            self.on_load_charged(actor, cause, seconds)
 
     @staticmethod
     def _hinted(actor: ModelActor, hint: Mapping[str, Any] | None) -> LoadPlan | None:
@@ -441,12 +563,19 @@ class Residency:
                     if isinstance(outcome, Evict) and outcome.steps:
                         step = outcome.steps[0]
                         assert step.victim is not None
+                        if await self._evict_adapter(self.models[step.victim.name], actor):
+                            continue  # re-planned without it: the base may stay
                         await self._evict(
                             self.models[step.victim.name],
                             actor,
                             tuple(self.models[m.name] for m in step.spared),
                         )
                         continue
+                    if wait and isinstance(outcome, Wait):
+                        victim = self.pausable_victim(actor, target, trio.current_time())
+                        if victim is not None:
+                            await self._preempt(victim, actor)
+                            continue
                     break
             assert isinstance(outcome, Wait)  # a load that does not wait is placed or refused
             now = trio.current_time()
@@ -472,6 +601,70 @@ class Residency:
                 wake.append(best.fresh.resident_since + engine.min_resident_s)
             with trio.move_on_at(min(wake)):
                 await self._changed.wait()
+
+    # -- pause and resume across a swap (docs/vram.md, "Pause and resume") ---------------
+    def pausable_victim(
+        self, actor: ModelActor, target: Target, now: float, *, asked: bool = False
+    ) -> ModelActor | None:
+        """The busy model whose room a load of ``actor`` takes by pausing its streams,
+        when ``engine.preemption`` is not ``drain``, a request above ``low`` waits for
+        ``actor`` (or, ``asked``, would: the preview), and a model that the rules let it
+        evict runs only preemptible streams (``ModelActor.pausable``); the lowest
+        priority, least recently used first."""
+        engine = self.settings.engine
+        if engine.preemption == "drain":
+            return None
+        if not asked and not actor.scheduler.queued_above("low"):
+            return None
+        views = [
+            v
+            for v in self.gate.views(now)
+            if not v.idle
+            and eligible_victim(v, incoming=target, now=now, min_resident_s=engine.min_resident_s)
+        ]
+        for view in sorted(views, key=lambda v: (v.priority, v.last_used_at)):
+            victim = self.models[view.name]
+            if victim not in self._yielding and victim.pausable:
+                return victim
+        return None
+
+    async def _preempt(self, victim: ModelActor, incoming: ModelActor) -> None:
+        """Pause (or, with ``engine.preemption: cut``, end) ``victim``'s streams for
+        ``incoming``, then evict it. Its door closes first: a paused stream that comes
+        back to it waits there until ``incoming`` is placed, then reloads it."""
+        self._yielding.setdefault(victim, (trio.Event(), incoming))
+        cut = self.settings.engine.preemption == "cut"
+        if cut:
+            streams = victim.pausable
+            for ticket in streams:
+                ticket.error = PoolError(
+                    "preempted",
+                    f"model {victim.name!r} was evicted for {incoming.name!r}, which a"
+                    " request of a higher priority waits for (engine.preemption: cut)",
+                )
+                ticket.scope.cancel()
+        else:
+            streams = victim.pause_streams()
+        ids = [getattr(t.request, "request_id", "") for t in streams]
+        self.decisions.record(
+            "cut" if cut else "pause",
+            victim.name,
+            f"{len(streams)} low-priority stream(s) {'cut' if cut else 'paused'} at a token"
+            f" boundary: a request above low waits for {incoming.name!r} and only their"
+            " model holds the room",
+            for_model=incoming.name,
+            requests=ids,
+        )
+        log.info(
+            "model=%s %s %d stream(s) for model %s",
+            victim.name,
+            "cut" if cut else "paused",
+            len(streams),
+            incoming.name,
+        )
+        if self.on_pause is not None:
+            self.on_pause(victim, len(streams), cut)
+        await self._evict(victim, incoming)
 
     def _refuse(self, actor: ModelActor, target: Target, reason: str) -> NoReturn:
         self.decisions.record("refuse", actor.name, reason, **self.gate.room_numbers(target))
@@ -560,6 +753,96 @@ class Residency:
         if refused is not None:
             log.info("model=%s the shared lease ledger refused: %s", actor.name, refused)
         return refused is None
+
+    async def _evict_adapter(self, victim: ModelActor, incoming: ModelActor) -> bool:
+        """Before the planner's ``victim`` goes, evict the least recently used LoRA adapter
+        held on its GPUs alone (docs/backends.md, "LoRA adapters"); False when none is."""
+        gpus = victim.placed_gpus()
+        held = [
+            (actor.adapter_last_used(name), actor, name)
+            for actor in self.models.values()
+            if actor.placed_gpus() & gpus or actor is victim
+            for name in actor.resident_adapters
+        ]
+        if not held:
+            return False
+        last_used, base, name = min(held, key=lambda entry: entry[0])
+        idle = (
+            "never used" if not last_used else f"last used {time.monotonic() - last_used:.0f} s ago"
+        )
+        self.decisions.record(
+            "evict",
+            name,
+            f"least recently used LoRA adapter on GPU(s) {sorted(gpus)} ({idle}), evicted alone"
+            f" before its base {base.name!r} or any model is considered",
+            for_model=incoming.name,
+        )
+        await base.evict_adapter(name)
+        return True
+
+    def preview_adapter(self, base: str, adapter: LoraAdapter) -> dict[str, Any]:
+        """What adding ``adapter`` to ``base`` would do now, changing nothing, in the
+        shape of a load preview: whether it fits on the base's GPUs (its file on each
+        replica's), and the refusal it would answer."""
+        actor = self.model(base)
+        answer: dict[str, Any] = {
+            "model": base,
+            "state": actor.state,
+            "fits": False,
+            "gpus": [],
+            "gpu_split_mib": [],
+            "evict": [],
+            "wait_for": [],
+            "spared_warm": [],
+            "need_mib": 0,
+            "estimate_source": "adapter_file_size",
+            "expected_load_s": None,
+            "error": None,
+        }
+        try:
+            need = actor.check_adapter(adapter)
+        except PoolError as exc:
+            answer.update(error=exc.code, reason=exc.message)
+            return answer
+        answer["need_mib"] = need
+        fits, reason = self.adapter_room(actor, need)
+        placement = actor.placement if actor.state == "loaded" else ()
+        answer.update(
+            fits=fits,
+            reason=reason,
+            gpus=[list(p.gpus) for p in placement],
+            gpu_split_mib=[
+                [round(need * share) for share in p.split] if p.split else [need] * len(p.gpus)
+                for p in placement
+            ],
+            error=None if fits else "load_failed",
+        )
+        return answer
+
+    def adapter_room(self, actor: ModelActor, need: int) -> tuple[bool, str]:
+        """Whether ``need`` MiB more per replica fits on the loaded ``actor``'s GPUs."""
+        if actor.state != "loaded":
+            return True, (
+                f"the base is {actor.state}: the adapter loads with it, adding {need} MiB per"
+                " replica to its estimate"
+            )
+        if not actor.placement or not self.gpus.view().gpus:
+            return True, "the base holds no GPU: the adapter loads into it now"
+        views = self.gate.views(trio.current_time())
+        # Named apart from the base, so the room counts what the base holds now.
+        target = Target(
+            name=f"{actor.name}#adapter",
+            priority=actor.definition.priority,
+            per_replica_mib=need,
+            source="adapter_file_size",
+            replicas=len(actor.replicas),
+        )
+        free = planner_room(target, views, self.gate.gpu_room()) or {}
+        wanted = charges(actor.placement, need, replicas=len(actor.replicas))
+        short = {gpu: mib for gpu, mib in wanted.items() if free.get(gpu, 0) < mib}
+        if short:
+            return False, f"no room for {need} MiB per replica on GPU(s) {sorted(short)}"
+        return True, f"{need} MiB per replica on the base's GPUs; it loads without a reload"
 
     async def _evict(
         self, victim: ModelActor, incoming: ModelActor, spared: tuple[ModelActor, ...] = ()

@@ -106,7 +106,7 @@ class LoadTasks:
             task.phase = "loading"
             if task.evict is not None:
                 await self._residency.unload(task.evict)
-            snapshot = await self._residency.load(task.model, plan)
+            snapshot = await self._residency.load(task.model, plan, reuse=True)
             task.status = "completed"
             task.progress = 1.0
             task.gpu_memory_used_mb = snapshot.vram.mib

@@ -28,12 +28,18 @@ from pool.actors.values._events import (
     Event,
     Failed,
     Finished,
+    Paused,
     Timings,
     Usage,
     Waiting,
 )
 from pool.backends import TaskJob, ToolCallDelta, assemble_calls
 from pool.errors import PoolError
+
+# Resumes a paused stream (Serving's): given the paused ticket, the reply so far and the
+# output tokens made so far, it yields a Waiting at least every heartbeat while the
+# pause lasts, then the new ticket once it runs; a pause past its bound raises PoolError.
+Resumer = Callable[[Ticket, str, int], AsyncGenerator[Waiting | Ticket, None]]
 
 
 def new_request_id() -> str:
@@ -85,7 +91,8 @@ def build_timings(ticket: Ticket, job: JobFinished, admitted_at: float) -> tuple
 class Admission:
     """A request that has a replica slot: read its events, then leave the ``admit`` block.
 
-    ``events()`` yields every :class:`Delta`, then exactly one :class:`Finished` or
+    ``events()`` yields every :class:`Delta` (or, for a request relayed on the
+    pass-through path, the upstream's own bytes), then exactly one :class:`Finished` or
     :class:`Failed`; ``collect()`` returns the :class:`Finished` or raises the error.
 
     An admission that still waits for VRAM or a load (``admit(report_waits=True)``)
@@ -102,8 +109,18 @@ class Admission:
         admitted_at: float,
         on_finished: Callable[[Admission, JobFinished, Finished], None] | None = None,
         waits: AsyncGenerator[Waiting | Ticket, None] | None = None,
+        resumer: Resumer | None = None,
     ) -> None:
         self._ticket = ticket
+        # Pause and resume across a swap: who resumes a paused stream, and what the
+        # tickets before the current one used (the first one's prompt, every output).
+        self._resumer = resumer
+        self._carried_prompt: int | None = None
+        self._carried_cached: int | None = None
+        self._carried_output = 0
+        # Load seconds the paused tickets were charged (their loads are this request's).
+        self.carried_load_s = 0.0
+        self.pauses = 0
         self._steps = waits
         self._wait_error: PoolError | None = None
         self.id = request_id
@@ -153,7 +170,56 @@ class Admission:
             # A task's streamed pieces are chunks of its answer, not tokens: a task cut
             # short is charged only what its runtime counted.
             return Usage(used.prompt_tokens or 0, used.output_tokens or 0)
+        if self.pauses:
+            return self._with_carried(
+                Usage(used.prompt_tokens or 0, used.output, used.cached_tokens)
+            )
         return Usage(used.prompt_tokens or 0, used.output, used.cached_tokens)
+
+    def _with_carried(self, usage: Usage) -> Usage:
+        """``usage`` of the current ticket with what the paused ones before it used: the
+        prompt is the first one's (a resumed job's prompt holds the reply so far, which
+        was charged as output already), the output is every one's."""
+        if self._carried_prompt is None:
+            return usage
+        return Usage(
+            self._carried_prompt,
+            (usage.output_tokens or 0) + self._carried_output,
+            self._carried_cached,
+        )
+
+    def _carry(self, ticket: Ticket) -> None:
+        used = ticket.used
+        if self._carried_prompt is None:
+            self._carried_prompt = used.prompt_tokens or 0
+            self._carried_cached = used.cached_tokens
+        self._carried_output += used.output
+        self.carried_load_s += ticket.load_seconds
+
+    async def _resume(self, pieces: list[str]) -> AsyncGenerator[Paused, None]:
+        """The current ticket was paused: wait (reporting :class:`Paused`) until its
+        resumed job runs, and read on from that one; ``failed`` is set where it cannot
+        (a pause past ``engine.preempt_max_pause_s``, an unload, a shutdown)."""
+        assert self._resumer is not None
+        old = self.ticket
+        self.pauses += 1
+        made = self._carried_output + old.used.output
+        started = trio.current_time()
+        try:
+            async with contextlib.aclosing(self._resumer(old, "".join(pieces), made)) as steps:
+                async for step in steps:
+                    if isinstance(step, Ticket):
+                        self._carry(old)
+                        self._ticket = step
+                    else:
+                        yield Paused(round(trio.current_time() - started, 3))
+        except PoolError as exc:
+            self.failed = exc
+
+    def _pausable_end(self) -> bool:
+        """The ticket's channel ended without a result because the stream was paused
+        (and this admission can resume it)."""
+        return self._resumer is not None and self.ticket.paused and self.failed is None
 
     async def waits(self) -> AsyncGenerator[Waiting, None]:
         """The wait before the request runs, as it changes; nothing for a request that
@@ -186,15 +252,31 @@ class Admission:
             return
         pieces: list[str] = []
         call_pieces: list[ToolCallDelta] = []
-        async for item in self.ticket.receive_channel:
-            if type(item) is Delta:
-                pieces.append(item.text)
-                yield item
-            elif isinstance(item, ToolCallDelta):
-                call_pieces.append(item)
-                yield item
-            else:
-                yield self._ending(item, pieces, call_pieces)
+        # A pass-through reply's body (Finished.body); a stream's events are not kept.
+        ask = getattr(self.ticket.request, "pass_through", None)
+        raw: list[bytes] | None = [] if ask is not None and not ask.stream else None
+        while True:
+            async for item in self.ticket.receive_channel:
+                if type(item) is Delta:
+                    pieces.append(item.text)
+                    yield item
+                elif isinstance(item, ToolCallDelta):
+                    call_pieces.append(item)
+                    yield item
+                elif isinstance(item, bytes):
+                    if raw is not None:
+                        raw.append(item)
+                    yield item
+                else:
+                    yield self._ending(item, pieces, call_pieces, raw)
+                    return
+            if not self._pausable_end():
+                break
+            async with contextlib.aclosing(self._resume(pieces)) as pauses:
+                async for pause in pauses:
+                    yield pause
+            if self.failed is not None:
+                yield Failed(self.failed)
                 return
         yield self._closed_early()
 
@@ -209,45 +291,76 @@ class Admission:
             self.failed = error
             yield [Failed(error)]
             return
-        receive = self.ticket.receive_channel
         pieces: list[str] = []
         call_pieces: list[ToolCallDelta] = []
-        async for item in receive:
-            batch: list[Event] = []
-            while True:
-                if type(item) is Delta:
-                    pieces.append(item.text)
-                    batch.append(item)
-                elif isinstance(item, ToolCallDelta):
-                    call_pieces.append(item)
-                    batch.append(item)
-                else:
-                    batch.append(self._ending(item, pieces, call_pieces))
-                    yield batch
-                    return
-                try:
-                    item = receive.receive_nowait()
-                except trio.WouldBlock:
+        while True:
+            receive = self.ticket.receive_channel
+            ended = False
+            async for item in receive:
+                batch: list[Event] = []
+                while True:
+                    if type(item) is Delta:
+                        pieces.append(item.text)
+                        batch.append(item)
+                    elif isinstance(item, ToolCallDelta):
+                        call_pieces.append(item)
+                        batch.append(item)
+                    elif isinstance(item, bytes):  # a stream's events: not kept
+                        batch.append(item)
+                    else:
+                        batch.append(self._ending(item, pieces, call_pieces, None))
+                        yield batch
+                        return
+                    try:
+                        item = receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    except trio.EndOfChannel:
+                        if not self._pausable_end():
+                            batch.append(self._closed_early())
+                            yield batch
+                            return
+                        ended = True
+                        break
+                yield batch
+                if ended:
                     break
-                except trio.EndOfChannel:
-                    batch.append(self._closed_early())
-                    yield batch
-                    return
-            yield batch
+            if not self._pausable_end():
+                break
+            async with contextlib.aclosing(self._resume(pieces)) as pauses:
+                async for pause in pauses:
+                    yield [pause]
+            if self.failed is not None:
+                yield [Failed(self.failed)]
+                return
         yield [self._closed_early()]
 
     def _ending(
-        self, item: Output, pieces: list[str], call_pieces: list[ToolCallDelta]
+        self,
+        item: Output,
+        pieces: list[str],
+        call_pieces: list[ToolCallDelta],
+        raw: list[bytes] | None,
     ) -> Finished | Failed:
         if isinstance(item, JobFinished):
             self.job = item
             timings, usage = build_timings(self.ticket, item, self.admitted_at)
+            if self.pauses:
+                usage = self._with_carried(usage)
             calls = assemble_calls(call_pieces)
             reason = item.stats.finish_reason
             if calls and reason == "stop":
                 reason = "tool_calls"
+            passed = item.stats.relay_path == "pass_through"
             finished = Finished(
-                "".join(pieces), reason, usage, timings, calls, item.stats.stop_sequence
+                "".join(pieces),
+                reason,
+                usage,
+                timings,
+                calls,
+                item.stats.stop_sequence,
+                item.stats.relay_path,
+                b"".join(raw) if passed and raw is not None else None,
             )
             self.finished = finished
             if self._on_finished is not None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pool.backends import (
     OutputFormat,
+    PassThrough,
     TaskJob,
     TextPart,
     ThinkingMode,
@@ -92,6 +93,9 @@ class InferenceRequest:
     # key: admission sets it from the authenticated caller (pool/actors/serving/_caller.py);
     # an embedded user of the pool may name one itself.
     key_name: str | None = None
+    # The client speaks the upstream's dialect and asks for nothing that needs the
+    # tokens (set by the Chat Completions route): see pool.backends.PassThrough.
+    pass_through: PassThrough | None = None
 
     @classmethod
     def prompt(cls, model: str, text: str, **fields: object) -> InferenceRequest:

@@ -3,7 +3,10 @@ the queue, a peer's relay, and the metrics of what finished (Pool.admit)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from pool.actors.accounting._budgets import Budgets
+from pool.actors.accounting._budgets import Budgets, Spent, Unit
 from pool.actors.accounting._rate_limit import RateLimiter
 from pool.actors.accounting._usage import UsageRecorder
 from pool.actors.accounting._usage_store import UsageRecord
@@ -20,7 +23,7 @@ from pool.actors.models._affinity import PendingKeys
 from pool.actors.models._metrics import PoolMetrics
 from pool.actors.models._ticket import JobFinished, Ticket
 from pool.actors.residency._residency import Residency
-from pool.actors.serving._admission import Admission, new_request_id
+from pool.actors.serving._admission import Admission, Resumer, new_request_id
 from pool.actors.serving._caller import CALLER
 from pool.actors.serving._health import check_runner_queue
 from pool.actors.serving._intake import (
@@ -46,7 +49,7 @@ from pool.backends import (
     GenerationRequest,
     TaskJob,
 )
-from pool.config import Settings
+from pool.config import LoraAdapter, Settings
 from pool.errors import PoolError
 from pool.media import MediaLoader
 
@@ -61,6 +64,12 @@ RELAY_CAPABILITIES = Capabilities(
 )
 
 _Request = TypeVar("_Request", bound=PoolRequest)
+
+log = logging.getLogger("pool")
+
+# How often a paused stream shows its client it is alive where the surface gave no
+# heartbeat of its own (well inside the idle timeouts of proxies, as HEARTBEAT_S).
+PAUSE_HEARTBEAT_S = 5.0
 
 
 class Serving:
@@ -95,6 +104,8 @@ class Serving:
         self.budgets = budgets or Budgets(())
         # None: usage recording is off (service.usage.enabled).
         self.usage = usage
+        residency.on_load_charged = self._charge_load
+        residency.on_pause = self._count_preemption
 
     @asynccontextmanager
     async def admit(
@@ -140,7 +151,7 @@ class Serving:
             self._check_open()
             request, key_limit = self._identify_caller(request)
             # Before routing: a spent budget is refused here, not relayed to a peer.
-            self._check_budget(request.model, tenant, request.key_name)
+            self._check_budget(request.model, tenant, request.key_name, _spends(request))
             route, prefix_keys = await self._route(request, tenant)
             if route is not None:
                 assert isinstance(request, InferenceRequest)  # only those are routed
@@ -198,9 +209,7 @@ class Serving:
         prefix_keys: PendingKeys | None = None
         if self.settings.engine.prefix_affinity:
             prefix_keys = PendingKeys(request, cache_scope(request, tenant))
-        route = await self.router.route(
-            request.model, self.residency.models.get(request.model), prefix_keys
-        )
+        route = await self.router.route(request.model, self._local(request.model), prefix_keys)
         return route, prefix_keys
 
     @asynccontextmanager
@@ -221,13 +230,19 @@ class Serving:
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that this node serves: intake, the queue and the
         wait, then the request's metrics and usage row however it ends."""
-        actor = self.residency.model(request.model)
+        actor, adapter = self.residency.serving(request.model)
         status = "cancelled"
         admission: Admission | None = None
         try:
             request_id = request_id or new_request_id()
             job = await self._intake(request, actor, request_id, tenant, key_limit, trace)
+            if adapter is not None:
+                job = self._with_adapter(job, actor, adapter)
             deadline = trio.current_time() + actor.queue_timeout_s
+            if load_hint:
+                # A loaded copy that does not serve the hint is unloaded first; the
+                # request's own on-demand load then brings it back with the hint.
+                await self.residency.reload_for_hint(actor, load_hint)
             enqueue = self._enqueuer(
                 actor,
                 job,
@@ -236,12 +251,32 @@ class Serving:
                 keep_alive=request.keep_alive,
                 load_hint=load_hint,
                 prefix_keys=prefix_keys,
+                key_name=request.key_name,
             )
             ticket, steps = await self._queue(
                 actor, enqueue, deadline, report_waits or heartbeat_s is not None, heartbeat_s
             )
+            resumer = (
+                self._resumer(
+                    actor,
+                    job,
+                    tenant=tenant,
+                    priority=priority,
+                    keep_alive=request.keep_alive,
+                    key_name=request.key_name,
+                    heartbeat_s=heartbeat_s,
+                )
+                if isinstance(job, GenerationRequest)
+                else None
+            )
             admission = Admission(
-                ticket, request_id, request.model, admitted_at, self._record_finished, steps
+                ticket,
+                request_id,
+                request.model,
+                admitted_at,
+                self._record_finished,
+                steps,
+                resumer=resumer,
             )
             if trace is not None:
                 trace.admission, trace.actor = admission, actor
@@ -261,6 +296,25 @@ class Serving:
         finally:
             self.metrics.requests.labels(actor.name, tenant, status).inc()
             self._account(actor.name, tenant, request.key_name, admission, status)
+
+    def _local(self, model: str) -> ModelActor | None:
+        """The model of this node that serves ``model`` (an adapter's base), if any."""
+        try:
+            return self.residency.serving(model)[0]
+        except PoolError:
+            return None
+
+    @staticmethod
+    def _with_adapter(
+        job: GenerationRequest | EmbeddingJob | TaskJob, actor: ModelActor, adapter: LoraAdapter
+    ) -> GenerationRequest:
+        """A request for adapter ``adapter`` of ``actor``: a generation with it applied."""
+        if not isinstance(job, GenerationRequest):
+            raise PoolError(
+                "wrong_model_kind",
+                f"{adapter.name!r} is a LoRA adapter of {actor.name!r}: it serves generation only",
+            )
+        return dataclasses.replace(job, adapter=actor.adapter_used(adapter.name))
 
     async def _intake(
         self,
@@ -305,6 +359,7 @@ class Serving:
         keep_alive: float | str | None,
         load_hint: dict[str, Any] | None,
         prefix_keys: PendingKeys | None,
+        key_name: str | None = None,
     ) -> Callable[[], Ticket]:
         """What queues the job at its model, checking the runner-wide queue limit first
         (called when the request may queue: at once, or once a door opens)."""
@@ -324,7 +379,11 @@ class Serving:
             check_runner_queue(
                 self.residency.models.values(), self.settings.engine.max_queue_total, actor
             )
-            return admit()
+            ticket = admit()
+            ticket.key_name = key_name
+            # Only a generation can be resumed through its prompt.
+            ticket.preemptible = priority == "low" and isinstance(job, GenerationRequest)
+            return ticket
 
         return enqueue
 
@@ -378,7 +437,7 @@ class Serving:
         trace: RequestTrace | None,
     ) -> AsyncIterator[Admission]:
         """:meth:`admit` for a request that a peer serves (docs/cluster.md)."""
-        local = self.residency.models.get(request.model)
+        local = self._local(request.model)
         request_id = request_id or new_request_id()
         job = build_generation_request(
             request,
@@ -413,9 +472,11 @@ class Serving:
         finally:
             ticket.abandon()
 
-    def _check_budget(self, model: str, tenant: str, key: str | None) -> None:
+    def _check_budget(
+        self, model: str, tenant: str, key: str | None, units: frozenset[Unit]
+    ) -> None:
         try:
-            self.budgets.check(tenant, key)
+            self.budgets.check(tenant, key, units)
         except PoolError as exc:
             budget = exc.details.get("budget", {})
             self.metrics.budget_refusals.labels("key" if "key" in budget else "tenant").inc()
@@ -441,15 +502,25 @@ class Serving:
         cluster.
         """
         prompt = cached = output = 0
-        queue_wait_ms = 0.0
+        audio_seconds = 0.0
+        queue_wait_ms = load_seconds = 0.0
         generate_ms: float | None = None
         if admission is not None:
             queue_wait_ms = admission.queue_wait_ms
+            ticket = admission.queued_ticket
+            if ticket is not None:
+                ticket.accounted = True
+                load_seconds = ticket.load_seconds + admission.carried_load_s
             used = admission.used
             prompt = used.prompt_tokens or 0
             cached = used.cached_tokens or 0
             output = used.output_tokens or 0
             done = admission.finished or admission.embedding or admission.completed
+            if admission.completed is not None:
+                # A transcription is charged the audio it was given once it finished.
+                audio_seconds = admission.completed.task_usage.audio_seconds
+                if audio_seconds > 0:
+                    self.metrics.audio_seconds.labels(model).inc(audio_seconds)
             if done is not None:
                 timings = done.timings
                 generate_ms = (
@@ -458,11 +529,27 @@ class Serving:
             elif prompt or output:
                 # A finished request counted these as it finished (_record_finished).
                 self._count_tokens(model, tenant, prompt, output)
+        # Text said by a speech model: what its finished job counted (a cut stream
+        # counts nothing, as a task cut short is charged only what its runtime counted).
+        characters = 0
+        if admission is not None and admission.completed is not None:
+            characters = admission.completed.task_usage.characters
+        if characters:
+            self.metrics.characters.labels(model).inc(characters)
         if prompt or output:
             self.metrics.record_tenant_tokens(tenant, prompt, output)
         # Every request that reached a model counts against request budgets, whatever
-        # it used (an image costs no tokens).
-        self.budgets.charge(tenant, key, prompt + output, requests=1)
+        # it used (an image costs no tokens); audio is counted in whole seconds.
+        self.budgets.charge(
+            tenant,
+            key,
+            Spent(
+                tokens=prompt + output,
+                requests=1,
+                audio_seconds=math.ceil(audio_seconds),
+                characters=characters,
+            ),
+        )
         if self.usage is not None:
             self.usage.record(
                 UsageRecord(
@@ -476,6 +563,133 @@ class Serving:
                     queue_wait_ms=round(queue_wait_ms, 3),
                     generate_ms=None if generate_ms is None else round(generate_ms, 3),
                     status=status,
+                    audio_seconds=audio_seconds,
+                    characters=characters,
+                    load_seconds=round(load_seconds, 3),
+                )
+            )
+
+    def _count_preemption(self, actor: ModelActor, streams: int, cut: bool) -> None:
+        if streams:
+            self.metrics.preemptions.labels(actor.name, "cut" if cut else "pause").inc(streams)
+
+    def _resumer(
+        self,
+        actor: ModelActor,
+        job: GenerationRequest,
+        *,
+        tenant: str,
+        priority: str,
+        keep_alive: float | str | None,
+        key_name: str | None,
+        heartbeat_s: float | None,
+    ) -> Resumer:
+        """How a paused stream of ``job`` resumes (docs/vram.md, "Pause and resume").
+
+        The same request, with the reply so far as ``continue_text`` and the tokens left
+        as its ``max_tokens``, queues at its model again as a new request would: it waits
+        at the model's door while the swap it made way for happens, then its arrival
+        loads the model back (an evicted model comes back for a request), and it runs
+        once a replica takes it. The wait reports itself at least every heartbeat (the
+        stream's, else ``PAUSE_HEARTBEAT_S``) and is bounded by
+        ``engine.preempt_max_pause_s``: past it, ``preempted``.
+        """
+        engine = self.settings.engine
+        beat = heartbeat_s or PAUSE_HEARTBEAT_S
+
+        async def resume(
+            paused: Ticket, text: str, made: int
+        ) -> AsyncGenerator[Waiting | Ticket, None]:
+            paused_at = trio.current_time()
+            again = dataclasses.replace(
+                job,
+                continue_text=text,
+                decoding=dataclasses.replace(
+                    job.decoding, max_tokens=max(1, job.decoding.max_tokens - made)
+                ),
+            )
+            enqueue = self._enqueuer(
+                actor,
+                again,
+                tenant=tenant,
+                priority=priority,
+                keep_alive=keep_alive,
+                load_hint=None,
+                prefix_keys=None,
+                key_name=key_name,
+            )
+            deadline = paused_at + engine.preempt_max_pause_s
+            outcome = "left"
+            try:
+                ticket, steps = await self._queue(actor, enqueue, deadline, True, beat)
+                if ticket is not None:
+                    yield ticket
+                if steps is not None:
+                    async with contextlib.aclosing(steps) as waits:
+                        async for step in waits:
+                            yield step
+                else:
+                    assert ticket is not None
+                    await self._waits.ready(actor, ticket, deadline)
+                outcome = "resumed"
+            except PoolError as exc:
+                if exc.code != "queue_timeout":
+                    raise
+                outcome = "expired"
+                raise PoolError(
+                    "preempted",
+                    f"the stream was paused for a swap of model {actor.name!r} and its"
+                    f" model was not back within {engine.preempt_max_pause_s:g}s"
+                    " (engine.preempt_max_pause_s); it is charged only what it generated",
+                    details={"paused_s": round(trio.current_time() - paused_at, 3)},
+                ) from exc
+            finally:
+                paused_s = trio.current_time() - paused_at
+                self.metrics.pause_duration.labels(actor.name, outcome).observe(paused_s)
+                if outcome == "resumed":
+                    self.residency.decisions.record(
+                        "resume",
+                        actor.name,
+                        f"a paused stream runs again after {paused_s:.2f}s, continuing"
+                        f" after {made} generated token(s)",
+                        request=job.request_id,
+                        paused_s=round(paused_s, 3),
+                    )
+
+        return resume
+
+    def _charge_load(self, actor: ModelActor, ticket: Ticket, seconds: float) -> None:
+        """A load that ``ticket``'s request started took ``seconds``: charged to its
+        tenant and key (budgets, fair scheduling), and kept on its usage row; where that
+        row was written already (its client left during the load), in a row of its own
+        with status ``load`` and no tokens."""
+        log.info(
+            "request_id=%s model=%s caused a load of %.2fs tenant=%s key=%s",
+            getattr(ticket.request, "request_id", None),
+            actor.name,
+            seconds,
+            ticket.tenant,
+            ticket.key_name,
+        )
+        self.budgets.charge(ticket.tenant, ticket.key_name, Spent(load_ms=round(seconds * 1000)))
+        actor.scheduler.charge_load(ticket.tenant, seconds)
+        self.metrics.record_tenant_load(ticket.tenant, seconds)
+        if not ticket.accounted:
+            ticket.load_seconds += seconds
+        elif self.usage is not None:
+            self.usage.record(
+                UsageRecord(
+                    at=self.usage.clock(),
+                    key=ticket.key_name,
+                    tenant=ticket.tenant,
+                    model=actor.name,
+                    prompt_tokens=0,
+                    cached_tokens=0,
+                    output_tokens=0,
+                    queue_wait_ms=0.0,
+                    generate_ms=None,
+                    status="load",
+                    load_seconds=round(seconds, 3),
                 )
             )
 
@@ -499,3 +713,20 @@ class Serving:
         self.metrics.tokens.labels(model).inc(output)
         self.metrics.prompt_tokens.labels(model).inc(prompt)
         self.rate_limiter.charge_tokens(tenant, output + prompt)
+
+
+# Every request spends a request and may cause a load; speech spends characters, not
+# tokens; audio budgets bind only the requests that bring audio.
+_ANY_REQUEST: frozenset[Unit] = frozenset({"tokens", "requests", "load_ms"})
+_TRANSCRIPTION: frozenset[Unit] = _ANY_REQUEST | {"audio_seconds"}
+_SPEECH: frozenset[Unit] = frozenset({"requests", "load_ms", "characters"})
+
+
+def _spends(request: PoolRequest) -> frozenset[Unit]:
+    """The budget units that bind ``request`` at admission."""
+    if isinstance(request, TaskRequest):
+        if "transcription" in request.job.served_by:
+            return _TRANSCRIPTION
+        if "speech" in request.job.served_by:
+            return _SPEECH
+    return _ANY_REQUEST

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pool.backends import FinishReason, TaskUsage, ToolCall, ToolCallDelta
+from pool.backends import FinishReason, RelayPath, TaskUsage, ToolCall, ToolCallDelta
 from pool.errors import PoolError
 
 
@@ -71,6 +71,8 @@ class Finished:
     ``tool_calls`` are the calls the model made (their pieces came as
     :class:`ToolCallDelta` events); with any, ``finish_reason`` is ``tool_calls``.
     ``stop_sequence``: the stop string that ended it, where the backend tells.
+    ``relay_path``: ``pass_through`` when the upstream's own bytes went to the client
+    (then ``text`` is empty, and ``body`` holds a reply that was not streamed).
     """
 
     text: str
@@ -79,6 +81,8 @@ class Finished:
     timings: Timings
     tool_calls: tuple[ToolCall, ...] = ()
     stop_sequence: str | None = None
+    relay_path: RelayPath = "translated"
+    body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +112,18 @@ class Completed:
     timings: Timings
 
 
-# ToolCallDelta (from pool.backends) is the neutral piece of a tool call.
-Event = Delta | ToolCallDelta | Finished | Failed
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """The stream is paused for a swap (docs/vram.md, "Pause and resume"): nothing new
+    until its model is back. Repeated while the pause lasts, so each surface shows the
+    client it is alive (an SSE comment, a ping); the text then goes on where it stopped."""
+
+    paused_s: float
+
+
+# ToolCallDelta (from pool.backends) is the neutral piece of a tool call; bytes are an
+# upstream's own events, forwarded on the pass-through path (pool/backends/_pass_through.py).
+Event = Delta | ToolCallDelta | bytes | Finished | Failed | Paused
 
 # What a request that has not started yet waits for: room on the GPUs (the VRAM gate,
 # or its model making way for another), its model's load, or a free replica slot.

@@ -8,7 +8,7 @@ the actors keep no JSON of their own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pool.actors.values._details import ModelDetails
@@ -47,6 +47,23 @@ class VramEstimate:
     @property
     def per_replica_mib(self) -> int | None:
         return None if self.mib is None else -(-self.mib // max(1, self.replica_count))
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterView:
+    """A LoRA adapter served on a base model (docs/backends.md, "LoRA adapters")."""
+
+    name: str
+    path: str
+    scale: float
+    # Its file's size: what it adds to the base's memory on each replica's GPUs.
+    size_mib: float
+    # Requests it served since it was added (the pool's count), and when it last served
+    # one (monotonic seconds; None: never): the LRU order of adapter eviction.
+    requests: int = 0
+    last_used_at: float | None = None
+    # The pool evicted it alone (its memory given back); its next request loads it again.
+    evicted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,13 @@ class ModelSnapshot:
     details: ModelDetails = field(default_factory=ModelDetails)
     # Its output canary; None where canaries are off for it.
     canary: CanaryStatus | None = None
+    # The LoRA adapters served on this model (a base's row).
+    adapters: tuple[AdapterView, ...] = ()
+    # An adapter's own row: its base's name and the adapter; the rest is the base's.
+    parent: str | None = None
+    adapter: AdapterView | None = None
+    # The longest extra wait (ms) grouping requests by adapter may add; None: no grouping.
+    adapter_group_wait_ms: float | None = None
 
     @property
     def served_context_length(self) -> int | None:
@@ -118,6 +142,15 @@ class ModelSnapshot:
     def inflight_requests(self) -> int:
         """Queued plus running requests."""
         return self.queue_depth + self.running
+
+
+def adapter_rows(base: ModelSnapshot) -> list[ModelSnapshot]:
+    """The rows of ``base``'s LoRA adapters: each a model of its own name, served by
+    ``base`` (its state and placement are the base's)."""
+    return [
+        replace(base, name=view.name, parent=base.name, adapter=view, adapters=())
+        for view in base.adapters
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pool.actors import (
+    AdapterView,
     CanaryStatus,
     GpuReading,
     GpuView,
@@ -152,8 +153,23 @@ def _row(snapshot: ModelSnapshot, *, full: bool) -> dict[str, Any]:
         row["capabilities"] = capabilities_body(snapshot.capabilities)
         row["details"] = details_body(snapshot.details, snapshot.served_context_length)
         row["canary"] = canary_body(snapshot.canary)
+        row["parent"] = snapshot.parent
+        row["adapter"] = None if snapshot.adapter is None else adapter_body(snapshot.adapter)
+        row["adapters"] = [adapter_body(a) for a in snapshot.adapters]
+        row["adapter_group_wait_ms"] = snapshot.adapter_group_wait_ms
     row["definition"] = definition_body(snapshot)
     return row
+
+
+def adapter_body(adapter: AdapterView) -> dict[str, Any]:
+    return {
+        "name": adapter.name,
+        "path": adapter.path,
+        "scale": adapter.scale,
+        "size_mib": adapter.size_mib,
+        "requests": adapter.requests,
+        "evicted": adapter.evicted,
+    }
 
 
 # The fields of a model row that a GPU memory row repeats, in the model's order.
@@ -223,7 +239,8 @@ def cluster_model_list(
 def model_list(pool: Pool) -> dict[str, Any]:
     """Servable model ids in the OpenAI list format (``/v1/models``, ``/openai/v1/models``)."""
     created = int(pool.started_at)
-    snapshots = [pool.snapshot(name) for name in pool.servable_models()]
+    servable = set(pool.servable_models())
+    snapshots = [s for s in pool.snapshots(adapters=True) if (s.parent or s.name) in servable]
     data = [
         {
             "id": s.name,
@@ -234,6 +251,7 @@ def model_list(pool: Pool) -> dict[str, Any]:
             "context_length": s.served_context_length,
             "loaded": s.state == "loaded",
         }
+        | ({"parent": s.parent} if s.parent is not None else {})
         for s in snapshots
     ]
     if pool.clustered:
@@ -250,6 +268,9 @@ def usage_row(group_by: UsageGroupBy, total: UsageTotal) -> dict[str, Any]:
     row["prompt_tokens"] = total.prompt_tokens
     row["cached_tokens"] = total.cached_tokens
     row["output_tokens"] = total.output_tokens
+    row["audio_seconds"] = total.audio_seconds
+    row["characters"] = total.characters
+    row["load_seconds"] = round(total.load_seconds, 3)
     return row
 
 
@@ -260,8 +281,8 @@ def admin_state(pool: Pool) -> dict[str, Any]:
     readings of ``GET /v1/admin/gpu-memory``; ``pulls``: the current or last pull of each
     model that has one (``GET /api/pull/status/NAME``); ``shutting_down``.
     """
-    snapshots = pool.snapshots()
-    gpu = gpu_memory_body(pool.gpu_view(), snapshots)
+    snapshots = pool.snapshots(adapters=True)
+    gpu = gpu_memory_body(pool.gpu_view(), [s for s in snapshots if s.parent is None])
     return {
         "models": [model_row(s) for s in snapshots],
         "gpus": gpu["gpus"],

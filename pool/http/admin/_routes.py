@@ -10,7 +10,7 @@ from quart import Blueprint, Quart, Response, request
 
 from pool.actors import USAGE_BUCKETS, USAGE_GROUPS, UsageBucket, UsageGroupBy
 from pool.backends import LoadRequest
-from pool.config import KeyFields
+from pool.config import KeyFields, LoraAdapter
 from pool.http._common import (
     POOL_ERRORS,
     AppContext,
@@ -125,6 +125,42 @@ ADMIN_UNLOAD = Route(
     " (`unload_reason` `requested`), even one the pool had evicted.",
     reply=ModelRow,
     refusals=(404,),
+)
+ADD_ADAPTER = Route(
+    "post",
+    "/v1/admin/models/{name}/adapters",
+    "admin",
+    "Add a LoRA adapter to a model",
+    "Serves the LoRA adapter at `path` on model `{name}` (its base) under the model name"
+    " `name`, with `scale`: requests name it as their `model` on every surface, and model"
+    " lists show it with `parent`. A loaded base takes it at once, without a reload:"
+    " requests running on the base or its other adapters go on untouched (an in-process"
+    " llama.cpp replica loads it at its next turn). An unloaded base takes it at its next"
+    " load; it stays until removed or the pool restarts (settings: `lora_adapters`). An"
+    " adapter of that name on this base is replaced. Answers the base's row. 400"
+    " `invalid_request`: the name is another model's or adapter's, or the file does not"
+    " exist or does not load; 400 `invalid_load_request`: the backend serves no adapters,"
+    " or (llama_server) only those it was started with; 500 `load_failed`: its file does"
+    " not fit on the base's GPUs. With `dry_run=true` nothing changes: 200 with what the"
+    " add would do now, as a load preview (`fits`, the base's `gpus`, the adapter's MiB"
+    " on each in `gpu_split_mib`, `need_mib` per replica, `error` and `reason`).",
+    LoraAdapter,
+    reply=LoadAnswer,
+    query=(("dry_run", "boolean", "Answer what the add would do, changing nothing."),),
+    refusals=(400, 404, 409),
+    valid_input_codes=(*LOAD_REFUSALS, "invalid_request"),
+)
+REMOVE_ADAPTER = Route(
+    "delete",
+    "/v1/admin/models/{name}/adapters/{adapter}",
+    "admin",
+    "Remove a LoRA adapter from a model",
+    "Stops serving adapter `{adapter}` of model `{name}` without reloading the base: new"
+    " requests for it get 404 `unknown_model`, a request running with it finishes first,"
+    " requests on the base and its other adapters go on untouched. Answers the base's row;"
+    " 404 `unknown_model` for a base or adapter that is not there.",
+    reply=ModelRow,
+    refusals=(404, 409),
 )
 ADMIN_DECISIONS = Route(
     "get",
@@ -241,6 +277,8 @@ ROUTES = (
     ADMIN_MODEL,
     ADMIN_LOAD,
     ADMIN_UNLOAD,
+    ADD_ADAPTER,
+    REMOVE_ADAPTER,
     ADMIN_DECISIONS,
     GPU_MEMORY,
     LIST_KEYS,
@@ -268,7 +306,7 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Every configured model with its live runtime state (and, in a cluster, every
         peer's models under ``cluster``)."""
         require(ctx, "admin")
-        body: dict[str, Any] = {"models": [model_row(s) for s in pool.snapshots()]}
+        body: dict[str, Any] = {"models": [model_row(s) for s in pool.snapshots(adapters=True)]}
         if pool.clustered:
             body["cluster"] = pool.peer_models()
         return json_response(body)
@@ -299,6 +337,25 @@ def register(app: Quart, ctx: AppContext) -> None:
         require(ctx, "admin")
         pool.model(name)
         return json_response(model_row(await pool.detached(pool.unload, name)))
+
+    @serves(blueprint, ADD_ADAPTER)
+    async def admin_add_adapter(name: str) -> Response:
+        """Serve a LoRA adapter on ``name`` (docs/backends.md, "LoRA adapters")."""
+        require(ctx, "admin")
+        pool.model(name)
+        dry_run = flag(request.args.get("dry_run"), "dry_run")
+        body = await read_body(LoraAdapter)
+        if dry_run:
+            return json_response(pool.preview_adapter(name, body))
+        # The pool owns the change; a client that disconnects does not cancel it midway.
+        return json_response(model_row(await pool.detached(pool.add_adapter, name, body)))
+
+    @serves(blueprint, REMOVE_ADAPTER)
+    async def admin_remove_adapter(name: str, adapter: str) -> Response:
+        """Stop serving adapter ``adapter`` of ``name``."""
+        require(ctx, "admin")
+        pool.model(name)
+        return json_response(model_row(await pool.detached(pool.remove_adapter, name, adapter)))
 
     @serves(blueprint, ADMIN_DECISIONS)
     async def admin_decisions() -> Response:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from quart import Response
 
-from pool.actors import Admission, Delta, Finished, ToolCallDelta, Waiting
+from pool.actors import Admission, Delta, Finished, Paused, ToolCallDelta, Waiting
 from pool.backends import ToolCall
 from pool.errors import PoolError
 from pool.http._common import ErrorShape, SchemaError, dumps, json_response, request_id, retry_after
@@ -216,6 +216,10 @@ class MessageStream(StreamRenderer[bytes]):
 
     @staticmethod
     def render_wait(admission: Admission, waiting: Waiting) -> bytes:
+        return PING
+
+    @staticmethod
+    def render_pause(admission: Admission, paused: Paused) -> bytes:
         return PING
 
     def _close(self) -> bytes:

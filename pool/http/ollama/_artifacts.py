@@ -39,7 +39,12 @@ class Artifacts:
 
     async def of(self, snapshot: ModelSnapshot) -> Artifact:
         """The model file's mtime, size and SHA-256; the settings file's mtime without one."""
-        value = snapshot.active_definition.model_path
+        # An adapter's artifact is its own file, not its base's.
+        value = (
+            snapshot.adapter.path
+            if snapshot.adapter is not None
+            else snapshot.active_definition.model_path
+        )
         base_dir = self._settings.base_dir
         facts = None
         if value:

@@ -257,7 +257,8 @@ def _details(snapshot: ModelSnapshot) -> dict[str, Any]:
     path = snapshot.active_definition.model_path or ""
     facts = snapshot.details
     return {
-        "parent_model": "",
+        # An adapter's base, as Ollama names the model an adapter was made on.
+        "parent_model": snapshot.parent or "",
         "format": facts.format
         or ("gguf" if path.endswith(".gguf") else snapshot.definition.backend),
         "family": facts.family or "",

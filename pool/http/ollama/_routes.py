@@ -320,7 +320,7 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def tags() -> Response:
         """Every configured model, Ollama's list format."""
         require(ctx, "inference")
-        listed = [tag(s, await artifacts.of(s)) for s in pool.snapshots()]
+        listed = [tag(s, await artifacts.of(s)) for s in pool.snapshots(adapters=True)]
         return json_response({"models": listed})
 
     @serves(blueprint, PS)
@@ -328,7 +328,9 @@ def register(app: Quart, ctx: AppContext) -> None:
         """Loaded models with the time their keep-alive runs out."""
         require(ctx, "inference")
         loaded = [
-            running(s, await artifacts.of(s)) for s in pool.snapshots() if s.state == "loaded"
+            running(s, await artifacts.of(s))
+            for s in pool.snapshots(adapters=True)
+            if s.state == "loaded"
         ]
         return json_response({"models": loaded})
 
@@ -435,7 +437,8 @@ async def _chat_or_generate(
 
     The model is looked up first: an unknown one is a 404 whatever else the body says.
     """
-    actor = pool.model(opened.body.model)
+    # An adapter's name is served by its base (the one place names resolve).
+    actor = pool.serving_model(opened.body.model)
     if empty:
         # The load leaves them unused, but a malformed one is refused as on a request.
         ollama_output_format(opened.body.format)
@@ -461,7 +464,7 @@ async def _load_or_unload(
         hint = load_hint(opened.body.options, actor.definition.backend)
         await pool.detached(pool.preload, actor.name, hint)
         reason = "load"
-    return json_response(load_body(actor.name, piece, reason))
+    return json_response(load_body(opened.body.model, piece, reason))
 
 
 async def _generation(
@@ -471,8 +474,8 @@ async def _generation(
     hint = load_hint(opened.body.options, actor.definition.backend)
     if not opened.body.stream:
         done = await collected(pool, opened, request, load_hint=hint)
-        return json_response(generation_body(actor.name, piece, done.finished))
-    lines = GenerationLines(actor.name, piece)
+        return json_response(generation_body(opened.body.model, piece, done.finished))
+    lines = GenerationLines(opened.body.model, piece)
     admission, chunks = await admitted_stream(
         pool, opened, request, lines, heartbeat_s=HEARTBEAT_S, load_hint=hint
     )

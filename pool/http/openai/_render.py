@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Response
 
-from pool.actors import Admission, Delta, Embedded, Finished, ToolCallDelta, Waiting
+from pool.actors import Admission, Delta, Embedded, Finished, Paused, ToolCallDelta, Waiting
 from pool.errors import PoolError
 from pool.http._common import (
     ErrorShape,
@@ -171,6 +171,9 @@ class _SseStream(StreamRenderer[bytes]):
     def render_wait(self, admission: Admission, waiting: Waiting) -> bytes:
         return SSE_KEEP_ALIVE
 
+    def render_pause(self, admission: Admission, paused: Paused) -> bytes:
+        return SSE_KEEP_ALIVE
+
 
 class ChatCompletionStream(_SseStream):
     """The ``chat.completion.chunk`` events of one streamed chat completion: the
@@ -179,14 +182,30 @@ class ChatCompletionStream(_SseStream):
     Args:
         include_usage: ``stream_options.include_usage``: every chunk carries
             ``"usage": null`` and a last chunk without choices carries the usage.
+        pass_through: the request may be relayed on the pass-through path (the
+            upstream's own events, pool/backends/_pass_through.py). Whether it is comes
+            out only once its runtime runs, so the opening chunk waits for the first
+            event: on the translated path it goes out with it, on the pass-through path
+            the upstream's own opening is in the events.
     """
 
-    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(
+        self,
+        completion_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        *,
+        pass_through: bool = False,
+    ) -> None:
         self._id = completion_id
         self._created = created
         self._model = model
         self._include_usage = include_usage
         self._content = content_chunk_encoder(self._chunk({"content": _MARK}, None))
+        # Nothing went out yet (only while the opening waits for the first event).
+        self._unopened = pass_through
+        self._raw = False
 
     def _chunk(self, delta: dict[str, Any], finish: str | None) -> bytes:
         payload = {
@@ -200,14 +219,34 @@ class ChatCompletionStream(_SseStream):
             payload["usage"] = None
         return _event(payload)
 
-    def opening(self, admission: Admission) -> bytes:
+    def _opening(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
+    def _late_opening(self) -> bytes:
+        """The opening, where it waited and nothing went out yet (else nothing)."""
+        if not self._unopened:
+            return b""
+        self._unopened = False
+        return self._opening()
+
+    def opening(self, admission: Admission) -> bytes | None:
+        return None if self._unopened else self._opening()
+
     def render_delta(self, admission: Admission, delta: Delta) -> bytes:
+        if self._unopened:
+            return self._late_opening() + self._content(delta.text)
         return self._content(delta.text)
 
+    def render_raw(self, admission: Admission, events: bytes) -> bytes:
+        self._unopened = False
+        self._raw = True
+        return events
+
     def render_finished(self, admission: Admission, event: Finished) -> bytes:
-        out = self._chunk({}, _FINISH[event.finish_reason])
+        if self._raw:
+            # The upstream's finish and usage events went through; the [DONE] is ours.
+            return _DONE
+        out = self._late_opening() + self._chunk({}, _FINISH[event.finish_reason])
         if self._include_usage:
             out += _event(
                 {
@@ -221,8 +260,12 @@ class ChatCompletionStream(_SseStream):
             )
         return out + _DONE
 
+    def render_error(self, admission: Admission, exc: PoolError) -> bytes:
+        # A stream that fails before its first event still opens, as it always has.
+        return self._late_opening() + super().render_error(admission, exc)
+
     def render_tool_call(self, admission: Admission, piece: ToolCallDelta) -> bytes:
-        return self._chunk({"tool_calls": [_call_delta(piece)]}, None)
+        return self._late_opening() + self._chunk({"tool_calls": [_call_delta(piece)]}, None)
 
 
 # -- legacy completions --------------------------------------------------------------------

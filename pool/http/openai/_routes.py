@@ -3,18 +3,22 @@ and answers in OpenAI's shapes (:mod:`._render`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
-from quart import Blueprint, Quart, Response
+from quart import Blueprint, Quart, Response, request
 
+from pool.backends import PassThrough
 from pool.http._collected import collected
 from pool.http._common import (
+    JSON_TYPE,
     AppContext,
     HotRoute,
     inference_headers,
     json_response,
     open_model_route,
+    require,
 )
 from pool.http._forwarding import forward_route
 from pool.http._route import (
@@ -27,6 +31,7 @@ from pool.http._route import (
     serves,
 )
 from pool.http._streaming import HEARTBEAT_S, admitted_stream, streamed_answer
+from pool.http.openai._audio_routes import AUDIO_ROUTES, register_audio
 from pool.http.openai._parse import completion_requests, embedding_request, inference_request
 from pool.http.openai._render import (
     ERRORS,
@@ -37,6 +42,14 @@ from pool.http.openai._render import (
     completion_body,
     embeddings_body,
 )
+from pool.http.openai._speech import (
+    OPENAI_SPEECH,
+    OPENAI_VOICES,
+    SPEECH,
+    VOICES,
+    speech_answer,
+    voices_answer,
+)
 from pool.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -46,6 +59,7 @@ from pool.schemas import (
     EmbeddingsRequest,
     ImageGenerationRequest,
     ImagesResponse,
+    SpeechRequest,
     TextCompletion,
     TextCompletionStreamEvent,
 )
@@ -187,12 +201,18 @@ ROUTES = (
     OPENAI_COMPLETIONS,
     IMAGES_GENERATIONS,
     OPENAI_IMAGES_GENERATIONS,
+    *AUDIO_ROUTES,
+    SPEECH,
+    OPENAI_SPEECH,
+    VOICES,
+    OPENAI_VOICES,
 )
 
 
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("openai", __name__)
+    pass_through = ctx.settings.service.pass_through
     ctx.error_shapes[blueprint.name] = ERRORS
 
     # Each route is served under /v1 and under /openai/v1, the base URL that is OpenAI's
@@ -203,16 +223,25 @@ def register(app: Quart, ctx: AppContext) -> None:
         opened = await open_model_route(ctx, ChatCompletionRequest)
         body = opened.body
         request = opened.neutral(inference_request(body))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        passes = pass_through and pool.relays_chat(body.model)
+        if passes:
+            # The upstream may answer in this very dialect (pool/backends/_pass_through.py).
+            ask = PassThrough(body.model, body.stream, include_usage)
+            request = dataclasses.replace(request, pass_through=ask)
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if not body.stream:
             done = await collected(pool, opened, request)
+            if done.finished.body is not None:  # the upstream's reply, model rewritten
+                return Response(done.finished.body, headers=done.headers(), content_type=JSON_TYPE)
             return json_response(
                 chat_completion_body(completion_id, created, body.model, done.finished),
                 headers=done.headers(),
             )
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = ChatCompletionStream(completion_id, created, body.model, include_usage)
+        stream = ChatCompletionStream(
+            completion_id, created, body.model, include_usage, pass_through=passes
+        )
         admission, chunks = await admitted_stream(
             pool, opened, request, stream, heartbeat_s=HEARTBEAT_S
         )
@@ -274,5 +303,18 @@ def register(app: Quart, ctx: AppContext) -> None:
             opened.priority,
             "image",
         )
+
+    register_audio(blueprint, ctx)
+
+    @serves(blueprint, SPEECH, OPENAI_SPEECH)
+    async def speech() -> Response:
+        """OpenAI's text to speech: the audio, streamed as it is made or whole."""
+        return await speech_answer(pool, await open_model_route(ctx, SpeechRequest))
+
+    @serves(blueprint, VOICES, OPENAI_VOICES)
+    async def voices() -> Response:
+        """The voices of the speech models."""
+        require(ctx, "inference")
+        return await voices_answer(pool, request.args.get("model") or None)
 
     app.register_blueprint(blueprint)

@@ -233,6 +233,7 @@ function renderGpus(next) {
       const chips = [];
       let pool = 0;
       for (const row of next.models) {
+        if (row.parent) continue; // an adapter's memory is its base's row
         const held = heldOn(row, gpu.index);
         if (!held) continue;
         pool += held.mib;
@@ -328,6 +329,9 @@ function updateModel(entry, row) {
   const p = entry.parts;
   const d = row.definition || {};
   const notes = [row.resolved_backend];
+  // A LoRA adapter: served by its base (its row's state and numbers are the base's).
+  if (row.parent) notes.unshift(`LoRA adapter of ${row.parent} (+${mib(row.adapter.size_mib)})`);
+  if (row.adapters?.length) notes.push(`${row.adapters.length} adapter(s)`);
   if (row.kind && row.kind !== "chat") notes.push(row.kind);
   if (d.on_demand) notes.push("on demand");
   if (d.pinned) notes.push("pinned");
@@ -357,9 +361,10 @@ function updateModel(entry, row) {
 
   const settled = row.runtime_state === "unloaded" || row.runtime_state === "failed";
   const working = busy.has(row.name);
-  p.load.hidden = !settled;
+  // An adapter loads and unloads with its base: no buttons of its own.
+  p.load.hidden = !settled || Boolean(row.parent);
   p.load.disabled = working;
-  p.unload.hidden = settled;
+  p.unload.hidden = settled || Boolean(row.parent);
   p.unload.disabled = working || row.runtime_state === "unloading";
   const pull = (state.pulls || []).find((x) => x.model === row.name);
   p.pull.hidden = !d.source;
