@@ -270,6 +270,8 @@ class StubRankingRuntime(StubRuntime):
         await trio.lowlevel.checkpoint()
         tokens = sum(len(stub_tokens(query)) + len(stub_tokens(d)) for d in documents)
         return RankResult(tuple(stub_relevance(query, d) for d in documents), tokens)
+
+
 def _after(tokens: list[str], done: str) -> list[str]:
     """The tokens that follow the reply so far, ``done`` (a resumed generation): the
     stub's reply is fixed, so continuing it is skipping what was said."""

@@ -115,6 +115,7 @@ class StreamRenderer(Generic[Out]):
         """An upstream's own events, already in the client's dialect (the pass-through
         relay: only a dialect that asks for it, with ``PassThrough``, is offered any)."""
         raise AssertionError(f"{type(self).__name__} asked for no pass-through")
+
     def render_pause(self, admission: Admission, paused: Paused) -> Out | None:
         """The stream is paused for a swap (repeated while it lasts): the dialect's
         keep-alive (an SSE comment, a ``ping``); nothing where it has none (Ollama's

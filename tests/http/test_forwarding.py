@@ -1,7 +1,7 @@
 """``forwarded()`` (pool/http/_forwarding.py): the one call a route handler makes first
 to let a model's own server answer its route. The route here is the test's own
-``/v1/rerank`` (the pool's rerank route is another module's); the servers are real
-processes: tests/backends/image_server.py, and llama-server in reranking mode."""
+``/test/rerank`` beside the pool's ``/v1/rerank``, which calls it too; the servers are
+real processes: tests/backends/image_server.py, and llama-server in reranking mode."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _client(pool: Pool, settings: Settings) -> Client:
     app = create_app(pool, settings)
     ctx = pipeline_of(app).ctx
 
-    @app.post("/v1/rerank")
+    @app.post("/test/rerank")
     async def rerank() -> Response | dict[str, Any]:
         body = await request.get_json()
         reply = await forwarded(ctx, "/v1/rerank", body["model"], "default", "normal")
@@ -59,16 +59,19 @@ async def test_a_forwarding_server_answers_first_and_others_fall_through() -> No
     async with open_pool(settings) as pool:
         client = _client(pool, settings)
         body = {"model": "ranker", "query": "capital of France", "documents": DOCUMENTS}
-        r = await client.post("/v1/rerank", json=body)
+        r = await client.post("/test/rerank", json=body)
         assert r.status_code == 200
         reply = await r.get_json()
+        # The pool's own rerank route lets the server answer too.
+        r = await client.post("/v1/rerank", json=body)
+        assert r.status_code == 200 and (await r.get_json()) == reply
         assert reply["model"] == "ranker"  # the pool's name is the server's by default
         assert reply["results"][0] == {"index": 0, "relevance_score": pytest.approx(2 / 3)}
         assert reply["usage"] == {"total_tokens": 6 + 4 + 4 + 3}
         for model in ("painter", "chat"):
-            r = await client.post("/v1/rerank", json={**body, "model": model})
+            r = await client.post("/test/rerank", json={**body, "model": model})
             assert (await r.get_json()) == {"served_by": "the route itself"}
-        r = await client.post("/v1/rerank", json={**body, "model": "nobody"})
+        r = await client.post("/test/rerank", json={**body, "model": "nobody"})
         assert r.status_code == 404
 
 
@@ -108,7 +111,7 @@ async def test_llama_server_reranks_through_forwarded(llama_server_binary: str) 
         assert pool.snapshot("ranker").state == "loaded", pool.snapshot("ranker").last_error
         client = _client(pool, settings)
         body = {"model": "ranker", "query": QUERY, "documents": DOCUMENTS, "top_n": 3}
-        r = await client.post("/v1/rerank", json=body)
+        r = await client.post("/test/rerank", json=body)
         assert r.status_code == 200, await r.get_data()
         reply = json.loads(await r.get_data())
         base_url = pool.model("ranker").replicas[0].runtime.base_url  # type: ignore[union-attr]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from quart import Blueprint, Quart, Response
 
-from pool.http._common import AppContext, inference_headers, json_response, open_model_route
+from pool.http._common import (
+    AppContext,
+    Opened,
+    inference_headers,
+    json_response,
+    open_model_route,
+)
+from pool.http._forwarding import forwarded
 from pool.http._route import RERANK_REFUSALS, Route, serves
 from pool.http.openai._render import ERRORS
 from pool.http.rerank._core import Answered, rerank_reply, score_reply
@@ -97,6 +104,11 @@ def _answer(answered: Answered) -> Response:
     return json_response(answered.body, headers=headers)
 
 
+def _whose(opened: Opened[RerankRequest] | Opened[ScoreRequest]) -> tuple[str, str, str]:
+    """The model, tenant and priority of an opened request, as ``forwarded`` takes them."""
+    return opened.body.model, opened.tenant, opened.priority
+
+
 def register(app: Quart, ctx: AppContext) -> None:
     pool = ctx.pool
     blueprint = Blueprint("rerank", __name__)
@@ -106,6 +118,10 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def rerank() -> Response:
         """Rerank documents against a query."""
         opened = await open_model_route(ctx, RerankRequest)
+        # A `server` model answers by its own server, as it came.
+        served = await forwarded(ctx, RERANK.path, *_whose(opened))
+        if served is not None:
+            return served
         return _answer(
             await rerank_reply(pool, opened.body, tenant=opened.tenant, priority=opened.priority)
         )
@@ -114,6 +130,9 @@ def register(app: Quart, ctx: AppContext) -> None:
     async def score() -> Response:
         """Score pairs of texts (vLLM's form)."""
         opened = await open_model_route(ctx, ScoreRequest)
+        served = await forwarded(ctx, SCORE.path, *_whose(opened))
+        if served is not None:
+            return served
         return _answer(
             await score_reply(pool, opened.body, tenant=opened.tenant, priority=opened.priority)
         )
