@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from quart import Response, request
 from quart.typing import TestClientProtocol as Client
 
-from pool import open_pool
+from pool import ServerInfo, open_pool, serve
 from pool.actors import Pool
 from pool.config import Settings, build_settings
 from pool.http import create_app
@@ -121,3 +122,29 @@ async def test_llama_server_reranks_through_forwarded(llama_server_binary: str) 
     scores = {item["index"]: item["relevance_score"] for item in direct["results"]}
     for item in reply["results"]:
         assert item["relevance_score"] == pytest.approx(scores[item["index"]], abs=1e-4)
+
+
+async def test_a_transcription_server_gets_the_form_as_it_came(nursery: trio.Nursery) -> None:
+    toy = [sys.executable, str(SERVER), "--port", "${PORT}"]
+    settings = _settings(
+        {
+            "scribe": {
+                "backend": "server",
+                "kind": "transcription",
+                "command": toy,
+                "routes": ["/v1/audio/transcriptions"],
+                "enabled": True,
+            }
+        }
+    )
+    info: ServerInfo = await nursery.start(
+        lambda task_status: serve(settings, host="127.0.0.1", port=0, task_status=task_status)
+    )
+    async with httpx.AsyncClient(base_url=info.url, timeout=30) as http:
+        r = await http.post(
+            "/v1/audio/transcriptions",
+            data={"model": "scribe"},
+            files={"file": ("a.wav", bytes(range(256)) * 8, "audio/wav")},
+        )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"text": "multipart/form-data file of 2048 bytes"}

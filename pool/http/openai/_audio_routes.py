@@ -35,6 +35,7 @@ from pool.http._common import (
     require,
     tenant_and_priority,
 )
+from pool.http._forwarding import forwarded
 from pool.http._route import AUDIO_REFUSALS, PLAIN_TEXT, SSE, Route, serves
 from pool.http._streaming import streamed_answer
 from pool.http.openai._audio_render import (
@@ -286,6 +287,10 @@ def register_audio(blueprint: Blueprint, ctx: AppContext) -> None:
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
         form = await read_form(TranscriptionForm)
+        # A `server` model answers by its own server: the form goes as it came.
+        served = await forwarded(ctx, TRANSCRIPTIONS.path, form.model, tenant, priority)
+        if served is not None:
+            return served
         ask = AudioAsk(
             task="transcribe",
             model=form.model,
@@ -307,6 +312,10 @@ def register_audio(blueprint: Blueprint, ctx: AppContext) -> None:
         require(ctx, "inference")
         tenant, priority = tenant_and_priority()
         form = await read_form(TranslationForm)
+        # A `server` model answers by its own server: the form goes as it came.
+        served = await forwarded(ctx, TRANSLATIONS.path, form.model, tenant, priority)
+        if served is not None:
+            return served
         ask = AudioAsk(
             task="translate",
             model=form.model,

@@ -20,7 +20,7 @@ from pool.http._common import (
     open_model_route,
     require,
 )
-from pool.http._forwarding import forward_route
+from pool.http._forwarding import forward_route, forwarded
 from pool.http._route import (
     COMPLETION_REFUSALS,
     EMBEDDING_REFUSALS,
@@ -309,7 +309,12 @@ def register(app: Quart, ctx: AppContext) -> None:
     @serves(blueprint, SPEECH, OPENAI_SPEECH)
     async def speech() -> Response:
         """OpenAI's text to speech: the audio, streamed as it is made or whole."""
-        return await speech_answer(pool, await open_model_route(ctx, SpeechRequest))
+        opened = await open_model_route(ctx, SpeechRequest)
+        # A `server` model answers by its own server, as it came.
+        served = await forwarded(
+            ctx, SPEECH.path, opened.body.model, opened.tenant, opened.priority
+        )
+        return served if served is not None else await speech_answer(pool, opened)
 
     @serves(blueprint, VOICES, OPENAI_VOICES)
     async def voices() -> Response:
