@@ -18,7 +18,9 @@ import pytest
 import trio
 
 from pool import ServerInfo, open_pool, serve
-from pool.backends import free_port, read_gguf_header
+from pool.actors import TaskRequest
+from pool.backends import free_port, read_gguf_header, rerank_job
+from pool.backends._llama_rank import pair_tokens
 from pool.backends.llama_server import LlamaServerModel, command_line
 from pool.config import build_settings
 
@@ -145,3 +147,55 @@ async def test_a_gguf_without_a_rank_head_is_no_reranker(backend: str, reranker_
         row = pool.snapshot("r")
         assert row.state == "failed", row.state
         assert "has no rank head" in (row.last_error or ""), row.last_error
+
+
+@pytest.mark.real_model
+async def test_llama_cpp_reads_pairs_as_llama_server_lays_them_out(reranker_gguf: Path) -> None:
+    """In-process rank pooling: each pair is ``[CLS] query [SEP] [SEP] document [SEP]`` for
+    this vocabulary (BOS, the query, EOS falling back to SEP, SEP, the document, EOS), and
+    a request's scores do not depend on how its documents are batched."""
+    import llama_cpp
+
+    from pool.backends import RankingRuntime
+
+    llama = llama_cpp.Llama(
+        str(reranker_gguf), embedding=True, pooling_type=4, n_ctx=512, verbose=False
+    )
+    try:
+        tokens = pair_tokens(llama, "capital of france", "paris")
+    finally:
+        llama.close()
+    words = {w: tiny_reranker.MASK + 1 + i for i, w in enumerate(tiny_reranker.WORDS)}
+    cls, sep = tiny_reranker.CLS, tiny_reranker.SEP
+    assert tokens == [cls, words["capital"], words["of"], words["france"], sep, sep,
+                      words["paris"], sep]  # fmt: skip
+    scored: list[tuple[float, ...]] = []
+    for batch in (1, 2, 100):
+        model = {
+            "backend": "llama_cpp",
+            "model_path": str(reranker_gguf),
+            "gguf_n_ctx": 512,
+            "gguf_n_gpu_layers": 0,
+            "kind": "rerank",
+            "enabled": True,
+        }
+        settings = build_settings(
+            {"engine": {"models": {"r": model}, "rerank": {"batch_documents": batch}}}
+        )
+        async with open_pool(settings) as pool:
+            runtime = pool.model("r").replicas[0].runtime
+            assert isinstance(runtime, RankingRuntime) and runtime.ranks
+            job = rerank_job("r", (QUERY,), DOCUMENTS, settings.engine.rerank)
+            done = await pool.run_task(TaskRequest("r", job))
+            assert done.value.method == "rank_head"
+            assert done.usage.prompt_tokens == sum(
+                len(pair_tokens_of(runtime, QUERY, d)) for d in DOCUMENTS
+            )
+            scored.append(done.value.scores)
+    assert scored[0] == pytest.approx(scored[1], abs=1e-4)
+    assert scored[0] == pytest.approx(scored[2], abs=1e-4)
+    assert len(set(scored[0])) == len(DOCUMENTS)
+
+
+def pair_tokens_of(runtime: Any, query: str, document: str) -> list[int]:
+    return pair_tokens(runtime._llama, query, document)
