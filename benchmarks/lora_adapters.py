@@ -17,15 +17,17 @@ of what the loads would hold on a GPU (weights and KV cache per replica, plus th
 adapters' files): on the CPU the GGUF is memory-mapped, so copies of one file share its
 pages and RSS understates what a GPU would hold.
 
-Switch cost: one client, one replica, the same prompt; requests alternating between two
-adapters against requests of one adapter. The difference of the means is what a switch
-costs a request (applying the other adapter, and evaluating the prompt afresh: the KV
-state of another adapter is never reused).
+Switch cost: one client, one replica, the same prompt: the same adapter again (its prompt
+state reused), the same adapter with no reuse, and the four adapters in turn. What a
+switch costs a request is the third against the first (applying the other adapter, and
+evaluating the prompt afresh: the KV state of another adapter is never reused); the third
+against the second is the adapter's own part.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -138,7 +140,10 @@ async def _throughput(models: dict[str, Any], clients: list[str], requests: int)
 
 
 async def _switch_cost(paths: list[Path], requests: int) -> dict[str, Any]:
-    adapters = [{"name": f"tune-{i}", "path": str(p)} for i, p in enumerate(paths[:2])]
+    """One client, one replica, one prompt: the same adapter again (its prompt state
+    reused), the same adapter without reuse (``cache_mode`` none: the prompt evaluated
+    afresh), and the four adapters in turn (every request switches)."""
+    adapters = [{"name": f"tune-{i}", "path": str(p)} for i, p in enumerate(paths)]
     settings = build_settings(
         {
             "service": {"usage": {"enabled": False}},
@@ -150,25 +155,44 @@ async def _switch_cost(paths: list[Path], requests: int) -> dict[str, Any]:
     )
     async with open_pool(settings) as pool:
 
-        async def timed(model: str) -> tuple[float, float | None]:
+        async def timed(model: str, cache_mode: str = "auto") -> tuple[float, float]:
+            request = request_from_responses({"model": model, "input": PROMPT})
+            request = dataclasses.replace(request, cache_mode=cache_mode)  # type: ignore[arg-type]
             started = time.perf_counter()
-            reply = await pool.respond(request_from_responses({"model": model, "input": PROMPT}))
-            return time.perf_counter() - started, reply.timings.time_to_first_token_ms
+            reply = await pool.respond(request)
+            return time.perf_counter() - started, reply.timings.time_to_first_token_ms or 0.0
 
-        await timed("tune-0")  # warm
-        same = [await timed("tune-0") for _ in range(requests)]
-        alternating = [await timed(f"tune-{i % 2}") for i in range(requests)]
-    same_ms = statistics.mean(t for t, _ in same) * 1000.0
-    alt_ms = statistics.mean(t for t, _ in alternating) * 1000.0
-    same_ttft = statistics.mean(f for _, f in same if f is not None)
-    alt_ttft = statistics.mean(f for _, f in alternating if f is not None)
+        for adapter in adapters:  # each applied once before the clocks run
+            await timed(adapter["name"])
+        await timed("tune-0")
+        runs = {
+            "same": [await timed("tune-0") for _ in range(requests)],
+            "no_reuse": [await timed("tune-0", "none") for _ in range(requests)],
+            "switching": [await timed(f"tune-{i % len(paths)}") for i in range(requests)],
+            "switching_no_reuse": [
+                await timed(f"tune-{i % len(paths)}", "none") for i in range(requests)
+            ],
+        }
+
+    def ms(name: str, part: int) -> float:
+        values = [run[part] * (1000.0 if part == 0 else 1.0) for run in runs[name]]
+        return round(statistics.median(values), 1)
+
     return {
-        "same_adapter_ms": round(same_ms, 1),
-        "alternating_ms": round(alt_ms, 1),
-        "switch_cost_ms": round(alt_ms - same_ms, 1),
-        "same_adapter_ttft_ms": round(same_ttft, 1),
-        "alternating_ttft_ms": round(alt_ttft, 1),
         "requests": requests,
+        "same_ms": ms("same", 0),
+        "same_ttft_ms": ms("same", 1),
+        "no_reuse_ms": ms("no_reuse", 0),
+        "no_reuse_ttft_ms": ms("no_reuse", 1),
+        "switching_ms": ms("switching", 0),
+        "switching_ttft_ms": ms("switching", 1),
+        "switching_no_reuse_ms": ms("switching_no_reuse", 0),
+        "switching_no_reuse_ttft_ms": ms("switching_no_reuse", 1),
+        # With the prompt cache: each adapter's prompt state is kept under its own scope,
+        # so a switch back restores it.
+        "switch_cost_ms": round(ms("switching", 0) - ms("same", 0), 1),
+        # Without any reuse: what applying another adapter adds to a fresh evaluation.
+        "apply_cost_ms": round(ms("switching_no_reuse", 0) - ms("no_reuse", 0), 1),
     }
 
 
@@ -178,7 +202,7 @@ async def measure(paths: list[Path], requests: int) -> dict[str, Any]:
     for name, (models, clients) in _sides(paths).items():
         sides[name] = await _throughput(models, clients, requests)
         print(name, sides[name], flush=True)
-    switch = await _switch_cost(paths, requests * 2)
+    switch = await _switch_cost(paths, requests * 4)
     print("switch", switch, flush=True)
     return {"sides": sides, "switch": switch}
 
@@ -220,11 +244,22 @@ def run(requests: int, out: Path) -> None:
     switch = report["switch"]
     lines += [
         "",
-        f"Switch cost ({switch['requests']} requests each, one replica, {MAX_TOKENS} tokens):"
-        f" same adapter {switch['same_adapter_ms']} ms per request (TTFT"
-        f" {switch['same_adapter_ttft_ms']} ms), alternating {switch['alternating_ms']} ms"
-        f" (TTFT {switch['alternating_ttft_ms']} ms): **{switch['switch_cost_ms']} ms per"
-        " switch**.",
+        f"Switch cost (one client, one replica, {MAX_TOKENS} tokens, median of"
+        f" {switch['requests']} requests each; ms per request, TTFT in brackets):",
+        "",
+        "| | one adapter | four adapters in turn | a switch costs |",
+        "|---|---|---|---|",
+        f"| prompt cache on | {switch['same_ms']} ({switch['same_ttft_ms']})"
+        f" | {switch['switching_ms']} ({switch['switching_ttft_ms']})"
+        f" | **{switch['switch_cost_ms']} ms** |",
+        f"| no reuse (`X-Cache-Mode: none`) | {switch['no_reuse_ms']}"
+        f" ({switch['no_reuse_ttft_ms']}) | {switch['switching_no_reuse_ms']}"
+        f" ({switch['switching_no_reuse_ttft_ms']}) | **{switch['apply_cost_ms']} ms** |",
+        "",
+        "With the prompt cache each adapter's prompt state is kept under a scope of its own,"
+        " so switching back to an adapter restores its state instead of evaluating the"
+        " prompt again; without reuse, the difference is what applying another adapter"
+        " (llama_set_adapters_lora) adds to a request.",
         "",
     ]
     (out / "results.md").write_text("\n".join(lines))

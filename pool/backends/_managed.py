@@ -47,8 +47,8 @@ from pool.errors import BackendError
 
 # A server's split of its GPU memory, read from the output lines its process kept.
 MemoryReader = Callable[[Sequence[str]], MemorySplit | None]
-# The body fields that make a server apply a request's LoRA adapter.
-AdapterFields = Callable[[AdapterUse], dict[str, Any]]
+# The body fields that make a server apply a request's LoRA adapter (None: the base alone).
+AdapterFields = Callable[[AdapterUse | None], dict[str, Any]]
 
 log = logging.getLogger("pool.process")
 
@@ -81,6 +81,8 @@ class ManagedServerRuntime:
     # map them elsewhere).
     chat_path = "/v1/chat/completions"
     embeddings_path = "/v1/embeddings"
+    # The body fields that apply a request's LoRA adapter (None: the server has none).
+    _adapter_fields: AdapterFields | None = None
 
     def __init__(
         self,
@@ -105,7 +107,6 @@ class ManagedServerRuntime:
         self.process = process
         # The server loads and unloads adapters while it runs (vLLM's LoRA endpoints).
         self._runtime_adapters = runtime_adapters
-        # The body fields that apply a request's LoRA adapter (None: the server has none).
         self._adapter_fields = adapter_fields
         # Reads the server's own split of its GPU memory from the lines the process
         # kept (None: the server does not say).
@@ -162,10 +163,12 @@ class ManagedServerRuntime:
         if thinking is not None:
             # Both servers hand these to the model's Jinja chat template.
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
-        if request.adapter is not None:
-            if self._adapter_fields is None:
-                raise BackendError(f"{self.process.label} serves no LoRA adapters")
+        if self._adapter_fields is not None:
+            # Said for the base model too: the server's default set is not trusted to be
+            # none (llama-server versions differ on --lora-init-without-apply).
             body.update(self._adapter_fields(request.adapter))
+        elif request.adapter is not None:
+            raise BackendError(f"{self.process.label} serves no LoRA adapters")
         return body
 
     async def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationStats:

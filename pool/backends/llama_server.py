@@ -346,15 +346,22 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
 
 
 def adapter_fields(definition: LlamaServerModel) -> AdapterFields | None:
-    """The per-request ``lora`` field of each adapter the server was started with."""
+    """The per-request ``lora`` field over the adapters the server was started with."""
     ids = {adapter.name: index for index, adapter in enumerate(definition.lora_adapters)}
     if not ids:
         return None
 
-    def fields(use: AdapterUse) -> dict[str, Any]:
-        if use.name not in ids:
+    def fields(use: AdapterUse | None) -> dict[str, Any]:
+        if use is not None and use.name not in ids:
             raise BackendError(f"LoRA adapter {use.name!r} was not loaded with this server")
-        return {"lora": [{"id": ids[use.name], "scale": use.scale}]}
+        # Every adapter named: the request's at its scale, the others (all, for the
+        # base) at 0.
+        return {
+            "lora": [
+                {"id": i, "scale": use.scale if use is not None and name == use.name else 0.0}
+                for name, i in ids.items()
+            ]
+        }
 
     return fields
 

@@ -249,8 +249,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
         )
 
 
-def _adapter_model(use: AdapterUse) -> dict[str, Any]:
-    return {"model": use.name}
+def _adapter_model(use: AdapterUse | None) -> dict[str, Any]:
+    return {} if use is None else {"model": use.name}
 
 
 BACKEND = VllmServeBackend()
