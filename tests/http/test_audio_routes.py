@@ -90,6 +90,27 @@ async def test_the_limits_of_size_and_length(client: httpx.AsyncClient) -> None:
     assert "service.audio.max_seconds" in long.json()["error"]["message"]
 
 
+async def test_a_file_past_quarts_own_bound_reaches_the_route(nursery: trio.Nursery) -> None:
+    """Quart bounds a form at 16 MiB by default; the pool's settings are the bound."""
+    size = 17 * 1024 * 1024
+    server = await start_server(
+        nursery,
+        MODELS,
+        max_body_bytes=size + 65536,
+        audio={"max_bytes": size + 1024, "max_seconds": 2},
+    )
+    silence = io.BytesIO()
+    with wave.open(silence, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(8000)
+        wav.writeframes(b"\x00" * size)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        r = await _post(client, PATHS[0], silence.getvalue(), model="heard")
+    # Decoded (and stopped at 2 s), not refused for its size.
+    assert r.status_code == 400 and r.headers["X-Error-Code"] == "audio_too_long", r.text
+
+
 async def test_the_form_is_checked(client: httpx.AsyncClient) -> None:
     path = PATHS[0]
     missing = await _post(client, path, None, model="heard")
