@@ -191,6 +191,36 @@ async def test_a_stream_sends_deltas_then_the_whole_text(client: httpx.AsyncClie
     ]
 
 
+async def test_a_client_that_leaves_a_stream_cancels_the_transcription(
+    nursery: trio.Nursery,
+) -> None:
+    # 40 words at 4 a second: 10 s if nobody left.
+    slow = {
+        "backend": "stub",
+        "enabled": True,
+        "kind": "transcription",
+        "stub_reply": " ".join(f"w{i}" for i in range(40)),
+        "stub_tokens_per_second": 4,
+    }
+    server = await start_server(nursery, {"slow": slow}, usage={"flush_ms": 10})
+    files = {"file": ("a.wav", tone(0.5), "audio/wav")}
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+        client.stream("POST", PATHS[0], data={"model": "slow", "stream": "true"}, files=files) as r,
+    ):
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                assert json.loads(line[6:]) == {"type": "transcript.text.delta", "delta": "w0"}
+                break
+    started = trio.current_time()
+    while server.pool.snapshot("slow").running:
+        await trio.sleep(0.05)
+    assert trio.current_time() - started < 5  # stopped, not run to its end
+    await trio.sleep(0.2)
+    (row,) = await server.pool.usage_totals("model")
+    assert (row.group, row.requests, row.audio_seconds) == ("slow", 1, 0.0)
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
