@@ -105,6 +105,9 @@ def create_app(
     # Generations may run for minutes; the pool's own timeouts bound them.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["JSON_SORT_KEYS"] = False
+    # Quart's own bound (16 MiB) would refuse a multipart upload (the audio routes' forms)
+    # that service.max_body_bytes allows; the pipeline has already bounded the body.
+    app.config["MAX_CONTENT_LENGTH"] = settings.service.max_body_bytes
     ctx = AppContext(
         pool=pool, settings=settings, auth=auth or Authenticator(settings.service.auth)
     )

@@ -90,6 +90,27 @@ async def test_the_limits_of_size_and_length(client: httpx.AsyncClient) -> None:
     assert "service.audio.max_seconds" in long.json()["error"]["message"]
 
 
+async def test_a_file_past_quarts_own_bound_reaches_the_route(nursery: trio.Nursery) -> None:
+    """Quart bounds a form at 16 MiB by default; the pool's settings are the bound."""
+    size = 17 * 1024 * 1024
+    server = await start_server(
+        nursery,
+        MODELS,
+        max_body_bytes=size + 65536,
+        audio={"max_bytes": size + 1024, "max_seconds": 2},
+    )
+    silence = io.BytesIO()
+    with wave.open(silence, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(8000)
+        wav.writeframes(b"\x00" * size)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        r = await _post(client, PATHS[0], silence.getvalue(), model="heard")
+    # Decoded (and stopped at 2 s), not refused for its size.
+    assert r.status_code == 400 and r.headers["X-Error-Code"] == "audio_too_long", r.text
+
+
 async def test_the_form_is_checked(client: httpx.AsyncClient) -> None:
     path = PATHS[0]
     missing = await _post(client, path, None, model="heard")
@@ -168,6 +189,36 @@ async def test_a_stream_sends_deltas_then_the_whole_text(client: httpx.AsyncClie
             "usage": {"type": "duration", "seconds": 1},
         },
     ]
+
+
+async def test_a_client_that_leaves_a_stream_cancels_the_transcription(
+    nursery: trio.Nursery,
+) -> None:
+    # 40 words at 4 a second: 10 s if nobody left.
+    slow = {
+        "backend": "stub",
+        "enabled": True,
+        "kind": "transcription",
+        "stub_reply": " ".join(f"w{i}" for i in range(40)),
+        "stub_tokens_per_second": 4,
+    }
+    server = await start_server(nursery, {"slow": slow}, usage={"flush_ms": 10})
+    files = {"file": ("a.wav", tone(0.5), "audio/wav")}
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+        client.stream("POST", PATHS[0], data={"model": "slow", "stream": "true"}, files=files) as r,
+    ):
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                assert json.loads(line[6:]) == {"type": "transcript.text.delta", "delta": "w0"}
+                break
+    started = trio.current_time()
+    while server.pool.snapshot("slow").running:
+        await trio.sleep(0.05)
+    assert trio.current_time() - started < 5  # stopped, not run to its end
+    await trio.sleep(0.2)
+    (row,) = await server.pool.usage_totals("model")
+    assert (row.group, row.requests, row.audio_seconds) == ("slow", 1, 0.0)
 
 
 @pytest.mark.parametrize(
