@@ -17,6 +17,7 @@ from pool.backends import (
     Decoding,
     GenerationRequest,
     OutputFormat,
+    PassThrough,
     TextPart,
     ToolChoice,
     ToolSpec,
@@ -37,6 +38,7 @@ _ASKED = {
     "tool_choice": ToolChoice("required"),
     "parallel_tool_calls": False,
     "output_format": OutputFormat("json_object"),
+    "pass_through": PassThrough("m", stream=False),
 }
 _CAPABLE = Capabilities(
     multi_turn=True,
@@ -68,7 +70,11 @@ def test_every_field_both_requests_name_is_handed_on_as_it_is() -> None:
     )
     # A field the runtime's request gains is either handed on or built here on purpose.
     built_here = {"request_id", "decoding", "cache", "trace_parent"}
-    assert {f.name for f in dataclasses.fields(GenerationRequest)} == set(HANDED_ON) | built_here
+    # Set after intake: the adapter a model name resolved to (Serving._with_adapter) and a
+    # paused stream's reply so far (its resume).
+    set_later = {"adapter", "continue_text"}
+    fields = {f.name for f in dataclasses.fields(GenerationRequest)}
+    assert fields == set(HANDED_ON) | built_here | set_later
 
 
 def test_overrides_take_any_declared_field_and_nothing_else() -> None:

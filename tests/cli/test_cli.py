@@ -499,8 +499,9 @@ async def test_usage_prints_a_table_per_group(nursery: trio.Nursery) -> None:
         "prompt_tokens": 4,
         "cached_tokens": 0,
         "output_tokens": 4,
-        "load_seconds": 0.0,
+        "audio_seconds": 0.0,
         "characters": 0,
+        "load_seconds": 0.0,
     }
     assert as_json.json_lines() == [{"usage": [row]}]
     none = await cli(info, "usage", "--until", "2000-01-01T00:00:00Z")

@@ -176,6 +176,8 @@ convert = ["delta"]  # as the real convert extra takes torch from /opt/wheels
 test = ["beta"]
 ct2 = ["beta"]
 cluster = ["beta"]
+whisper = ["beta"]
+speech = ["beta"]
 
 [tool.uv]
 package = false

@@ -29,6 +29,7 @@ ROW_FIELDS = {
     "gpu_split_mib", "unload_reason", "asleep_ram_mib", "canary",
     "load_constraints",
     "load_recommendations", "load_override", "capabilities", "details", "definition",
+    "parent", "adapter", "adapters", "adapter_group_wait_ms",
 }  # fmt: skip
 
 
