@@ -409,7 +409,7 @@ EXPECTED = [
         "operations.md",
         "llm-pool ps",
         output=(
-            r"(?m)^smollm2-135m-instruct +llama_cpp +loaded ",
+            r"(?m)^smollm2-135m-instruct +chat +llama_cpp +loaded ",
             r"(?m)^smollm2-135m-instruct: loaded, 2 replica\(s\)",
             r"(?m)^stub-slow would load: fits",
             r"(?m)^stub-slow: loaded, 1 replica\(s\)",
