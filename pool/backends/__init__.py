@@ -98,6 +98,7 @@ from pool.backends._speech import (
     Voice,
     VoiceListing,
     check_input,
+    speech_formats,
     wav_header,
 )
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
@@ -220,6 +221,7 @@ __all__ = [
     "register_backend",
     "relayed_text",
     "rerank_job",
+    "speech_formats",
     "takes_raw",
     "unmet_load_hint",
     "unregister_backend",

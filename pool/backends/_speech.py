@@ -14,17 +14,27 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+import trio
+
+from pool.backends._audio_encode import CODECS, Encoder, encodable_formats
 from pool.backends._protocol import ModelKind, Runtime
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
 from pool.errors import BackendError, PoolError
 
-# What the pool encodes itself (no encoder library needed); mp3, opus, aac and flac need
-# an encoder the pool does not ship, and are refused with 400 response_format_unsupported.
-AudioFormat = Literal["wav", "pcm"]
+AudioFormat = Literal["wav", "pcm", "mp3", "opus", "aac", "flac"]
+# What the pool writes itself (no encoder library needed).
 AUDIO_FORMATS: tuple[AudioFormat, ...] = ("wav", "pcm")
-# OpenAI's other formats, named so a request for one gets its own refusal.
-UNENCODED_FORMATS = ("mp3", "opus", "aac", "flac")
-MEDIA_TYPES: dict[AudioFormat, str] = {"wav": "audio/wav", "pcm": "audio/pcm"}
+# OpenAI's compressed formats, encoded by PyAV where its encoder is at hand
+# (speech_formats); a request for one that is not gets 400 response_format_unsupported.
+UNENCODED_FORMATS: tuple[AudioFormat, ...] = ("mp3", "opus", "aac", "flac")
+MEDIA_TYPES: dict[AudioFormat, str] = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "mp3": CODECS["mp3"].media_type,
+    "opus": CODECS["opus"].media_type,
+    "aac": CODECS["aac"].media_type,
+    "flac": CODECS["flac"].media_type,
+}
 SAMPLE_WIDTH = 2  # bytes: signed 16-bit little-endian samples, one channel
 # The size fields of a streamed WAV file, whose length is not known when its header
 # leaves (players read to the end of the stream; OpenAI's streamed WAV does the same).
@@ -107,6 +117,13 @@ class VoiceListing(Protocol):
         ...
 
 
+def speech_formats() -> tuple[AudioFormat, ...]:
+    """The formats this process can answer: its own, and the compressed ones whose
+    encoder PyAV has here."""
+    encodable = encodable_formats()
+    return AUDIO_FORMATS + tuple(f for f in UNENCODED_FORMATS if f in encodable)
+
+
 def check_input(model: str, definition: Any, text: str) -> None:
     """Refuse an input longer than the model's ``max_input_characters`` (where its
     backend has that setting), before the request is queued.
@@ -170,8 +187,18 @@ class _Encoding:
         self._sink = sink
         self.started = False
         self.buffer = bytearray()
+        self._encoder = Encoder(fmt, sample_rate) if fmt in CODECS else None
 
     async def send(self, piece: bytes, /) -> None:
+        if self._encoder is not None:
+            # Encoding is CPU work: off the event loop, like the synthesis itself.
+            piece = await trio.to_thread.run_sync(self._encoder.encode, piece)
+            if self._sink is None:
+                self.buffer += piece
+            elif piece:
+                self.started = True
+                await self._sink.send(piece)
+            return
         if self._sink is None:
             self.buffer += piece
             return
@@ -180,6 +207,17 @@ class _Encoding:
             if self.fmt == "wav":
                 piece = wav_header(self.sample_rate, None) + piece
         await self._sink.send(piece)
+
+    async def finish(self) -> None:
+        """Flush a compressed format's encoder: its last bytes and the container's end."""
+        if self._encoder is None:
+            return
+        tail = await trio.to_thread.run_sync(self._encoder.finish)
+        if self._sink is None:
+            self.buffer += tail
+        elif tail:
+            self.started = True
+            await self._sink.send(tail)
 
     def whole_file(self) -> bytes:
         if self.fmt == "wav":
@@ -211,6 +249,7 @@ class SpeechJob(TaskJob):
             self.response_format, runtime.sample_rate, sink if self.stream else None
         )
         stats = await runtime.synthesize(SpeechInput(self.input, self.voice, self.speed), encoding)
+        await encoding.finish()
         if self.stream and not encoding.started and self.response_format == "wav":
             # Nothing to say (punctuation only): still a valid, empty WAV stream.
             await sink.send(wav_header(stats.sample_rate, 0))

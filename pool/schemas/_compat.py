@@ -242,8 +242,9 @@ class ScoreRequest(_Lenient):
     keep_alive: KeepAlive = None
 
 
-# OpenAI's formats of ``POST /v1/audio/speech``; the pool encodes `wav` and `pcm` and
-# refuses the others with a 400 `response_format_unsupported`.
+# OpenAI's formats of ``POST /v1/audio/speech``; the pool writes `wav` and `pcm` itself
+# and the others with PyAV, refusing one whose encoder is missing (400
+# `response_format_unsupported`).
 SpeechFormat = Literal["wav", "pcm", "mp3", "opus", "aac", "flac"]
 
 
@@ -263,8 +264,9 @@ class SpeechRequest(_Lenient):
     response_format: SpeechFormat = Field(
         "wav",
         description="`wav` (16-bit mono) or `pcm` (raw 16-bit little-endian mono at the"
-        " model's rate, `X-Sample-Rate`); `mp3`, `opus`, `aac` and `flac` are a 400"
-        " `response_format_unsupported` (no encoder is shipped).",
+        " model's rate, `X-Sample-Rate`), or encoded in-process by PyAV: `mp3`, `opus` (Ogg,"
+        " 48 kHz), `aac` (ADTS), `flac`; one whose encoder this PyAV lacks is a 400"
+        " `response_format_unsupported`.",
     )
     speed: Annotated[float, Field(ge=0.25, le=4.0)] = Field(
         1.0, description="1.0 is the voice's own pace; 2.0 twice as fast."

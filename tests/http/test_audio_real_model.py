@@ -1,17 +1,22 @@
 """The round trip on the real models: text spoken by espeak-ng, served to the pool's
 ``whisper`` model over HTTP by OpenAI's own client, and the words come back, in every
-answer format, streamed and not, under both base URLs."""
+answer format, streamed and not, under both base URLs; and the whole trip inside the
+pool, its ``piper`` voice speaking what its ``whisper`` model then hears."""
 
 from __future__ import annotations
 
+import io
+import wave
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import trio
 
 from pool import ServerInfo
-from tests.backends.whisper_audio import SENTENCE, recall, speak, whisper_model
+from tests.backends.test_piper import VOICE, assert_speech
+from tests.backends.whisper_audio import SENTENCE, recall, speak, whisper_model, words
 from tests.http.conftest import start_server
 
 pytestmark = pytest.mark.real_model
@@ -99,3 +104,51 @@ async def test_refusals_reach_the_client(server: ServerInfo, spoken: bytes) -> N
             model="whisper", messages=[{"role": "user", "content": "hi"}]
         )
     assert refused.value.code == "wrong_model_kind"
+
+
+async def test_speech_made_by_the_pool_is_transcribed_back(nursery: trio.Nursery) -> None:
+    """The issue's round trip, both ends served by one pool over HTTP: the ``piper``
+    voice speaks the sentence, the ``whisper`` model hears that WAV, the words come back.
+    A control on silence of the same length shows the recall check can fail."""
+    models = {
+        "tts": {"backend": "piper", "model_path": VOICE, "enabled": True},
+        "whisper": whisper_model(),
+    }
+    info = await start_server(nursery, models)
+    async with httpx.AsyncClient(base_url=info.url, timeout=60) as http:
+        spoken = await http.post(
+            "/v1/audio/speech",
+            json={
+                "model": "tts",
+                "voice": "joe",
+                "input": SENTENCE,
+                "response_format": "wav",
+                "stream": False,
+            },
+        )
+        assert spoken.status_code == 200, spoken.text
+        assert spoken.headers["content-type"] == "audio/wav"
+        with wave.open(io.BytesIO(spoken.content)) as wav:
+            rate, frames = wav.getframerate(), wav.getnframes()
+            assert_speech(wav.readframes(frames), rate, words=len(words(SENTENCE)))
+
+        async def heard(audio: bytes) -> str:
+            answer = await http.post(
+                "/v1/audio/transcriptions",
+                data={"model": "whisper", "language": "en"},
+                files={"file": ("spoken.wav", audio, "audio/wav")},
+            )
+            assert answer.status_code == 200, answer.text
+            text = answer.json()["text"]
+            assert isinstance(text, str)
+            return text
+
+        text = await heard(spoken.content)
+        assert recall(SENTENCE, text) >= 0.8, text
+        silence = io.BytesIO()
+        with wave.open(silence, "wb") as quiet:
+            quiet.setnchannels(1)
+            quiet.setsampwidth(2)
+            quiet.setframerate(rate)
+            quiet.writeframes(bytes(2 * frames))
+        assert recall(SENTENCE, await heard(silence.getvalue())) < 0.5

@@ -22,7 +22,6 @@ from quart import Response
 
 from pool.actors import Admission, Completed, Failed, Pool, TaskRequest
 from pool.backends import (
-    AUDIO_FORMATS,
     MEDIA_TYPES,
     AudioFormat,
     SpeechAudio,
@@ -30,6 +29,7 @@ from pool.backends import (
     VoiceListing,
     check_input,
     get_backend,
+    speech_formats,
 )
 from pool.errors import BackendError, PoolError
 from pool.http._common import Opened, inference_headers, json_response
@@ -50,8 +50,10 @@ _SPEECH_DESCRIPTION = (
     "Text to speech with a model of kind `speech` (the `piper` backend): `input` said in"
     " `voice` (`GET /v1/audio/voices`; unset: the model's first) at `speed`, answered as"
     " `audio/wav` (16-bit mono) or `audio/pcm` (raw 16-bit little-endian mono at the"
-    " voice's `sample_rate`). `mp3`, `opus`, `aac` and `flac` are a 400"
-    " `response_format_unsupported`. The audio is sent as it is made, sentence by"
+    " voice's `sample_rate`), or encoded in-process by PyAV: `mp3` (`audio/mpeg`), `opus`"
+    " (Ogg, 48 kHz, `audio/ogg`), `aac` (ADTS, `audio/aac`), `flac` (`audio/flac`); a"
+    " format whose encoder this PyAV lacks is a 400 `response_format_unsupported`. The"
+    " audio is sent as it is made, sentence by"
     " sentence (a streamed WAV header has open sizes); `stream: false` answers the whole"
     " file with exact sizes, `X-Sample-Rate` and `X-Audio-Seconds`. An input longer than"
     " the model's `max_input_characters` is a 400 `input_too_long`; a model of another"
@@ -112,12 +114,13 @@ def speech_job(body: SpeechRequest) -> SpeechJob:
     Raises:
         PoolError: ``response_format_unsupported`` for a format the pool cannot encode.
     """
-    if body.response_format not in AUDIO_FORMATS:
+    supported = speech_formats()
+    if body.response_format not in supported:
         raise PoolError(
             "response_format_unsupported",
-            f"response_format {body.response_format!r} needs an encoder the pool does not"
-            f" ship; ask for one of {', '.join(AUDIO_FORMATS)}",
-            details={"param": "response_format", "supported": list(AUDIO_FORMATS)},
+            f"response_format {body.response_format!r} needs an encoder this pool's PyAV"
+            f" lacks; ask for one of {', '.join(supported)}",
+            details={"param": "response_format", "supported": list(supported)},
         )
     fmt: AudioFormat = body.response_format
     return SpeechJob(
