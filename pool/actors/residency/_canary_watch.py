@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pool.model")
 
 _probe_ids = itertools.count(1)
+# How often a due probe looks at a model that is not loaded (yet).
+_NOT_LOADED_RECHECK_S = 1.0
 
 
 class CanaryWatch:
@@ -117,8 +119,11 @@ class CanaryWatch:
                     self._due = True
                 continue
             if actor.state != "loaded":
-                # The next load (its report) makes a probe due again.
-                self._due, self._next_at = False, math.inf
+                # Not (or not yet) loaded: a load's or wake's report can come just before
+                # its state does, so the probe stays due and the state is looked at again
+                # on the next report or after a second (a state check, nothing more).
+                with trio.move_on_after(_NOT_LOADED_RECHECK_S):
+                    await poke.wait()
                 continue
             request = canary_request(actor.name, self.plan, f"canary-{next(_probe_ids)}")
             answer = await actor.probe(request)
