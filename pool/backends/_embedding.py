@@ -17,13 +17,8 @@ from pydantic import Field
 
 from pool.backends._kinds import KindFields
 from pool.backends._protocol import EmbeddingJob, EmbeddingResult
-from pool.backends._upstream import (
-    Transport,
-    UpstreamError,
-    UpstreamTimeout,
-    upstream_message,
-)
-from pool.errors import BackendError, PoolError
+from pool.backends._upstream import Transport, post_json
+from pool.errors import BackendError
 
 # The pooling types llama.cpp and vLLM both know (as llama-server's --pooling spells them).
 ServerPooling = Literal["mean", "cls", "last"]
@@ -100,22 +95,7 @@ async def embed_upstream(
             body["dimensions"] = job.dimensions
         if job.truncate and truncate_fields:
             body.update(truncate_fields)
-        payload = json.dumps(body, ensure_ascii=False).encode()
-        try:
-            async with transport.request("POST", path, body=payload, headers=headers) as response:
-                raw = await response.read()
-        except UpstreamTimeout as exc:
-            raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
-        except UpstreamError as exc:
-            raise BackendError(f"{what} connection failed: {exc}") from exc
-        if 400 <= response.status < 500 and response.status not in (401, 403, 404, 429):
-            # The input itself was refused: the client's to fix, not a broken backend.
-            raise PoolError(
-                "invalid_request",
-                f"model {job.model!r}: {what} refused the input: {upstream_message(raw)}",
-            )
-        if response.status != 200:
-            raise BackendError(f"{what} answered HTTP {response.status}: {upstream_message(raw)}")
+        raw = await post_json(transport, path, body, headers, what, job.model)
         try:
             reply = json.loads(raw)
         except ValueError as exc:

@@ -34,7 +34,7 @@ from pool.backends._protocol import (
     Runtime,
 )
 from pool.backends._tasks import TaskJob, TaskResult, TaskSink, TaskUsage
-from pool.backends._upstream import Transport, UpstreamError, UpstreamTimeout, upstream_message
+from pool.backends._upstream import Transport, post_json
 from pool.config import RerankLimits
 from pool.errors import BackendError, PoolError
 
@@ -287,21 +287,7 @@ async def rank_upstream(
         "top_n": len(documents),
         "return_documents": False,
     }
-    payload = json.dumps(body, ensure_ascii=False).encode()
-    try:
-        async with transport.request("POST", path, body=payload, headers=headers) as response:
-            raw = await response.read()
-    except UpstreamTimeout as exc:
-        raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
-    except UpstreamError as exc:
-        raise BackendError(f"{what} connection failed: {exc}") from exc
-    if 400 <= response.status < 500 and response.status not in (401, 403, 404, 429):
-        raise PoolError(
-            "invalid_request",
-            f"model {model!r}: {what} refused the input: {upstream_message(raw)}",
-        )
-    if response.status != 200:
-        raise BackendError(f"{what} answered HTTP {response.status}: {upstream_message(raw)}")
+    raw = await post_json(transport, path, body, headers, what, model)
     try:
         reply = json.loads(raw)
         scores: list[float | None] = [None] * len(documents)

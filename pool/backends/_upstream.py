@@ -17,11 +17,13 @@ import contextlib
 import json
 import select
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 import trio
+
+from pool.errors import BackendError, PoolError
 
 
 class UpstreamError(Exception):
@@ -539,3 +541,36 @@ def upstream_message(body: bytes) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or error)[:500]
     return str(error or data)[:500]
+
+
+async def post_json(
+    transport: Transport,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None,
+    what: str,
+    model: str,
+) -> bytes:
+    """POST ``body`` as JSON to ``path`` and return the 200 reply's bytes.
+
+    Raises:
+        PoolError: ``invalid_request`` when the server refuses the input (a 4xx other
+            than auth, not found and rate limits: the client's to fix, not a broken
+            backend), ``backend_timeout`` when it does not answer in time.
+        BackendError: the connection failed, or another status came back.
+    """
+    payload = json.dumps(body, ensure_ascii=False).encode()
+    try:
+        async with transport.request("POST", path, body=payload, headers=headers) as response:
+            raw = await response.read()
+    except UpstreamTimeout as exc:
+        raise PoolError("backend_timeout", f"{what} did not answer in time ({exc})") from exc
+    except UpstreamError as exc:
+        raise BackendError(f"{what} connection failed: {exc}") from exc
+    if 400 <= response.status < 500 and response.status not in (401, 403, 404, 429):
+        raise PoolError(
+            "invalid_request", f"model {model!r}: {what} refused the input: {upstream_message(raw)}"
+        )
+    if response.status != 200:
+        raise BackendError(f"{what} answered HTTP {response.status}: {upstream_message(raw)}")
+    return raw
