@@ -30,6 +30,12 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     add.add_argument("--rpm", type=float, help="requests per minute it may send")
     add.add_argument(
+        "--preemptible",
+        action="store_true",
+        default=None,
+        help="its generations may be paused for a swap whatever their priority",
+    )
+    add.add_argument(
         "--key-sha256",
         help="SHA-256 (hex) of a key you generated; the pool then never sees the key",
     )
@@ -39,7 +45,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def keys_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NAME", "TENANT", "ROLE", "PRIORITY", "RPM", "SOURCE", "CREATED"):
+    for column in ("NAME", "TENANT", "ROLE", "PRIORITY", "RPM", "PREEMPTIBLE", "SOURCE", "CREATED"):
         table.add_column(column)
     for row in rows:
         created = row.get("created_at")
@@ -50,6 +56,7 @@ def keys_table(rows: list[dict[str, Any]]) -> Table:
             row["role"],
             row.get("priority") or "-",
             "-" if rpm is None else f"{rpm:g}",
+            "yes" if row.get("preemptible") else "no",
             row["source"],
             "-" if created is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(created)),
         )
@@ -73,6 +80,7 @@ async def run(client: PoolClient, io: Io, args: argparse.Namespace) -> int:
             "role": args.role,
             "priority": args.priority,
             "rate_limit_rpm": args.rpm,
+            "preemptible": args.preemptible,
             "key_sha256": args.key_sha256,
         }
         added = await client.call(

@@ -22,8 +22,8 @@ def decision_line(decision: dict[str, Any]) -> str:
         "comeback": f"{model} comes back",
         "reload": f"reloaded {model} (output canary)",
         "fail": f"marked {model} failed (output canary)",
-        "pause": f"paused {model}'s low-priority streams for {other}",
-        "cut": f"cut {model}'s low-priority streams for {other}",
+        "pause": f"paused {model}'s preemptible streams for {other}",
+        "cut": f"cut {model}'s preemptible streams for {other}",
         "resume": f"resumed a paused stream of {model}",
     }.get(decision["action"], f"{decision['action']} {model}")
     at = time.strftime("%H:%M:%S", time.localtime(decision["at"]))

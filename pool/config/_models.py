@@ -56,6 +56,11 @@ class TenantLimits(_Strict):
     burst: Annotated[int, Field(ge=1)] = Field(
         1, description="Requests allowed at once above the sustained rate."
     )
+    preemptible: bool = Field(
+        False,
+        description="Its generations may be paused for a swap whatever their priority, as"
+        ' `low` ones are (engine.preemption; docs/vram.md, "Pause and resume").',
+    )
 
 
 class TenancySettings(_Strict):
@@ -105,6 +110,11 @@ class KeyFields(_Strict):
         None,
         description="Requests per minute this key may send (up to that many at once, then"
         " evenly refilled); past it 429 `rate_limit_exceeded`. None: no limit of its own.",
+    )
+    preemptible: bool = Field(
+        False,
+        description="Its generations may be paused for a swap whatever their priority, as"
+        ' `low` ones are (engine.preemption; docs/vram.md, "Pause and resume").',
     )
 
 

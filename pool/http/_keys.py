@@ -72,6 +72,7 @@ class KeyRecord:
             "role": c.role,
             "priority": c.priority,
             "rate_limit_rpm": c.rate_limit_rpm,
+            "preemptible": c.preemptible,
             "created_at": self.created_at,
             "source": self.source,
         }
@@ -84,6 +85,7 @@ def _caller(fields: KeyFields) -> Caller:
         role=fields.role,
         priority=fields.priority,
         rate_limit_rpm=fields.rate_limit_rpm,
+        preemptible=fields.preemptible,
     )
 
 
@@ -138,6 +140,8 @@ class KeyFile:
     def _record(entry: dict[str, Any]) -> KeyRecord:
         fields = KeyFields.model_validate(
             {k: entry[k] for k in ("name", "tenant", "role", "priority", "rate_limit_rpm")}
+            # Absent from files written before keys had it.
+            | {"preemptible": entry.get("preemptible", False)}
         )
         digest = bytes.fromhex(entry["key_sha256"])
         if len(digest) != 32:

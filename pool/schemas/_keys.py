@@ -32,6 +32,9 @@ class KeyRow(_Reply):
     role: KeyRole
     priority: PriorityName | None = Field(description="Default and highest priority.")
     rate_limit_rpm: float | None = Field(description="Its own requests-per-minute limit.")
+    preemptible: bool = Field(
+        description="Its generations may be paused for a swap whatever their priority."
+    )
     created_at: float | None = Field(
         description="When it was added (seconds since the epoch); null for settings keys."
     )

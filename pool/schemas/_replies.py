@@ -724,7 +724,7 @@ class DecisionRow(_Reply):
         "cut",
         "resume",
     ] = Field(
-        description="`pause`: the model's low-priority streams were paused at a token"
+        description="`pause`: the model's preemptible streams were paused at a token"
         " boundary for a swap (`requests` names them), `cut`: ended instead"
         " (engine.preemption: cut), `resume`: a paused stream runs again"
         ' (docs/vram.md, "Pause and resume"); '
@@ -828,7 +828,7 @@ class LoadPreview(_Reply):
     )
     pause: list[str] = Field(
         default_factory=list,
-        description="The request ids of the low-priority streams that a request above"
+        description="The request ids of the preemptible streams that a request above"
         " `low` for this model would pause to make its room (engine.preemption: pause;"
         ' docs/vram.md, "Pause and resume"); empty when none would.',
     )

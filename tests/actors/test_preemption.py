@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from pool import Delta, Failed, Finished, Pool, PoolError, open_pool
-from pool.actors import Paused
+from pool.actors import CALLER, Caller, Paused
 from pool.config import build_settings
 
 from .helpers import ask, stub_settings, wait_until
@@ -83,10 +83,18 @@ class Stream:
     def end(self) -> Any:
         return self.events[-1]
 
-    async def run(self, pool: Pool, model: str = "low") -> None:
+    async def run(
+        self,
+        pool: Pool,
+        model: str = "low",
+        priority: str = "low",
+        caller: Caller | None = None,
+    ) -> None:
+        if caller is not None:
+            CALLER.set(caller)  # this task's own context: as the HTTP layer sets it
         try:
             async with contextlib.aclosing(
-                pool.stream(ask(model, "go"), priority="low", tenant="batch")
+                pool.stream(ask(model, "go"), priority=priority, tenant="batch")
             ) as events:
                 async for event in events:
                     self.events.append(event)
@@ -263,7 +271,7 @@ async def test_cut_ends_the_low_stream_and_drain_waits_for_it(
         assert not _actions(pool, "pause")
 
 
-async def test_normal_streams_are_never_paused(autojump_clock: trio.abc.Clock) -> None:
+async def test_normal_streams_are_not_paused(autojump_clock: trio.abc.Clock) -> None:
     async with open_pool(_settings(warm_wait_s=1)) as pool, trio.open_nursery() as nursery:
         events: list[Any] = []
 
@@ -276,6 +284,37 @@ async def test_normal_streams_are_never_paused(autojump_clock: trio.abc.Clock) -
         await _high(pool)
         assert not _actions(pool, "pause")
         assert not any(isinstance(e, Paused) for e in events)
+
+
+@pytest.mark.parametrize("by", ["tenant", "key"])
+async def test_a_normal_stream_is_paused_where_its_tenant_or_key_says_so(
+    autojump_clock: trio.abc.Clock, by: str
+) -> None:
+    """``preemptible`` on the stream's tenant (service.tenancy) or its key makes a
+    ``normal`` stream pausable as a ``low`` one is; the other tenant's stays unpaused."""
+    settings = _settings()
+    caller = None
+    if by == "tenant":
+        tenancy = {"tenants": {"batch": {"preemptible": True}}}
+        settings = build_settings(
+            {
+                "engine": settings.engine.model_dump(exclude_unset=True),
+                "service": {"tenancy": tenancy},
+            }
+        )
+    else:
+        caller = Caller("batch-key", preemptible=True)
+    async with open_pool(settings) as pool, trio.open_nursery() as nursery:
+        low = Stream()
+        nursery.start_soon(low.run, pool, "low", "normal", caller)
+        await wait_until(lambda: low.deltas >= 5)
+        assert (await _high(pool))[0] == "the answer"
+        await low.done.wait()
+        assert isinstance(low.end, Finished), low.end
+        assert low.text == REPLY and low.paused >= 1
+        (pause,) = _actions(pool, "pause")
+        assert pause.model == "low" and "preemptible" in pause.reason
+        assert _actions(pool, "resume")
 
 
 SMOL = {

@@ -24,13 +24,14 @@ async def test_keys_list_add_revoke(nursery: trio.Nursery, monkeypatch: pytest.M
     listed = await cli(info, "keys", "list")
     assert listed.code == 0, listed.err
     header, *rows = listed.out.splitlines()
-    for column in ("NAME", "TENANT", "ROLE", "PRIORITY", "RPM", "SOURCE", "CREATED"):
+    for column in ("NAME", "TENANT", "ROLE", "PRIORITY", "RPM", "PREEMPTIBLE", "SOURCE"):
         assert column in header
-    assert rows[0].split()[:6] == ["ops", "ops", "inference", "-", "-", "settings"]
+    assert rows[0].split()[:7] == ["ops", "ops", "inference", "-", "-", "no", "settings"]
 
     added = await cli(
-        info, "keys", "add", "ci", "--tenant", "team-ci", "--priority", "low", "--rpm", "30"
-    )
+        info, "keys", "add", "ci", "--tenant", "team-ci", "--priority", "low", "--rpm", "30",
+        "--preemptible",
+    )  # fmt: skip
     assert added.code == 0, added.err
     key = added.out.strip()
     assert key.startswith("sk-pool-") and "not shown again" in added.err
@@ -53,6 +54,7 @@ async def test_keys_list_add_revoke(nursery: trio.Nursery, monkeypatch: pytest.M
     assert [k["name"] for k in as_json["keys"]] == ["ops", "ci", "own"]
     ci = as_json["keys"][1]
     assert (ci["tenant"], ci["priority"], ci["rate_limit_rpm"]) == ("team-ci", "low", 30)
+    assert ci["preemptible"] is True and as_json["keys"][0]["preemptible"] is False
 
     revoked = await cli(info, "keys", "revoke", "ci")
     assert revoked.code == 0 and revoked.out.strip() == "key ci revoked"

@@ -255,13 +255,20 @@ async def test_keys_added_and_revoked_at_runtime_survive_a_restart(
             assert all("key" not in k and "key_sha256" not in k for k in listed)
             added = await client.post(
                 "/v1/admin/keys",
-                json={"name": "carol", "tenant": "team-c", "rate_limit_rpm": 30},
+                json={
+                    "name": "carol",
+                    "tenant": "team-c",
+                    "rate_limit_rpm": 30,
+                    "preemptible": True,
+                },
                 headers=bearer(ROOT),
             )
             assert added.status_code == 201
             carol = added.json()
             assert carol["key"].startswith("sk-pool-") and carol["source"] == "runtime"
             assert carol["tenant"] == "team-c" and carol["created_at"] > 0
+            assert carol["preemptible"] is True
+            assert not any(k["preemptible"] for k in listed)
             assert (await respond(client, carol["key"])).status_code == 200
             # A key of a name in force, or with a secret in force, is refused.
             again = await client.post(
@@ -298,11 +305,10 @@ async def test_keys_added_and_revoked_at_runtime_survive_a_restart(
         assert (await respond(client, carol["key"])).status_code == 200
         assert (await respond(client, ALICE)).status_code == 401
         assert (await respond(client, "erins-own")).status_code == 401
-        names = [
-            k["name"]
-            for k in (await client.get("/v1/admin/keys", headers=bearer(ROOT))).json()["keys"]
-        ]
-        assert names == ["bob", "root", "carol"]
+        rows = (await client.get("/v1/admin/keys", headers=bearer(ROOT))).json()["keys"]
+        assert [k["name"] for k in rows] == ["bob", "root", "carol"]
+        # Its preemptible setting came back from keys.json with it.
+        assert [k["preemptible"] for k in rows] == [False, False, True]
 
 
 async def test_a_revoked_settings_key_comes_back_only_with_another_secret(

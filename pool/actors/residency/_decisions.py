@@ -21,7 +21,7 @@ from typing import Any, Literal
 # a request's load hints (num_ctx, cache types) was unloaded to load with them
 # (docs/vram.md, "Load hints"); fail: it was degraded past
 # engine.canary_reloads_per_hour and marked failed (docs/reliability.md); pause: a
-# model's low-priority streams were paused at a token boundary so it could be evicted
+# model's preemptible streams were paused at a token boundary so it could be evicted
 # for a load a request above low waits for (cut: ended instead, engine.preemption:
 # cut); resume: a paused stream runs again (docs/vram.md, "Pause and resume").
 Action = Literal[

@@ -325,7 +325,7 @@ class Residency:
         (``gpus``, ``gpu_split_mib`` per replica), whom it would evict (in order), what
         it would wait for, the expected load time (None before a measured load), the
         refusal (``error``, ``reason``) it would answer (see Gate.preview), and ``pause``:
-        the low-priority streams a request above low for it would pause for its room
+        the preemptible streams a request above low for it would pause for its room
         (request ids; docs/vram.md, "Pause and resume").
 
         Raises:
@@ -649,7 +649,7 @@ class Residency:
         self.decisions.record(
             "cut" if cut else "pause",
             victim.name,
-            f"{len(streams)} low-priority stream(s) {'cut' if cut else 'paused'} at a token"
+            f"{len(streams)} preemptible stream(s) {'cut' if cut else 'paused'} at a token"
             f" boundary: a request above low waits for {incoming.name!r} and only their"
             " model holds the room",
             for_model=incoming.name,

@@ -30,6 +30,7 @@ class Caller:
         role: ``admin`` keys reach every route, ``inference`` keys the inference routes.
         priority: the default and highest priority of its requests; None: ``X-Priority``.
         rate_limit_rpm: requests per minute the key may send; None: no limit of its own.
+        preemptible: its generations may be paused for a swap whatever their priority.
     """
 
     key_name: str
@@ -37,6 +38,7 @@ class Caller:
     role: KeyRole = "inference"
     priority: PriorityName | None = None
     rate_limit_rpm: float | None = None
+    preemptible: bool = False
 
 
 CALLER: ContextVar[Caller | None] = ContextVar("llm_pool_caller", default=None)

@@ -243,6 +243,7 @@ class Serving:
                 # A loaded copy that does not serve the hint is unloaded first; the
                 # request's own on-demand load then brings it back with the hint.
                 await self.residency.reload_for_hint(actor, load_hint)
+            preemptible = self._preemptible(job, priority, tenant)
             enqueue = self._enqueuer(
                 actor,
                 job,
@@ -252,6 +253,7 @@ class Serving:
                 load_hint=load_hint,
                 prefix_keys=prefix_keys,
                 key_name=request.key_name,
+                preemptible=preemptible,
             )
             ticket, steps = await self._queue(
                 actor, enqueue, deadline, report_waits or heartbeat_s is not None, heartbeat_s
@@ -265,6 +267,7 @@ class Serving:
                     keep_alive=request.keep_alive,
                     key_name=request.key_name,
                     heartbeat_s=heartbeat_s,
+                    preemptible=preemptible,
                 )
                 if isinstance(job, GenerationRequest)
                 else None
@@ -360,6 +363,7 @@ class Serving:
         load_hint: dict[str, Any] | None,
         prefix_keys: PendingKeys | None,
         key_name: str | None = None,
+        preemptible: bool = False,
     ) -> Callable[[], Ticket]:
         """What queues the job at its model, checking the runner-wide queue limit first
         (called when the request may queue: at once, or once a door opens)."""
@@ -381,11 +385,25 @@ class Serving:
             )
             ticket = admit()
             ticket.key_name = key_name
-            # Only a generation can be resumed through its prompt.
-            ticket.preemptible = priority == "low" and isinstance(job, GenerationRequest)
+            ticket.preemptible = preemptible
             return ticket
 
         return enqueue
+
+    def _preemptible(self, job: object, priority: str, tenant: str) -> bool:
+        """Whether a swap may pause ``job`` (docs/vram.md, "Pause and resume"): a
+        generation (only those resume through their prompt) of priority ``low``, or one
+        whose key (the caller's) or tenant (``service.tenancy``) says so, whatever its
+        priority."""
+        if not isinstance(job, GenerationRequest):
+            return False
+        if priority == "low":
+            return True
+        caller = CALLER.get()
+        if caller is not None and caller.preemptible:
+            return True
+        tenancy = self.settings.service.tenancy
+        return tenancy.tenants.get(tenant, tenancy.default).preemptible
 
     async def _queue(
         self,
@@ -583,6 +601,7 @@ class Serving:
         keep_alive: float | str | None,
         key_name: str | None,
         heartbeat_s: float | None,
+        preemptible: bool,
     ) -> Resumer:
         """How a paused stream of ``job`` resumes (docs/vram.md, "Pause and resume").
 
@@ -617,6 +636,8 @@ class Serving:
                 load_hint=None,
                 prefix_keys=None,
                 key_name=key_name,
+                # Still preemptible: it may be paused again (two swaps in a row).
+                preemptible=preemptible,
             )
             deadline = paused_at + engine.preempt_max_pause_s
             outcome = "left"

@@ -197,7 +197,8 @@ LIST_KEYS = Route(
     "List keys",
     "The keys in force, from `service.auth.keys` (`source: settings`) and added through"
     " this API (`source: runtime`), with the identity each gives its requests: `tenant`"
-    " (null: `X-Tenant-ID` decides), `role`, `priority`, `rate_limit_rpm`, `created_at`."
+    " (null: `X-Tenant-ID` decides), `role`, `priority`, `rate_limit_rpm`, `preemptible`,"
+    " `created_at`."
     " Never a key nor its digest.",
     reply=KeyList,
 )
