@@ -208,7 +208,8 @@ async def stream_chat(
                         raise BackendError(f"{what} failed mid-stream: {upstream_message(data)}")
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        text = delta.get("content")
+                        # A completions stream (a resumed reply) carries `text` instead.
+                        text = delta.get("content") if "delta" in choice else choice.get("text")
                         if text:
                             if first_ms is None:
                                 first_ms = (time.perf_counter() - started) * 1000.0

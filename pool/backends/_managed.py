@@ -15,7 +15,7 @@ import re
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -33,6 +33,7 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     MemorySplit,
+    TextPart,
     TokenSink,
     TokensUsed,
     takes_raw,
@@ -41,7 +42,7 @@ from pool.backends._rerank import RankResult, rank_upstream
 from pool.backends._server_cache import ServerCache, conversation_text
 from pool.backends._tool_calls import ToolCallFamily
 from pool.backends._tools import ToolCallDelta
-from pool.backends._upstream import UpstreamError, open_transport, with_trace
+from pool.backends._upstream import UpstreamError, open_transport, post_json, with_trace
 from pool.config import Decoding
 from pool.errors import BackendError
 
@@ -69,6 +70,47 @@ def sampling_fields(d: Decoding) -> dict[str, Any]:
     if d.logit_bias:
         fields["logit_bias"] = {str(token): bias for token, bias in d.logit_bias}
     return fields
+
+
+# How a server turns a chat into prompt token ids, for a stream resumed through its
+# prompt (docs/vram.md, "Pause and resume"): llama-server renders with /apply-template
+# and tokenizes text with /tokenize; vLLM's /tokenize takes the messages themselves.
+PromptTokenizer = Literal["llama_server", "vllm"]
+
+# Chat Completions fields a completions body has no place for (the prompt holds the chat).
+_CHAT_ONLY = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "chat_template_kwargs",
+    }
+)
+
+
+def resumes_on_a_server(request: GenerationRequest) -> bool:
+    """Whether a managed server can resume ``request`` through its prompt: plain text in
+    and out (the completions route takes token ids alone: no images, no tools, no output
+    format), and not relayed as the server's own bytes (pass-through)."""
+    return (
+        request.pass_through is None
+        and not request.tools
+        and request.output_format is None
+        and all(isinstance(part, TextPart) for turn in request.turns for part in turn.parts)
+    )
+
+
+def _token_ids(answer: dict[str, Any], what: str) -> list[int]:
+    """The ``tokens`` of a /tokenize answer (ids; with pieces, ``{"id": ...}`` each)."""
+    tokens = answer.get("tokens")
+    if not isinstance(tokens, list):
+        raise BackendError(f"{what} answered /tokenize without tokens: {answer!r:.200}")
+    try:
+        return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BackendError(f"{what} answered /tokenize with bad tokens: {exc}") from exc
 
 
 def server_url(host: str, port: int) -> str:
@@ -103,8 +145,11 @@ class ManagedServerRuntime:
         memory_reader: MemoryReader | None = None,
         adapter_fields: AdapterFields | None = None,
         runtime_adapters: bool = False,
+        prompt_tokenizer: PromptTokenizer | None = None,
     ) -> None:
         self.process = process
+        # Set where the backend resumes paused streams through the prompt.
+        self._prompt_tokenizer = prompt_tokenizer
         # The server loads and unloads adapters while it runs (vLLM's LoRA endpoints).
         self._runtime_adapters = runtime_adapters
         self._adapter_fields = adapter_fields
@@ -187,6 +232,8 @@ class ManagedServerRuntime:
         headers = with_trace(self._headers, request.trace_parent)
         ask = request.pass_through
         try:
+            if request.continue_text:
+                return await self._resume(request, body, sink, headers)
             if ask is not None and scanning is None and takes_raw(sink):
                 # The client speaks the server's dialect and nothing here needs the
                 # tokens (the pool's forced tool calls do): its bytes go through.
@@ -218,6 +265,76 @@ class ManagedServerRuntime:
         finally:
             if lease is not None and self._cache is not None:
                 self._cache.release(lease)
+
+    async def _resume(
+        self,
+        request: GenerationRequest,
+        body: dict[str, Any],
+        sink: TokenSink,
+        headers: dict[str, str] | None,
+    ) -> GenerationStats:
+        """A stream resumed after a pause (docs/vram.md, "Pause and resume"): the chat's
+        prompt as the server renders it, then the reply so far, both as token ids, go to
+        the completions route with the same sampling fields and the tokens left; the
+        server prefills them (its prefix cache holds most) and continues the reply."""
+        if self._prompt_tokenizer is None or not resumes_on_a_server(request):
+            raise BackendError(f"{self.process.label} cannot resume this request")
+        prompt = await self._prompt_ids(body, request.continue_text, headers)
+        completion = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
+        completion["prompt"] = prompt
+        return await stream_chat(
+            self._upstream,
+            "/v1/completions",
+            completion,
+            sink,
+            headers=headers,
+            what=self.process.label,
+        )
+
+    async def _prompt_ids(
+        self, body: dict[str, Any], reply: str, headers: dict[str, str] | None
+    ) -> list[int]:
+        """The token ids of the chat in ``body`` rendered for a reply (the generation
+        prompt included), then of ``reply``: tokenized alone, as plain text, so nothing
+        in it reads as a special token and nothing merges with the prompt's end."""
+        kwargs = {k: body[k] for k in ("chat_template_kwargs",) if k in body}
+        if self._prompt_tokenizer == "llama_server":
+            rendered = await self._post("/apply-template", {"messages": body["messages"], **kwargs})
+            # As the server tokenizes a prompt it is sent: BOS added, special tokens read.
+            head = await self._post(
+                "/tokenize",
+                {"content": rendered["prompt"], "add_special": True, "parse_special": True},
+            )
+            tail = await self._post(
+                "/tokenize", {"content": reply, "add_special": False, "parse_special": False}
+            )
+        else:
+            head = await self._post(
+                "/tokenize",
+                {
+                    "model": body["model"],
+                    "messages": body["messages"],
+                    "add_generation_prompt": True,
+                    **kwargs,
+                },
+            )
+            tail = await self._post(
+                "/tokenize",
+                {"model": body["model"], "prompt": reply, "add_special_tokens": False},
+            )
+        return [*_token_ids(head, self.process.label), *_token_ids(tail, self.process.label)]
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        raw = await post_json(
+            self._upstream, path, body, self._json_headers(), self.process.label, self._model
+        )
+        try:
+            answer = json.loads(raw)
+        except ValueError as exc:
+            raise BackendError(f"{self.process.label} answered {path} with bad JSON") from exc
+        if not isinstance(answer, dict):
+            raise BackendError(f"{self.process.label} answered {path} with {answer!r:.200}")
+        return answer
 
     async def add_adapter(self, name: str, path: Path, scale: float) -> None:
         """vLLM's ``/v1/load_lora_adapter``: the adapter serves under ``name``."""
@@ -464,6 +581,7 @@ async def launch(
     memory_reader: MemoryReader | None = None,
     adapter_fields: AdapterFields | None = None,
     runtime_adapters: bool = False,
+    prompt_tokenizer: PromptTokenizer | None = None,
 ) -> ManagedServerRuntime:
     """Start the server process and return its runtime once it is ready.
 
@@ -475,6 +593,8 @@ async def launch(
     ``embedding_truncate``: body fields that let the server cut over-long texts.
     ``rerank_path``: set for a rerank model (the server's rerank route); its readiness
     probe is then one score.
+    ``prompt_tokenizer``: how the server tokenizes a chat, for a stream resumed through
+    its prompt after a pause; None: the backend does not resume.
     """
     process = ManagedProcess(label, command, env, keep=memory_lines)
     process.spawn()
@@ -495,6 +615,7 @@ async def launch(
         memory_reader=memory_reader,
         adapter_fields=adapter_fields,
         runtime_adapters=runtime_adapters,
+        prompt_tokenizer=prompt_tokenizer,
     )
     await runtime.wait_ready(health_path, start_timeout_s)
     return runtime

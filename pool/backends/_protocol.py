@@ -556,6 +556,12 @@ class Backend(ABC, Generic[ConfigT]):
     groups_adapters: bool = False
     resumes_through_prompt: bool = False
 
+    def resumes(self, request: GenerationRequest) -> bool:
+        """Whether a pause of ``request`` can be resumed through its prompt (see
+        ``resumes_through_prompt``); a backend that resumes only some requests (a
+        server's completions route takes text alone) narrows it."""
+        return self.resumes_through_prompt
+
     @property
     def name(self) -> str:
         """The backend's name: the ``backend`` default of its config class."""

@@ -31,6 +31,7 @@ from pool.backends._managed import (
     ManagedServerRuntime,
     find_binary,
     launch,
+    resumes_on_a_server,
 )
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -38,6 +39,7 @@ from pool.backends._protocol import (
     AdapterUse,
     Backend,
     Capabilities,
+    GenerationRequest,
     LoadContext,
     LoadOverrides,
     MemoryProfile,
@@ -262,6 +264,11 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     context_padding = 256
     # Adapters are loaded as the server starts (--lora); one added later needs a reload.
     adapter_support = "preloaded"
+    # Through /v1/completions with token ids (ManagedServerRuntime._resume).
+    resumes_through_prompt = True
+
+    def resumes(self, request: GenerationRequest) -> bool:
+        return resumes_on_a_server(request)
 
     def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
         # llama-server's -c is the whole context, shared by its parallel slots.
@@ -342,6 +349,8 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
             grammar_calls=tool_family(definition, model_path.name),
             cache=SlotCache(slots(definition)),
             adapter_fields=adapter_fields(definition),
+            # Paused streams resume through the prompt (docs/vram.md, "Pause and resume").
+            prompt_tokenizer="llama_server",
         )
 
 

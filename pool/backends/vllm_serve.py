@@ -22,10 +22,23 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from pool.backends._embedding import DIMENSIONS_DESCRIPTION, PooledEmbeddingFields
-from pool.backends._managed import SERVER_SAMPLING, ManagedServerRuntime, find_binary, launch
+from pool.backends._managed import (
+    SERVER_SAMPLING,
+    ManagedServerRuntime,
+    find_binary,
+    launch,
+    resumes_on_a_server,
+)
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
-from pool.backends._protocol import AdapterUse, Backend, Capabilities, LoadContext, ModelKind
+from pool.backends._protocol import (
+    AdapterUse,
+    Backend,
+    Capabilities,
+    GenerationRequest,
+    LoadContext,
+    ModelKind,
+)
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
 from pool.backends._vllm_fields import (
@@ -147,6 +160,12 @@ class VllmServeBackend(Backend[VllmServeModel]):
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
     cache_bytes_field = "vllm_kv_cache_memory_bytes"
+    # Through /v1/completions with prompt token ids (ManagedServerRuntime._resume).
+    resumes_through_prompt = True
+
+    def resumes(self, request: GenerationRequest) -> bool:
+        return resumes_on_a_server(request)
+
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0
     # --lora-modules at start; /v1/load_lora_adapter and /v1/unload_lora_adapter after.
@@ -246,6 +265,8 @@ class VllmServeBackend(Backend[VllmServeModel]):
             # vLLM serves each adapter as a model of its own name.
             adapter_fields=_adapter_model if definition.lora_enabled else None,
             runtime_adapters=definition.lora_enabled,
+            # Paused streams resume through the prompt (docs/vram.md, "Pause and resume").
+            prompt_tokenizer="vllm",
         )
 
 

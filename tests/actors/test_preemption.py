@@ -327,10 +327,25 @@ SMOL = {
 
 
 @pytest.mark.real_model
-async def test_smollm2_resumes_with_exactly_the_greedy_continuation() -> None:
-    """SmolLM2 in llama.cpp, greedy: a stream paused for a swap (one model loaded at a
-    time: a CPU runtime holds nothing on a virtual GPU, so ``max_loaded_models`` makes
-    the room) and resumed through its prompt ends with the very text it gives unpaused."""
+@pytest.mark.parametrize("backend", ["llama_cpp", "llama_server"])
+async def test_smollm2_resumes_with_exactly_the_greedy_continuation(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """SmolLM2, greedy: a stream paused for a swap (one model loaded at a time: a CPU
+    runtime holds nothing on a virtual GPU, so ``max_loaded_models`` makes the room) and
+    resumed through its prompt ends with the very text it gives unpaused. In llama.cpp
+    in-process, and in a managed llama-server (resumed over /v1/completions with the
+    prompt's and the reply's token ids)."""
+    smol = SMOL
+    if backend == "llama_server":
+        smol = {
+            "backend": "llama_server",
+            "llama_server_binary": request.getfixturevalue("llama_server_binary"),
+            "model_path": SMOL["model_path"],
+            "prompt_format": "qwen3_template",
+            "on_demand": True,
+            "llama_server_n_ctx": 512,
+        }
     settings = build_settings(
         {
             "engine": {
@@ -338,7 +353,7 @@ async def test_smollm2_resumes_with_exactly_the_greedy_continuation() -> None:
                 "min_resident_s": 0,
                 "decoding": {"temperature": 0},
                 "models": {
-                    "smol": SMOL,
+                    "smol": smol,
                     "high": {
                         "backend": "stub",
                         "on_demand": True,

@@ -509,7 +509,10 @@ class ModelActor:
             return []
         running = [t for r in self.replicas for t in r.running_tickets]
         if not running or not all(
-            t.preemptible and isinstance(t.request, GenerationRequest) for t in running
+            t.preemptible
+            and isinstance(t.request, GenerationRequest)
+            and self.backend.resumes(t.request)
+            for t in running
         ):
             return []
         return running
