@@ -3,7 +3,9 @@
 It is a real child process (so supervision is tested for real) that answers like
 llama-server: ``/health``, ``/v1/models`` and streamed ``/v1/chat/completions``.
 Usage: ``python fake_openai_server.py -m MODEL --host H --port P [--mode M] [--spawn-child]``.
-Modes: ``ok``; ``never-ready`` (health stays 503); ``slow`` (tokens every 0.2 s).
+Modes: ``ok``; ``never-ready`` (health stays 503); ``slow`` (tokens every 0.2 s);
+``paced`` (every 0.05 s). As vLLM's server it also answers ``/tokenize`` and
+``/v1/completions`` with token ids, how a paused stream resumes.
 ``--spawn-child`` starts a sleeping grandchild, to show the whole group is stopped.
 The startup line names the server's pid and the grandchild's.
 """
@@ -12,6 +14,7 @@ import argparse
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +26,10 @@ parser.add_argument("--port", type=int)
 parser.add_argument("--mode", default="ok")
 parser.add_argument("--spawn-child", action="store_true")
 args, _unknown = parser.parse_known_args()
+
+# The reply every generation streams (a greedy model's), and the ids a chat tokenizes to.
+REPLY = ["one", " two", " three", " four", " five"] * 8
+HEAD = (9000, 9001, 9002)
 
 grandchild = ""
 if args.spawn_child:
@@ -51,25 +58,59 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            self._tokenize(body)
+            return
+        if self.path == "/v1/completions":
+            self._complete(body)
+            return
         # One line per request, traced or not (the pool's log shows it): a test finds the
         # line of its request by the request's last message, and reads its trace.
         last = json.dumps((body.get("messages") or [{}])[-1].get("content"))
         trace = self.headers.get("traceparent", "-")
         sys.stdout.write(f"request {last} with traceparent {trace}\n")
         sys.stdout.flush()
-        words = ["one", " two", " three", " four", " five"] * 8
-        words = words[: body.get("max_tokens", 16)]
+        words = REPLY[: body.get("max_tokens", 16)]
+        self._stream(words, "delta")
+
+    def _tokenize(self, body):
+        """vLLM's /tokenize: a chat (``messages``) is three marker ids (HEAD); a text
+        is one id per word of REPLY (its index), as the reply was streamed."""
+        sys.stdout.write(f"tokenize {json.dumps(body, sort_keys=True)}\n")
+        sys.stdout.flush()
+        if "messages" in body:
+            tokens = list(HEAD)
+        else:
+            pieces = re.findall(r" ?\S+", body["prompt"])
+            tokens = [REPLY.index(piece, n) for n, piece in enumerate(pieces)]
+        self._json(200, {"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
+    def _complete(self, body):
+        """/v1/completions with token ids: the chat's marker ids, then the ids of the
+        reply so far; continues REPLY after them (what a greedy model would do)."""
+        sys.stdout.write(f"completions {json.dumps(body, sort_keys=True)}\n")
+        sys.stdout.flush()
+        prompt = body["prompt"]
+        assert prompt[: len(HEAD)] == list(HEAD) and all(isinstance(t, int) for t in prompt)
+        made = len(prompt) - len(HEAD)
+        self._stream(REPLY[made : made + body.get("max_tokens", 16)], "text")
+
+    def _stream(self, words, field):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         for word in words:
-            chunk = {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+            piece = {"delta": {"content": word}} if field == "delta" else {"text": word}
+            chunk = {"choices": [{"index": 0, **piece, "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
             if args.mode == "slow":
                 time.sleep(0.2)
+            elif args.mode == "paced":
+                time.sleep(0.05)
+        end = {"delta": {}} if field == "delta" else {"text": ""}
         done = {
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, **end, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 3, "completion_tokens": len(words)},
         }
         self._chunk(f"data: {json.dumps(done)}\n\n")

@@ -483,3 +483,78 @@ async def test_the_split_vllm_logs_is_the_replicas(tmp_path: Path, says: bool) -
         assert (split.weights_mib, split.kv_cache_mib) == (2 * 7.5 * 1024, 2 * 20.25 * 1024)
     else:
         assert split is None
+
+
+async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path: Path) -> None:
+    """A ``low`` stream of a ``vllm serve`` model paused for a swap resumes over
+    /v1/completions: the chat tokenized by the server's /tokenize, then the reply so far
+    tokenized as plain text, with the same sampling fields and the tokens left. The fake
+    server continues its reply after the ids it is given, so a missing or repeated
+    piece would show in the text (docs/vram.md, "Pause and resume")."""
+    import sys
+
+    from pool import Delta, Finished
+    from pool.actors import Paused
+
+    fake = Path(__file__).with_name("fake_openai_server.py")
+    binary = tmp_path / "vllm"
+    binary.write_text(f'#!/bin/sh\nexec {sys.executable} {fake} "$@" --mode paced\n')
+    binary.chmod(0o755)
+    settings = build_settings(
+        {
+            "engine": {
+                "max_loaded_models": 1,
+                "min_resident_s": 0,
+                "models": {
+                    "vs": {
+                        "backend": "vllm_serve",
+                        "vllm_serve_binary": str(binary),
+                        "vllm_model": "fake",
+                        "vllm_serve_start_timeout_s": 20,
+                        "on_demand": True,
+                    },
+                    "high": {"backend": "stub", "on_demand": True, "stub_load_seconds": 0.2},
+                },
+            }
+        }
+    )
+    wanted = 30
+    ask = InferenceRequest.prompt(
+        "vs", "count", decoding=DecodingOverrides(max_tokens=wanted, temperature=0.3)
+    )
+    events: list[object] = []
+    async with open_pool(settings) as pool:
+        async with trio.open_nursery() as nursery:
+
+            async def low() -> None:
+                async for event in pool.stream(ask, priority="low"):
+                    events.append(event)
+
+            nursery.start_soon(low)
+            with trio.fail_after(60):
+                while sum(type(e) is Delta for e in events) < 5:
+                    await trio.sleep(0.02)
+                high = InferenceRequest.prompt("high", "now")
+                assert (await pool.respond(high, priority="high")).text == "now"
+        tail = pool.model("vs").replicas[0].runtime.process.tail()  # type: ignore[union-attr]
+        actions = [d.action for d in pool.decisions()]
+    end = events[-1]
+    assert isinstance(end, Finished), end
+    text = "".join(e.text for e in events if type(e) is Delta)
+    assert text == "".join((["one", " two", " three", " four", " five"] * 8)[:wanted])
+    assert any(isinstance(e, Paused) for e in events) and "resume" in actions
+    (line,) = [line for line in tail.splitlines() if line.startswith("completions ")]
+    body = json.loads(line.removeprefix("completions "))
+    made = len(body["prompt"]) - 3  # after the chat's three ids: the reply so far
+    assert 5 <= made < wanted and body["max_tokens"] == wanted - made
+    assert body["temperature"] == 0.3 and "messages" not in body
+    tokenized = [
+        json.loads(line.removeprefix("tokenize "))
+        for line in tail.splitlines()
+        if line.startswith("tokenize ")
+    ]
+    assert [("messages" in t, t.get("add_special_tokens")) for t in tokenized] == [
+        (True, None),
+        (False, False),
+    ]
+    assert tokenized[0]["add_generation_prompt"] is True
