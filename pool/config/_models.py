@@ -320,6 +320,12 @@ class ServiceSettings(_Strict):
     keep_alive_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         75.0, description="How long an idle kept-alive HTTP connection stays open."
     )
+    websocket_ping_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = Field(
+        5.0,
+        description="The server pings each WebSocket this often, so a socket whose stream is"
+        ' paused for a swap (docs/vram.md, "Pause and resume") or otherwise quiet stays'
+        " open through proxies and client idle timeouts; null: no pings.",
+    )
     pass_through: bool = Field(
         True,
         description="Chat Completions requests to a Chat Completions upstream (llama_server,"

@@ -82,6 +82,8 @@ async def serve(
     config.logger_class = AccessLog
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = settings.service.keep_alive_s
+    # Protocol pings (the ASGI app cannot send any): a paused stream's socket stays open.
+    config.websocket_ping_interval = settings.service.websocket_ping_s
     config.websocket_max_message_size = settings.service.max_body_bytes
     # Bound before anything else: a port in use fails at once, and the port served
     # (port 0: the one picked here) is known to what is named after it, the pool's node
