@@ -33,9 +33,9 @@ from pool.backends._protocol import (
     GenerationRequest,
     GenerationStats,
     MemorySplit,
-    TextPart,
     TokenSink,
     TokensUsed,
+    resumes_as_text,
     takes_raw,
 )
 from pool.backends._rerank import RankResult, rank_upstream
@@ -88,18 +88,6 @@ _CHAT_ONLY = frozenset(
         "chat_template_kwargs",
     }
 )
-
-
-def resumes_on_a_server(request: GenerationRequest) -> bool:
-    """Whether a managed server can resume ``request`` through its prompt: plain text in
-    and out (the completions route takes token ids alone: no images, no tools, no output
-    format), and not relayed as the server's own bytes (pass-through)."""
-    return (
-        request.pass_through is None
-        and not request.tools
-        and request.output_format is None
-        and all(isinstance(part, TextPart) for turn in request.turns for part in turn.parts)
-    )
 
 
 def _token_ids(answer: dict[str, Any], what: str) -> list[int]:
@@ -277,7 +265,7 @@ class ManagedServerRuntime:
         prompt as the server renders it, then the reply so far, both as token ids, go to
         the completions route with the same sampling fields and the tokens left; the
         server prefills them (its prefix cache holds most) and continues the reply."""
-        if self._prompt_tokenizer is None or not resumes_on_a_server(request):
+        if self._prompt_tokenizer is None or not resumes_as_text(request):
             raise BackendError(f"{self.process.label} cannot resume this request")
         prompt = await self._prompt_ids(body, request.continue_text, headers)
         completion = {k: v for k, v in body.items() if k not in _CHAT_ONLY}

@@ -221,6 +221,19 @@ class GenerationRequest:
         return bool(self.tools) and self.tool_choice.mode != "none"
 
 
+def resumes_as_text(request: GenerationRequest) -> bool:
+    """Whether ``request`` can resume through a prompt of token ids (docs/vram.md,
+    "Pause and resume"): plain text in and out (no images, no tools, no output format,
+    whose state a prompt of ids does not carry), and not relayed as an upstream's own
+    bytes (pass-through)."""
+    return (
+        request.pass_through is None
+        and not request.tools
+        and request.output_format is None
+        and all(isinstance(part, TextPart) for turn in request.turns for part in turn.parts)
+    )
+
+
 @dataclass(slots=True)
 class GenerationStats:
     """What a runtime could measure about one generation; ``None`` where unknown.

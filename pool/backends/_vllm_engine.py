@@ -102,6 +102,9 @@ class EngineJob:
     task: asyncio.Task[None] | None = None
     # The request's running count (the sink's): written on the engine thread.
     used: TokensUsed = dataclasses.field(default_factory=TokensUsed)
+    # A stream resumed after a pause: the reply so far, whose token ids follow the
+    # prompt's (docs/vram.md, "Pause and resume"). Empty: a fresh generation.
+    continue_text: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,6 +591,26 @@ class EngineHost:
         self._jobs.add(job)
         job.task = self._loop.create_task(self._drive(job))
 
+    async def _resumed_input(self, job: EngineJob, head: Any) -> Any:
+        """The engine input of a resumed job: the prompt's token ids as the engine
+        tokenized it, then the reply so far tokenized alone as plain text (no special
+        tokens, nothing merged with the prompt's last token), as one prompt of ids."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        engine = self._engine
+        prompt_ids = head.get("prompt_token_ids") if hasattr(head, "get") else None
+        if not prompt_ids:
+            raise BackendError("vLLM gave no token ids for the prompt of a resumed stream")
+        reply_ids = engine.get_tokenizer().encode(job.continue_text, add_special_tokens=False)
+        ids: dict[str, Any] = {"prompt_token_ids": [*prompt_ids, *reply_ids]}
+        if "cache_salt" in job.prompt:
+            ids["cache_salt"] = job.prompt["cache_salt"]
+        parsed = parse_model_prompt(engine.model_config, ids)
+        (resumed,) = await engine.renderer.render_cmpl_async(
+            [parsed], engine.renderer.default_cmpl_tok_params
+        )
+        return resumed
+
     def _cancel_job(self, job: EngineJob) -> None:
         if job.task is not None and not job.task.done():
             job.task.cancel()
@@ -617,6 +640,8 @@ class EngineHost:
             (engine_input,) = await engine.renderer.render_cmpl_async(
                 [parsed], engine.renderer.default_cmpl_tok_params
             )
+            if job.continue_text:
+                engine_input = await self._resumed_input(job, engine_input)
             tokenize_ms = (time.perf_counter() - started) * 1000.0
             deltas = 0
             lora_request = None

@@ -31,7 +31,6 @@ from pool.backends._managed import (
     ManagedServerRuntime,
     find_binary,
     launch,
-    resumes_on_a_server,
 )
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -44,6 +43,7 @@ from pool.backends._protocol import (
     LoadOverrides,
     MemoryProfile,
     ModelKind,
+    resumes_as_text,
 )
 from pool.backends._rerank import require_rank_head
 from pool.backends._server_cache import SlotCache
@@ -268,7 +268,7 @@ class LlamaServerBackend(Backend[LlamaServerModel]):
     resumes_through_prompt = True
 
     def resumes(self, request: GenerationRequest) -> bool:
-        return resumes_on_a_server(request)
+        return resumes_as_text(request)
 
     def memory_profile(self, definition: LlamaServerModel) -> MemoryProfile:
         # llama-server's -c is the whole context, shared by its parallel slots.

@@ -63,6 +63,7 @@ from pool.backends._protocol import (
     ImagePart,
     LoadContext,
     TokenSink,
+    resumes_as_text,
 )
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import VLLM_TOOL_PARSERS, vllm_tool_parser
@@ -398,6 +399,7 @@ class VllmRuntime:
             sampling=sampling_arguments(request, rendered),
             chat=chat_spec(request, self._tool_parser, self._definition.vllm_tool_strict_level),
             lora=lora,
+            continue_text=request.continue_text,
         )
 
     async def add_adapter(self, name: str, path: Path, scale: float) -> None:
@@ -510,6 +512,12 @@ class VllmBackend(Backend[VllmModel]):
     load_constraints = LOAD_CONSTRAINTS
     context_field = CONTEXT_FIELD
     cache_bytes_field = "vllm_kv_cache_memory_bytes"
+    # The prompt's token ids then the reply's (_vllm_engine.EngineHost._resumed_input).
+    resumes_through_prompt = True
+
+    def resumes(self, request: GenerationRequest) -> bool:
+        return resumes_as_text(request)
+
     # Slow to load (30-240 s measured on CPU; CUDA graphs on a GPU): the seed's longest window.
     stay_warm_s = 900.0
     # LoRARequest per request; AsyncLLM.add_lora / remove_lora while it runs.

@@ -27,7 +27,6 @@ from pool.backends._managed import (
     ManagedServerRuntime,
     find_binary,
     launch,
-    resumes_on_a_server,
 )
 from pool.backends._placement import GpuPlacement
 from pool.backends._process import child_environment, free_port
@@ -38,6 +37,7 @@ from pool.backends._protocol import (
     GenerationRequest,
     LoadContext,
     ModelKind,
+    resumes_as_text,
 )
 from pool.backends._server_cache import SaltCache
 from pool.backends._tool_calls import vllm_tool_parser
@@ -164,7 +164,7 @@ class VllmServeBackend(Backend[VllmServeModel]):
     resumes_through_prompt = True
 
     def resumes(self, request: GenerationRequest) -> bool:
-        return resumes_on_a_server(request)
+        return resumes_as_text(request)
 
     # Slow to start (a minute and more): the seed's longest window, as in-process vLLM.
     stay_warm_s = 900.0

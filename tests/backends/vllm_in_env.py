@@ -10,6 +10,7 @@ check of the load test, in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any
@@ -20,8 +21,9 @@ import trio
 
 from pool import Delta, Finished, InferenceRequest, Pool, PoolError, open_pool
 from pool.actors import DecodingOverrides
+from pool.backends import GenerationRequest, TextPart, TokensUsed, Turn
 from pool.backends.vllm import VllmModel, VllmRuntime
-from pool.config import build_settings
+from pool.config import Decoding, build_settings
 from tests.backends.streaming import assert_cut_is_charged
 
 pytestmark = pytest.mark.real_model
@@ -212,6 +214,10 @@ async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
         # Prefix caching: every answer says how many prompt tokens the engine reused.
         await _check_prefix_cache(pool, runtime)
 
+        # A stream paused for a swap resumes through its prompt: the prompt's ids, then
+        # the reply so far tokenized alone; greedy, it goes on with exactly the rest.
+        await _check_resume(runtime)
+
         # Unload: every engine process gone, the pool process's memory back within bound.
         await pool.unload("v")
         assert runtime.processes_alive == 0
@@ -224,6 +230,40 @@ async def test_engine_serves_streams_batches_cancels_and_unloads() -> None:
             f" (+{grown:.0f}, bound {RSS_BOUND_MIB:.0f})"
         )
         assert grown < RSS_BOUND_MIB
+
+
+class _Collect:
+    """A token sink that keeps the text it is sent."""
+
+    def __init__(self) -> None:
+        self.used = TokensUsed()
+        self.pieces: list[str] = []
+
+    async def send(self, text: Any) -> None:
+        self.pieces.append(str(text))
+
+
+async def _check_resume(runtime: VllmRuntime) -> None:
+    """``continue_text`` (how the pool resumes a paused stream, docs/vram.md): the first
+    pieces of a greedy reply handed back continue with exactly the rest of it."""
+    turns = (Turn("user", (TextPart("Tell me a story about a dragon."),)),)
+    whole = _Collect()
+    full = GenerationRequest("r0", "v", turns, Decoding(temperature=0.0, max_tokens=40))
+    first = await runtime.generate(full, whole)
+    assert first.output_tokens == 40 and len(whole.pieces) > 12, whole.pieces
+    so_far = "".join(whole.pieces[:12])
+    rest = _Collect()
+    resumed = dataclasses.replace(
+        full,
+        request_id="r1",
+        continue_text=so_far,
+        decoding=Decoding(temperature=0.0, max_tokens=40 - 12),
+    )
+    stats = await runtime.generate(resumed, rest)
+    assert so_far + "".join(rest.pieces) == "".join(whole.pieces), (whole.pieces, rest.pieces)
+    # The resumed prompt holds the reply so far.
+    assert (stats.prompt_tokens or 0) > (first.prompt_tokens or 0) > 0, (stats, first)
+    print(f"vllm: resumed after 12 pieces; the rest matched ({len(rest.pieces)} pieces)")
 
 
 async def _check_prefix_cache(pool: Pool, runtime: VllmRuntime) -> None:
