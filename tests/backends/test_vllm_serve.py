@@ -558,3 +558,26 @@ async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path:
         (False, False),
     ]
     assert tokenized[0]["add_generation_prompt"] is True
+
+
+@pytest.mark.parametrize("backend", ["llama_server", "vllm_serve", "vllm"])
+def test_only_plain_text_requests_are_paused_on_backends_that_resume_with_token_ids(
+    backend: str,
+) -> None:
+    """A prompt of token ids carries no images, tools, output format or pass-through:
+    a model running such a request is drained, not paused (docs/vram.md)."""
+    from pool.backends import GenerationRequest, PassThrough, get_backend
+    from pool.config import Decoding
+
+    runtime = get_backend(backend)
+    text = (Turn("user", (TextPart("hi"),)),)
+    plain = GenerationRequest("r", "m", text, Decoding())
+    assert runtime.resumes_through_prompt and runtime.resumes(plain)
+    picture = (Turn("user", (TextPart("what is it?"), ImagePart("data:image/png;base64,"))),)
+    others = [
+        GenerationRequest("r", "m", picture, Decoding()),
+        GenerationRequest("r", "m", text, Decoding(), tools=(ToolSpec("f"),)),
+        GenerationRequest("r", "m", text, Decoding(), output_format=OutputFormat("json_object")),
+        GenerationRequest("r", "m", text, Decoding(), pass_through=PassThrough("m")),
+    ]
+    assert not any(runtime.resumes(other) for other in others)
