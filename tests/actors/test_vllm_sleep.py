@@ -233,3 +233,32 @@ def test_the_check_finds_a_fake_that_drifted(
     assert "AsyncLLM.wake_up: returns bool in vLLM, None in the fake" in problems, problems
     assert "AsyncLLM.is_sleeping: vLLM's is a coroutine, the fake's is not" in problems
     assert "EngineArgs.enable_sleep_mode defaults to False" in problems, problems
+
+
+@pytest.mark.timeout(1800)
+async def test_the_resume_bodies_are_vllms_request_fields(
+    vllm_source: Path, tmp_path: Path
+) -> None:
+    """Every field of the bodies a ``vllm_serve`` resume sends (its two /tokenize calls
+    and /v1/completions, as the fake server logged them) is one vLLM's request classes
+    declare; and a misspelt one is found."""
+    from tests.backends.test_vllm_serve import paused_and_resumed, sent_bodies
+
+    _, logged = await paused_and_resumed(tmp_path)
+    classes = {
+        ("tokenize", True): "TokenizeChatRequest",
+        ("tokenize", False): "TokenizeCompletionRequest",
+        ("completions", False): "CompletionRequest",
+    }
+    sent: dict[str, set[str]] = {}
+    for route, body in sent_bodies(logged):
+        sent.setdefault(classes[route, "messages" in body], set()).update(body)
+    # The completions body carries stream and stream_options too (stream_chat adds them).
+    assert set(sent) == set(classes.values()) and "prompt" in sent["CompletionRequest"]
+    problems = vllm_contract.request_field_problems(vllm_source, sent)
+    assert not problems, f"vLLM at {vllm_source}:\n" + "\n".join(problems)
+    sent["CompletionRequest"].add("prompt_ids")
+    drifted = vllm_contract.request_field_problems(vllm_source, sent)
+    assert drifted == [
+        "CompletionRequest.prompt_ids: the pool sends it; vLLM does not declare it"
+    ], drifted

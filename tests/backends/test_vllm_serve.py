@@ -6,13 +6,14 @@ import base64
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from PIL import Image
 
-from pool import InferenceRequest, PoolError, open_pool
-from pool.actors import DecodingOverrides, EmbeddingRequest
+from pool import Delta, Finished, InferenceRequest, PoolError, open_pool
+from pool.actors import DecodingOverrides, EmbeddingRequest, Paused
 from pool.backends import (
     EmbeddingJob,
     ImagePart,
@@ -485,16 +486,14 @@ async def test_the_split_vllm_logs_is_the_replicas(tmp_path: Path, says: bool) -
         assert split is None
 
 
-async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path: Path) -> None:
-    """A ``low`` stream of a ``vllm serve`` model paused for a swap resumes over
-    /v1/completions: the chat tokenized by the server's /tokenize, then the reply so far
-    tokenized as plain text, with the same sampling fields and the tokens left. The fake
-    server continues its reply after the ids it is given, so a missing or repeated
-    piece would show in the text (docs/vram.md, "Pause and resume")."""
-    import sys
+REPLY = ["one", " two", " three", " four", " five"] * 8  # the fake server's reply
 
-    from pool import Delta, Finished
-    from pool.actors import Paused
+
+async def paused_and_resumed(tmp_path: Path, wanted: int = 30) -> tuple[list[Any], list[str]]:
+    """A ``low`` stream of a ``vllm serve`` model (the fake OpenAI server, paced) paused
+    for a swap by a ``high`` request: its events and the decisions' actions, and the
+    bodies the resumed replica was sent, as the fake server logged them (by route)."""
+    import sys
 
     fake = Path(__file__).with_name("fake_openai_server.py")
     binary = tmp_path / "vllm"
@@ -518,11 +517,10 @@ async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path:
             }
         }
     )
-    wanted = 30
     ask = InferenceRequest.prompt(
         "vs", "count", decoding=DecodingOverrides(max_tokens=wanted, temperature=0.3)
     )
-    events: list[object] = []
+    events: list[Any] = []
     async with open_pool(settings) as pool:
         async with trio.open_nursery() as nursery:
 
@@ -538,26 +536,47 @@ async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path:
                 assert (await pool.respond(high, priority="high")).text == "now"
         tail = pool.model("vs").replicas[0].runtime.process.tail()  # type: ignore[union-attr]
         actions = [d.action for d in pool.decisions()]
+    return events, [*actions, *(line for line in tail.splitlines() if line.startswith(SENT))]
+
+
+SENT = ("tokenize ", "completions ")
+
+
+def sent_bodies(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``(route, body)`` of each /tokenize and /v1/completions the fake server logged."""
+    found = []
+    for line in lines:
+        for prefix in SENT:
+            if line.startswith(prefix):
+                found.append((prefix.strip(), json.loads(line.removeprefix(prefix))))
+    return found
+
+
+async def test_a_paused_stream_resumes_through_the_prompt_as_token_ids(tmp_path: Path) -> None:
+    """A ``low`` stream of a ``vllm serve`` model paused for a swap resumes over
+    /v1/completions: the chat tokenized by the server's /tokenize, then the reply so far
+    tokenized as plain text, with the same sampling fields and the tokens left. The fake
+    server continues its reply after the ids it is given, so a missing or repeated
+    piece would show in the text (docs/vram.md, "Pause and resume"); the fields are held
+    to vLLM's own request classes by tests/actors/test_vllm_sleep.py."""
+    wanted = 30
+    events, logged = await paused_and_resumed(tmp_path, wanted)
     end = events[-1]
     assert isinstance(end, Finished), end
     text = "".join(e.text for e in events if type(e) is Delta)
-    assert text == "".join((["one", " two", " three", " four", " five"] * 8)[:wanted])
-    assert any(isinstance(e, Paused) for e in events) and "resume" in actions
-    (line,) = [line for line in tail.splitlines() if line.startswith("completions ")]
-    body = json.loads(line.removeprefix("completions "))
+    assert text == "".join(REPLY[:wanted])
+    assert any(isinstance(e, Paused) for e in events) and "resume" in logged
+    sent = sent_bodies(logged)
+    assert [(route, "messages" in body) for route, body in sent] == [
+        ("tokenize", True),
+        ("tokenize", False),
+        ("completions", False),
+    ]
+    (_, chat), (_, reply), (_, body) = sent
+    assert chat["add_generation_prompt"] is True and reply["add_special_tokens"] is False
     made = len(body["prompt"]) - 3  # after the chat's three ids: the reply so far
     assert 5 <= made < wanted and body["max_tokens"] == wanted - made
-    assert body["temperature"] == 0.3 and "messages" not in body
-    tokenized = [
-        json.loads(line.removeprefix("tokenize "))
-        for line in tail.splitlines()
-        if line.startswith("tokenize ")
-    ]
-    assert [("messages" in t, t.get("add_special_tokens")) for t in tokenized] == [
-        (True, None),
-        (False, False),
-    ]
-    assert tokenized[0]["add_generation_prompt"] is True
+    assert body["temperature"] == 0.3
 
 
 @pytest.mark.parametrize("backend", ["llama_server", "vllm_serve", "vllm"])

@@ -195,6 +195,37 @@ def problems(root: Path) -> list[str]:
     return found
 
 
+# What the pool's `vllm_serve` resume sends (pool/backends/_managed.py, _resume): the
+# request class vLLM's server reads each body into.
+TOKENIZE_FILE = "entrypoints/serve/tokenize/protocol.py"
+COMPLETION_FILE = "entrypoints/openai/completion/protocol.py"
+REQUEST_CLASSES = {
+    "TokenizeChatRequest": TOKENIZE_FILE,
+    "TokenizeCompletionRequest": TOKENIZE_FILE,
+    "CompletionRequest": COMPLETION_FILE,
+}
+
+
+def request_field_problems(root: Path, sent: dict[str, set[str]]) -> list[str]:
+    """The fields of each body the pool sends (by vLLM's request class) that the class
+    in the source at ``root`` does not declare. vLLM's request models allow extra
+    fields and ignore them with a warning, so a misspelt field would go unnoticed."""
+    found: list[str] = []
+    for name, fields in sent.items():
+        path = root / REQUEST_CLASSES[name]
+        if not path.is_file():
+            found.append(f"{REQUEST_CLASSES[name]} is missing from {root}")
+            continue
+        cls = _classes(path).get(name)
+        if cls is None:
+            found.append(f"no class {name} in {REQUEST_CLASSES[name]}")
+            continue
+        declared = set(_fields(cls))
+        for field in sorted(fields - declared):
+            found.append(f"{name}.{field}: the pool sends it; vLLM does not declare it")
+    return found
+
+
 def _sleep_mode_argument(engine_args_file: Path, model_config_file: Path) -> list[str]:
     """``enable_sleep_mode`` from the engine arguments to ``ModelConfig``."""
     found: list[str] = []
