@@ -287,14 +287,19 @@ class ManagedServerRuntime:
         in it reads as a special token and nothing merges with the prompt's end."""
         kwargs = {k: body[k] for k in ("chat_template_kwargs",) if k in body}
         if self._prompt_tokenizer == "llama_server":
-            rendered = await self._post("/apply-template", {"messages": body["messages"], **kwargs})
+            rendered = await self._post(
+                "/apply-template", {"messages": body["messages"], **kwargs}, headers
+            )
             # As the server tokenizes a prompt it is sent: BOS added, special tokens read.
             head = await self._post(
                 "/tokenize",
                 {"content": rendered["prompt"], "add_special": True, "parse_special": True},
+                headers,
             )
             tail = await self._post(
-                "/tokenize", {"content": reply, "add_special": False, "parse_special": False}
+                "/tokenize",
+                {"content": reply, "add_special": False, "parse_special": False},
+                headers,
             )
         else:
             head = await self._post(
@@ -305,17 +310,21 @@ class ManagedServerRuntime:
                     "add_generation_prompt": True,
                     **kwargs,
                 },
+                headers,
             )
             tail = await self._post(
                 "/tokenize",
                 {"model": body["model"], "prompt": reply, "add_special_tokens": False},
+                headers,
             )
         return [*_token_ids(head, self.process.label), *_token_ids(tail, self.process.label)]
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        raw = await post_json(
-            self._upstream, path, body, self._json_headers(), self.process.label, self._model
-        )
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """POST ``body`` as JSON (the transport names the content type) and read the
+        JSON object the server answers."""
+        raw = await post_json(self._upstream, path, body, headers, self.process.label, self._model)
         try:
             answer = json.loads(raw)
         except ValueError as exc:
