@@ -1,0 +1,85 @@
+"""One socket write per whole answer: Hypercorn's HTTP/1.1 protocol, with the head held.
+
+Hypercorn writes an answer's head, its body and its (empty, for a sized body) end as
+three writes: three sends through its connection lock and shielded scope, two ``send``
+system calls and a checkpoint for the empty one, each waking the client on its own. A
+JSON answer of the pool is one head and one body (pool/http/_pipeline.py), so the head
+of an answer whose size is declared (``content-length``) is held here and goes out in
+the same write as the body, and the empty end is not written at all.
+
+Only sized answers are held: their body follows at once. A stream (chunked, SSE) has no
+declared size, and its head still goes out as soon as it is sent, before the first
+event. Anything else sent while a head is held (the stream closed, a raw write) writes
+the head first, so no bytes are reordered or lost.
+
+:func:`install` puts :class:`HeldHeadH11Protocol` where Hypercorn's connection wrapper
+builds its HTTP/1.1 protocol (``hypercorn.protocol.H11Protocol``); the class checks at
+install time that the names it relies on are still there.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import h11
+import hypercorn.protocol
+from hypercorn.events import RawData
+from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.typing import H11SendableEvent
+
+_LENGTH = b"content-length"
+
+
+class HeldHeadH11Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, writing a sized answer's head with its body."""
+
+    _held = b""  # a head not written yet
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        if isinstance(event, Response) and event.status_code >= 200 and _sized(event):
+            # As Hypercorn builds the head (its own headers, a last request's close).
+            headers = list(chain(event.headers, self.config.response_headers("h11")))
+            if self.keep_alive_requests >= self.config.keep_alive_max_requests:
+                headers.append((b"connection", b"close"))
+            try:
+                self._held = self.connection.send(
+                    h11.Response(headers=headers, status_code=event.status_code)
+                )
+            except h11.LocalProtocolError:
+                if self.connection.their_state != h11.ERROR:
+                    raise
+            return
+        if self._held and not isinstance(event, Body | EndBody):
+            held, self._held = self._held, b""
+            await self.send(RawData(data=held))
+        await super().stream_send(event)
+
+    async def _send_h11_event(self, event: H11SendableEvent) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if self._held:
+            data, self._held = self._held + (data or b""), b""
+        if data:  # a sized body's end is no bytes: nothing to write
+            await self.send(RawData(data=data))
+
+
+def _sized(event: Response) -> bool:
+    return any(name.lower() == _LENGTH for name, _ in event.headers)
+
+
+def install() -> None:
+    """Have Hypercorn's connections speak HTTP/1.1 through :class:`HeldHeadH11Protocol`
+    (idempotent; a Hypercorn whose wrapper no longer builds ``H11Protocol`` by that name
+    fails here, at start, rather than silently writing three times)."""
+    current = getattr(hypercorn.protocol, "H11Protocol", None)
+    if current is HeldHeadH11Protocol:
+        return
+    if current is not H11Protocol:
+        raise RuntimeError(f"hypercorn.protocol.H11Protocol is {current!r}, not Hypercorn's")
+    setattr(hypercorn.protocol, "H11Protocol", HeldHeadH11Protocol)  # noqa: B010 - not exported
