@@ -55,7 +55,7 @@ def _settings(
                         **fields,
                     },
                     "other": {"backend": "stub", "enabled": True},
-                }
+                },
             }
         }
     )
