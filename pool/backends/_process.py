@@ -164,6 +164,13 @@ class ManagedProcess:
     def tail(self) -> str:
         return "\n".join(self._tail)
 
+    async def exits_within(self, timeout_s: float) -> bool:
+        """Whether the process is seen to exit within ``timeout_s`` (its watcher, the
+        task in :meth:`wait`, reaps it; this only looks)."""
+        with trio.move_on_after(timeout_s):
+            await self._exited.wait()
+        return self._exited.is_set()
+
     def spawn(self) -> None:
         """Start the child (from the calling, long-lived Trio thread; see the module doc)."""
         try:
