@@ -137,7 +137,7 @@ async def test_kill_9_of_the_server_mid_stream_and_it_comes_back(
         assert pool.snapshot("other").state == "loaded"
 
 
-IDLE_S = 6.0
+IDLE_S = 10.0
 
 
 async def test_a_stopped_server_times_out_and_is_recycled(llama_server_binary: str) -> None:
