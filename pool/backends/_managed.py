@@ -19,7 +19,12 @@ from typing import Any, Literal
 
 import trio
 
-from pool.backends._chat_client import chat_messages, stream_chat, tool_fields
+from pool.backends._chat_client import (
+    UpstreamConnectionFailed,
+    chat_messages,
+    stream_chat,
+    tool_fields,
+)
 from pool.backends._embedding import embed_upstream
 from pool.backends._forced_calls import ScanningSink, force_with_grammar
 from pool.backends._pass_through import relay_reply, relay_stream
@@ -54,6 +59,8 @@ AdapterFields = Callable[[AdapterUse | None], dict[str, Any]]
 log = logging.getLogger("pool.process")
 
 STOP_GRACE_S = 10.0
+# How long a failed call looks for the server's exit before it blames the connection.
+_EXIT_NOTICE_S = 0.5
 
 
 # The optional sampling fields both managed servers (and OpenAI-style upstreams) take
@@ -247,6 +254,10 @@ class ManagedServerRuntime:
                 await scanning.finish()
             return stats
         except BackendError as exc:
+            # A server killed mid-stream cuts the connection a moment before its exit is
+            # reaped: a short look lets the error name the exit rather than the cut.
+            if isinstance(exc, UpstreamConnectionFailed):
+                await self.process.exits_within(_EXIT_NOTICE_S)
             if (exited := self._exited_error()) is not None:
                 raise exited from exc
             raise

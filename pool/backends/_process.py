@@ -87,6 +87,16 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a tracer)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the child binds it right away)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -153,6 +163,13 @@ class ManagedProcess:
 
     def tail(self) -> str:
         return "\n".join(self._tail)
+
+    async def exits_within(self, timeout_s: float) -> bool:
+        """Whether the process is seen to exit within ``timeout_s`` (its watcher, the
+        task in :meth:`wait`, reaps it; this only looks)."""
+        with trio.move_on_after(timeout_s):
+            await self._exited.wait()
+        return self._exited.is_set()
 
     def spawn(self) -> None:
         """Start the child (from the calling, long-lived Trio thread; see the module doc)."""
@@ -234,6 +251,12 @@ class ManagedProcess:
             return
         with trio.CancelScope(shield=True):
             if not self._exited.is_set():
+                # A stopped server cannot act on SIGTERM until it is continued, and one
+                # continued mid-request may not stop in time either: it goes at once
+                # (the watchdog recycling a hung replica, docs/faults.md).
+                if await trio.to_thread.run_sync(stopped, self._popen.pid):
+                    log.warning("%s: stopped (not running); killing it", self.label)
+                    grace_s = 0.0
                 self._signal_group(signal.SIGTERM)
                 with trio.move_on_after(grace_s):
                     await self.wait()

@@ -61,6 +61,12 @@ class StubModel(CommonModelFields, KindFields):
         description="The runtime answers empty text after this many requests (canaries"
         " included): a runtime alive but wrong, until it is loaded again.",
     )
+    stub_hang_after: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="After this many requests (canaries included) the runtime hangs without"
+        " dying: each later request sends its first token, if it has one, and then no"
+        " other, until the runtime is closed (a recycle loads a fresh one).",
+    )
     stub_embedding_dim: Annotated[int, Field(ge=1, le=4096)] = 8
 
 
@@ -142,6 +148,8 @@ class StubRuntime:
         degrade_after = self._definition.stub_degrade_after
         if degrade_after is not None and self._answered > degrade_after:
             tokens = []  # alive but wrong: it ends at once with nothing
+        hang_after = self._definition.stub_hang_after
+        hangs = hang_after is not None and self._answered > hang_after
         if request.continue_text:
             tokens = _after(tokens, request.continue_text)
         limit = request.decoding.max_tokens
@@ -169,12 +177,18 @@ class StubRuntime:
                 await sink.send(piece)
             if first_ms is None:
                 first_ms = (time.perf_counter() - started) * 1000.0
+            if hangs:
+                break
             if stopped:
                 finish = "stop"
                 break
         else:
             if scanner is not None and (tail := scanner.flush()):
                 await sink.send(tail)
+        if hangs:
+            # Alive but stuck mid-stream (a wedged GPU, a stopped process): no further
+            # token and no end, until cancelled (the idle watchdog, an unload).
+            await trio.sleep_forever()
         return GenerationStats(
             prompt_tokens=prompt_tokens,
             output_tokens=produced,

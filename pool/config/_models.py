@@ -681,7 +681,7 @@ class EngineSettings(BaseModel):
         300.0,
         description="Longest wait for a running generation's next token (time the client"
         " takes to read does not count); past it the request fails with `backend_timeout`"
-        " and its slot is freed.",
+        " and the watchdog recycles the replica (docs/faults.md).",
     )
     keep_alive: float | str = Field(
         300.0, description="Idle time before an on-demand model unloads ('5m'; -1 forever)."
@@ -750,6 +750,12 @@ class EngineSettings(BaseModel):
         3,
         description="Reloads of a degraded model within an hour; past it the model is marked"
         ' failed (`llm_pool_model_canary{status="failed"}`).',
+    )
+    watchdog_recycles_per_hour: Annotated[int, Field(ge=0, le=100)] = Field(
+        3,
+        description="Recycles of a model's replicas within an hour when one hangs (no token"
+        " within `generation_idle_timeout_s`) or its process exits on its own; past it the"
+        " model is marked failed (docs/faults.md).",
     )
     eviction_policy: Literal["swap_cost", "lru"] = Field(
         "swap_cost",

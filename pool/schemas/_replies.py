@@ -731,8 +731,10 @@ class DecisionRow(_Reply):
         "`reload`: the output canary found the model degraded and it was"
         " drained and reloaded, or the loaded copy did not serve a request's or a"
         " runner load's load hints (the reason names the field; docs/vram.md, \"Load"
-        ' hints"); `fail`: degraded past engine.canary_reloads_per_hour, marked'
-        " failed (docs/reliability.md)."
+        ' hints"), or the watchdog recycled a replica that hung or whose process'
+        " exited (`fault`: `hang` or `exit`, `replica`: its index; docs/faults.md);"
+        " `fail`: degraded past engine.canary_reloads_per_hour, or faulty past"
+        " engine.watchdog_recycles_per_hour, marked failed (docs/reliability.md)."
     )
     model: str = Field(description="The model decided about.")
     for_model: str | None = Field(

@@ -327,3 +327,18 @@ async def test_smollm2_keeps_to_its_reference() -> None:
         assert (canary.health, canary.answer) == ("ok", canary.reference)
         assert _probes(pool, "degraded") == 0
         assert [d for d in pool.decisions() if d.action in ("reload", "fail")] == []
+
+
+async def test_a_probe_that_hangs_leaves_the_replica_to_the_watchdog(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The second probe hangs (``stub_hang_after``): the watchdog recycles the replica
+    (docs/faults.md) and the canary probes the fresh one; it does not reload as well."""
+    settings = _settings({"stub_hang_after": 1}, generation_idle_timeout_s=30)
+    async with open_pool(settings) as pool:
+        await wait_until(lambda: _probes(pool, "ok") == 1)
+        await wait_until(lambda: _probes(pool, "ok") == 2)  # the fresh runtime's answer
+        (recycle,) = [d for d in pool.decisions() if d.action == "reload"]
+        assert recycle.reason.startswith("watchdog: replica 0 hung")
+        assert _metric(pool, "llm_pool_canary_reloads_total", model="m") == 0
+        assert _probes(pool, "degraded") == 0 and _health(pool) == "ok"

@@ -318,13 +318,45 @@ class _DyingBackend(StubBackend):
         return _DyingRuntime(definition, self.died if doomed else trio.Event(), self.closes)
 
 
-async def test_a_runtime_that_dies_fails_the_model(
+async def test_a_runtime_that_dies_is_recycled_while_the_other_replica_serves(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dead replica's request ends with ``backend_error``; the other replica's and
+    the queued one are served; the watchdog starts a fresh replica 0 (docs/faults.md)."""
+    dying = _DyingBackend()
+    monkeypatch.setattr(model_module, "get_backend", lambda name: dying)
+    settings = stub_settings(
+        {"m": {"replicas": 2, "stub_reply": "a " * 50, "stub_tokens_per_second": 1}, "other": {}}
+    )
+    async with open_pool(settings) as pool:
+        await pool.load("m")
+        doomed, survivor = pool.model("m").replicas
+        outcomes = [Outcome(), Outcome(), Outcome()]
+        async with trio.open_nursery() as nursery:
+            for outcome in outcomes:
+                nursery.start_soon(run_request, pool, ask("m"), outcome)
+            await wait_until(lambda: pool.snapshot("m").queue_depth == 1)
+            dying.died.set()
+        codes = [o.error.code for o in outcomes if o.error is not None]
+        assert codes == ["backend_error"]
+        assert sum(o.text == "a " * 50 for o in outcomes) == 2
+        row = pool.snapshot("m")
+        assert row.state == "loaded" and row.loaded_replicas == 2
+        fresh, kept = pool.model("m").replicas
+        assert kept is survivor and fresh is not doomed and len(dying.closes) == 1
+        (recycle,) = [d for d in pool.decisions() if d.action == "reload"]
+        assert recycle.details == {"fault": "exit", "replica": 0}
+        assert pool.model("m").load_count == 1  # one replica recycled, not a reload
+
+
+async def test_a_runtime_that_dies_past_the_recycle_budget_fails_the_model(
     autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dying = _DyingBackend()
     monkeypatch.setattr(model_module, "get_backend", lambda name: dying)
     settings = stub_settings(
-        {"m": {"replicas": 2, "stub_reply": "a " * 50, "stub_tokens_per_second": 1}, "other": {}}
+        {"m": {"replicas": 2, "stub_reply": "a " * 50, "stub_tokens_per_second": 1}, "other": {}},
+        watchdog_recycles_per_hour=0,
     )
     async with open_pool(settings) as pool:
         await pool.load("m")

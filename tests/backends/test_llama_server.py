@@ -4,6 +4,7 @@ and the SmolLM2 GGUF; openai_remote against that same server."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import shutil
@@ -84,24 +85,87 @@ async def test_a_stream_left_early_is_charged_its_prompt_and_tokens(
         assert used.prompt_tokens == (await pool.respond(story)).usage.prompt_tokens
 
 
-async def test_killing_the_server_mid_stream(llama_server_binary: str) -> None:
-    async with open_pool(_settings(llama_server_binary)) as pool:
-        pid = pool.model("ls").replicas[0].runtime.process.pid  # type: ignore[union-attr]
-        deltas = 0
-        events = []
-        async for event in pool.stream(
-            _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
-        ):
-            events.append(event)
-            if isinstance(event, Delta):
-                deltas += 1
-                if deltas == 3:
-                    os.kill(pid, signal.SIGKILL)
+def _fault_settings(binary: str, **engine: Any) -> Any:
+    """SmolLM2 on llama-server beside a stub model that must not notice its faults."""
+    raw = _settings(binary).model_dump(mode="json", exclude_unset=True)
+    raw["engine"]["models"]["other"] = {"backend": "stub", "enabled": True}
+    raw["engine"].update(engine)
+    return build_settings(raw)
+
+
+async def _recycled(pool: Any, old_pid: int, fault: str) -> None:
+    """Wait (bounded) for the watchdog's fresh server, then check what it decided."""
+    with trio.fail_after(60):
+        while True:
+            replicas = pool.model("ls").replicas
+            if replicas and replicas[0].runtime is not None and _server_pid(pool) != old_pid:
+                break
+            await trio.sleep(0.05)
+    (recycle,) = [d for d in pool.decisions() if d.action == "reload" and d.model == "ls"]
+    assert recycle.details == {"fault": fault, "replica": 0}
+    assert pool.snapshot("ls").state == "loaded"
+    assert _gone(old_pid)  # the whole group of the faulty server, reaped
+
+
+async def _stream_until(pool: Any, deltas_before: int, act: Any) -> list[Any]:
+    events: list[Any] = []
+    deltas = 0
+    async for event in pool.stream(
+        _ask(input="Count to two hundred.", decoding={"max_tokens": 400})
+    ):
+        events.append(event)
+        if isinstance(event, Delta):
+            deltas += 1
+            if deltas == deltas_before:
+                act()
+    return events
+
+
+async def test_kill_9_of_the_server_mid_stream_and_it_comes_back(
+    llama_server_binary: str,
+) -> None:
+    """docs/faults.md: the stream ends with an error event, the watchdog starts a fresh
+    server (one decision), which answers; the other model is untouched."""
+    async with open_pool(_fault_settings(llama_server_binary)) as pool:
+        pid = _server_pid(pool)
+        events = await _stream_until(pool, 3, lambda: os.kill(pid, signal.SIGKILL))
         assert isinstance(events[-1], Failed) and events[-1].error.code == "backend_error"
-        with trio.fail_after(5):
-            while pool.snapshot("ls").state != "failed":
-                await trio.sleep(0.02)
-        assert "exited with status -9" in pool.snapshot("ls").last_error
+        assert "exited (status -9)" in events[-1].error.message
+        await _recycled(pool, pid, "exit")
+        assert "Paris" in (await pool.respond(_ask())).text
+        assert pool.model("other").load_count == 1
+        assert pool.snapshot("other").state == "loaded"
+
+
+IDLE_S = 10.0
+
+
+async def test_a_stopped_server_times_out_and_is_recycled(llama_server_binary: str) -> None:
+    """SIGSTOP mid-stream: a server alive but silent. The stream ends after the idle
+    timeout with a `backend_timeout` error event; the watchdog kills the stopped server
+    (no SIGTERM grace: it could not act on it) and starts a fresh one, which answers."""
+    # Short, but long enough for a fresh server's first token on two busy cores.
+    settings = _fault_settings(llama_server_binary, generation_idle_timeout_s=IDLE_S)
+    async with open_pool(settings) as pool:
+        pid = _server_pid(pool)
+        stopped_at: list[float] = []
+
+        def stop() -> None:
+            os.kill(pid, signal.SIGSTOP)
+            stopped_at.append(trio.current_time())
+
+        try:
+            events = await _stream_until(pool, 3, stop)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind
+        assert isinstance(events[-1], Failed) and events[-1].error.code == "backend_timeout"
+        assert f"no token for {IDLE_S:g} s" in events[-1].error.message
+        assert trio.current_time() - stopped_at[0] < IDLE_S + 5.0
+        await _recycled(pool, pid, "hang")
+        assert "Paris" in (await pool.respond(_ask())).text
+        assert pool.model("other").load_count == 1
+        assert pool.snapshot("other").state == "loaded"
 
 
 async def test_openai_remote_against_the_server(llama_server_binary: str) -> None:

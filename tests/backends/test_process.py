@@ -19,6 +19,7 @@ import trio
 
 from pool import Delta, Failed, InferenceRequest, PoolError, open_pool, request_from_responses
 from pool.backends import Decoding, GenerationRequest, TextPart, TokensUsed, Turn
+from pool.backends._managed import STOP_GRACE_S
 from pool.backends._process import ManagedProcess, group_alive
 from pool.config import build_settings
 from tests.bounds import within
@@ -36,12 +37,15 @@ def fake_binary(tmp_path: Path) -> Path:
     return script
 
 
-def _settings(binary: Path | str, tmp_path: Path, **fields: Any) -> Any:
+def _settings(
+    binary: Path | str, tmp_path: Path, engine: dict[str, Any] | None = None, **fields: Any
+) -> Any:
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     return build_settings(
         {
             "engine": {
+                **(engine or {}),
                 "models": {
                     "srv": {
                         "backend": "llama_server",
@@ -51,7 +55,7 @@ def _settings(binary: Path | str, tmp_path: Path, **fields: Any) -> Any:
                         **fields,
                     },
                     "other": {"backend": "stub", "enabled": True},
-                }
+                },
             }
         }
     )
@@ -181,7 +185,13 @@ async def test_never_ready_times_out_and_leaves_nothing(fake_binary: Path, tmp_p
 
 
 async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_path: Path) -> None:
-    settings = _settings(fake_binary, tmp_path, llama_server_extra_args=["--mode", "slow"])
+    # No recycles allowed: the watchdog marks the model failed (docs/faults.md).
+    settings = _settings(
+        fake_binary,
+        tmp_path,
+        {"watchdog_recycles_per_hour": 0},
+        llama_server_extra_args=["--mode", "slow"],
+    )
     async with open_pool(settings) as pool:
         await pool.load("srv")
         pid = pool.model("srv").replicas[0].runtime.process.pid  # type: ignore[union-attr]
@@ -201,6 +211,23 @@ async def test_a_crash_fails_the_model_and_the_stream(fake_binary: Path, tmp_pat
         row = pool.snapshot("srv")
         assert "exited with status -9" in row.last_error and "fake server for" in row.last_error
         assert (await pool.respond(InferenceRequest.prompt("other", "fine"))).text == "fine"
+
+
+async def test_a_stopped_server_is_killed_without_its_grace(
+    fake_binary: Path, tmp_path: Path
+) -> None:
+    """A SIGSTOPped server cannot act on SIGTERM: the unload kills its group at once
+    instead of waiting out the stop grace (STOP_GRACE_S, 10 s)."""
+    settings = _settings(fake_binary, tmp_path, llama_server_extra_args=["--spawn-child"])
+    async with open_pool(settings) as pool:
+        await pool.load("srv")
+        pid = pool.model("srv").replicas[0].runtime.process.pid  # type: ignore[union-attr]
+        assert_group_running(pid, members=2)
+        os.kill(pid, signal.SIGSTOP)
+        started = trio.current_time()
+        await pool.unload("srv")
+        assert trio.current_time() - started < STOP_GRACE_S / 2
+        assert _gone(pid)
 
 
 def assert_killed_pool_leaves_no_server(settings: Any, model: str, tmp_path: Path) -> None:

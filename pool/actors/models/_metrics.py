@@ -328,6 +328,13 @@ class PoolMetrics:
             ["model"],
             registry=r,
         )
+        self.watchdog_recycles = Counter(
+            "llm_pool_watchdog_recycles",
+            "Replicas the watchdog recycled, by fault (hang: no token within"
+            " engine.generation_idle_timeout_s; exit: the runtime's process exited)",
+            ["model", "fault"],
+            registry=r,
+        )
         self.budget_refusals = Counter(
             "llm_pool_budget_refusals",
             "Requests refused because a budget was spent, by the budget's subject",

@@ -102,6 +102,7 @@ class ResidenceFacts(Protocol):
     def used(self, keep_alive_s: float | None) -> None: ...
     def went_idle(self) -> None: ...
     async def unloaded(self, *, replicas: int, slept: bool) -> None: ...
+    def replica_faulty(self, fault: Literal["hang", "exit"], replica: int, reason: str) -> bool: ...
     def failed(self) -> None: ...
     def vram_estimate(
         self, *, definition: ModelDefinition | None = None, replicas: int | None = None
@@ -126,6 +127,7 @@ class _Command:
         "load",
         "unload",
         "replica_failed",
+        "replica_hung",
         "set_model_path",
         "reload",
         "fail",
@@ -575,7 +577,7 @@ class ModelActor:
             elif command.kind == "evict_adapter":
                 result = await self._do_evict_adapter(command.reason)
             else:
-                await self._do_replica_failed(command)
+                await self._do_replica_fault(command)
                 return
         except PoolError as exc:
             result = exc
@@ -647,22 +649,16 @@ class ModelActor:
         replicas: list[Replica] = []
         try:
             for index in range(plan.replicas):
-                replica = Replica(
-                    backend=self.backend,
-                    definition=effective,
-                    context=LoadContext(
+                replica = self._new_replica(
+                    effective,
+                    LoadContext(
                         model_name=self.name,
                         replica_index=index,
                         settings_dir=self.settings.base_dir,
                         placement=(command.gpus[index] if index < len(command.gpus) else None),
                         report_progress=self._progress_reporter(index),
                     ),
-                    capacity=capacity,
-                    unload_timeout_s=self.engine.unload_timeout_s,
-                    idle_timeout_s=self.engine.generation_idle_timeout_s,
-                    on_job_done=self.scheduler.job_finished,
-                    on_failure=self._replica_failed,
-                    on_out_of_memory=self._replica_out_of_memory,
+                    capacity,
                 )
                 await self._nursery.start(replica.run)
                 replicas.append(replica)
@@ -721,6 +717,22 @@ class ModelActor:
             (time.perf_counter() - started_at) * 1000.0,
         )
         return self.snapshot()
+
+    def _new_replica(
+        self, definition: ModelDefinition, context: LoadContext, capacity: int
+    ) -> Replica:
+        return Replica(
+            backend=self.backend,
+            definition=definition,
+            context=context,
+            capacity=capacity,
+            unload_timeout_s=self.engine.unload_timeout_s,
+            idle_timeout_s=self.engine.generation_idle_timeout_s,
+            on_job_done=self.scheduler.job_finished,
+            on_failure=self._replica_failed,
+            on_hang=self._replica_hung,
+            on_out_of_memory=self._replica_out_of_memory,
+        )
 
     async def _wake(self, asleep: Sleepers, plan: PlacedLoad) -> ModelSnapshot | None:
         """Wake the sleeping replicas as this load; None when one would not wake (they
@@ -1121,25 +1133,91 @@ class ModelActor:
         )
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:
-        command = _Command("replica_failed", reason=reason, replica=replica)
+        self._report_fault(_Command("replica_failed", reason=reason, replica=replica))
+
+    def _replica_hung(self, replica: Replica, reason: str) -> None:
+        self._report_fault(_Command("replica_hung", reason=reason, replica=replica))
+
+    def _report_fault(self, command: _Command) -> None:
         try:
             self._inbox_send.send_nowait(command)
         except trio.WouldBlock:
             assert self._nursery is not None
             self._nursery.start_soon(self._inbox_send.send, command)
 
-    async def _do_replica_failed(self, command: _Command) -> None:
-        if self.state != "loaded" or command.replica not in self.replicas:
-            return  # already unloaded or reloaded since: nothing to fail
-        log.warning("model=%s replica failed: %s", self.name, command.reason)
-        self.last_error = command.reason
-        if out_of_memory(command.reason) and command.replica is not None:
-            self._replica_out_of_memory(command.replica, command.reason)
+    async def _do_replica_fault(self, command: _Command) -> None:
+        """A replica hung or its process exited: the residency owner's watchdog decides
+        whether it is recycled or the model is marked failed (docs/faults.md)."""
+        replica = command.replica
+        if self.state != "loaded" or replica is None or replica not in self.replicas:
+            return  # already unloaded, recycled or reloaded since: nothing to do
+        fault: Literal["hang", "exit"] = "hang" if command.kind == "replica_hung" else "exit"
+        reason = command.reason
+        log.warning("model=%s replica %d %s: %s", self.name, replica.index, fault, reason)
+        if out_of_memory(reason):
+            self._replica_out_of_memory(replica, reason)
+        if self.residence.replica_faulty(fault, replica.index, reason):
+            try:
+                await self._recycle(replica, fault, reason)
+                return
+            except PoolError as exc:
+                reason = exc.message
+        await self._fail_replicas(reason)
+
+    async def _recycle(self, old: Replica, fault: Literal["hang", "exit"], reason: str) -> None:
+        """Stop ``old`` and start a fresh replica in its place, with the same load on the
+        same GPUs (which stay this model's throughout). The other replicas serve on;
+        queued requests wait for the fresh one, within their queue timeout.
+
+        Raises:
+            PoolError: ``load_failed``: the fresh replica did not load.
+        """
+        assert self._nursery is not None
+        others = [r for r in self.replicas if r is not old]
+        self.replicas = others
+        self.scheduler.set_replicas(others)
+        # Its requests end now with what went wrong (a hung runtime's would otherwise
+        # wait for their own idle deadlines); a stream gets an error event.
+        if fault == "hang":
+            error = PoolError(
+                "backend_timeout",
+                f"model {self.name!r}: replica {old.index} hung and is recycled: {reason}",
+            )
+        else:
+            error = PoolError("backend_error", f"model {self.name!r} failed: {reason}")
+        for ticket in old.running_tickets:
+            ticket.error = ticket.error or error
+        await self._stop_replicas([old])
+        capacity = max(1, self.backend.effective_target_inflight(self.active_definition))
+        fresh = self._new_replica(self.active_definition, old.context, capacity)
+        try:
+            await self._nursery.start(fresh.run)
+        except BaseException as exc:
+            leaf = _collapse(exc)
+            if not isinstance(leaf, Exception):
+                raise
+            message = str(leaf) or type(leaf).__name__
+            log.warning("model=%s replica %d did not load again: %s", self.name, old.index, message)
+            raise PoolError(
+                "load_failed",
+                f"recycling replica {old.index} of model {self.name!r} failed: {message}",
+            ) from leaf
+        self.replicas = sorted([*others, fresh], key=lambda r: r.index)
+        self.scheduler.set_replicas(self.replicas)
+        self.ready_at = time.perf_counter()
+        log.info("model=%s replica %d recycled", self.name, fresh.index)
+        # A fresh runtime: its output canary checks it, as after any load.
+        self.residence.ready(self._idle.is_set())
+
+    async def _fail_replicas(self, reason: str) -> None:
+        """Stop every replica and leave the model ``failed`` with ``reason``."""
+        log.warning("model=%s replica failed: %s", self.name, reason)
+        self.last_error = reason
         self._set_state("failed")
         self.scheduler.fail_queued(
-            PoolError("model_failed", f"model {self.name!r} failed: {command.reason}")
+            PoolError("model_failed", f"model {self.name!r} failed: {reason}")
         )
-        error = PoolError("backend_error", f"model {self.name!r} failed: {command.reason}")
+        error = PoolError("backend_error", f"model {self.name!r} failed: {reason}")
         for replica in self.replicas:
             for ticket in replica.running_tickets:
                 ticket.error = ticket.error or error

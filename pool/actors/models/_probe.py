@@ -32,7 +32,7 @@ class ProbeAnswer:
 
 async def run_probe(replica: Replica, request: GenerationRequest) -> ProbeAnswer | None:
     """Run ``request`` on ``replica`` as a canary; None when it did not run to its end
-    (a request came and cancelled it, or the replica is stopping)."""
+    (a request came and cancelled it, the replica is stopping, or it hung)."""
     # Room for every piece the canary asks for: its job never waits for this reader.
     ticket = Ticket(request, tenant="", priority="low", buffer=request.decoding.max_tokens + 1)
     replica.start_probe(ticket)
@@ -46,6 +46,10 @@ async def run_probe(replica: Replica, request: GenerationRequest) -> ProbeAnswer
                 return ProbeAnswer("".join(pieces), stats.output_tokens, stats.finish_reason)
             elif isinstance(item, JobFailed):
                 error = item.error
+                if error.code == "backend_timeout":
+                    # A hung runtime is the watchdog's: it recycles the replica, and the
+                    # canary probes the fresh one (docs/faults.md), not reload it twice.
+                    return None
                 return ProbeAnswer("".join(pieces), None, None, f"{error.code}: {error.message}")
         return None
     finally:

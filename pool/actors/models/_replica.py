@@ -111,6 +111,7 @@ class Replica:
         idle_timeout_s: float = math.inf,
         on_job_done: Callable[[], None],
         on_failure: Callable[[Replica, str], None] | None = None,
+        on_hang: Callable[[Replica, str], None] | None = None,
         on_out_of_memory: Callable[[Replica, str], None] | None = None,
     ) -> None:
         self.backend = backend
@@ -123,6 +124,9 @@ class Replica:
         self._idle_timeout_s = idle_timeout_s
         self._on_job_done = on_job_done
         self._on_failure = on_failure
+        # A generation that produced no token within the idle timeout: the model's
+        # watchdog recycles the replica (docs/faults.md).
+        self._on_hang = on_hang
         # A job that failed for want of GPU memory fails alone (the next may fit), but
         # the model hears of it: /health reports it (docs/api.md, "Health").
         self._on_out_of_memory = on_out_of_memory
@@ -193,8 +197,15 @@ class Replica:
         )
         for ticket in self._running:
             ticket.error = error
+        self._close_doors()
         if self._on_failure is not None:
             self._on_failure(self, reason)
+
+    def _close_doors(self) -> None:
+        # A stuck or dead runtime takes no further job: the slot a failed request frees
+        # must not go to the next queued request before the model actor has heard of
+        # the fault (the scheduler fills only replicas with room below their capacity).
+        self.capacity = 0
 
     def _note_if_out_of_memory(self, exc: Exception) -> None:
         if self._on_out_of_memory is not None and out_of_memory(exc):
@@ -318,13 +329,21 @@ class Replica:
                     stats = await self.runtime.generate(request, sink)
                 if idle.cancelled_caught:
                     # A hung backend must not hold its slot for ever: fail the request,
-                    # free the slot, keep the replica (the next request may well work).
+                    # free the slot, and report the hang (the watchdog recycles the
+                    # replica: a runtime that went silent once rarely recovers alone).
                     log.warning(
                         "replica %s/%d: no token for %.1fs, request failed",
                         self.context.model_name,
                         self.index,
                         self._idle_timeout_s,
                     )
+                    if self._on_hang is not None and not self._stop.is_set():
+                        self._close_doors()
+                        self._on_hang(
+                            self,
+                            f"no token for {self._idle_timeout_s:g} s"
+                            f" (request {request.request_id})",
+                        )
                     return JobFailed(
                         PoolError(
                             "backend_timeout",

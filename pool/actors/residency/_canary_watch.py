@@ -15,20 +15,13 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors.residency._canary import (
-    HOUR_S,
-    CanaryPlan,
-    canary_request,
-    judge,
-    may_reload,
-    reloads_within_hour,
-)
+from pool.actors.residency._canary import CanaryPlan, canary_request, judge
+from pool.actors.residency._watchdog import ReloadBudget
 from pool.actors.values._snapshots import CanaryHealth, CanaryStatus
 from pool.config import ModelDefinition
 from pool.errors import PoolError
@@ -69,8 +62,8 @@ class CanaryWatch:
         self.reference: str | None = plan.reference
         self._reference_tokens: int | None = None
         self._reference_for: ModelDefinition | None = None
-        # Trio clock times of the reloads it asked for, the last hour's.
-        self._reloads: deque[float] = deque()
+        # The reloads it asked for, the last hour's (the watchdog's budget is the same).
+        self._reloads = ReloadBudget(plan.reloads_per_hour)
         # A probe is due (a load or wake is over, or the interval passed) and when the
         # next one falls due; woken by the model's reports.
         self._due = False
@@ -104,7 +97,7 @@ class CanaryWatch:
             reference=self.reference,
             answer=self.answer,
             checked_at=self.checked_at,
-            reloads_last_hour=reloads_within_hour(self._reloads, now),
+            reloads_last_hour=self._reloads.used(now),
         )
 
     # -- the task --------------------------------------------------------------------
@@ -164,16 +157,13 @@ class CanaryWatch:
         self.health, self.reason = "degraded", reason
         log.warning("model=%s output canary: degraded: %s", actor.name, reason)
         now = trio.current_time()
-        while self._reloads and now - self._reloads[0] >= HOUR_S:
-            self._reloads.popleft()
         per_hour = self.plan.reloads_per_hour
-        if may_reload(self._reloads, now, per_hour):
-            self._reloads.append(now)
+        if self._reloads.take(now):
             self._decisions.record(
                 "reload",
                 actor.name,
                 f"output canary: {reason}; drained and reloaded"
-                f" ({len(self._reloads)} of {per_hour} reloads this hour)",
+                f" ({self._reloads.used(now)} of {per_hour} reloads this hour)",
             )
             if actor.metrics is not None:
                 actor.metrics.canary_reloads.labels(actor.name).inc()

@@ -19,8 +19,10 @@ from typing import Any, Literal
 # evicted enabled model is loaded again because room freed; reload: a model whose output
 # canary found it degraded was drained and reloaded, or a loaded copy that did not serve
 # a request's load hints (num_ctx, cache types) was unloaded to load with them
-# (docs/vram.md, "Load hints"); fail: it was degraded past
-# engine.canary_reloads_per_hour and marked failed (docs/reliability.md); pause: a
+# (docs/vram.md, "Load hints"), or the watchdog recycled a replica that hung or whose
+# process exited (docs/faults.md); fail: it was degraded past
+# engine.canary_reloads_per_hour, or faulty past engine.watchdog_recycles_per_hour, and
+# marked failed (docs/reliability.md); pause: a
 # model's preemptible streams were paused at a token boundary so it could be evicted
 # for a load a request above low waits for (cut: ended instead, engine.preemption:
 # cut); resume: a paused stream runs again (docs/vram.md, "Pause and resume").

@@ -30,6 +30,7 @@ from pool.actors.residency._estimate import (
 from pool.actors.residency._footprints import FootprintStore, load_key
 from pool.actors.residency._keep_alive import parse_keep_alive
 from pool.actors.residency._vram import CudaContexts, LoadMeter, MeterMark, charges
+from pool.actors.residency._watchdog import Fault, Watchdog
 from pool.actors.values._details import ModelDetails, artifact_details
 from pool.actors.values._snapshots import CanaryStatus, VramEstimate
 from pool.backends import SleepingRuntime
@@ -59,6 +60,7 @@ class Residence:
         meter: LoadMeter | None,
         contexts: CudaContexts | None,
         spawn: Spawn,
+        watchdog: Watchdog,
     ) -> None:
         self.actor = actor
         self.name = actor.name
@@ -102,6 +104,8 @@ class Residence:
         self.keep_alive_poke = trio.Event()
         # Its output canary, where it has one (the owner starts it: Residency.run).
         self.canary: CanaryWatch | None = None
+        # What becomes of a replica that hangs or whose process exits (docs/faults.md).
+        self._watchdog = watchdog
 
     # -- facts the model actor reports -------------------------------------------------
     async def read_files(self, model_path: str | None) -> None:
@@ -182,6 +186,12 @@ class Residence:
         else:
             await self._learn_context(replicas)
         self.expires_at = None
+
+    def replica_faulty(self, fault: Fault, replica: int, reason: str) -> bool:
+        """A replica hung (``hang``) or its process exited (``exit``): True when it is
+        to be recycled, False when the model is to be marked failed (the decision is
+        the watchdog's, and recorded)."""
+        return self._watchdog.recycle(fault, replica, reason)
 
     def failed(self) -> None:
         """A replica failed and the others were stopped."""

@@ -56,6 +56,7 @@ from pool.actors.residency._planner import room as planner_room
 from pool.actors.residency._residence import Residence
 from pool.actors.residency._sleep import read_host_ram, sleep_verdict
 from pool.actors.residency._vram import CudaContexts, LoadMeter, charges
+from pool.actors.residency._watchdog import Watchdog
 from pool.actors.values._events import WaitReason
 from pool.actors.values._snapshots import ModelSnapshot
 from pool.backends import LoadRequest, unmet_load_hint
@@ -153,6 +154,9 @@ class Residency:
             meter=self.meter,
             contexts=self.contexts,
             spawn=self._spawn,
+            watchdog=Watchdog(
+                actor, self.decisions, self.settings.engine.watchdog_recycles_per_hour
+            ),
         )
         self.residences[actor.name] = residence
         return residence
