@@ -16,7 +16,7 @@ from pool.errors import ListenError, PoolError
 from pool.http._access_log import AccessLog
 from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
-from pool.http._h11_writes import install as install_held_head
+from pool.http._h11_protocol import install as install_h11_protocol
 from pool.http._hosts import HostAllowList
 from pool.http._metrics_port import serve_metrics
 from pool.http._starting import StartingResponder
@@ -76,7 +76,8 @@ async def serve(
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
-    install_held_head()  # a JSON answer in one socket write (pool/http/_h11_writes.py)
+    # A JSON answer in one socket write; a closed idle connection closed at once.
+    install_h11_protocol()  # pool/http/_h11_protocol.py
     auth = Authenticator(settings.service.auth)
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
