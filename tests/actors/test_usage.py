@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool import Failed, Pool, PoolError, open_pool
 from pool.actors import EmbeddingRequest, InferenceRequest, UsageRecord, UsageStore
+from pool.actors.accounting._usage import UsageRecorder
 from pool.actors.accounting._usage_store import FILE_NAME
 from pool.backends import TokenSink
 from pool.backends.stub import StubRuntime
@@ -190,33 +191,86 @@ async def test_embedded_requests_record_their_prompt(private_state: Path) -> Non
     assert rows[0][8] == "success"
 
 
-class _BrokenDisk:
+class _FullDisk:
+    """A usage store on a disk that is full until ``full`` is cleared: its writes fail as
+    SQLite's do (``database or disk is full``), then succeed."""
+
     def __init__(self) -> None:
+        self.full = True
         self.calls = 0
+        self.rows: list[UsageRecord] = []
 
     def append(self, records: Sequence[UsageRecord]) -> None:
         self.calls += 1
-        raise sqlite3.OperationalError("database or disk is full")
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        self.rows.extend(records)
 
     def prune(self, before: float) -> int:
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
         return 0
 
 
-async def test_a_failing_disk_drops_counted_records_and_requests_go_on(
+def _usage(pool: Pool) -> UsageRecorder:
+    usage = pool.parts_for_tests().usage
+    assert usage is not None
+    return usage
+
+
+async def test_a_full_disk_holds_the_records_and_writes_them_when_space_returns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sink = _BrokenDisk()
+    sink = _FullDisk()
     with caplog.at_level(logging.WARNING, logger="pool.usage"):
         async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
-            for _ in range(5):
-                await pool.respond(ask("m"), tenant="acme")
-            await wait_until(lambda: pool.parts_for_tests().usage.dropped == 5)  # type: ignore[union-attr]
-            assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="write_failed") == 5
-            assert pool.parts_for_tests().usage.written == 0  # type: ignore[union-attr]
-    assert sink.calls >= 1
-    lines = [r.getMessage() for r in caplog.records if "usage records dropped" in r.getMessage()]
-    # Rate-limited: the first drop is reported at once, the rest wait for the next line.
-    assert len(lines) == 1 and "write_failed" in lines[0] and "disk is full" in lines[0]
+            for n in range(5):
+                text = " ".join(["w"] * (n + 1))
+                reply = await pool.respond(ask("m", text), tenant="acme")
+                assert reply.text == text  # served all the same
+                await wait_until(lambda n=n: _usage(pool).held == n + 1)  # type: ignore[misc]
+            assert _metric(pool, "llm_pool_usage_records_held") == 5
+            assert _usage(pool).written == _usage(pool).dropped == 0
+            failing = [r.getMessage() for r in caplog.records if "writes failing" in r.getMessage()]
+            # One line per interval, not one per batch.
+            assert len(failing) == 1 and "disk is full" in failing[0], failing
+            sink.full = False
+            await wait_until(lambda: _usage(pool).written == 5)
+            assert _metric(pool, "llm_pool_usage_records_held") == 0
+            assert _metric(pool, "llm_pool_usage_records_written_total") == 5
+            assert _usage(pool).dropped == 0
+            # The held rows, in the order they came, then new ones behind them.
+            await pool.respond(ask("m", "w w w w w w"), tenant="acme")
+            await wait_until(lambda: _usage(pool).written == 6)
+    assert [r.prompt_tokens for r in sink.rows] == [1, 2, 3, 4, 5, 6]
+    assert any("writes recovered: 5" in r.getMessage() for r in caplog.records)
+
+
+async def test_past_hold_records_the_oldest_held_rows_are_dropped() -> None:
+    sink = _FullDisk()
+    settings = _settings(hold_records=3, batch_size=1)
+    async with open_pool(settings, usage_sink=sink) as pool:  # type: ignore[arg-type]
+        for n in range(5):
+            await pool.respond(ask("m", " ".join(["w"] * (n + 1))), tenant="acme")
+        await wait_until(lambda: _usage(pool).dropped == 2)
+        assert _usage(pool).held == 3
+        assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="hold_full") == 2
+        sink.full = False
+        await wait_until(lambda: _usage(pool).written == 3)
+    assert [r.prompt_tokens for r in sink.rows] == [3, 4, 5]  # the newest three
+
+
+async def test_rows_still_refused_at_shutdown_are_counted_dropped() -> None:
+    sink = _FullDisk()
+    async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
+        for _ in range(4):
+            await pool.respond(ask("m"), tenant="acme")
+        await wait_until(lambda: _usage(pool).held == 4)
+        usage = _usage(pool)
+        calls = sink.calls
+    assert sink.calls > calls  # one last try
+    assert usage.dropped == 4 and usage.held == 0 and usage.written == 0
+    assert usage.metrics.usage_dropped.labels("write_failed")._value.get() == 4
 
 
 class _StalledDisk:
