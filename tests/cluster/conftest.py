@@ -7,6 +7,7 @@ client) these tests fail under CI=true and skip elsewhere, naming what is missin
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -61,8 +62,20 @@ class RedisServer:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.02)
 
+    def pause(self) -> None:
+        """Stop the process where it stands (``SIGSTOP``): connections stay open and
+        commands sent meanwhile wait in its socket, unanswered, until :meth:`resume`."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let the paused process go on (``SIGCONT``) with its data, port and folder."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused one could not end
             self.process.terminate()
             self.process.wait(10)
         self.process = None
