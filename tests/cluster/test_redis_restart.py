@@ -1,9 +1,10 @@
-"""Redis stopped during traffic on two pools, then let go on with the same data, port
-and folder (docs/operations.md, "Faults"): local serving goes on throughout; leases,
-node records and routing come back; the budget spending of the outage reaches Redis
-and the other pool; and nothing is counted twice, not even a count whose reply the
-outage swallowed (the process is stopped with ``SIGSTOP``, so the commands sent to it
-meanwhile run once it goes on, after their sender gave up on them).
+"""Redis stopped during traffic on two pools, then back with the same data, port and
+folder (docs/operations.md, "Faults"): local serving goes on throughout; leases, node
+records and routing come back; the budget spending of the outage reaches Redis and the
+other pool; and nothing is counted twice, not even a count whose reply the outage
+swallowed. Two ways to stop it: ``SIGSTOP`` then ``SIGCONT`` (the commands sent to it
+meanwhile run once it goes on, after their sender gave up on them), and ``SHUTDOWN
+SAVE`` then a new process on the same port that loads the saved data.
 
 The outage here lasts a few seconds, past the lease TTL (2 s) and the node TTL (1.5 s),
 so every lease and record has expired by the time Redis answers again. The bound on the
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from pool import ServerInfo
@@ -80,8 +82,9 @@ def _router(server: ServerInfo) -> ClusterRouter:
     return router
 
 
+@pytest.mark.parametrize("outage", ["paused", "restarted"])
 async def test_two_pools_ride_out_a_stopped_redis_and_count_once(
-    redis_server: RedisServer, nursery: trio.Nursery
+    redis_server: RedisServer, nursery: trio.Nursery, outage: str
 ) -> None:
     a, b = (
         await _node(nursery, redis_server.url, "nA"),
@@ -132,7 +135,10 @@ async def test_two_pools_ride_out_a_stopped_redis_and_count_once(
         for node in ("nA", "nB", "nA"):
             await budgeted(node)
 
-        redis_server.pause()
+        if outage == "paused":
+            redis_server.pause()
+        else:
+            redis_server.shut_down_saving()
         stopped_at = trio.current_time()
         # Traffic through the outage: both pools keep serving their own models, with
         # the budget spending counted locally and sent (or not) into a stopped Redis.
@@ -146,7 +152,10 @@ async def test_two_pools_ride_out_a_stopped_redis_and_count_once(
             health = (await httpx.AsyncClient(base_url=server.url).get("/health")).json()
             assert health["cluster"]["redis"] == "unreachable", health
 
-        redis_server.resume()
+        if outage == "paused":
+            redis_server.resume()
+        else:
+            redis_server.start()
         resumed_at = trio.current_time()
         total = spent["nA"] + spent["nB"]
         with trio.fail_after(RECOVERY_S):
