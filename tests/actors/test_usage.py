@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -397,3 +400,84 @@ def test_a_file_from_before_characters_gains_the_column(tmp_path: Path) -> None:
         assert [t.characters for t in again.totals("model")] == [0, 42]
     finally:
         again.close()
+
+
+# Run in a child process: it lowers its own file-size limit (RLIMIT_FSIZE, no root
+# needed) so that SQLite's writes past the files' sizes fail as on a full disk (EFBIG,
+# SIGXFSZ ignored: "disk I/O error"), then lifts it again as space coming back.
+_FILE_SIZE_LIMITED = """
+import math, resource, signal, sqlite3, sys, time
+from pathlib import Path
+
+import trio
+
+from pool.actors.accounting._usage import UsageRecorder
+from pool.actors.accounting._usage_store import UsageRecord, UsageStore
+from pool.actors.models._metrics import PoolMetrics
+from pool.config import UsageSettings
+
+folder = Path(sys.argv[1])
+store = UsageStore(folder / "usage.sqlite3")
+
+
+def record(n):
+    return UsageRecord(time.time(), None, "acme", "m", n, 0, n, 1.0, 2.0, "success")
+
+
+async def main():
+    recorder = UsageRecorder(
+        UsageSettings(flush_ms=10), store, PoolMetrics(lambda: []), limiter=store.write_limiter
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.record(record(0))
+        await recorder.wait_settled(1)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        largest = max(path.stat().st_size for path in folder.iterdir())
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 4096, hard))
+        for n in range(1, 301):
+            recorder.record(record(n))
+            await trio.sleep(0.001)
+        with trio.fail_after(30):
+            while recorder.held + recorder.written < 301:
+                await trio.sleep(0.01)
+        held = recorder.held
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        with trio.fail_after(60):
+            await recorder.wait_settled(301)
+        print("held", held, "written", recorder.written, "dropped", recorder.dropped)
+        nursery.cancel_scope.cancel()
+
+
+trio.run(main)
+with sqlite3.connect(folder / "usage.sqlite3") as db:
+    rows = [n for (n,) in db.execute("SELECT prompt_tokens FROM usage ORDER BY rowid")]
+print("rows", len(rows), "in order", rows == sorted(rows))
+"""
+
+
+def test_a_file_size_limit_is_a_full_disk_the_writer_rides_out(tmp_path: Path) -> None:
+    """A real SQLite file that cannot grow: the rows are held, then written once it
+    can, all of them and in order."""
+    resource = pytest.importorskip("resource")
+    if not hasattr(resource, "RLIMIT_FSIZE"):
+        pytest.skip("no RLIMIT_FSIZE on this platform")
+    script = tmp_path / "limited.py"
+    script.write_text(_FILE_SIZE_LIMITED)
+    folder = tmp_path / "state"
+    folder.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    held, written, dropped = (int(x) for x in done.stdout.split()[1:6:2])
+    assert held > 0, done.stdout  # the limit did refuse writes
+    assert (written, dropped) == (301, 0), done.stdout
+    assert "rows 301 in order True" in done.stdout, done.stdout
