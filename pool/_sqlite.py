@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,29 @@ def open_database(
     for table, columns in (added or {}).items():
         add_columns(db, table, dict(columns))
     return db
+
+
+# What a full (or write-refusing) filesystem looks like: SQLite's "database or disk is
+# full", its I/O errors (a write cut short by a file-size limit, EFBIG), a file it could
+# not create; or the OS's own error where Python touched the file first.
+_STORAGE_SQLITE_CODES = {
+    getattr(sqlite3, name)
+    for name in ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
+    if hasattr(sqlite3, name)
+}
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk under a database is full or refuses writes (as
+    opposed to a bad statement or a lock held too long)."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and (code & 0xFF) in _STORAGE_SQLITE_CODES:
+            return True
+        text = str(exc)
+        return "disk is full" in text or "disk I/O error" in text or "unable to open" in text
+    return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
 
 
 def add_columns(db: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:

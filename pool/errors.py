@@ -74,6 +74,9 @@ STATUS_BY_CODE: dict[str, int] = {
     "starting": 503,
     "queue_timeout": 504,
     "backend_timeout": 504,
+    # The state directory's filesystem is full (or refuses writes): a stored response
+    # could not be saved.
+    "insufficient_storage": 507,
 }
 
 

@@ -9,11 +9,16 @@ and sent in the background; what the other pools spent arrives with the next ref
 cluster spends within one refresh, besides the requests in flight.
 
 While Redis is unreachable the pool goes on enforcing budgets with what it knows and
-keeps its unsent spending, which it sends once Redis answers again.
+keeps its unsent spending, which it sends once Redis answers again. Each piece of
+spending is sent under a number (rising per sender, a node's boot) and added by a script
+that adds a number once (``ADD_ONCE``): a piece whose reply was lost -- Redis stopped
+with the command in its socket, and ran it after the sender gave up -- is sent again,
+alone and under its own number, so it is never counted twice.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -23,6 +28,7 @@ import trio
 
 from pool.cluster._keys import Keys
 from pool.cluster._redis import RedisUnavailable, call
+from pool.cluster._scripts import ADD_ONCE
 
 if TYPE_CHECKING:
     import coredis
@@ -39,13 +45,23 @@ class SharedBudgetCounters:
     Run :meth:`run` in a nursery for as long as the pool serves.
     """
 
-    def __init__(self, client: coredis.Redis[str], keys: Keys, refresh_s: float) -> None:
+    def __init__(
+        self, client: coredis.Redis[str], keys: Keys, refresh_s: float, *, sender: str
+    ) -> None:
         self.client = client
         self.keys = keys
         self.refresh_s = refresh_s
+        # Who adds (unique per boot: a restarted pool numbers its pieces afresh).
+        self.sender = sender
+        self._add_once = client.register_script(ADD_ONCE)
+        self._numbers = itertools.count(1)
         self._known: dict[str, int] = {}
         # Spending not yet sent: counter -> (tokens, expires_at).
         self._unsent: dict[str, tuple[int, float]] = {}
+        # Pieces sent whose reply has not come: counter -> (number, tokens, expires_at).
+        # Each goes again as it was until Redis answers it; new spending waits in
+        # _unsent meanwhile, so a number always stands for the same tokens.
+        self._in_flight: dict[str, tuple[int, int, float]] = {}
         # Counters the budgets check, with the end of their window: each refresh reads
         # these, and forgets those whose window has ended.
         self._watched: dict[str, float] = {}
@@ -86,20 +102,23 @@ class SharedBudgetCounters:
             self.online = True
 
     async def _send(self) -> None:
-        unsent, self._unsent = self._unsent, {}
-        try:
-            for counter, (tokens, expires_at) in list(unsent.items()):
-                key = self.keys.tokens_spent(counter)
-                total = int(await call(self.client.incrby(key, tokens)))
-                await call(self.client.expireat(key, math.ceil(expires_at) + _EXPIRY_GRACE_S))
-                # What the cluster counted, ours included (sent now or before).
-                self._known[counter] = max(self._known.get(counter, 0), total)
-                del unsent[counter]
-        finally:
-            # Whatever was not sent goes back, merged with what came meanwhile.
-            for counter, (tokens, expires_at) in unsent.items():
-                later, _ = self._unsent.get(counter, (0, expires_at))
-                self._unsent[counter] = (tokens + later, expires_at)
+        """Send what was not answered before, then what came since; stops (raising
+        RedisUnavailable) at the first piece Redis does not answer."""
+        for counter in list(self._in_flight):
+            await self._send_piece(counter)
+        for counter, (tokens, expires_at) in list(self._unsent.items()):
+            del self._unsent[counter]
+            self._in_flight[counter] = (next(self._numbers), tokens, expires_at)
+            await self._send_piece(counter)
+
+    async def _send_piece(self, counter: str) -> None:
+        number, tokens, expires_at = self._in_flight[counter]
+        keys = [self.keys.tokens_spent(counter), self.keys.tokens_applied(counter)]
+        args = [self.sender, str(number), str(tokens), str(math.ceil(expires_at) + _EXPIRY_GRACE_S)]
+        total = int(await call(self._add_once(keys=keys, args=args)))
+        del self._in_flight[counter]
+        # What the cluster counted, ours included (sent now or before).
+        self._known[counter] = max(self._known.get(counter, 0), total)
 
     async def _refresh(self) -> None:
         now = time.time()

@@ -51,6 +51,12 @@ class Keys:
         the window): ``counter`` is ``key|tenant:<name>:day|month:<window>``."""
         return f"{self.prefix}:tokens:{counter}"
 
+    def tokens_applied(self, counter: str) -> str:
+        """Per sender, the number of the last piece of spending added to
+        :meth:`tokens_spent` (a hash, expiring with it): a piece sent again after its
+        reply was lost is not added twice."""
+        return f"{self.prefix}:tokens-applied:{counter}"
+
     def load_lock(self, model: str) -> str:
         """Held (with expiry) by the one node that loads ``model`` for the cluster."""
         return f"{self.prefix}:loadlock:{model}"

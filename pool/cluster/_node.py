@@ -79,7 +79,7 @@ class ClusterNode:
         self.router = ClusterRouter(self)
         # Budgets count in Redis so every pool of the cluster enforces the same ones.
         self.budget_counters = SharedBudgetCounters(
-            ledger.client, ledger.keys, cluster.budget_refresh_s
+            ledger.client, ledger.keys, cluster.budget_refresh_s, sender=self.holder
         )
         self._changed = trio.Event()
 

@@ -1,5 +1,5 @@
-"""The Lua scripts of the lease ledger. Redis runs each one atomically, so no other
-client's command lands between a script's check and its write.
+"""The Lua scripts of the lease ledger and the budget counters. Redis runs each one
+atomically, so no other client's command lands between a script's check and its write.
 
 They name keys outside ``KEYS`` (a lease's own key, from its id, to see whether it is
 still alive): fine on one Redis or Valkey, not on Redis Cluster.
@@ -103,4 +103,26 @@ for i = 1, #KEYS do
   end
 end
 return out
+"""
+
+
+# Add one numbered piece of a pool's budget spending to a window's counter, once: a piece
+# whose reply was lost (Redis stopped, the reply timed out, the command ran later) is
+# sent again under the same number, and this adds nothing the second time.
+#
+# KEYS[1] the window's counter (INCRBY)   KEYS[2] its hash of the last number applied
+# per sender (sender -> number)
+# ARGV[1] the sender (node id and boot)   ARGV[2] the piece's number (rising per sender)
+# ARGV[3] tokens   ARGV[4] when both keys expire (seconds since the epoch)
+#
+# Returns the counter's value after it.
+ADD_ONCE = """
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if tonumber(ARGV[2]) > last then
+  redis.call('INCRBY', KEYS[1], ARGV[3])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+end
+redis.call('EXPIREAT', KEYS[1], ARGV[4])
+redis.call('EXPIREAT', KEYS[2], ARGV[4])
+return redis.call('GET', KEYS[1]) or '0'
 """

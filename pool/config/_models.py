@@ -202,7 +202,8 @@ class UsageSettings(_Strict):
     """``service.usage``: the usage database (``usage.sqlite3`` in the state directory).
 
     Records are written in batches by one writer task, off the request path; when its
-    queue is full (a slow or failing disk) records are dropped and counted, never waited for.
+    queue is full (a slow disk) records are dropped and counted, never waited for. Batches
+    the database refuses (a full disk) are held in memory and retried with backoff.
     """
 
     enabled: bool = Field(True, description="Record every finished request's usage.")
@@ -217,6 +218,11 @@ class UsageSettings(_Strict):
     )
     flush_ms: Annotated[float, Field(gt=0.0, le=60_000.0)] = Field(
         500.0, description="The writer flushes a partial batch after this many milliseconds."
+    )
+    hold_records: Annotated[int, Field(ge=0, le=10_000_000)] = Field(
+        50_000,
+        description="Records the database refused (a full disk) held in memory and retried"
+        " until they are written; past it the oldest are dropped (`hold_full`).",
     )
     metrics_max_tenants: Annotated[int, Field(ge=1, le=10_000)] = Field(
         100,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -16,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool import Failed, Pool, PoolError, open_pool
 from pool.actors import EmbeddingRequest, InferenceRequest, UsageRecord, UsageStore
+from pool.actors.accounting._usage import UsageRecorder
 from pool.actors.accounting._usage_store import FILE_NAME
 from pool.backends import TokenSink
 from pool.backends.stub import StubRuntime
@@ -190,33 +194,86 @@ async def test_embedded_requests_record_their_prompt(private_state: Path) -> Non
     assert rows[0][8] == "success"
 
 
-class _BrokenDisk:
+class _FullDisk:
+    """A usage store on a disk that is full until ``full`` is cleared: its writes fail as
+    SQLite's do (``database or disk is full``), then succeed."""
+
     def __init__(self) -> None:
+        self.full = True
         self.calls = 0
+        self.rows: list[UsageRecord] = []
 
     def append(self, records: Sequence[UsageRecord]) -> None:
         self.calls += 1
-        raise sqlite3.OperationalError("database or disk is full")
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        self.rows.extend(records)
 
     def prune(self, before: float) -> int:
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
         return 0
 
 
-async def test_a_failing_disk_drops_counted_records_and_requests_go_on(
+def _usage(pool: Pool) -> UsageRecorder:
+    usage = pool.parts_for_tests().usage
+    assert usage is not None
+    return usage
+
+
+async def test_a_full_disk_holds_the_records_and_writes_them_when_space_returns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sink = _BrokenDisk()
+    sink = _FullDisk()
     with caplog.at_level(logging.WARNING, logger="pool.usage"):
         async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
-            for _ in range(5):
-                await pool.respond(ask("m"), tenant="acme")
-            await wait_until(lambda: pool.parts_for_tests().usage.dropped == 5)  # type: ignore[union-attr]
-            assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="write_failed") == 5
-            assert pool.parts_for_tests().usage.written == 0  # type: ignore[union-attr]
-    assert sink.calls >= 1
-    lines = [r.getMessage() for r in caplog.records if "usage records dropped" in r.getMessage()]
-    # Rate-limited: the first drop is reported at once, the rest wait for the next line.
-    assert len(lines) == 1 and "write_failed" in lines[0] and "disk is full" in lines[0]
+            for n in range(5):
+                text = " ".join(["w"] * (n + 1))
+                reply = await pool.respond(ask("m", text), tenant="acme")
+                assert reply.text == text  # served all the same
+                await wait_until(lambda n=n: _usage(pool).held == n + 1)  # type: ignore[misc]
+            assert _metric(pool, "llm_pool_usage_records_held") == 5
+            assert _usage(pool).written == _usage(pool).dropped == 0
+            failing = [r.getMessage() for r in caplog.records if "writes failing" in r.getMessage()]
+            # One line per interval, not one per batch.
+            assert len(failing) == 1 and "disk is full" in failing[0], failing
+            sink.full = False
+            await wait_until(lambda: _usage(pool).written == 5)
+            assert _metric(pool, "llm_pool_usage_records_held") == 0
+            assert _metric(pool, "llm_pool_usage_records_written_total") == 5
+            assert _usage(pool).dropped == 0
+            # The held rows, in the order they came, then new ones behind them.
+            await pool.respond(ask("m", "w w w w w w"), tenant="acme")
+            await wait_until(lambda: _usage(pool).written == 6)
+    assert [r.prompt_tokens for r in sink.rows] == [1, 2, 3, 4, 5, 6]
+    assert any("writes recovered: 5" in r.getMessage() for r in caplog.records)
+
+
+async def test_past_hold_records_the_oldest_held_rows_are_dropped() -> None:
+    sink = _FullDisk()
+    settings = _settings(hold_records=3, batch_size=1)
+    async with open_pool(settings, usage_sink=sink) as pool:  # type: ignore[arg-type]
+        for n in range(5):
+            await pool.respond(ask("m", " ".join(["w"] * (n + 1))), tenant="acme")
+        await wait_until(lambda: _usage(pool).dropped == 2)
+        assert _usage(pool).held == 3
+        assert _metric(pool, "llm_pool_usage_records_dropped_total", reason="hold_full") == 2
+        sink.full = False
+        await wait_until(lambda: _usage(pool).written == 3)
+    assert [r.prompt_tokens for r in sink.rows] == [3, 4, 5]  # the newest three
+
+
+async def test_rows_still_refused_at_shutdown_are_counted_dropped() -> None:
+    sink = _FullDisk()
+    async with open_pool(_settings(), usage_sink=sink) as pool:  # type: ignore[arg-type]
+        for _ in range(4):
+            await pool.respond(ask("m"), tenant="acme")
+        await wait_until(lambda: _usage(pool).held == 4)
+        usage = _usage(pool)
+        calls = sink.calls
+    assert sink.calls > calls  # one last try
+    assert usage.dropped == 4 and usage.held == 0 and usage.written == 0
+    assert usage.metrics.usage_dropped.labels("write_failed")._value.get() == 4
 
 
 class _StalledDisk:
@@ -343,3 +400,84 @@ def test_a_file_from_before_characters_gains_the_column(tmp_path: Path) -> None:
         assert [t.characters for t in again.totals("model")] == [0, 42]
     finally:
         again.close()
+
+
+# Run in a child process: it lowers its own file-size limit (RLIMIT_FSIZE, no root
+# needed) so that SQLite's writes past the files' sizes fail as on a full disk (EFBIG,
+# SIGXFSZ ignored: "disk I/O error"), then lifts it again as space coming back.
+_FILE_SIZE_LIMITED = """
+import math, resource, signal, sqlite3, sys, time
+from pathlib import Path
+
+import trio
+
+from pool.actors.accounting._usage import UsageRecorder
+from pool.actors.accounting._usage_store import UsageRecord, UsageStore
+from pool.actors.models._metrics import PoolMetrics
+from pool.config import UsageSettings
+
+folder = Path(sys.argv[1])
+store = UsageStore(folder / "usage.sqlite3")
+
+
+def record(n):
+    return UsageRecord(time.time(), None, "acme", "m", n, 0, n, 1.0, 2.0, "success")
+
+
+async def main():
+    recorder = UsageRecorder(
+        UsageSettings(flush_ms=10), store, PoolMetrics(lambda: []), limiter=store.write_limiter
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.record(record(0))
+        await recorder.wait_settled(1)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        largest = max(path.stat().st_size for path in folder.iterdir())
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 4096, hard))
+        for n in range(1, 301):
+            recorder.record(record(n))
+            await trio.sleep(0.001)
+        with trio.fail_after(30):
+            while recorder.held + recorder.written < 301:
+                await trio.sleep(0.01)
+        held = recorder.held
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        with trio.fail_after(60):
+            await recorder.wait_settled(301)
+        print("held", held, "written", recorder.written, "dropped", recorder.dropped)
+        nursery.cancel_scope.cancel()
+
+
+trio.run(main)
+with sqlite3.connect(folder / "usage.sqlite3") as db:
+    rows = [n for (n,) in db.execute("SELECT prompt_tokens FROM usage ORDER BY rowid")]
+print("rows", len(rows), "in order", rows == sorted(rows))
+"""
+
+
+def test_a_file_size_limit_is_a_full_disk_the_writer_rides_out(tmp_path: Path) -> None:
+    """A real SQLite file that cannot grow: the rows are held, then written once it
+    can, all of them and in order."""
+    resource = pytest.importorskip("resource")
+    if not hasattr(resource, "RLIMIT_FSIZE"):
+        pytest.skip("no RLIMIT_FSIZE on this platform")
+    script = tmp_path / "limited.py"
+    script.write_text(_FILE_SIZE_LIMITED)
+    folder = tmp_path / "state"
+    folder.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    held, written, dropped = (int(x) for x in done.stdout.split()[1:6:2])
+    assert held > 0, done.stdout  # the limit did refuse writes
+    assert (written, dropped) == (301, 0), done.stdout
+    assert "rows 301 in order True" in done.stdout, done.stdout

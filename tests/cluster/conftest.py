@@ -6,7 +6,9 @@ client) these tests fail under CI=true and skip elsewhere, naming what is missin
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -61,8 +63,31 @@ class RedisServer:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.02)
 
+    def pause(self) -> None:
+        """Stop the process where it stands (``SIGSTOP``): connections stay open and
+        commands sent meanwhile wait in its socket, unanswered, until :meth:`resume`."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let the paused process go on (``SIGCONT``) with its data, port and folder."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def shut_down_saving(self) -> None:
+        """Shut the server down as an operator would (``SHUTDOWN SAVE``): its data goes
+        to ``dump.rdb`` in its folder, which :meth:`start` loads again."""
+        assert self.process is not None
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
+            with contextlib.suppress(OSError):
+                sock.recv(64)  # the server closes the connection as it exits
+        self.process.wait(10)
+        self.process = None
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused one could not end
             self.process.terminate()
             self.process.wait(10)
         self.process = None

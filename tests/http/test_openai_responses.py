@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,15 @@ import pytest
 import trio
 
 from pool import ServerInfo
+from pool._sqlite import open_database
 from pool.actors import open_pool
 from pool.backends import register_backend, unregister_backend
 from pool.backends.stub import StubRuntime
 from pool.config import build_settings, state_dir
-from pool.errors import BackendError
+from pool.errors import BackendError, PoolError
 from pool.http import create_app
 from pool.http._thinking import ThinkSplitter
+from pool.http.openai_responses import _store as store_module
 from pool.http.openai_responses._store import FILE_NAME, ResponseStore
 
 from . import recording_backend, tool_backend
@@ -553,3 +556,72 @@ async def test_body_limits_hold_on_both_request_paths(nursery: trio.Nursery) -> 
         assert reply["output"][0]["content"][0]["text"] == "hi"
         r = await app.get(f"/openai/v1/responses/{reply['id']}")
         assert r.status_code == 200 and (await r.get_json())["id"] == reply["id"]
+
+
+class _FullDisk:
+    """Opens the store's database capped at the pages it has (``PRAGMA max_page_count``):
+    a write that needs another page fails as on a full disk, with SQLite's own
+    ``database or disk is full``, until :meth:`free` lifts the cap."""
+
+    def __init__(self) -> None:
+        self.connections: list[sqlite3.Connection] = []
+
+    def open(self, path: Path, schema: str) -> sqlite3.Connection:
+        db = open_database(path, schema)
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")
+        self.connections.append(db)
+        return db
+
+    def free(self) -> None:
+        for db in self.connections:
+            db.execute("PRAGMA max_page_count = 1073741823")
+
+
+async def test_a_full_disk_refuses_a_save_with_insufficient_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _FullDisk()
+    monkeypatch.setattr(store_module, "open_database", disk.open)
+    store = ResponseStore(tmp_path / "r.sqlite3", retention_s=60, max_stored=10)
+    big = {"id": "a", "created_at": time.time(), "output": ["x" * 20_000]}
+    with pytest.raises(PoolError) as refused:
+        await store.save("t", big, [])
+    assert (refused.value.code, refused.value.status) == ("insufficient_storage", 507)
+    assert "disk is full" in refused.value.message
+    assert await store.get("t", "a") is None  # reads go on; nothing half-written
+    disk.free()
+    await store.save("t", big, [])
+    assert await store.get("t", "a") is not None
+    await store.aclose()
+
+
+async def test_a_full_disk_answers_507_or_ends_the_stream_with_an_error_event(
+    info: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _FullDisk()
+    monkeypatch.setattr(store_module, "open_database", disk.open)
+    body = {"model": "echo", "input": " ".join(["word"] * 3000)}
+    async with httpx.AsyncClient(base_url=info.url + "/openai/v1", timeout=30) as http:
+        reply = await http.post("/responses", json=body)
+        assert reply.status_code == 507, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "insufficient_storage" and "disk is full" in error["message"]
+        assert reply.headers["X-Error-Code"] == "insufficient_storage"
+        # Not stored: no store at all serves as before.
+        assert (await http.post("/responses", json={**body, "store": False})).status_code == 200
+        streamed = await http.post("/responses", json={**body, "stream": True})
+        assert streamed.status_code == 200
+        events = [json.loads(data) for _, data in sse_events(streamed.text)]
+        kinds = [event["type"] for event in events]
+        # (3000 words run past the stub's default max tokens: incomplete, as stored.)
+        assert kinds[-2:] == ["response.incomplete", "error"], kinds
+        assert events[-1]["code"] == "insufficient_storage"
+        numbers = [event["sequence_number"] for event in events]
+        assert numbers == sorted(numbers)
+        completed = events[-2]["response"]
+        assert (await http.get(f"/responses/{completed['id']}")).status_code == 404
+        disk.free()  # space returns
+        kept = await http.post("/responses", json=body)
+        assert kept.status_code == 200, kept.text
+        assert (await http.get(f"/responses/{kept.json()['id']}")).status_code == 200

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -310,9 +310,16 @@ class PoolMetrics:
         )
         self.usage_dropped = Counter(
             "llm_pool_usage_records_dropped",
-            "Usage records dropped (queue_full: the writer fell behind; write_failed: the"
-            " database refused a batch; closed, shutdown: the pool was stopping)",
+            "Usage records dropped (queue_full: the writer fell behind; hold_full: more"
+            " refused records than service.usage.hold_records waited for a retry;"
+            " write_failed: the database refused the last try at shutdown; closed, shutdown:"
+            " the pool was stopping)",
             ["reason"],
+            registry=r,
+        )
+        self.usage_held = Gauge(
+            "llm_pool_usage_records_held",
+            "Usage records the database refused (a full disk), held in memory for a retry",
             registry=r,
         )
         self.canary_probes = Counter(

@@ -321,6 +321,11 @@ class OutputBuilder(StreamRenderer[EventObjects]):
         events.append(self._event("response.failed", response=self.response))
         return events
 
+    def error_event(self, exc: PoolError) -> dict[str, Any]:
+        """A stream's ``error`` event, numbered after everything rendered so far: what
+        follows a completed response that could not be stored."""
+        return self._event("error", code=exc.code, message=exc.message, param=None)
+
     def _usage(self, finished: Finished) -> dict[str, Any]:
         usage = finished.usage
         prompt, output = usage.prompt_tokens or 0, usage.output_tokens or 0

@@ -23,6 +23,7 @@ from pool.http._common import (
     require,
     tenant_and_priority,
 )
+from pool.http._responses_core import sse
 from pool.http._route import GENERATION_REFUSALS, SSE, Route, serves
 from pool.http._streaming import admitted_stream, streamed_answer
 from pool.http._tools import invalid
@@ -86,7 +87,12 @@ CREATE_OPENAI_RESPONSE = Route(
     " (`response.reasoning_text.done`, `response.function_call_arguments.done`),"
     " `response.content_part.done`, `response.output_item.done`, and last"
     " `response.completed`, `response.incomplete` or, for a failure after the stream"
-    " started, `response.failed` (`response.error`). Errors are OpenAI's error object.",
+    " started, `response.failed` (`response.error`). Errors are OpenAI's error object."
+    " A response to store (`store: true`) when the state directory's disk is full is"
+    " generated and charged but cannot be kept: without `stream` the answer is 507"
+    " `insufficient_storage` (no response object, which no id could fetch or continue;"
+    " retry with `store: false`); a stream, whose text has gone out, sends its last event"
+    " and then an `error` event with `code: insufficient_storage`.",
     OpenAIResponseRequest,
     reply=OpenAIResponse,
     stream=SSE,
@@ -217,10 +223,20 @@ def register(app: Quart, ctx: AppContext) -> None:
             finally:
                 await chunks.aclose()  # type: ignore[attr-defined]
             if stream.ending:
+                refused: PoolError | None = None
                 if builder.response is not None and builder.response["status"] != "failed":
-                    await keep()
+                    try:
+                        await keep()
+                    except PoolError as exc:
+                        if exc.code != "insufficient_storage":
+                            raise
+                        refused = exc
                 logged(str(builder.response["status"] if builder.response else "?"))
                 yield stream.ending[0]
+                if refused is not None:
+                    # The answer reached the client whole; the error event after its
+                    # end says it was not stored (no continuing or fetching it by id).
+                    yield sse(builder.error_event(refused))
 
         return streamed_answer(events(), admission)
 

@@ -20,6 +20,7 @@ save with the default ``synchronous=FULL`` (each close checkpoints and syncs), a
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -29,7 +30,10 @@ from typing import Any
 
 import trio
 
-from pool._sqlite import open_database
+from pool._sqlite import is_storage_failure, open_database
+from pool.errors import PoolError
+
+log = logging.getLogger("pool.http")
 
 FILE_NAME = "responses.sqlite3"
 # A chain longer than this is cut at its oldest end (a guard, not a policy).
@@ -86,9 +90,25 @@ class ResponseStore:
         return self._db
 
     async def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        return await trio.to_thread.run_sync(
-            lambda: work(self._connection()), limiter=self._limiter
-        )
+        """Run ``work`` in a worker thread.
+
+        Raises:
+            PoolError: ``insufficient_storage`` (507) when the state directory's disk is
+                full or refuses writes (a failed transaction leaves the file as it was).
+        """
+        try:
+            return await trio.to_thread.run_sync(
+                lambda: work(self._connection()), limiter=self._limiter
+            )
+        except (sqlite3.Error, OSError) as exc:
+            if not is_storage_failure(exc):
+                raise
+            log.warning("stored responses: %s refused: %s: %s", self.path, type(exc).__name__, exc)
+            raise PoolError(
+                "insufficient_storage",
+                "the response store could not write to the state directory (its disk is full"
+                f" or refuses writes: {exc})",
+            ) from exc
 
     async def aclose(self) -> None:
         """Close the connection (a later call opens it again)."""
