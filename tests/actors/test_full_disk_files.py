@@ -1,4 +1,4 @@
-"""The state directory's other files on a full disk (docs/operations.md, "Faults"): the
+"""The state directory's other files on a full disk (docs/faults.md): the
 measured VRAM footprints are logged as not saved, nothing raises, and the next save
 after space returns writes them. The full disk is the kernel's own: ``/dev/full``
 answers every write with ENOSPC."""

@@ -1,5 +1,5 @@
 """Redis stopped during traffic on two pools, then back with the same data, port and
-folder (docs/operations.md, "Faults"): local serving goes on throughout; leases, node
+folder (docs/faults.md): local serving goes on throughout; leases, node
 records and routing come back; the budget spending of the outage reaches Redis and the
 other pool; and nothing is counted twice, not even a count whose reply the outage
 swallowed. Two ways to stop it: ``SIGSTOP`` then ``SIGCONT`` (the commands sent to it
@@ -34,7 +34,7 @@ CLUSTER: dict[str, Any] = {
     "budget_refresh_s": 0.2,
 }
 OUTAGE_S = 3.0
-# docs/operations.md, "Faults": after Redis answers again, leases, node records and
+# docs/faults.md: after Redis answers again, leases, node records and
 # budgets are back within the longest of lease_renew_s, heartbeat_s and budget_refresh_s
 # plus two redis_timeout_s (a command that timed out, and its retry): here 1.3 s. The
 # test allows ten times that, a bound for a loaded CI machine, not a measure.
