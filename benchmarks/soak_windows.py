@@ -155,6 +155,8 @@ def endings(requests: list[Request]) -> dict[str, int]:
 def check_window(window: Window, name: str, requests: list[Request]) -> list[str]:
     """The documented expectations of one fault, as failures (empty: all held)."""
     failures = []
+    if "error" in window.notes:
+        failures.append(f"{name}: the injection failed: {window.notes['error']}")
     mine = [r for r in requests if r.window == name]
     if window.recovery_s is None:
         failures.append(f"{name}: no success after clearing")
