@@ -43,6 +43,7 @@ import trio
 from benchmarks.harness import Server, free_port, pool_server, progress
 from benchmarks.soak import CHURN, _proc
 from benchmarks.soak_windows import (
+    GRACE_S,
     RECOVER_LIMIT_S,
     Request,
     Slot,
@@ -392,11 +393,13 @@ async def dropped_usage(server: Server) -> float:
 
 
 async def sampler(run: Run, stop: trio.Event, interval: float) -> None:
+    """RSS, fds and threads of both pools from /proc, Trio tasks from /metrics; one
+    sample more once ``stop`` is set and the clients have had a second to go."""
     async with (
         httpx.AsyncClient(base_url=run.a.url, timeout=10) as client_a,
         httpx.AsyncClient(base_url=run.b.url, timeout=10) as client_b,
     ):
-        while not stop.is_set():
+        while True:
             sample: dict[str, float] = {"t_s": round(run.now(), 1)}
             for side, server, client in (("a", run.a, client_a), ("b", run.b, client_b)):
                 rss, fds, threads = _proc(server.process.pid)
@@ -407,8 +410,30 @@ async def sampler(run: Run, stop: trio.Event, interval: float) -> None:
                 sample |= {f"{side}_rss_mib": round(rss, 1), f"{side}_fds": fds,
                            f"{side}_threads": threads, f"{side}_trio_tasks": tasks}  # fmt: skip
             run.samples.append(sample)
+            if stop.is_set():
+                return  # that was the quiet one
             with trio.move_on_after(interval):
                 await stop.wait()
+            if stop.is_set():
+                await trio.sleep(1.0)
+
+
+def series_summary(samples: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Per pool and series: the first sample, the highest, and the quiet one at the end."""
+    rows = []
+    for side in ("a", "b"):
+        for key in ("rss_mib", "fds", "trio_tasks", "threads"):
+            values = [s[f"{side}_{key}"] for s in samples]
+            rows.append(
+                {
+                    "pool": side.upper(),
+                    "series": key,
+                    "first": values[0],
+                    "max": max(values),
+                    "end_quiet": values[-1],
+                }
+            )
+    return rows
 
 
 async def _cluster_ok(server: Server) -> bool:
@@ -520,6 +545,15 @@ async def _operator_load(run: Run, model: str, notes: dict[str, Any]) -> None:
         reply = await client.post(f"/v1/admin/models/{model}/load", json={})
     notes["operator_load"] = reply.status_code
     run.operator_loads.append(f"{model} at {run.now():.0f}s: {reply.status_code}")
+
+
+async def settle(run: Run, window: Window) -> None:
+    """Wait for the fault's recovery (or its limit) and the grace after it, so windows
+    never overlap: the next fault is injected late rather than on top of this one."""
+    await _wait_for(
+        lambda: _true(recovered_at(run, window) is not None), RECOVER_LIMIT_S[window.fault]
+    )
+    await trio.sleep(GRACE_S)
 
 
 def recovered_at(run: Run, window: Window) -> float | None:
@@ -650,21 +684,25 @@ async def soak_faults(minutes: float) -> dict[str, Any]:
             nursery.start_soon(lifecycle, run, stop)
             for slot in slots:
                 await trio.sleep_until(trio.current_time() + max(0.0, slot.inject_at - run.now()))
+                late = run.now() - slot.inject_at
                 progress(f"soak-faults t={run.now():.0f}s inject {slot.fault}")
                 try:
                     window = await inject(run, slot)
                 except (OSError, httpx.HTTPError, RuntimeError) as exc:
                     # The harness failed, not the pool: record it, go on with the run.
                     window = Window(slot.fault, run.now(), run.now(), notes={"error": repr(exc)})
+                window.notes["injected_late_s"] = round(late, 1)
                 run.windows.append(window)
-                progress(f"soak-faults t={run.now():.0f}s cleared {slot.fault}: {window.notes}")
+                await settle(run, window)
+                progress(f"soak-faults t={run.now():.0f}s {slot.fault} settled: {window.notes}")
             await trio.sleep(max(0.0, duration - run.now()))
+            ran = run.now()  # longer than planned where faults recovered late
             stop.set()
         await trio.sleep(2.0)  # usage records reach the database within flush_ms
         usage_a, usage_b = await _usage(a), await _usage(b)
         dropped = await dropped_usage(a)
         budget_requests = redis.budget_requests("cluster")
-    return report(run, slots, duration, usage_a, usage_b, dropped, budget_requests)
+    return report(run, slots, ran, usage_a, usage_b, dropped, budget_requests)
 
 
 def _build_llama_server() -> str:
@@ -759,6 +797,7 @@ def report(
         "rows": fault_rows,
         "totals": [totals],
         "usage": usage_rows,
+        "resources": series_summary(run.samples),
         "windows": [
             {
                 k: (None if v is None else round(v, 2)) if k != "name" else v
