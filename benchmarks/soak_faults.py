@@ -398,30 +398,26 @@ async def dropped_usage(server: Server) -> float:
     )
 
 
+async def take_sample(run: Run) -> None:
+    """RSS, fds and threads of both pools from /proc, Trio tasks from /metrics."""
+    sample: dict[str, float] = {"t_s": round(run.now(), 1)}
+    for side, server in (("a", run.a), ("b", run.b)):
+        rss, fds, threads = _proc(server.process.pid)
+        try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+                tasks = await _trio_tasks(client)
+        except httpx.HTTPError:
+            tasks = -1.0
+        sample |= {f"{side}_rss_mib": round(rss, 1), f"{side}_fds": fds,
+                   f"{side}_threads": threads, f"{side}_trio_tasks": tasks}  # fmt: skip
+    run.samples.append(sample)
+
+
 async def sampler(run: Run, stop: trio.Event, interval: float) -> None:
-    """RSS, fds and threads of both pools from /proc, Trio tasks from /metrics; one
-    sample more once ``stop`` is set and the clients have had a second to go."""
-    async with (
-        httpx.AsyncClient(base_url=run.a.url, timeout=10) as client_a,
-        httpx.AsyncClient(base_url=run.b.url, timeout=10) as client_b,
-    ):
-        while True:
-            sample: dict[str, float] = {"t_s": round(run.now(), 1)}
-            for side, server, client in (("a", run.a, client_a), ("b", run.b, client_b)):
-                rss, fds, threads = _proc(server.process.pid)
-                try:
-                    tasks = await _trio_tasks(client)
-                except httpx.HTTPError:
-                    tasks = -1.0
-                sample |= {f"{side}_rss_mib": round(rss, 1), f"{side}_fds": fds,
-                           f"{side}_threads": threads, f"{side}_trio_tasks": tasks}  # fmt: skip
-            run.samples.append(sample)
-            if stop.is_set():
-                return  # that was the quiet one
-            with trio.move_on_after(interval):
-                await stop.wait()
-            if stop.is_set():
-                await trio.sleep(1.0)
+    while not stop.is_set():
+        await take_sample(run)
+        with trio.move_on_after(interval):
+            await stop.wait()
 
 
 def series_summary(samples: list[dict[str, float]]) -> list[dict[str, Any]]:
@@ -697,6 +693,7 @@ async def soak_faults(minutes: float) -> dict[str, Any]:
             ran = run.now()  # longer than planned where faults recovered late
             stop.set()
         await trio.sleep(2.0)  # usage records reach the database within flush_ms
+        await take_sample(run)  # quiet: every client has closed its connections
         usage_a, usage_b = await _usage(a), await _usage(b)
         dropped = await dropped_usage(a)
         budget_requests = redis.budget_requests("cluster")
