@@ -769,7 +769,7 @@ def report(
         if r.window and r.window.startswith("disk_full"):
             in_disk[tenant] = in_disk.get(tenant, 0) + 1
     recorded = {t: usage_a.get(t, 0) + usage_b.get(t, 0) for t in expected}
-    usage_rows, usage_failures = usage_lost(expected, recorded, in_disk)
+    usage_rows, usage_failures = usage_lost(expected, recorded, in_disk, dropped)
     failures += usage_failures
     cluster_answered = expected.get("cluster", 0)
     if budget_requests != recorded.get("cluster", 0):

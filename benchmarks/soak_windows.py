@@ -216,11 +216,15 @@ def outside_errors(requests: list[Request]) -> list[Request]:
 
 
 def usage_lost(
-    expected: dict[str, int], recorded: dict[str, int], in_disk_full: dict[str, int]
+    expected: dict[str, int],
+    recorded: dict[str, int],
+    in_disk_full: dict[str, int],
+    dropped: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Usage rows per tenant against the requests the client saw answered: rows may be
-    missing only for requests that overlapped a disk-full window, and never exceed the
-    requests (a double count)."""
+    missing only for requests that overlapped a disk-full window, never exceed the
+    requests (a double count), and every missing row is counted in the pool's dropped
+    metric (``dropped``, where given)."""
     rows, failures = [], []
     for tenant in sorted(expected):
         want, got, excused = expected[tenant], recorded.get(tenant, 0), in_disk_full.get(tenant, 0)
@@ -240,4 +244,7 @@ def usage_lost(
             failures.append(
                 f"usage {tenant}: {lost} rows missing, {lost - excused} outside disk-full windows"
             )
+    missing = sum(max(0, row["missing"]) for row in rows)
+    if dropped is not None and missing > dropped:
+        failures.append(f"usage: {missing} rows missing, {dropped:g} counted as dropped")
     return rows, failures

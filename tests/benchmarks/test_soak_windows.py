@@ -199,3 +199,14 @@ def test_an_injection_that_failed_is_a_failure_of_its_window() -> None:
     assert failures == [
         "disk_full#0: the injection failed: PermissionError(13, 'Permission denied')"
     ]
+
+
+def test_every_missing_usage_row_must_be_counted_as_dropped() -> None:
+    _, failures = usage_lost(
+        {"steady": 100, "smol": 10}, {"steady": 95, "smol": 8}, {"steady": 5, "smol": 2}, dropped=7
+    )
+    assert failures == []
+    _, failures = usage_lost(
+        {"steady": 100, "smol": 10}, {"steady": 95, "smol": 8}, {"steady": 5, "smol": 2}, dropped=6
+    )
+    assert failures == ["usage: 7 rows missing, 6 counted as dropped"]
