@@ -420,6 +420,40 @@ async def sampler(run: Run, stop: trio.Event, interval: float) -> None:
             await stop.wait()
 
 
+TCP_STATES = {"01": "established", "06": "time_wait", "08": "close_wait", "0A": "listen"}
+
+
+def socket_peers(pid: int, names: dict[int, str]) -> dict[str, int]:
+    """The open fds of ``pid`` by what they are: a TCP socket by the port named in
+    ``names`` at either end (its state beside it), another socket, or a file."""
+    inodes: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote = (
+                    int(fields[1].rsplit(":", 1)[1], 16),
+                    int(fields[2].rsplit(":", 1)[1], 16),
+                )
+                state = TCP_STATES.get(fields[3], fields[3])
+                peer = names.get(remote) or names.get(local) or "other port"
+                inodes[fields[9]] = f"tcp {peer} ({state})"
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            kind = inodes.get(target[8:-1], "socket (not tcp)")
+        elif target.startswith("/"):
+            kind = "file"
+        else:
+            kind = target.split(":", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items()))
+
+
 def series_summary(samples: list[dict[str, float]]) -> list[dict[str, Any]]:
     """Per pool and series: the first sample, the highest, and the quiet one at the end."""
     rows = []
@@ -694,10 +728,21 @@ async def soak_faults(minutes: float) -> dict[str, Any]:
             stop.set()
         await trio.sleep(2.0)  # usage records reach the database within flush_ms
         await take_sample(run)  # quiet: every client has closed its connections
+        names = {a.host_port[1]: "A's port", b.host_port[1]: "B's port", redis.port: "redis"}
+        quiet_fds = {
+            side.upper(): socket_peers(server.process.pid, names)
+            for side, server in (("a", a), ("b", b))
+        }
         usage_a, usage_b = await _usage(a), await _usage(b)
         dropped = await dropped_usage(a)
         budget_requests = redis.budget_requests("cluster")
-    return report(run, slots, ran, usage_a, usage_b, dropped, budget_requests)
+    result = report(run, slots, ran, usage_a, usage_b, dropped, budget_requests)
+    result["quiet_fds"] = [
+        {"pool": pool, "fd": kind, "count": count}
+        for pool, kinds in quiet_fds.items()
+        for kind, count in kinds.items()
+    ]
+    return result
 
 
 def _build_llama_server() -> str:
