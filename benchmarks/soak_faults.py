@@ -737,6 +737,14 @@ async def soak_faults(minutes: float) -> dict[str, Any]:
         dropped = await dropped_usage(a)
         budget_requests = redis.budget_requests("cluster")
     result = report(run, slots, ran, usage_a, usage_b, dropped, budget_requests)
+    for pool, kinds in quiet_fds.items():
+        # Every client has closed: a connection the pool still holds is one it never
+        # noticed closing (a leak of an fd and its tasks per connection).
+        held = sum(count for kind, count in kinds.items() if "close_wait" in kind)
+        if held:
+            result["failures"].append(
+                f"pool {pool}: {held} connection(s) the clients closed still open (CLOSE_WAIT)"
+            )
     result["quiet_fds"] = [
         {"pool": pool, "fd": kind, "count": count}
         for pool, kinds in quiet_fds.items()
