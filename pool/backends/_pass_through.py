@@ -79,6 +79,7 @@ class _Account:
         self.usage: dict[str, Any] | None = None
         self.events = 0  # every event read
         self.quiet = 0  # those that carried no token: the opening, a finish, the usage
+        self.usage_events = 0  # the usage events read (those with no choices)
         self.finish = "stop"
         self.stop_sequence: str | None = None
 
@@ -108,6 +109,7 @@ class _Account:
             # stats): then parsed once for the prompt and again where the stream ends.
             closing = len(_EMPTY_CHOICES.findall(events))
             self.quiet += closing
+            self.usage_events += closing
             if (closing or finishing or self.usage is None) and (usage := _USAGE.findall(events)):
                 self.usage = json.loads(usage[-1])
 
@@ -229,18 +231,23 @@ def _failure(events: bytes, what: str) -> tuple[bytes, BackendError] | None:
     return None
 
 
-def _client_view(events: bytes, edits: _Edits) -> bytes:
-    """``events`` as the client gets them (the module's doc)."""
+def _client_view(events: bytes, edits: _Edits, usage_event: bool = True) -> bytes:
+    """``events`` as the client gets them (the module's doc). ``usage_event``: whether
+    the usage event may be among them (:class:`_Account` knows); where it cannot be, no
+    scan looks for it. Each test here scans the whole batch, a cost per byte that adds
+    up to a share of the pool's time per token, so each runs only where needed."""
     out = edits.model(events)
     if edits.ask.include_usage or b'"usage"' not in out:
         return out
-    if b'"usage":{' in out or b'"usage": {' in out:  # the usage event: dropped
+    if usage_event and (b'"usage":{' in out or b'"usage": {' in out):  # dropped
         kept = b"".join(_pieces_without(out, _EMPTY_CHOICES, _USAGE))
         if len(kept) != len(out):
             out = kept
     if b',"usage":null' in out:  # as every upstream here spells it
-        return out.replace(b',"usage":null', b"")
-    return _USAGE_NULL.sub(b"", out)
+        out = out.replace(b',"usage":null', b"")
+    if b'"usage"' in out:  # another spelling of a null usage (or a usage kept in place)
+        out = _USAGE_NULL.sub(b"", out)
+    return out
 
 
 async def relay_stream(
@@ -269,9 +276,10 @@ async def relay_stream(
     started = time.perf_counter()
     first_ms: float | None = None
     held = b""  # events before the first token
+    usage_events_sent = 0  # account.usage_events when the last batch went out
 
     async def forward(events: bytes) -> None:
-        nonlocal first_ms, held
+        nonlocal first_ms, held, usage_events_sent
         if b'"error"' in events and (failure := _failure(events, what)) is not None:
             # What came before the error goes out first, as on the translated path.
             before, error = failure
@@ -289,8 +297,10 @@ async def relay_stream(
                 return
             first_ms = (time.perf_counter() - started) * 1000.0
             events, held = held + events, b""
-        if out := _client_view(events, edits):
+        usage_event = account.usage_events != usage_events_sent
+        if out := _client_view(events, edits, usage_event):
             await sink.send(out)
+        usage_events_sent = account.usage_events
 
     pending = b""  # the start of an event whose blank line has not come yet
     done = False
