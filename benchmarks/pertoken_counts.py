@@ -10,6 +10,14 @@ calls in all, socket sends and receives, task wake-ups (``Runner.reschedule``: a
 scheduler pass each), and the calls of the relay's own functions. These counts do not
 move with the machine's load (a timed A/B does), so a cut shows in them exactly; the
 split of a read into chunks depends on timing, so they vary a little run to run.
+
+    python -m benchmarks.pertoken_counts --ab DIR [--rounds 5] [--seconds 3]
+
+times instead: two pools without a profiler, this checkout's and the one in ``DIR``
+(``git archive REV pool | tar -x -C DIR``), in front of one zero upstream, read in turn
+(A B A B ...) at 64 clients of 256-token streams; it prints each side's pool CPU
+(user + system, from /proc) per relayed token, every round and the median, with the
+load average before and after (the machine is shared: compare within one run only).
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ import json
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import trio
@@ -92,7 +102,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--top", type=int, default=25, help="functions listed by calls")
     parser.add_argument("--checkout", type=Path, help="a folder holding another pool package")
+    parser.add_argument("--ab", type=Path, help="time against the pool package in DIR")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
+    if args.ab is not None:
+        trio.run(_timed_ab, args.ab, args.streams, args.tokens, args.rounds, args.seconds)
+        return
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
         settings = Path(folder) / "settings.json"
         profile = Path(folder) / "pool.prof"
@@ -126,6 +142,51 @@ def main() -> None:
         functions = [(value, label) for label, value in marginal.items() if ":" in label]
         for value, label in sorted(functions, reverse=True)[: args.top]:
             print(f"{value:8.3f}  {label}")
+
+
+async def _timed_ab(other: Path, streams: int, tokens: int, rounds: int, seconds: float) -> None:
+    from benchmarks.harness import pool_server
+
+    body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
+    with ExitStack() as stack:
+        upstream = stack.enter_context(zero_upstream())
+        model = {
+            "backend": "openai_remote",
+            "enabled": True,
+            "remote_base_url": f"{upstream.url}/v1",
+            "remote_model": "zero",
+            "remote_timeout_s": 120,
+            "target_inflight": 256,
+        }
+        sides = {
+            "this": stack.enter_context(pool_server({"relay": model}, name="this")),
+            "other": stack.enter_context(
+                pool_server({"relay": model}, name="other", checkout=other)
+            ),
+        }
+        figures: dict[str, list[float]] = {name: [] for name in sides}
+        print(f"load average before: {os.getloadavg()}")
+        for round_index in range(rounds + 1):  # round 0 warms both up, uncounted
+            for name, server in sides.items():
+                cpu = server.cpu_seconds()
+                results = await closed_loop(
+                    server,
+                    streams,
+                    1_000_000,
+                    lambda index: (body, {}),
+                    max_s=seconds + 60,
+                    path="/v1/chat/completions",
+                    delta_mark=CHAT_DELTA_MARK,
+                    stop_after_s=seconds if round_index else 0.5,
+                )
+                used = server.cpu_seconds() - cpu
+                relayed = sum(r.tokens for r in results if r.error is None and r.status == 200)
+                if round_index and relayed:
+                    figures[name].append(used * 1000 / relayed)
+                    print(f"round {round_index} {name}: {figures[name][-1]:.4f} ms per token")
+        print(f"load average after: {os.getloadavg()}")
+        for name, values in figures.items():
+            print(f"{name}: median {statistics.median(values):.4f} ms of pool CPU per token")
 
 
 def _run(
