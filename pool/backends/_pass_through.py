@@ -79,6 +79,7 @@ class _Account:
         self.usage: dict[str, Any] | None = None
         self.events = 0  # every event read
         self.quiet = 0  # those that carried no token: the opening, a finish, the usage
+        self.usage_events = 0  # the usage events read (those with no choices)
         self.finish = "stop"
         self.stop_sequence: str | None = None
 
@@ -95,7 +96,8 @@ class _Account:
         self.events += events.count(b"\n\ndata:") + events.startswith(b"data:")
         finishing: list[bytes] = []
         if events.count(b'"finish_reason"') != events.count(b'"finish_reason":null'):
-            finishing = [block for block in events.split(b"\n\n") if _FINISH.search(block)]
+            # Only the events that finish are cut out (once a choice), never every one.
+            finishing = _blocks(events, _FINISH)
             if finishing:
                 found = _FINISH.findall(finishing[-1])
                 self.finish = _REASONS.get(found[-1].decode(), "stop")
@@ -107,6 +109,7 @@ class _Account:
             # stats): then parsed once for the prompt and again where the stream ends.
             closing = len(_EMPTY_CHOICES.findall(events))
             self.quiet += closing
+            self.usage_events += closing
             if (closing or finishing or self.usage is None) and (usage := _USAGE.findall(events)):
                 self.usage = json.loads(usage[-1])
 
@@ -126,12 +129,14 @@ class _Account:
                 used.cached_tokens = cached
 
     def opening(self, events: bytes) -> None:
-        """``events`` came before the first token: those without one carried none."""
+        """``events`` came while no token had: the events before the first that carries
+        one carried none (those after it are tokens, however the upstream split them)."""
+        if (first := _TOKEN.search(events)) is not None:
+            events = events[: _block_at(events, first.start())[0]]
         self.quiet += sum(
             1
             for block in events.split(b"\n\n")
             if block.startswith(b"data:")
-            and not _TOKEN.search(block)
             # a finish event here was counted by read()
             and not _FINISH.search(block)
             and not (_EMPTY_CHOICES.search(block) and _USAGE.search(block))
@@ -167,6 +172,45 @@ def relayed_text(events: bytes) -> str:
     return "".join(json.loads(b"[" + b",".join(strings) + b"]"))
 
 
+def _block_at(events: bytes, at: int) -> tuple[int, int]:
+    """Where the event that holds offset ``at`` starts and ends (its blank line included)."""
+    start = events.rfind(b"\n\n", 0, at)
+    start = 0 if start < 0 else start + 2
+    end = events.find(b"\n\n", at)
+    return start, len(events) if end < 0 else end + 2
+
+
+def _blocks(events: bytes, pattern: re.Pattern[bytes]) -> list[bytes]:
+    """The events (without their blank line) in which ``pattern`` matches: one regex scan
+    of the batch, then a slice a match, so a batch costs no Python step per event."""
+    found: list[bytes] = []
+    after = 0
+    for match in pattern.finditer(events):
+        if match.start() < after:  # a second match in the same event
+            continue
+        start, after = _block_at(events, match.start())
+        found.append(events[start:after].rstrip(b"\n"))
+    return found
+
+
+def _pieces_without(
+    events: bytes, marker: re.Pattern[bytes], also: re.Pattern[bytes]
+) -> list[bytes]:
+    """``events`` in pieces, less each event in which both ``marker`` and ``also`` match
+    (found from ``marker``'s matches, as :func:`_blocks` finds them)."""
+    pieces: list[bytes] = []
+    kept = after = 0
+    for match in marker.finditer(events):
+        if match.start() < after:
+            continue
+        start, after = _block_at(events, match.start())
+        if also.search(events, start, after):
+            pieces.append(events[kept:start])
+            kept = after
+    pieces.append(events[kept:])
+    return pieces
+
+
 def _failure(events: bytes, what: str) -> tuple[bytes, BackendError] | None:
     """The events before an ``error`` event (an upstream that failed mid-stream) and
     what it means; None when there is none."""
@@ -187,20 +231,23 @@ def _failure(events: bytes, what: str) -> tuple[bytes, BackendError] | None:
     return None
 
 
-def _client_view(events: bytes, edits: _Edits) -> bytes:
-    """``events`` as the client gets them (the module's doc)."""
+def _client_view(events: bytes, edits: _Edits, usage_event: bool = True) -> bytes:
+    """``events`` as the client gets them (the module's doc). ``usage_event``: whether
+    the usage event may be among them (:class:`_Account` knows); where it cannot be, no
+    scan looks for it. Each test here scans the whole batch, a cost per byte that adds
+    up to a share of the pool's time per token, so each runs only where needed."""
     out = edits.model(events)
     if edits.ask.include_usage or b'"usage"' not in out:
         return out
-    if b'"usage":{' in out or b'"usage": {' in out:  # the usage event: dropped
-        out = b"".join(
-            block + b"\n\n"
-            for block in out.split(b"\n\n")
-            if block and not (_EMPTY_CHOICES.search(block) and _USAGE.search(block))
-        )
+    if usage_event and (b'"usage":{' in out or b'"usage": {' in out):  # dropped
+        kept = b"".join(_pieces_without(out, _EMPTY_CHOICES, _USAGE))
+        if len(kept) != len(out):
+            out = kept
     if b',"usage":null' in out:  # as every upstream here spells it
-        return out.replace(b',"usage":null', b"")
-    return _USAGE_NULL.sub(b"", out)
+        out = out.replace(b',"usage":null', b"")
+    if b'"usage"' in out:  # another spelling of a null usage (or a usage kept in place)
+        out = _USAGE_NULL.sub(b"", out)
+    return out
 
 
 async def relay_stream(
@@ -229,9 +276,10 @@ async def relay_stream(
     started = time.perf_counter()
     first_ms: float | None = None
     held = b""  # events before the first token
+    usage_events_sent = 0  # account.usage_events when the last batch went out
 
     async def forward(events: bytes) -> None:
-        nonlocal first_ms, held
+        nonlocal first_ms, held, usage_events_sent
         if b'"error"' in events and (failure := _failure(events, what)) is not None:
             # What came before the error goes out first, as on the translated path.
             before, error = failure
@@ -249,8 +297,10 @@ async def relay_stream(
                 return
             first_ms = (time.perf_counter() - started) * 1000.0
             events, held = held + events, b""
-        if out := _client_view(events, edits):
+        usage_event = account.usage_events != usage_events_sent
+        if out := _client_view(events, edits, usage_event):
             await sink.send(out)
+        usage_events_sent = account.usage_events
 
     pending = b""  # the start of an event whose blank line has not come yet
     done = False

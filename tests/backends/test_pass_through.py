@@ -133,3 +133,43 @@ async def test_vllm_continuous_usage_and_the_usage_event() -> None:
     assert out == b"".join(events[:3]).replace(b'"model":"served"', b'"model":"c"')
     assert sink.charged[0][0] == 4
     assert (stats.prompt_tokens, stats.output_tokens, stats.finish_reason) == (4, 2, "length")
+
+
+def _one_read_stream(usage: bool) -> list[bytes]:
+    events = [
+        _chunk({"role": "assistant", "content": ""}, usage=None),
+        *(_chunk({"content": f"t{index}"}, usage=None) for index in range(5)),
+        _chunk({}, "stop", usage=None),
+    ]
+    if usage:
+        closing = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        events.append(
+            _event({"id": "chatcmpl-up", "model": "served", "choices": [], "usage": closing})
+        )
+    return [*events, b"data: [DONE]\n\n"]
+
+
+async def test_a_whole_stream_in_one_read_is_forwarded_in_one_send() -> None:
+    # A fast upstream's events arrive many to a read: the scans find the finish and the
+    # usage event in the batch without cutting it into events.
+    events = _one_read_stream(usage=True)
+    transport, sink = _Transport([b"".join(events)]), _Sink()
+    stats = await relay_stream(transport, "/v1/chat/completions", {}, sink, PassThrough("c"))
+    assert len(sink.sent) == 1
+    expected = b"".join(events[:7]).replace(b',"usage":null', b"")
+    assert sink.sent[0] == expected.replace(b'"model":"served"', b'"model":"c"')
+    assert (stats.prompt_tokens, stats.output_tokens, stats.finish_reason) == (3, 5, "stop")
+
+
+async def test_events_are_counted_the_same_in_one_read_or_one_a_read() -> None:
+    # No usage from the upstream: the charge is the events that carried a token (not the
+    # role-only opening, not the finish), however the reads split them.
+    events = _one_read_stream(usage=False)
+    for parts in ([b"".join(events)], events):
+        transport, sink = _Transport(parts), _Sink()
+        ask = PassThrough("c", include_usage=True)
+        stats = await relay_stream(transport, "/v1/chat/completions", {}, sink, ask)
+        assert b"".join(sink.sent) == b"".join(events[:7]).replace(
+            b'"model":"served"', b'"model":"c"'
+        )
+        assert (stats.output_tokens, stats.finish_reason) == (5, "stop")

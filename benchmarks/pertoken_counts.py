@@ -1,0 +1,213 @@
+"""Deterministic per-token counts of the pass-through stream path (issue #44).
+
+    python -m benchmarks.pertoken_counts [--streams 64] [--tokens 256] [--checkout DIR]
+
+A pool serving an ``openai_remote`` model in front of ``benchmarks/zero_upstream.py`` runs
+under cProfile (``python -m cProfile -m pool serve``); ``--streams`` clients each read
+one ``--tokens``-token Chat Completions stream (the pass-through path), then the pool is
+stopped and its profile read. What is printed is divided by the tokens relayed: Python
+calls in all, socket sends and receives, task wake-ups (``Runner.reschedule``: a
+scheduler pass each), and the calls of the relay's own functions. These counts do not
+move with the machine's load (a timed A/B does), so a cut shows in them exactly; the
+split of a read into chunks depends on timing, so they vary a little run to run.
+
+    python -m benchmarks.pertoken_counts --ab DIR [--rounds 5] [--seconds 3]
+
+times instead: two pools without a profiler, this checkout's and the one in ``DIR``
+(``git archive REV pool | tar -x -C DIR``), in front of one zero upstream, read in turn
+(A B A B ...) at 64 clients of 256-token streams; it prints each side's pool CPU
+(user + system, from /proc) per relayed token, every round and the median, with the
+load average before and after (the machine is shared: compare within one run only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import trio
+
+from benchmarks import relay
+from benchmarks._http import CHAT_DELTA_MARK
+from benchmarks.harness import closed_loop, zero_upstream
+
+# (module file ending, function name): what is counted per token.
+_WATCH = {
+    "socket sends": ("trio/_highlevel_socket.py", "send_all"),
+    "socket receives": ("trio/_highlevel_socket.py", "receive_some"),
+    "task wake-ups": ("trio/_core/_run.py", "reschedule"),
+    "checkpoints": ("trio/_core/_run.py", "checkpoint"),
+    "upstream chunks": ("pool/backends/_pass_through.py", "forward"),
+    "sink sends": ("pool/actors/models/_replica.py", "send"),
+}
+
+
+def _serve(settings: Path, profile: Path, checkout: Path | None) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "pool", "serve"]
+    command += ["--settings", str(settings), "--port", "0", "--log-level", "warning"]
+    environ = dict(os.environ)
+    if checkout is not None:
+        environ["PYTHONPATH"] = str(checkout.resolve())
+    return subprocess.Popen(command, stdout=subprocess.PIPE, env=environ, cwd=checkout)
+
+
+def counts(profile: Path, tokens: int) -> dict[str, float]:
+    """What the profile counted, divided by ``tokens``: the watched counts, then every
+    function's calls (keyed ``file:line(name)``)."""
+    stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
+    total = sum(entry[1] for entry in stats.values())
+    found = {"python calls": total / tokens}
+    for label, (ending, name) in _WATCH.items():
+        calls = sum(
+            entry[1]
+            for (path, _, function), entry in stats.items()
+            if function == name and path.endswith(ending)
+        )
+        found[label] = calls / tokens
+    for (path, line, function), entry in stats.items():
+        found[f"{path}:{line}({function})"] = entry[0] / tokens
+    return found
+
+
+async def _load(url: str, streams: int, tokens: int) -> int:
+    from benchmarks.harness import Server
+
+    body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
+    server = Server("pool", url, None)  # type: ignore[arg-type]
+    results = await closed_loop(
+        server,
+        streams,
+        streams,
+        lambda index: (body, {}),
+        path="/v1/chat/completions",
+        delta_mark=CHAT_DELTA_MARK,
+    )
+    bad = [r for r in results if r.error is not None or r.status != 200]
+    assert not bad, bad[:1]
+    return sum(r.tokens for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--top", type=int, default=25, help="functions listed by calls")
+    parser.add_argument("--checkout", type=Path, help="a folder holding another pool package")
+    parser.add_argument("--ab", type=Path, help="time against the pool package in DIR")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    if args.ab is not None:
+        trio.run(_timed_ab, args.ab, args.streams, args.tokens, args.rounds, args.seconds)
+        return
+    with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
+        settings = Path(folder) / "settings.json"
+        profile = Path(folder) / "pool.prof"
+        model = {
+            "backend": "openai_remote",
+            "enabled": True,
+            "remote_base_url": f"{upstream.url}/v1",
+            "remote_model": "zero",
+            "remote_timeout_s": 120,
+            "target_inflight": 256,
+        }
+        settings.write_text(
+            json.dumps(
+                {
+                    "service": {"log_level": "warning", "shutdown_grace_s": 1},
+                    "engine": {"max_queue": 4096, "models": {"relay": model}},
+                }
+            )
+        )
+        # Two pools: the short streams' counts (start-up, requests, one token each) are
+        # taken from the long streams', leaving what each further token costs.
+        short = _run(settings, profile, args.checkout, args.streams, 1)
+        long = _run(settings, profile, args.checkout, args.streams, args.tokens)
+        tokens = long[1] - short[1]
+        marginal = {
+            label: (value - short[0].get(label, 0.0)) / tokens for label, value in long[0].items()
+        }
+        for label in ("python calls", *_WATCH):
+            print(f"{label:>16}: {marginal[label]:8.3f} per token")
+        print(f"{'tokens':>16}: {tokens} (marginal)")
+        functions = [(value, label) for label, value in marginal.items() if ":" in label]
+        for value, label in sorted(functions, reverse=True)[: args.top]:
+            print(f"{value:8.3f}  {label}")
+
+
+async def _timed_ab(other: Path, streams: int, tokens: int, rounds: int, seconds: float) -> None:
+    from benchmarks.harness import pool_server
+
+    body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
+    with ExitStack() as stack:
+        upstream = stack.enter_context(zero_upstream())
+        model = {
+            "backend": "openai_remote",
+            "enabled": True,
+            "remote_base_url": f"{upstream.url}/v1",
+            "remote_model": "zero",
+            "remote_timeout_s": 120,
+            "target_inflight": 256,
+        }
+        sides = {
+            "this": stack.enter_context(pool_server({"relay": model}, name="this")),
+            "other": stack.enter_context(
+                pool_server({"relay": model}, name="other", checkout=other)
+            ),
+        }
+        figures: dict[str, list[float]] = {name: [] for name in sides}
+        print(f"load average before: {os.getloadavg()}")
+        for round_index in range(rounds + 1):  # round 0 warms both up, uncounted
+            for name, server in sides.items():
+                cpu = server.cpu_seconds()
+                results = await closed_loop(
+                    server,
+                    streams,
+                    1_000_000,
+                    lambda index: (body, {}),
+                    max_s=seconds + 60,
+                    path="/v1/chat/completions",
+                    delta_mark=CHAT_DELTA_MARK,
+                    stop_after_s=seconds if round_index else 0.5,
+                )
+                used = server.cpu_seconds() - cpu
+                relayed = sum(r.tokens for r in results if r.error is None and r.status == 200)
+                if round_index and relayed:
+                    figures[name].append(used * 1000 / relayed)
+                    print(f"round {round_index} {name}: {figures[name][-1]:.4f} ms per token")
+        print(f"load average after: {os.getloadavg()}")
+        for name, values in figures.items():
+            print(f"{name}: median {statistics.median(values):.4f} ms of pool CPU per token")
+
+
+def _run(
+    settings: Path, profile: Path, checkout: Path | None, streams: int, tokens: int
+) -> tuple[dict[str, float], int]:
+    process = _serve(settings, profile, checkout)
+    assert process.stdout is not None
+    url = ""
+    while not url:
+        line = process.stdout.readline().decode()
+        if not line:
+            raise SystemExit("the pool exited before listening")
+        if "listening on " in line:
+            url = line.split("listening on ")[1].strip()
+    try:
+        relayed = trio.run(_load, url, streams, tokens)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    return counts(profile, 1), relayed
+
+
+if __name__ == "__main__":
+    main()
