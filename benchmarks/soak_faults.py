@@ -145,6 +145,8 @@ class RedisProcess:
     def budget_requests(self, tenant: str) -> int:
         """The cluster's request count for ``tenant`` today (its budget window key)."""
         keys = self._cli("--scan", "--pattern", f"*:tenant:{tenant}:day:*:requests").split()
+        # Not the hash of the numbers applied to that counter (pool/cluster/_keys.py).
+        keys = [key for key in keys if ":tokens-applied:" not in key]
         return sum(int(self._cli("GET", key).strip() or 0) for key in keys)
 
 
