@@ -112,14 +112,7 @@ def main() -> None:
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
         settings = Path(folder) / "settings.json"
         profile = Path(folder) / "pool.prof"
-        model = {
-            "backend": "openai_remote",
-            "enabled": True,
-            "remote_base_url": f"{upstream.url}/v1",
-            "remote_model": "zero",
-            "remote_timeout_s": 120,
-            "target_inflight": 256,
-        }
+        model = _relay_model(upstream.url)
         settings.write_text(
             json.dumps(
                 {
@@ -144,20 +137,25 @@ def main() -> None:
             print(f"{value:8.3f}  {label}")
 
 
+def _relay_model(upstream_url: str) -> dict[str, object]:
+    """The pool's model in front of the zero-work upstream, with room for every stream."""
+    return {
+        "backend": "openai_remote",
+        "enabled": True,
+        "remote_base_url": f"{upstream_url}/v1",
+        "remote_model": "zero",
+        "remote_timeout_s": 120,
+        "target_inflight": 256,
+    }
+
+
 async def _timed_ab(other: Path, streams: int, tokens: int, rounds: int, seconds: float) -> None:
     from benchmarks.harness import pool_server
 
     body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
     with ExitStack() as stack:
         upstream = stack.enter_context(zero_upstream())
-        model = {
-            "backend": "openai_remote",
-            "enabled": True,
-            "remote_base_url": f"{upstream.url}/v1",
-            "remote_model": "zero",
-            "remote_timeout_s": 120,
-            "target_inflight": 256,
-        }
+        model = _relay_model(upstream.url)
         sides = {
             "this": stack.enter_context(pool_server({"relay": model}, name="this")),
             "other": stack.enter_context(
