@@ -504,9 +504,11 @@ async def test_unload_frees_the_model_and_reports_what_stays(
         assert (await pool.respond(_ask())).text == "The capital of France is Paris."
 
 
-async def test_a_generator_failure_fails_its_requests_and_the_model(
+async def test_a_generator_failure_fails_its_requests_and_recycles_the_replica(
     world: fake.World, tmp_path: Path
 ) -> None:
+    """A generator that fails (a CUDA fault) ends its requests, and the watchdog treats
+    it as a dead runtime: the replica is recycled, a reload decision says why."""
     world.script.then, world.script.step_s, world.script.fail_at_step = "repeat", 0.002, 5
     async with open_pool(_settings(tmp_path)) as pool:
         await pool.load("exl")
@@ -514,6 +516,22 @@ async def test_a_generator_failure_fails_its_requests_and_the_model(
             await pool.respond(_ask(decoding={"max_tokens": 1000}))
         assert info.value.code == "backend_error"
         assert "illegal memory access" in info.value.message
+        await _until(lambda: any(d.action == "reload" for d in pool.decisions("exl")))
+        recycle = next(d for d in pool.decisions("exl") if d.action == "reload")
+        assert recycle.details["fault"] == "exit", recycle
+        assert "illegal memory access" in recycle.reason
+
+
+async def test_a_generator_failure_past_the_recycle_budget_fails_the_model(
+    world: fake.World, tmp_path: Path
+) -> None:
+    world.script.then, world.script.step_s, world.script.fail_at_step = "repeat", 0.002, 5
+    settings = _settings(tmp_path, engine={"watchdog_recycles_per_hour": 0})
+    async with open_pool(settings) as pool:
+        await pool.load("exl")
+        with pytest.raises(PoolError) as info:
+            await pool.respond(_ask(decoding={"max_tokens": 1000}))
+        assert info.value.code == "backend_error"
         await _until(lambda: pool.snapshot("exl").state == "failed")
         assert "illegal memory access" in (pool.snapshot("exl").last_error or "")
 
