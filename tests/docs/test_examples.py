@@ -423,7 +423,7 @@ EXPECTED = [
         "llm-pool keys add",
         output=(
             r"(?m)^sk-pool-\S{43}$",
-            r"(?m)^ci-runner +team-a +inference +- +60 +runtime ",
+            r"(?m)^ci-runner +team-a +inference +- +60 +no +runtime ",
             r"(?m)^key ci-runner revoked$",
         ),
     ),
