@@ -11,6 +11,14 @@ scheduler pass each), and the calls of the relay's own functions. These counts d
 move with the machine's load (a timed A/B does), so a cut shows in them exactly; the
 split of a read into chunks depends on timing, so they vary a little run to run.
 
+    python -m benchmarks.pertoken_counts --per-request [--requests 1000]
+
+counts a one-token JSON request instead (the JSON path's fixed cost): one client sends
+``--requests`` Chat Completions, then (a second pool) ten times as many, and the
+difference is divided by the extra requests, for two models side by side: the ``stub``
+(the pool alone) and ``openai_remote`` in front of the zero upstream (the pass-through
+reply, pool/backends/_pass_through.py).
+
     python -m benchmarks.pertoken_counts --ab DIR [--rounds 5] [--seconds 3]
 
 times instead: two pools without a profiler, this checkout's and the one in ``DIR``
@@ -48,6 +56,8 @@ _WATCH = {
     "checkpoints": ("trio/_core/_run.py", "checkpoint"),
     "upstream chunks": ("pool/backends/_pass_through.py", "forward"),
     "sink sends": ("pool/actors/models/_replica.py", "send"),
+    "tasks started": ("trio/_core/_run.py", "spawn_impl"),
+    "cancel scopes": ("trio/_core/_run.py", "__enter__"),  # CancelScope.__enter__
 }
 
 
@@ -78,22 +88,26 @@ def counts(profile: Path, tokens: int) -> dict[str, float]:
     return found
 
 
-async def _load(url: str, streams: int, tokens: int) -> int:
+async def _load(url: str, streams: int, tokens: int, requests: int | None = None) -> int:
+    """``streams`` clients read ``tokens``-token streams, one each; with ``requests``,
+    one client sends that many one-token JSON requests instead."""
     from benchmarks.harness import Server
 
     body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
+    if requests is not None:
+        body = relay._body("/v1/chat/completions", "relay", stream=False)
     server = Server("pool", url, None)  # type: ignore[arg-type]
     results = await closed_loop(
         server,
-        streams,
-        streams,
+        1 if requests is not None else streams,
+        requests or streams,
         lambda index: (body, {}),
         path="/v1/chat/completions",
         delta_mark=CHAT_DELTA_MARK,
     )
     bad = [r for r in results if r.error is not None or r.status != 200]
     assert not bad, bad[:1]
-    return sum(r.tokens for r in results)
+    return len(results) if requests is not None else sum(r.tokens for r in results)
 
 
 def main() -> None:
@@ -105,9 +119,14 @@ def main() -> None:
     parser.add_argument("--ab", type=Path, help="time against the pool package in DIR")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--per-request", action="store_true", help="JSON requests, not tokens")
+    parser.add_argument("--requests", type=int, default=1000)
     args = parser.parse_args()
     if args.ab is not None:
         trio.run(_timed_ab, args.ab, args.streams, args.tokens, args.rounds, args.seconds)
+        return
+    if args.per_request:
+        _per_request(args.requests, args.checkout, args.top)
         return
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
         settings = Path(folder) / "settings.json"
@@ -135,6 +154,40 @@ def main() -> None:
         functions = [(value, label) for label, value in marginal.items() if ":" in label]
         for value, label in sorted(functions, reverse=True)[: args.top]:
             print(f"{value:8.3f}  {label}")
+
+
+def _per_request(requests: int, checkout: Path | None, top: int) -> None:
+    """Marginal counts of one JSON request, the stub's and the pass-through's side by side."""
+    with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
+        profile = Path(folder) / "pool.prof"
+        sides = {"stub": {"backend": "stub", "target_inflight": 256}}
+        sides["pass_through"] = _relay_model(upstream.url)
+        marginal: dict[str, dict[str, float]] = {}
+        for side, model in sides.items():
+            settings = Path(folder) / f"{side}.json"
+            settings.write_text(
+                json.dumps(
+                    {
+                        "service": {"log_level": "warning", "shutdown_grace_s": 1},
+                        "engine": {"max_queue": 4096, "models": {"relay": model}},
+                    }
+                )
+            )
+            few = _run(settings, profile, checkout, 1, 1, requests)
+            many = _run(settings, profile, checkout, 1, 1, 10 * requests)
+            extra = many[1] - few[1]
+            marginal[side] = {
+                label: (value - few[0].get(label, 0.0)) / extra for label, value in many[0].items()
+            }
+        print(f"{'per JSON request':>16}  {'stub':>10}  {'pass_through':>12}")
+        for label in ("python calls", *_WATCH):
+            stub, relayed = marginal["stub"][label], marginal["pass_through"][label]
+            print(f"{label:>16}  {stub:10.2f}  {relayed:12.2f}")
+        for side, figures in marginal.items():
+            print(f"--- {side}: functions by calls per request")
+            functions = [(value, label) for label, value in figures.items() if ":" in label]
+            for value, label in sorted(functions, reverse=True)[:top]:
+                print(f"{value:8.2f}  {label}")
 
 
 def _relay_model(upstream_url: str) -> dict[str, object]:
@@ -188,7 +241,12 @@ async def _timed_ab(other: Path, streams: int, tokens: int, rounds: int, seconds
 
 
 def _run(
-    settings: Path, profile: Path, checkout: Path | None, streams: int, tokens: int
+    settings: Path,
+    profile: Path,
+    checkout: Path | None,
+    streams: int,
+    tokens: int,
+    requests: int | None = None,
 ) -> tuple[dict[str, float], int]:
     process = _serve(settings, profile, checkout)
     assert process.stdout is not None
@@ -200,7 +258,7 @@ def _run(
         if "listening on " in line:
             url = line.split("listening on ")[1].strip()
     try:
-        relayed = trio.run(_load, url, streams, tokens)
+        relayed = trio.run(_load, url, streams, tokens, requests)
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
