@@ -160,7 +160,7 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
     """Marginal counts of one JSON request, the stub's and the pass-through's side by side."""
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
         profile = Path(folder) / "pool.prof"
-        sides = {"stub": {"backend": "stub", "target_inflight": 256}}
+        sides = {"stub": {"backend": "stub", "enabled": True, "target_inflight": 256}}
         sides["pass_through"] = _relay_model(upstream.url)
         marginal: dict[str, dict[str, float]] = {}
         for side, model in sides.items():
@@ -179,15 +179,41 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
             marginal[side] = {
                 label: (value - few[0].get(label, 0.0)) / extra for label, value in many[0].items()
             }
+        by_package = {side: _by_package(figures) for side, figures in marginal.items()}
         print(f"{'per JSON request':>16}  {'stub':>10}  {'pass_through':>12}")
         for label in ("python calls", *_WATCH):
             stub, relayed = marginal["stub"][label], marginal["pass_through"][label]
             print(f"{label:>16}  {stub:10.2f}  {relayed:12.2f}")
+        print("--- calls per request by where the function lives")
+        relayed_by = by_package["pass_through"]
+        for package in sorted(relayed_by, key=relayed_by.__getitem__, reverse=True):
+            stub = by_package["stub"].get(package, 0.0)
+            print(f"{package:>16}  {stub:10.2f}  {relayed_by[package]:12.2f}")
         for side, figures in marginal.items():
             print(f"--- {side}: functions by calls per request")
             functions = [(value, label) for label, value in figures.items() if ":" in label]
             for value, label in sorted(functions, reverse=True)[:top]:
                 print(f"{value:8.2f}  {label}")
+
+
+def _by_package(figures: dict[str, float]) -> dict[str, float]:
+    """Calls summed by the package their function is in: a site-packages package by
+    name, ``pool``, ``benchmarks``, ``stdlib`` or ``builtins`` (C functions)."""
+    out: dict[str, float] = {}
+    for label, value in figures.items():
+        if ":" not in label:
+            continue
+        path = label.split(":", 1)[0]
+        if path == "~":
+            package = "builtins"
+        elif "site-packages/" in path:
+            package = path.split("site-packages/", 1)[1].split("/", 1)[0]
+        elif "/pool/" in path or path.startswith("pool/"):
+            package = "pool"
+        else:
+            package = "stdlib"
+        out[package] = out.get(package, 0.0) + value
+    return out
 
 
 def _relay_model(upstream_url: str) -> dict[str, object]:
