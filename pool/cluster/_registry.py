@@ -174,6 +174,11 @@ class NodeRegistry:
         # Why this node refused to join (another live node holds its id), once it did.
         self.refused: NodeIdInUse | None = None
         self._written = False
+        # Back from an outage of Redis longer than the records' expiry, the views read
+        # may lack peers that are alive but have not written theirs again yet: the view
+        # from before the outage, and until when it stands in for them.
+        self._before_outage: dict[str, dict[str, Any]] = {}
+        self._before_outage_until = 0.0
 
     def attach(self, describe: Callable[[], Mapping[str, Any]], url: str) -> None:
         """Start registering: ``describe()`` gives the record's pool part, ``url`` is
@@ -365,6 +370,14 @@ class NodeRegistry:
             record = _parse(raw)
             if record is not None and record.get("node") != self.node_id:
                 peers[str(record["node"])] = record
+        if trio.current_time() < self._before_outage_until:
+            # Back from an outage, the peers known before it stay in the view for one
+            # expiry: their records may have expired while Redis was away, to be written
+            # again within their heartbeat (and their events missed while this node
+            # resubscribes); dropping them now would answer 404 for their models
+            # meanwhile. One that is gone drops out within that expiry, as a node that
+            # dies does.
+            peers = {**self._before_outage, **peers}
         self._set_peers(peers)
 
     async def _read_peer(self, node_id: str) -> None:
@@ -420,6 +433,9 @@ class NodeRegistry:
     def _set_online(self, online: bool, error: str | None) -> None:
         if online and not self.online:
             log.info("cluster: node %s registered (epoch %s)", self.node_id, self.epoch)
+            if self.peers:  # back from an outage, with a view from before it
+                self._before_outage = dict(self.peers)
+                self._before_outage_until = trio.current_time() + self.node_ttl_s
         elif not online and self.online:
             log.warning("cluster: node %s cannot reach Redis: %s", self.node_id, error)
         self.online = online

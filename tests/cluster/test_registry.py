@@ -168,3 +168,33 @@ async def test_a_killed_node_and_its_leases_expire(
         if process.returncode is None:
             process.kill()
         await process.wait()
+
+
+async def test_peers_outlive_an_outage_longer_than_their_records(
+    redis_server: RedisServer,
+) -> None:
+    """Redis away for longer than the records' expiry comes back empty. The first node
+    to write again keeps the peers it knew: a live one writes its record within its own
+    heartbeat, and until then its models are not unknown (the fault soak saw 404s
+    there); one that went meanwhile drops out within an expiry."""
+    quick = {"heartbeat_s": 0.2, "node_ttl_s": 1.5}
+    # n2 writes again up to 0.6 s after Redis is back, long after n1 has looked.
+    slow = {"heartbeat_s": 0.6, "node_ttl_s": 1.5}
+    async with (
+        registered(redis_server.url, "n1", **quick) as (_, node1),
+        registered(redis_server.url, "n2", **slow) as (_, node2),
+    ):
+        async with registered(redis_server.url, "n3", **quick):
+            await until(lambda: {"n2", "n3"} <= set(node1.registry.peers), EVENT_WITHIN_S)
+            redis_server.stop()
+            await until(lambda: not node1.registry.online, EVENT_WITHIN_S)
+        # n3 left while Redis was away: its record could not be deleted, only expire.
+        await trio.sleep(2.5)  # past every record's expiry
+        redis_server.start()
+        await until(lambda: node1.registry.online, EVENT_WITHIN_S)
+        with trio.fail_after(EVENT_WITHIN_S):
+            while not node2.registry.online or "n3" in node1.registry.peers:
+                assert "n2" in node1.registry.peers  # never dropped, not for a moment
+                await trio.sleep(0.005)
+        await until(lambda: "n1" in node2.registry.peers, EVENT_WITHIN_S)
+        assert "n2" in node1.registry.peers
