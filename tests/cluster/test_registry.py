@@ -177,19 +177,21 @@ async def test_peers_outlive_an_outage_longer_than_their_records(
     to write again keeps the peers it knew: a live one writes its record within its own
     heartbeat, and until then its models are not unknown (the fault soak saw 404s
     there); one that went meanwhile drops out within an expiry."""
-    quick = {"heartbeat_s": 0.2, "node_ttl_s": 1.5}
-    # n2 writes again up to 0.6 s after Redis is back, long after n1 has looked.
-    slow = {"heartbeat_s": 0.6, "node_ttl_s": 1.5}
+    # n1 looks at once; n2 writes again up to 0.6 s after Redis is back (n1 keeps its
+    # view for 3 s, room for a loaded machine); n3's record expires in 1.5 s.
+    n1 = {"heartbeat_s": 0.2, "node_ttl_s": 3.0}
+    n2 = {"heartbeat_s": 0.6, "node_ttl_s": 1.5}
+    n3 = {"heartbeat_s": 0.2, "node_ttl_s": 1.5}
     async with (
-        registered(redis_server.url, "n1", **quick) as (_, node1),
-        registered(redis_server.url, "n2", **slow) as (_, node2),
+        registered(redis_server.url, "n1", **n1) as (_, node1),
+        registered(redis_server.url, "n2", **n2) as (_, node2),
     ):
-        async with registered(redis_server.url, "n3", **quick):
+        async with registered(redis_server.url, "n3", **n3):
             await until(lambda: {"n2", "n3"} <= set(node1.registry.peers), EVENT_WITHIN_S)
             redis_server.stop()
             await until(lambda: not node1.registry.online, EVENT_WITHIN_S)
         # n3 left while Redis was away: its record could not be deleted, only expire.
-        await trio.sleep(2.5)  # past every record's expiry
+        await trio.sleep(2.5)  # past n2's and n3's expiry
         redis_server.start()
         await until(lambda: node1.registry.online, EVENT_WITHIN_S)
         with trio.fail_after(EVENT_WITHIN_S):
