@@ -93,8 +93,9 @@ async def _load(url: str, streams: int, tokens: int, requests: int | None = None
     one client sends that many one-token JSON requests instead."""
     from benchmarks.harness import Server
 
-    body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
-    if requests is not None:
+    if requests is None:
+        body = {**relay._body("/v1/chat/completions", "relay"), "max_tokens": tokens}
+    else:
         body = relay._body("/v1/chat/completions", "relay", stream=False)
     server = Server("pool", url, None)  # type: ignore[arg-type]
     results = await closed_loop(
@@ -129,25 +130,14 @@ def main() -> None:
         _per_request(args.requests, args.checkout, args.top)
         return
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
-        settings = Path(folder) / "settings.json"
+        settings = _settings(Path(folder) / "settings.json", _relay_model(upstream.url))
         profile = Path(folder) / "pool.prof"
-        model = _relay_model(upstream.url)
-        settings.write_text(
-            json.dumps(
-                {
-                    "service": {"log_level": "warning", "shutdown_grace_s": 1},
-                    "engine": {"max_queue": 4096, "models": {"relay": model}},
-                }
-            )
-        )
         # Two pools: the short streams' counts (start-up, requests, one token each) are
         # taken from the long streams', leaving what each further token costs.
         short = _run(settings, profile, args.checkout, args.streams, 1)
         long = _run(settings, profile, args.checkout, args.streams, args.tokens)
         tokens = long[1] - short[1]
-        marginal = {
-            label: (value - short[0].get(label, 0.0)) / tokens for label, value in long[0].items()
-        }
+        marginal = _marginal(short, long)
         for label in ("python calls", *_WATCH):
             print(f"{label:>16}: {marginal[label]:8.3f} per token")
         print(f"{'tokens':>16}: {tokens} (marginal)")
@@ -164,21 +154,10 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
         sides["pass_through"] = _relay_model(upstream.url)
         marginal: dict[str, dict[str, float]] = {}
         for side, model in sides.items():
-            settings = Path(folder) / f"{side}.json"
-            settings.write_text(
-                json.dumps(
-                    {
-                        "service": {"log_level": "warning", "shutdown_grace_s": 1},
-                        "engine": {"max_queue": 4096, "models": {"relay": model}},
-                    }
-                )
-            )
+            settings = _settings(Path(folder) / f"{side}.json", model)
             few = _run(settings, profile, checkout, 1, 1, requests)
             many = _run(settings, profile, checkout, 1, 1, 10 * requests)
-            extra = many[1] - few[1]
-            marginal[side] = {
-                label: (value - few[0].get(label, 0.0)) / extra for label, value in many[0].items()
-            }
+            marginal[side] = _marginal(few, many)
         by_package = {side: _by_package(figures) for side, figures in marginal.items()}
         print(f"{'per JSON request':>16}  {'stub':>10}  {'pass_through':>12}")
         for label in ("python calls", *_WATCH):
@@ -196,9 +175,26 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
                 print(f"{value:8.2f}  {label}")
 
 
+def _settings(path: Path, model: dict[str, object]) -> Path:
+    """Write the settings of a pool serving ``model`` as ``relay``; returns ``path``."""
+    service = {"log_level": "warning", "shutdown_grace_s": 1}
+    engine = {"max_queue": 4096, "models": {"relay": model}}
+    path.write_text(json.dumps({"service": service, "engine": engine}))
+    return path
+
+
+def _marginal(
+    fewer: tuple[dict[str, float], int], more: tuple[dict[str, float], int]
+) -> dict[str, float]:
+    """What one more unit (token or request) counts: the difference of two runs'
+    counts (as :func:`_run` returns them) divided by the units the second ran more."""
+    extra = more[1] - fewer[1]
+    return {label: (value - fewer[0].get(label, 0.0)) / extra for label, value in more[0].items()}
+
+
 def _by_package(figures: dict[str, float]) -> dict[str, float]:
     """Calls summed by the package their function is in: a site-packages package by
-    name, ``pool``, ``benchmarks``, ``stdlib`` or ``builtins`` (C functions)."""
+    name, ``pool``, ``builtins`` (C functions) or ``stdlib`` (everything else)."""
     out: dict[str, float] = {}
     for label, value in figures.items():
         if ":" not in label:

@@ -1,0 +1,25 @@
+"""The arithmetic of benchmarks/pertoken_counts.py: marginal counts and the split of
+calls by package (the profiling runs themselves are the benchmark's)."""
+
+from __future__ import annotations
+
+from benchmarks.pertoken_counts import _by_package, _marginal
+
+
+def test_marginal_counts_are_the_difference_per_extra_unit() -> None:
+    fewer = ({"python calls": 1_000.0, "a.py:1(f)": 10.0}, 100)
+    more = ({"python calls": 4_600.0, "a.py:1(f)": 40.0, "b.py:2(g)": 9.0}, 1_000)
+    # 900 more units: 3,600 more calls, 30 more of f, 9 of g (absent from the first run).
+    assert _marginal(fewer, more) == {"python calls": 4.0, "a.py:1(f)": 30 / 900, "b.py:2(g)": 0.01}
+
+
+def test_calls_are_summed_by_where_the_function_lives() -> None:
+    figures = {
+        "python calls": 99.0,  # a total, not a function: left out
+        "~:0(<built-in method builtins.len>)": 5.0,
+        "/env/lib/python3.11/site-packages/trio/_core/_run.py:1(spawn_impl)": 2.0,
+        "/env/lib/python3.11/site-packages/trio/_channel.py:9(send)": 1.0,
+        "/work/main/pool/http/_pipeline.py:155(_http)": 3.0,
+        "/usr/lib/python3.11/contextlib.py:104(__init__)": 4.0,
+    }
+    assert _by_package(figures) == {"builtins": 5.0, "trio": 3.0, "pool": 3.0, "stdlib": 4.0}
