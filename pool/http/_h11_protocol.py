@@ -1,5 +1,5 @@
 """Hypercorn's HTTP/1.1 protocol with two changes: one socket write per whole answer,
-and a connection the client closes between requests is closed at once.
+and the end of a request's stream told to the app without a task of its own.
 
 **The held head.** Hypercorn writes an answer's head, its body and its (empty, for a
 sized body) end as three writes: three sends through its connection lock and shielded
@@ -14,19 +14,18 @@ declared size, and its head still goes out as soon as it is sent, before the fir
 event. Anything else sent while a head is held (the stream closed, a raw write) writes
 the head first, so no bytes are reordered or lost.
 
-**A connection closed between requests.** Once an answer is done, Hypercorn (0.18)
-starts the connection's keep-alive timer; if the client then closes (an HTTP client
-over its keep-alive limit closes right after reading the answer, and every client
-closes its idle connections when it ends), the end of file is read but nothing stops
-that timer, and the connection's task group, which the socket's close waits for, waits
-for it: the socket stays in CLOSE_WAIT, holding a file descriptor and two tasks, for the
-whole ``service.keep_alive_s`` (75 s by default). Under steady traffic from such
-clients the fds pile up by the thousand. The protocol here stops the timer when the
-peer's close arrives with no request open, so the socket closes then.
+**The end of a stream, told without a task.** An ASGI app learns that its client left
+only from an ``http.disconnect`` message, so an app that must stop when that happens
+(the pool's hot routes stop the generation, pool/http/_pipeline.py) runs a second task
+that waits for it: a task start, a nursery and two steps more on every request. The
+protocol here puts a :class:`DisconnectHook` in each HTTP request's scope (the
+``pool.disconnect`` extension); an app registers a cancel scope with it, and the
+protocol cancels that scope where it closes the request's stream (the client left, or
+the answer is done), just before Hypercorn sends ``http.disconnect``.
 
 :func:`install` puts :class:`PoolH11Protocol` where Hypercorn's connection wrapper
-builds its HTTP/1.1 protocol (``hypercorn.protocol.H11Protocol``); the class checks at
-install time that the names it relies on are still there.
+builds its HTTP/1.1 protocol (``hypercorn.protocol.H11Protocol``), after checking that
+the names it relies on are still there.
 """
 
 from __future__ import annotations
@@ -35,27 +34,60 @@ from itertools import chain
 
 import h11
 import hypercorn.protocol
-from hypercorn.events import Closed, Event, RawData, Updated
+import trio
+from hypercorn.events import RawData
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.typing import H11SendableEvent
 
 _LENGTH = b"content-length"
 
+DISCONNECT_HOOK = "pool.disconnect"  # the ASGI scope's extension that holds the hook
+
+
+class DisconnectHook:
+    """Cancels the scope an app registers once the request's stream is closed: the
+    client left, or the answer is done (the module's doc)."""
+
+    __slots__ = ("_scope", "closed")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self.closed = False
+
+    def cancels(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` when the stream closes (at once if it has)."""
+        self._scope = scope
+        if self.closed:
+            scope.cancel()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+
 
 class PoolH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol, writing a sized answer's head with its body and
-    closing at once a connection its client closed between requests."""
+    telling a request's app the end of its stream through a :class:`DisconnectHook`."""
 
     _held = b""  # a head not written yet
+    _disconnect: DisconnectHook | None = None  # the open HTTP request's
 
-    async def handle(self, event: Event) -> None:
-        await super().handle(event)
-        if isinstance(event, Closed) and self.stream is None:
-            # No request open (one still open ends through its stream as before):
-            # stop the keep-alive timer, the one task that would hold the socket open.
-            await self.send(Updated(idle=False))
+    async def _create_stream(self, request: h11.Request) -> None:
+        await super()._create_stream(request)
+        if isinstance(self.stream, HTTPStream):
+            # Before the request's body reaches the app, which looks for it after.
+            self._disconnect = DisconnectHook()
+            self.stream.scope["extensions"][DISCONNECT_HOOK] = self._disconnect  # type: ignore[assignment]
+
+    async def _close_stream(self) -> None:
+        hook, self._disconnect = self._disconnect, None
+        if hook is not None:
+            hook.close()
+        await super()._close_stream()
 
     async def stream_send(self, event: StreamEvent) -> None:
         if isinstance(event, Response) and event.status_code >= 200 and _sized(event):
@@ -102,4 +134,6 @@ def install() -> None:
         return
     if current is not H11Protocol:
         raise RuntimeError(f"hypercorn.protocol.H11Protocol is {current!r}, not Hypercorn's")
+    if not all(hasattr(H11Protocol, name) for name in ("_create_stream", "_close_stream")):
+        raise RuntimeError("Hypercorn's H11Protocol no longer creates and closes streams here")
     setattr(hypercorn.protocol, "H11Protocol", PoolH11Protocol)  # noqa: B010 - not exported

@@ -35,7 +35,8 @@ the accessors of pool/http/_common.py read for every route. Only ``POST`` is ser
 any other method on a hot path goes on to Quart, whose 405 (with ``Allow``) and the
 WebSocket route's 426 come from one place. A client that disconnects cancels a hot
 view (as Quart-Trio does for its own), which leaves the ``admit`` block and stops the
-generation.
+generation; served by Hypercorn, the pool's HTTP/1.1 protocol cancels it where it
+closes the request's stream (pool/http/_h11_protocol.py), without a task of its own.
 
 The message that ends a response (Quart's included) is sent shielded from the app's
 cancellation: within that very ``send`` Hypercorn's trio server hands the app
@@ -65,6 +66,7 @@ from pool.errors import PoolError
 from pool.http._access_log import REQUEST_ID_KEY
 from pool.http._common import (
     AppContext,
+    HotRoute,
     PipelineRequest,
     SchemaError,
     internal_error_response,
@@ -72,6 +74,7 @@ from pool.http._common import (
     pipeline_request,
     rate_limit_headers,
 )
+from pool.http._h11_protocol import DISCONNECT_HOOK, DisconnectHook
 from pool.http._hosts import HostAllowList
 from pool.tracing import INCOMING_TRACE, answering_with_trace, incoming_trace
 
@@ -183,20 +186,32 @@ class RequestPipeline:
             replay = cast(ASGIReceiveCallable, _replaying(body, receive))
             await self.quart(cast(Scope, scope), replay, cast(ASGISendCallable, send))
             return
+        # From here on a disconnect cancels the view (and so the generation): through the
+        # pool's HTTP/1.1 protocol's hook, or a task that waits for ``http.disconnect``.
+        hook = scope["extensions"].get(DISCONNECT_HOOK) if "extensions" in scope else None
+        if isinstance(hook, DisconnectHook):
+            with trio.CancelScope() as cancel:
+                hook.cancels(cancel)
+                await self._answer_hot(hot, request, path, send)
+            return
         async with trio.open_nursery() as nursery:
-            # From here on a disconnect cancels the view (and so the generation).
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                response = await hot.view()
-            except (PoolError, SchemaError) as exc:
-                response = self.ctx.error_answer(exc, hot.dialect)
-            except Exception:
-                log.exception("request_id=%s unhandled error on POST %s", request.request_id, path)
-                response = internal_error_response()
-            try:
-                await _send_response(response, send)
+                await self._answer_hot(hot, request, path, send)
             finally:
                 nursery.cancel_scope.cancel()
+
+    async def _answer_hot(
+        self, hot: HotRoute, request: PipelineRequest, path: str, send: Send
+    ) -> None:
+        try:
+            response = await hot.view()
+        except (PoolError, SchemaError) as exc:
+            response = self.ctx.error_answer(exc, hot.dialect)
+        except Exception:
+            log.exception("request_id=%s unhandled error on POST %s", request.request_id, path)
+            response = internal_error_response()
+        await _send_response(response, send)
 
     async def _websocket(
         self, scope: dict[str, Any], request: PipelineRequest, receive: Receive, send: Send

@@ -18,6 +18,7 @@ from pool.http._app import create_app, pipeline_of
 from pool.http._auth import Authenticator
 from pool.http._h11_protocol import install as install_h11_protocol
 from pool.http._hosts import HostAllowList
+from pool.http._keep_alive import install as install_keep_alive_timer
 from pool.http._metrics_port import serve_metrics
 from pool.http._starting import StartingResponder
 from pool.tracing import open_tracing
@@ -76,8 +77,10 @@ async def serve(
     """
     host = host or settings.service.host
     port = settings.service.port if port is None else port
-    # A JSON answer in one socket write; a closed idle connection closed at once.
+    # A JSON answer in one socket write; a closed idle connection closed at once; a
+    # request's end told without a task; one keep-alive timer task per connection.
     install_h11_protocol()  # pool/http/_h11_protocol.py
+    install_keep_alive_timer()  # pool/http/_keep_alive.py
     auth = Authenticator(settings.service.auth)
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]

@@ -15,7 +15,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import serve
 from hypercorn.trio.worker_context import WorkerContext
 
-from pool.http._h11_protocol import PoolH11Protocol, install
+from pool.http._h11_protocol import DISCONNECT_HOOK, DisconnectHook, PoolH11Protocol, install
 
 _REQUEST = b"GET /x HTTP/1.1\r\nhost: pool\r\n\r\n"
 
@@ -97,10 +97,11 @@ def test_install_is_idempotent_and_swaps_hypercorns_class() -> None:
     assert getattr(hypercorn.protocol, "H11Protocol") is PoolH11Protocol  # noqa: B009
 
 
-async def _one_answer_then_close(keep_alive_s: float) -> float:
-    """Seconds from a client's close, after one answer on a kept-alive connection, to
-    the server's own close (its end of file on the client's socket), with Hypercorn
-    serving through whatever protocol is installed."""
+async def test_the_disconnect_hook_cancels_the_app_when_its_client_leaves() -> None:
+    """The app registers a cancel scope with the request's hook and waits forever; the
+    client's close cancels it, with no task of the app's waiting for ``http.disconnect``."""
+    install()
+    cancelled = trio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -108,42 +109,32 @@ async def _one_answer_then_close(keep_alive_s: float) -> float:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        head = [(b"content-length", b"2")]
-        await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": b"ok"})
+        hook = scope["extensions"][DISCONNECT_HOOK]
+        assert isinstance(hook, DisconnectHook) and not hook.closed
+        with trio.CancelScope() as waiting:
+            hook.cancels(waiting)
+            await trio.sleep_forever()
+        assert waiting.cancelled_caught
+        cancelled.set()
 
     config = Config()
     config.bind = ["127.0.0.1:0"]
-    config.keep_alive_timeout = keep_alive_s
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(serve, app, config)
         port = int(binds[0].rsplit(":", 1)[1])
         client = await trio.open_tcp_stream("127.0.0.1", port)
         await client.send_all(_REQUEST)
-        answer = b""
-        while not answer.endswith(b"ok"):
-            answer += await client.receive_some()
-        assert answer.startswith(b"HTTP/1.1 200")
-        await trio.sleep(0.2)  # the answer is done: the keep-alive timer runs
-        await client.send_eof()
-        closed_from = trio.current_time()
-        with trio.fail_after(keep_alive_s * 2):
-            while await client.receive_some():
-                pass
-        waited = trio.current_time() - closed_from
+        await trio.sleep(0.2)
+        assert not cancelled.is_set()
         await client.aclose()
+        with trio.fail_after(2):
+            await cancelled.wait()
         nursery.cancel_scope.cancel()
-    return waited
 
 
-async def test_a_connection_closed_between_requests_is_closed_at_once() -> None:
-    """Hypercorn alone holds the socket (CLOSE_WAIT: an fd and two tasks) until the
-    keep-alive timer ends; the pool's protocol closes it when the client does."""
-    keep_alive_s = 4.0
-    try:
-        setattr(hypercorn.protocol, "H11Protocol", H11Protocol)  # noqa: B010
-        assert await _one_answer_then_close(keep_alive_s) >= keep_alive_s - 0.5  # the defect
-        install()
-        assert await _one_answer_then_close(keep_alive_s) < keep_alive_s / 2
-    finally:
-        install()
+def test_a_hook_registered_after_its_stream_closed_cancels_at_once() -> None:
+    hook = DisconnectHook()
+    hook.close()
+    scope = trio.CancelScope()
+    hook.cancels(scope)
+    assert scope.cancel_called
