@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from pool import ServerInfo
 from pool.config import build_settings
 from pool.errors import ConfigError
 
-from .conftest import start_server
+from .conftest import STUB_MODELS, start_server
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -267,3 +268,45 @@ async def test_a_client_leaving_during_the_body_read(
     echo = server.pool.model("echo")
     assert echo.scheduler.queue_depth == 0 and server.pool.snapshot("echo").state == "loaded"
     await _still_answers(server)
+
+
+class _Spawned(trio.abc.Instrument):
+    """The names of the tasks started while installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def test_a_served_hot_route_is_cancelled_by_the_protocol_not_a_watcher_task(
+    nursery: trio.Nursery,
+) -> None:
+    """Served by Hypercorn, a hot route needs no task waiting for ``http.disconnect``
+    (pool/http/_h11_protocol.py): a request starts Hypercorn's app task and the replica's
+    job alone, and a client that leaves still stops its generation."""
+    slow = {"backend": "stub", "enabled": True, "stub_reply": "w " * 400}
+    models = {"echo": STUB_MODELS["echo"], "slow": slow | {"stub_tokens_per_second": 20}}
+    server = await start_server(nursery, models)
+    spawned = _Spawned()
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        await client.post("/v1/chat/completions", json=CHAT)  # the connection is opened
+        trio.lowlevel.add_instrument(spawned)
+        try:
+            for _ in range(5):
+                reply = await client.post("/v1/chat/completions", json=CHAT)
+                assert reply.status_code == 200
+        finally:
+            trio.lowlevel.remove_instrument(spawned)
+    started = Counter(name.rpartition(".")[2] for name in spawned.names)
+    assert started["_handle"] == started["_run_job"] == 5, spawned.names
+    # Neither a watcher of the route's nor a keep-alive timer of Hypercorn's.
+    assert not [name for name in started if "disconnect" in name or name == "_idle_timeout"]
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=0.5) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            await impatient.post("/v1/responses", json={"model": "slow", "input": "x"})
+    with trio.fail_after(5):
+        while server.pool.model("slow").scheduler.running:
+            await trio.sleep(0.02)
