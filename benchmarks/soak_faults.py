@@ -315,7 +315,7 @@ async def one_request(
                                 run.streaming_srv -= 1
     except httpx.TransportError as exc:
         record.outcome = "cut" if record.status == 200 else "transport"
-        record.code = type(exc).__name__
+        record.code = f"{type(exc).__name__}: {str(exc)[:60]}".rstrip(": ")
     record.end = run.now()
     run.requests.append(record)
     return record

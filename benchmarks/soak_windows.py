@@ -116,7 +116,8 @@ class Request:
             return f"http {self.status} {self.code or ''}".strip()
         if self.outcome == "error_event":
             return f"error event {self.code or ''}".strip()
-        return self.outcome
+        # A failed connection says how (the exception), so a failure can be told apart.
+        return f"{self.outcome} {self.code or ''}".strip()
 
 
 def window_name(window: Window, index: int) -> str:

@@ -213,3 +213,12 @@ def test_every_missing_usage_row_must_be_counted_as_dropped() -> None:
         {"steady": 100, "smol": 10}, {"steady": 95, "smol": 8}, {"steady": 5, "smol": 2}, dropped=6
     )
     assert failures == ["usage: 7 rows missing, 6 counted as dropped"]
+
+
+def test_a_failed_connection_is_labelled_with_how_it_failed() -> None:
+    """A burst's failure said only "transport"; the label now names the exception, so
+    a failure in a window can be told apart (a refused connect, a server that closed)."""
+    closed = _request(0, 1, "transport", code="RemoteProtocolError: Server disconnected")
+    assert closed.label == "transport RemoteProtocolError: Server disconnected"
+    assert _request(0, 1, "timeout").label == "timeout"
+    assert _request(0, 1, "http", status=503, code="queue_full").label == "http 503 queue_full"
