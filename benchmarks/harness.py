@@ -330,6 +330,10 @@ def summarize(results: list[Result], wall_s: float, cpu_s: float | None = None) 
         "errors": len(results) - len(ok),
         # Counted in one pass: a phase of one-token answers has tens of thousands.
         "statuses": dict(sorted(Counter(str(r.status) for r in results).items())),
+        # What a status 0 was: a reset, a refused connection or a timeout read differently.
+        "errors_by_kind": dict(
+            sorted(Counter(r.error.split(":")[0] for r in results if r.error).items())
+        ),
         "latency_ms": {
             q: percentile(latencies, f) for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
         },

@@ -326,6 +326,12 @@ class ServiceSettings(_Strict):
     keep_alive_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         75.0, description="How long an idle kept-alive HTTP connection stays open."
     )
+    listen_backlog: Annotated[int, Field(ge=1, le=65535)] = Field(
+        2048,
+        description="Connections the kernel queues for the pool before it accepts them; past"
+        " that a burst of new connections is refused or reset. The kernel caps it at"
+        " net.core.somaxconn.",
+    )
     websocket_ping_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = Field(
         5.0,
         description="The server pings each WebSocket this often, so a socket whose stream is"

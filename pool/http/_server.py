@@ -88,6 +88,9 @@ async def serve(
     config.logger_class = AccessLog
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = settings.service.keep_alive_s
+    # Hypercorn's own default (100) can overflow in a burst while the loop is busy: the
+    # kernel then drops handshakes, which clients retry a second later or see reset.
+    config.backlog = settings.service.listen_backlog
     # Protocol pings (the ASGI app cannot send any): a paused stream's socket stays open.
     config.websocket_ping_interval = settings.service.websocket_ping_s
     config.websocket_max_message_size = settings.service.max_body_bytes

@@ -10,8 +10,8 @@ from pathlib import Path
 import trio
 
 from benchmarks.__main__ import _versions
-from benchmarks._http import CHAT_DELTA_MARK, Connection
-from benchmarks.harness import installed_version, zero_upstream
+from benchmarks._http import CHAT_DELTA_MARK, Connection, Result
+from benchmarks.harness import installed_version, summarize, zero_upstream
 
 
 def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
@@ -72,3 +72,17 @@ def test_results_md_names_the_recorded_versions() -> None:
     assert _versions(None) == "" and _versions({}) == ""
     assert _versions({"litellm": "1.106.2"}) == "  \nVersions: litellm 1.106.2"
     assert _versions({"litellm": None}) == "  \nVersions: litellm unknown"
+
+
+def test_a_summary_says_what_each_lost_request_was() -> None:
+    # Status 0 alone does not tell a reset from a refused connection or a cut stream.
+    results = [
+        Result(status=200, ended=0.001),
+        Result(error="ConnectionResetError: [Errno 104] Connection reset by peer"),
+        Result(error="ConnectionResetError: [Errno 104] Connection reset by peer"),
+        Result(error="ConnectionRefusedError: [Errno 111] Connection refused"),
+        Result(status=503, ended=0.001),
+    ]
+    summary = summarize(results, wall_s=1.0)
+    assert summary["statuses"] == {"0": 3, "200": 1, "503": 1}
+    assert summary["errors_by_kind"] == {"ConnectionRefusedError": 1, "ConnectionResetError": 2}
