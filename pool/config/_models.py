@@ -329,8 +329,8 @@ class ServiceSettings(_Strict):
     listen_backlog: Annotated[int, Field(ge=1, le=65535)] = Field(
         2048,
         description="Connections the kernel queues for the pool before it accepts them; past"
-        " that a burst of new connections is refused or reset. The kernel caps it at"
-        " net.core.somaxconn.",
+        " that a burst's handshakes are dropped (retried by the client a second later, or"
+        " reset). The kernel caps it at net.core.somaxconn.",
     )
     websocket_ping_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = Field(
         5.0,

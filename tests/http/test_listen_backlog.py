@@ -3,6 +3,7 @@ says, so a burst of new clients waits for an accept instead of losing its handsh
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import sys
@@ -15,6 +16,7 @@ from .conftest import start_server
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads the kernel's sock_diag")
 
 _SOCK_DIAG_BY_FAMILY = 20
+_NLMSG_ERROR = 2
 _NLMSG_DONE = 3
 _TCP_LISTEN = 10
 
@@ -37,6 +39,9 @@ def kernel_listen_backlog(port: int) -> int:
                 length, kind = struct.unpack_from("=IH", data, offset)
                 if kind == _NLMSG_DONE:
                     raise LookupError(f"nothing listens on port {port}")
+                if kind == _NLMSG_ERROR:  # e.g. a kernel without inet_diag: fail, not wait
+                    errno = -struct.unpack_from("=i", data, offset + 16)[0]
+                    raise OSError(errno, f"sock_diag refused the dump: {os.strerror(errno)}")
                 # inet_diag_msg after the 16-byte header: the source port at 4
                 # (big-endian) and idiag_wqueue at 60, a listening socket's backlog.
                 sport = struct.unpack_from("!H", data, offset + 16 + 4)[0]
