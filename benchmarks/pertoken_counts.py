@@ -17,7 +17,9 @@ counts a one-token JSON request instead (the JSON path's fixed cost): one client
 ``--requests`` Chat Completions, then (a second pool) ten times as many, and the
 difference is divided by the extra requests, for two models side by side: the ``stub``
 (the pool alone) and ``openai_remote`` in front of the zero upstream (the pass-through
-reply, pool/backends/_pass_through.py).
+reply, pool/backends/_pass_through.py). Its task wake-ups are also split by what woke
+the task (a channel, an event, the I/O manager, or the scheduler resuming a task that
+only yielded).
 
     python -m benchmarks.pertoken_counts --ab DIR [--rounds 5] [--seconds 3]
 
@@ -41,6 +43,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -85,7 +88,41 @@ def counts(profile: Path, tokens: int) -> dict[str, float]:
         found[label] = calls / tokens
     for (path, line, function), entry in stats.items():
         found[f"{path}:{line}({function})"] = entry[0] / tokens
+    for label, calls in _wakers(stats).items():
+        found[f"woken by {label}"] = calls / tokens
     return found
+
+
+def _wakers(stats: dict[Any, Any]) -> dict[str, float]:
+    """Task wake-ups by what woke the task: each caller of Trio's ``reschedule`` (a
+    channel, an event, the I/O manager...) and, a level up, who called that. The second
+    level shares a caller's wake-ups out in proportion to its callers' calls (cProfile
+    keeps one level of callers), so it points the way rather than counting exactly."""
+    out: dict[str, float] = {}
+    for (path, _, function), entry in stats.items():
+        if function != "reschedule" or not path.endswith("trio/_core/_run.py"):
+            continue
+        for caller, figures in entry[4].items():
+            woken = figures[0]
+            above = stats.get(caller, (0, 0, 0, 0, {}))[4]
+            total = sum(f[0] for f in above.values())
+            if not total:
+                out[_short(caller)] = out.get(_short(caller), 0.0) + woken
+            for grand, grand_figures in above.items():
+                label = f"{_short(caller)} <- {_short(grand)}"
+                out[label] = out.get(label, 0.0) + woken * grand_figures[0] / total
+    return out
+
+
+def _is_function(label: str) -> bool:
+    """Whether a counts label is one function's calls (``file:line(name)``)."""
+    return ":" in label and not label.startswith("woken by ")
+
+
+def _short(key: tuple[str, int, str]) -> str:
+    """``folder/module.py:function`` of a profile key (``~`` for a C function)."""
+    path, _, function = key
+    return f"{'/'.join(path.split('/')[-2:])}:{function}"
 
 
 async def _load(url: str, streams: int, tokens: int, requests: int | None = None) -> int:
@@ -141,7 +178,7 @@ def main() -> None:
         for label in ("python calls", *_WATCH):
             print(f"{label:>16}: {marginal[label]:8.3f} per token")
         print(f"{'tokens':>16}: {tokens} (marginal)")
-        functions = [(value, label) for label, value in marginal.items() if ":" in label]
+        functions = [(value, label) for label, value in marginal.items() if _is_function(label)]
         for value, label in sorted(functions, reverse=True)[: args.top]:
             print(f"{value:8.3f}  {label}")
 
@@ -169,8 +206,14 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
             stub = by_package["stub"].get(package, 0.0)
             print(f"{package:>16}  {stub:10.2f}  {relayed_by[package]:12.2f}")
         for side, figures in marginal.items():
+            print(f"--- {side}: task wake-ups per request by what woke the task")
+            wakers = [(v, label) for label, v in figures.items() if label.startswith("woken by ")]
+            for value, label in sorted(wakers, reverse=True):
+                if value >= 0.05:
+                    print(f"{value:8.2f}  {label.removeprefix('woken by ')}")
+        for side, figures in marginal.items():
             print(f"--- {side}: functions by calls per request")
-            functions = [(value, label) for label, value in figures.items() if ":" in label]
+            functions = [(value, label) for label, value in figures.items() if _is_function(label)]
             for value, label in sorted(functions, reverse=True)[:top]:
                 print(f"{value:8.2f}  {label}")
 
@@ -197,7 +240,7 @@ def _by_package(figures: dict[str, float]) -> dict[str, float]:
     name, ``pool``, ``builtins`` (C functions) or ``stdlib`` (everything else)."""
     out: dict[str, float] = {}
     for label, value in figures.items():
-        if ":" not in label:
+        if not _is_function(label):
             continue
         path = label.split(":", 1)[0]
         if path == "~":

@@ -3,7 +3,7 @@ calls by package (the profiling runs themselves are the benchmark's)."""
 
 from __future__ import annotations
 
-from benchmarks.pertoken_counts import _by_package, _marginal
+from benchmarks.pertoken_counts import _by_package, _marginal, _wakers
 
 
 def test_marginal_counts_are_the_difference_per_extra_unit() -> None:
@@ -23,3 +23,26 @@ def test_calls_are_summed_by_where_the_function_lives() -> None:
         "/usr/lib/python3.11/contextlib.py:104(__init__)": 4.0,
     }
     assert _by_package(figures) == {"builtins": 5.0, "trio": 3.0, "pool": 3.0, "stdlib": 4.0}
+    # The wake-up attribution's labels are not functions.
+    assert _by_package({"woken by trio/_channel.py:send_nowait": 7.0}) == {}
+
+
+def test_wake_ups_are_attributed_to_the_waker_and_shared_out_a_level_up() -> None:
+    run = "/env/site-packages/trio/_core/_run.py"
+    reschedule = (run, 1, "reschedule")
+    send_nowait = ("/env/site-packages/trio/_channel.py", 2, "send_nowait")
+    loop = (run, 3, "unrolled_run")
+    admit = ("/work/pool/actors/models/_model.py", 4, "admit")
+    finish = ("/work/pool/actors/models/_replica.py", 5, "finish")
+    # cProfile's entries: (primitive calls, calls, own time, total time, callers), a
+    # caller's figures being (primitive calls, calls, own time, total time).
+    stats = {
+        reschedule: (10, 10, 0, 0, {send_nowait: (8, 8, 0, 0), loop: (2, 2, 0, 0)}),
+        send_nowait: (4, 4, 0, 0, {admit: (1, 1, 0, 0), finish: (3, 3, 0, 0)}),
+        loop: (1, 1, 0, 0, {}),
+    }
+    assert _wakers(stats) == {
+        "trio/_channel.py:send_nowait <- models/_model.py:admit": 2.0,
+        "trio/_channel.py:send_nowait <- models/_replica.py:finish": 6.0,
+        "_core/_run.py:unrolled_run": 2.0,
+    }
