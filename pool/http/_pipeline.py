@@ -13,7 +13,9 @@ pool, an embedded app and Quart's test client all run it. In order:
 5. the whole body, before any route: 413 past ``service.max_body_bytes`` (by
    ``Content-Length`` or as the chunks arrive), 408 past ``service.body_timeout_s``.
    A route that answers without reading its body (unload, an early 401 or 404) would
-   leave late bytes unread and the kept-alive connection's next request unanswered;
+   leave late bytes unread and the kept-alive connection's next request unanswered.
+   A refusal of step 4 or 5 leaves the body unread itself, so it closes the connection
+   (``Connection: close``);
 6. the route: a hot route's view is called directly (below), any other goes to Quart
    with the body already read;
 7. the answer's head: ``X-Request-Id`` and the ``X-RateLimit-*`` headers of the tenant
@@ -162,23 +164,19 @@ class RequestPipeline:
         send = self._answering_with_headers(send, request)
         refusal = self._refused_host(request)
         if refusal is not None:
-            await _send_response(self._error(refusal, path, method), send)
+            await self._refuse_unread(refusal, path, method, send)
             return
         try:
             body = await self._read_body(request.headers, receive)
         except trio.TooSlowError:
             timeout = f"the body did not all arrive within {self.body_timeout_s:g} s"
-            await _send_response(
-                self._error(PoolError("request_timeout", timeout), path, method), send
-            )
+            await self._refuse_unread(PoolError("request_timeout", timeout), path, method, send)
             return
         if body is None:
             return  # the client left
         if isinstance(body, int):
             too_large = f"the body is larger than {self.max_body_bytes} bytes"
-            await _send_response(
-                self._error(PoolError("request_too_large", too_large), path, method), send
-            )
+            await self._refuse_unread(PoolError("request_too_large", too_large), path, method, send)
             return
         request.body = body
         hot = self.ctx.hot_routes.get(path) if method == "POST" else None
@@ -233,6 +231,15 @@ class RequestPipeline:
         start = {"type": "websocket.http.response.start", "status": response.status_code}
         await send({**start, "headers": _head(response)})
         await send({"type": "websocket.http.response.body", "body": await response.get_data()})
+
+    async def _refuse_unread(self, exc: PoolError, path: str, method: str, send: Send) -> None:
+        """Answer a step's refusal (4, 5) sent before the body was all read, and close the
+        connection after it. Hypercorn closes a connection whose request was not read to
+        its end; without ``Connection: close`` the client believes it kept alive, and its
+        next request on it (or the late rest of this body) met a closed socket."""
+        response = self._error(exc, path, method)
+        response.headers["Connection"] = "close"
+        await _send_response(response, send)
 
     def _refused_host(self, request: PipelineRequest) -> PoolError | None:
         try:

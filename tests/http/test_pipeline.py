@@ -123,8 +123,9 @@ class RawHttp:
         self.port = port
         self.conn = h11.Connection(h11.CLIENT)
 
-    async def start(self, path: str, *headers: tuple[str, str]) -> None:
-        head = [("host", f"127.0.0.1:{self.port}"), ("content-type", "application/json")]
+    async def start(self, path: str, *headers: tuple[str, str], host: str = "") -> None:
+        host = host or f"127.0.0.1:{self.port}"
+        head = [("host", host), ("content-type", "application/json")]
         await self.send(h11.Request(method="POST", target=path, headers=[*head, *headers]))
 
     async def send(self, event: h11.Event) -> None:
@@ -180,8 +181,42 @@ async def test_a_chunked_body_past_the_limit_is_413(nursery: trio.Nursery) -> No
     assert status == 413, body
     assert _error_code(body) == "request_too_large"
     assert b"200 bytes" in body and headers["x-request-id"] == "big-1"
+    assert headers["connection"] == "close"  # the rest of the body is not read
     # The same body within a larger limit is read whole, so the 413 came from the size.
     await _still_answers(server)
+
+
+@pytest.mark.parametrize(
+    ("host", "declared", "status", "code"),
+    [
+        ("evil.example", 60, 403, "host_not_allowed"),
+        ("", 300, 413, "request_too_large"),  # by its Content-Length
+    ],
+)
+async def test_a_refusal_before_the_body_is_read_closes_the_connection(
+    nursery: trio.Nursery, host: str, declared: int, status: int, code: str
+) -> None:
+    """Answered from the head alone, the body still on its way: the answer says
+    ``Connection: close`` and the server closes, so a client never sends its next request
+    on a connection it believes kept alive (that request met a closed socket)."""
+    server = await start_server(nursery, max_body_bytes=200)
+    async with raw_http(server) as http:
+        await http.start("/v1/chat/completions", ("content-length", str(declared)), host=host)
+        with trio.fail_after(10):
+            answer, headers, body = await http.response()
+        assert (answer, _error_code(body)) == (status, code)
+        assert headers["connection"] == "close"
+        await http.stream.send_all(b"x" * declared)  # the body, late
+        with trio.fail_after(10):
+            assert await _closed_by_server(http.stream)
+    await _still_answers(server)
+
+
+async def _closed_by_server(stream: trio.SocketStream) -> bool:
+    try:
+        return await stream.receive_some() == b""
+    except trio.BrokenResourceError:  # reset: the late body was not read
+        return True
 
 
 async def test_a_body_slower_than_body_timeout_s_is_408(nursery: trio.Nursery) -> None:
@@ -194,7 +229,7 @@ async def test_a_body_slower_than_body_timeout_s_is_408(nursery: trio.Nursery) -
             with trio.fail_after(30):
                 status, headers, body = await http.response()
         assert status == 408, (path, body)
-        assert headers["x-request-id"] == "slow-1"
+        assert headers["x-request-id"] == "slow-1" and headers["connection"] == "close"
         if path.startswith("/v1/"):
             assert _error_code(body) == "request_timeout"
         else:  # in Ollama's error shape, on Ollama's route
