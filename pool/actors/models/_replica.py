@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pool.actors.models._ticket import JobCompleted, JobEmbedded, JobFailed, JobFinished, Ticket
+from pool.actors.models._ticket import (
+    JobCompleted,
+    JobEmbedded,
+    JobFailed,
+    JobFinished,
+    Output,
+    Ticket,
+)
 from pool.actors.values._events import Delta
 from pool.backends import EmbeddingJob, TaskJob, ToolCallDelta, out_of_memory
 from pool.errors import BackendError, PoolError
@@ -90,6 +97,20 @@ class _TicketSink:
         # Nobody reads any more: stop generating. The checkpoint raises Cancelled.
         self._ticket.scope.cancel()
         await trio.lowlevel.checkpoint()
+
+
+async def _deliver(ticket: Ticket, outcome: Output) -> None:
+    """Hand a job's result to its requester: at once while the channel has room (no
+    scheduler pass, as :class:`_TicketSink` sends text); else waiting, shielded (a
+    stopping replica must still hand it over) but bounded (a client that stopped reading
+    cannot hold it up)."""
+    if ticket.hand_over(outcome):
+        return
+    with (
+        trio.move_on_after(_RESULT_HANDOVER_S, shield=True),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+    ):
+        await ticket.send_channel.send(outcome)
 
 
 class Replica:
@@ -260,11 +281,7 @@ class Replica:
             with ticket.send_channel:
                 outcome = await self._generate(ticket)
                 if outcome is not None:
-                    with (
-                        trio.move_on_after(_RESULT_HANDOVER_S, shield=True),
-                        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
-                    ):
-                        await ticket.send_channel.send(outcome)
+                    await _deliver(ticket, outcome)
         finally:
             self._probe = None
 
@@ -282,13 +299,7 @@ class Replica:
                 released = True
                 self._release()
                 if outcome is not None:
-                    # Shielded (a stopping replica must still hand over the result) but
-                    # bounded (a client that stopped reading cannot hold it up).
-                    with (
-                        trio.move_on_after(_RESULT_HANDOVER_S, shield=True),
-                        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
-                    ):
-                        await ticket.send_channel.send(outcome)
+                    await _deliver(ticket, outcome)
         finally:
             self._running.discard(ticket)
             if not released:

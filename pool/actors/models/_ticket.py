@@ -9,6 +9,7 @@ cancelling the job's scope is how a departing client stops generation.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -141,3 +142,46 @@ class Ticket:
         """The requester is gone: stop the job (if any) and drop buffered output."""
         self.scope.cancel()
         self.receive_channel.close()
+
+    def outputs(self) -> AsyncIterator[Output]:
+        """The requester's read of the job's output, to the channel's end."""
+        return _Outputs(self.receive_channel)
+
+    def hand_over(self, output: Output) -> bool:
+        """Put ``output`` in the channel if it has room (False: it is full). A requester
+        that left is no error: its output is dropped."""
+        try:
+            self.send_channel.send_nowait(output)
+        except trio.WouldBlock:
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        return True
+
+
+class _Outputs:
+    """A ticket's channel read as :meth:`Ticket.outputs` gives it: an item already waiting
+    is taken at once. Trio's ``receive`` passes through the scheduler even when it need
+    not wait (a checkpoint), a task step for the requester on every read; a job's output
+    is finite, so taking what waits never keeps the loop for long, and a read that waits
+    is still Trio's (and a cancellation point)."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: trio.MemoryReceiveChannel[Output]) -> None:
+        self._channel = channel
+
+    def __aiter__(self) -> _Outputs:
+        return self
+
+    async def __anext__(self) -> Output:
+        try:
+            return self._channel.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        try:
+            return await self._channel.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None

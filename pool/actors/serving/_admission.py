@@ -256,7 +256,7 @@ class Admission:
         ask = getattr(self.ticket.request, "pass_through", None)
         raw: list[bytes] | None = [] if ask is not None and not ask.stream else None
         while True:
-            async for item in self.ticket.receive_channel:
+            async for item in self.ticket.outputs():
                 if type(item) is Delta:
                     pieces.append(item.text)
                     yield item
@@ -296,7 +296,7 @@ class Admission:
         while True:
             receive = self.ticket.receive_channel
             ended = False
-            async for item in receive:
+            async for item in self.ticket.outputs():
                 batch: list[Event] = []
                 while True:
                     if type(item) is Delta:
@@ -402,7 +402,7 @@ class Admission:
             self.failed = error
             yield Failed(error)
             return
-        async for item in self.ticket.receive_channel:
+        async for item in self.ticket.outputs():
             if type(item) is Delta or isinstance(item, bytes):
                 yield item
             elif isinstance(item, JobCompleted):
@@ -439,7 +439,7 @@ class Admission:
         if (error := await self._waited()) is not None:
             self.failed = error
             raise error
-        async for item in self.ticket.receive_channel:
+        async for item in self.ticket.outputs():
             if isinstance(item, JobEmbedded):
                 self.job = item
                 timings = self._one_call_timings(item)
