@@ -1,5 +1,6 @@
-"""Hypercorn's HTTP/1.1 protocol with two changes: one socket write per whole answer,
-and the end of a request's stream told to the app without a task of its own.
+"""Hypercorn's HTTP/1.1 protocol with three changes: one socket write per whole answer,
+the end of a request's stream told to the app without a task of its own, and a
+request's messages put in its app's channel without a scheduler pass.
 
 **The held head.** Hypercorn writes an answer's head, its body and its (empty, for a
 sized body) end as three writes: three sends through its connection lock and shielded
@@ -26,11 +27,18 @@ the answer is done), just before Hypercorn sends ``http.disconnect``.
 :func:`install` puts :class:`PoolH11Protocol` where Hypercorn's connection wrapper
 builds its HTTP/1.1 protocol (``hypercorn.protocol.H11Protocol``), after checking that
 the names it relies on are still there.
+
+**Messages without a scheduler pass.** Hypercorn hands the app a request's body, its
+end and the disconnect through a memory channel, with Trio's ``send``, which passes
+through the scheduler even when the channel has room: a step of the connection's task
+for each. :class:`_EagerPut` puts them with ``send_nowait`` while there is room, and the
+pipeline (pool/http/_pipeline.py) takes what waits in that channel the same way.
 """
 
 from __future__ import annotations
 
 from itertools import chain
+from typing import Any
 
 import h11
 import hypercorn.protocol
@@ -82,6 +90,9 @@ class PoolH11Protocol(H11Protocol):
             # Before the request's body reaches the app, which looks for it after.
             self._disconnect = DisconnectHook()
             self.stream.scope["extensions"][DISCONNECT_HOOK] = self._disconnect  # type: ignore[assignment]
+            channel = getattr(self.stream.app_put, "__self__", None)
+            if isinstance(channel, trio.MemorySendChannel):
+                self.stream.app_put = _EagerPut(channel)
 
     async def _close_stream(self) -> None:
         hook, self._disconnect = self._disconnect, None
@@ -119,6 +130,24 @@ class PoolH11Protocol(H11Protocol):
             data, self._held = self._held + (data or b""), b""
         if data:  # a sized body's end is no bytes: nothing to write
             await self.send(RawData(data=data))
+
+
+class _EagerPut:
+    """A request's messages to its app (its body, its end, the disconnect) put in the
+    app's channel (Hypercorn's ``app_put``) without the scheduler pass of Trio's ``send``
+    while the channel has room, a task step each; a full channel (Hypercorn's
+    ``max_app_queue_size``: an app that does not read) still waits."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: trio.MemorySendChannel[Any]) -> None:
+        self._channel = channel
+
+    async def __call__(self, message: Any) -> None:
+        try:
+            self._channel.send_nowait(message)
+        except trio.WouldBlock:
+            await self._channel.send(message)
 
 
 def _sized(event: Response) -> bool:

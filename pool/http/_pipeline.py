@@ -302,9 +302,10 @@ class RequestPipeline:
             return int(declared)
         parts: list[bytes] = []
         size = 0
+        channel = _channel_of(receive)
         with trio.fail_after(self.body_timeout_s):
             while True:
-                message = await receive()
+                message = _waiting_message(channel) or await receive()
                 if message["type"] == "http.disconnect":
                     return None
                 part = message.get("body", b"")
@@ -314,6 +315,24 @@ class RequestPipeline:
                 parts.append(part)
                 if not message.get("more_body", False):
                     return b"".join(parts)
+
+
+def _channel_of(receive: Receive) -> trio.MemoryReceiveChannel[dict[str, Any]] | None:
+    """The memory channel whose ``receive`` the server handed the app (Hypercorn's), if so."""
+    channel = getattr(receive, "__self__", None)
+    return channel if isinstance(channel, trio.MemoryReceiveChannel) else None
+
+
+def _waiting_message(channel: trio.MemoryReceiveChannel[dict[str, Any]] | None) -> Any:
+    """A message already in ``channel``, taken without the scheduler pass that Trio's
+    ``receive`` makes even when it need not wait (a task step each: the body and its
+    end are two messages); None when none waits (then ``receive`` waits for it)."""
+    if channel is None:
+        return None
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return None
 
 
 # Header names as they go on the wire, encoded once: every answer's head has the same
