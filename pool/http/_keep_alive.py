@@ -23,8 +23,11 @@ socket's close waits for, waited for it: the socket stayed in CLOSE_WAIT, holdin
 descriptor and two tasks, for the whole ``service.keep_alive_s`` (75 s by default), and
 under steady traffic from such clients the descriptors piled up by the thousand.
 
-:func:`install` puts :class:`PoolTCPServer` where Hypercorn's trio ``serve`` builds its
-connections, after checking that the names it relies on are still Hypercorn's.
+:class:`PoolTCPServer` also reads and writes a plain TCP connection through
+:class:`~pool.http._direct_stream.DirectSocketStream`, without Trio's scheduler pass
+after each call that did not wait. :func:`install` puts it where Hypercorn's trio
+``serve`` builds its connections, after checking that the names it relies on are still
+Hypercorn's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ from typing import Any
 
 import hypercorn.trio.run
 import trio
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
+
+from pool.http._direct_stream import DirectSocketStream
 
 
 class KeepAliveTimer:
@@ -102,10 +108,14 @@ class KeepAliveTimer:
 
 
 class PoolTCPServer(TCPServer):
-    """Hypercorn's trio connection with :class:`KeepAliveTimer` as its idle timer."""
+    """Hypercorn's trio connection with :class:`KeepAliveTimer` as its idle timer, read
+    and written through :class:`~pool.http._direct_stream.DirectSocketStream` (plain
+    TCP), its writes' lock taken without a scheduler pass when it is free."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        if isinstance(self.stream, trio.SocketStream):
+            self.stream = DirectSocketStream(self.stream)
         self._timer = KeepAliveTimer(self)
         self.idle_task = self._timer  # type: ignore[assignment]  # same interface
 
@@ -114,6 +124,30 @@ class PoolTCPServer(TCPServer):
             await super()._read_data()
         finally:
             self._timer.end()
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        # Hypercorn's write, with its lock taken at once when free: Trio's ``acquire``
+        # passes through the scheduler even when it need not wait (a task step a write).
+        if not _try_acquire(self.send_lock):
+            await self.send_lock.acquire()
+        try:
+            with trio.CancelScope(shield=True):
+                await self.stream.send_all(event.data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.protocol.handle(Closed())
+        finally:
+            self.send_lock.release()
+
+
+def _try_acquire(lock: trio.Lock) -> bool:
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        return False
+    return True
 
 
 def install() -> None:
@@ -129,4 +163,6 @@ def install() -> None:
     methods = all(hasattr(TCPServer, name) for name in ("_read_data", "_initiate_server_close"))
     if not (drives_idle_task and methods):
         raise RuntimeError("Hypercorn's TCPServer no longer has the idle timer replaced here")
+    if not {"send_lock", "stream"} <= set(TCPServer.__init__.__code__.co_names):
+        raise RuntimeError("Hypercorn's TCPServer no longer writes as protocol_send does here")
     setattr(hypercorn.trio.run, "TCPServer", PoolTCPServer)  # noqa: B010 - not exported
