@@ -28,6 +28,16 @@ times instead: two pools without a profiler, this checkout's and the one in ``DI
 (A B A B ...) at 64 clients of 256-token streams; it prints each side's pool CPU
 (user + system, from /proc) per relayed token, every round and the median, with the
 load average before and after (the machine is shared: compare within one run only).
+
+    python -m benchmarks.pertoken_counts --ab DIR --per-request [--rounds 12] [--requests 800]
+
+times the JSON path's fixed cost the same way: one client's ``--requests`` one-token
+Chat Completions a round on each side, for the ``stub`` and the pass-through reply in
+front of the zero upstream (four pools in all), the pools pinned to one
+core and the upstream and the client to the other (``benchmarks/pass_through.py``'s
+pinning), the order of the sides reversed every round; it prints each side's pool CPU
+per request and p50 latency, every round and the medians, and in how many rounds each
+side used less CPU than the other.
 """
 
 from __future__ import annotations
@@ -160,6 +170,9 @@ def main() -> None:
     parser.add_argument("--per-request", action="store_true", help="JSON requests, not tokens")
     parser.add_argument("--requests", type=int, default=1000)
     args = parser.parse_args()
+    if args.ab is not None and args.per_request:
+        trio.run(_timed_ab_json, args.ab, args.rounds, args.requests)
+        return
     if args.ab is not None:
         trio.run(_timed_ab, args.ab, args.streams, args.tokens, args.rounds, args.seconds)
         return
@@ -187,7 +200,7 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
     """Marginal counts of one JSON request, the stub's and the pass-through's side by side."""
     with zero_upstream() as upstream, tempfile.TemporaryDirectory() as folder:
         profile = Path(folder) / "pool.prof"
-        sides = {"stub": {"backend": "stub", "enabled": True, "target_inflight": 256}}
+        sides: dict[str, dict[str, object]] = {"stub": _STUB}
         sides["pass_through"] = _relay_model(upstream.url)
         marginal: dict[str, dict[str, float]] = {}
         for side, model in sides.items():
@@ -216,6 +229,9 @@ def _per_request(requests: int, checkout: Path | None, top: int) -> None:
             functions = [(value, label) for label, value in figures.items() if _is_function(label)]
             for value, label in sorted(functions, reverse=True)[:top]:
                 print(f"{value:8.2f}  {label}")
+
+
+_STUB = {"backend": "stub", "enabled": True, "target_inflight": 256}
 
 
 def _settings(path: Path, model: dict[str, object]) -> Path:
@@ -303,6 +319,70 @@ async def _timed_ab(other: Path, streams: int, tokens: int, rounds: int, seconds
         print(f"load average after: {os.getloadavg()}")
         for name, values in figures.items():
             print(f"{name}: median {statistics.median(values):.4f} ms of pool CPU per token")
+
+
+async def _timed_ab_json(other: Path, rounds: int, requests: int) -> None:
+    from benchmarks.harness import pool_server
+    from benchmarks.pass_through import _cpu_set, default_pinning
+
+    pools_cpus, upstream_cpus, client_cpus = default_pinning()
+    body = relay._body("/v1/chat/completions", "relay", stream=False)
+    client_before = os.sched_getaffinity(0)
+    with ExitStack() as stack:
+        upstream = stack.enter_context(zero_upstream(upstream_cpus or None))
+        models = {"stub": _STUB, "pass_through": _relay_model(upstream.url)}
+        pinned = pools_cpus or None
+        sides = {
+            (kind, name): stack.enter_context(
+                pool_server(
+                    {"relay": model},
+                    name=f"{kind} {name}",
+                    cpus=pinned,
+                    checkout=None if name == "this" else other,
+                )
+            )
+            for kind, model in models.items()
+            for name in ("this", "other")
+        }
+        if client_cpus:
+            os.sched_setaffinity(0, _cpu_set(client_cpus))
+        cpu: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
+        p50: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
+        try:
+            print(f"pinning: pools {pools_cpus}, upstream {upstream_cpus}, client {client_cpus}")
+            print(f"load average before: {os.getloadavg()}")
+            for round_index in range(rounds + 1):  # round 0 warms them up, uncounted
+                order = list(sides.items())
+                for side, server in order if round_index % 2 else order[::-1]:
+                    used = server.cpu_seconds()
+                    results = await closed_loop(
+                        server,
+                        1,
+                        requests if round_index else 200,
+                        lambda index: (body, {}),
+                        path="/v1/chat/completions",
+                        delta_mark=CHAT_DELTA_MARK,
+                    )
+                    used = server.cpu_seconds() - used
+                    ok = [r.latency_ms for r in results if r.error is None and r.status == 200]
+                    if round_index and ok:
+                        cpu[side].append(used * 1000 / len(ok))
+                        p50[side].append(statistics.median(ok))
+                        print(
+                            f"round {round_index} {server.name}: {cpu[side][-1]:.3f} ms"
+                            f" of pool CPU a request, p50 {p50[side][-1]:.3f} ms"
+                        )
+        finally:
+            os.sched_setaffinity(0, client_before)
+        print(f"load average after: {os.getloadavg()}")
+        for (kind, name), values in cpu.items():
+            theirs = cpu[(kind, "other" if name == "this" else "this")]
+            wins = sum(mine < their for mine, their in zip(values, theirs, strict=False))
+            print(
+                f"{kind} {name}: median {statistics.median(values):.3f} ms of pool CPU a"
+                f" request, p50 {statistics.median(p50[(kind, name)]):.3f} ms; lower in"
+                f" {wins} of {len(values)} rounds"
+            )
 
 
 def _run(

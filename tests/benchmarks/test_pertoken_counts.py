@@ -1,7 +1,12 @@
 """The arithmetic of benchmarks/pertoken_counts.py: marginal counts and the split of
-calls by package (the profiling runs themselves are the benchmark's)."""
+calls by package (the profiling runs themselves are the benchmark's), and its timed
+JSON A/B run end to end."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 from benchmarks.pertoken_counts import _by_package, _marginal, _wakers
 
@@ -46,3 +51,23 @@ def test_wake_ups_are_attributed_to_the_waker_and_shared_out_a_level_up() -> Non
         "trio/_channel.py:send_nowait <- models/_replica.py:finish": 6.0,
         "_core/_run.py:unrolled_run": 2.0,
     }
+
+
+def test_the_json_ab_times_both_models_on_both_sides() -> None:
+    """``--ab DIR --per-request`` end to end, this checkout against itself: four pools,
+    every side timed in every round, the medians and the rounds each side won."""
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "benchmarks.pertoken_counts", "--ab", str(root)]
+    result = subprocess.run(
+        [*command, "--per-request", "--rounds", "2", "--requests", "30"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    for side in ("stub this", "stub other", "pass_through this", "pass_through other"):
+        assert sum(line.startswith("round ") and f" {side}: " in line for line in lines) == 2
+        (median,) = [line for line in lines if line.startswith(f"{side}: median ")]
+        assert "ms of pool CPU a request" in median and "of 2 rounds" in median
