@@ -305,6 +305,22 @@ async def test_a_client_leaving_during_the_body_read(
     await _still_answers(server)
 
 
+async def _kept_alive_requests(
+    server: ServerInfo, count: int, instrument: trio.abc.Instrument
+) -> None:
+    """``count`` Chat Completions on one kept-alive connection, ``instrument`` installed
+    for them alone (not for the connection's opening)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        await client.post("/v1/chat/completions", json=CHAT)  # the connection is opened
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            for _ in range(count):
+                reply = await client.post("/v1/chat/completions", json=CHAT)
+                assert reply.status_code == 200
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+
+
 class _Spawned(trio.abc.Instrument):
     """The names of the tasks started while installed."""
 
@@ -325,15 +341,7 @@ async def test_a_served_hot_route_is_cancelled_by_the_protocol_not_a_watcher_tas
     models = {"echo": STUB_MODELS["echo"], "slow": slow | {"stub_tokens_per_second": 20}}
     server = await start_server(nursery, models)
     spawned = _Spawned()
-    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-        await client.post("/v1/chat/completions", json=CHAT)  # the connection is opened
-        trio.lowlevel.add_instrument(spawned)
-        try:
-            for _ in range(5):
-                reply = await client.post("/v1/chat/completions", json=CHAT)
-                assert reply.status_code == 200
-        finally:
-            trio.lowlevel.remove_instrument(spawned)
+    await _kept_alive_requests(server, 5, spawned)
     started = Counter(name.rpartition(".")[2] for name in spawned.names)
     assert started["_handle"] == started["_run_job"] == 5, spawned.names
     # Neither a watcher of the route's nor a keep-alive timer of Hypercorn's.
@@ -370,14 +378,6 @@ async def test_a_json_request_passes_through_the_scheduler_only_where_it_waits(
     by the socket, the app's and the job's first steps, the job's start waited for, the
     usage recorder and the residency owner woken)."""
     server = await start_server(nursery)
-    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-        await client.post("/v1/chat/completions", json=CHAT)  # the connection is opened
-        steps = _ServerSteps(trio.lowlevel.current_task())
-        trio.lowlevel.add_instrument(steps)
-        try:
-            for _ in range(20):
-                reply = await client.post("/v1/chat/completions", json=CHAT)
-                assert reply.status_code == 200
-        finally:
-            trio.lowlevel.remove_instrument(steps)
+    steps = _ServerSteps(trio.lowlevel.current_task())
+    await _kept_alive_requests(server, 20, steps)
     assert steps.count / 20 <= 8, steps.count / 20
