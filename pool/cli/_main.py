@@ -231,6 +231,7 @@ async def run_command(
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from pool.cli._heap import settle_heap
     from pool.cli._logs import configure_logging
     from pool.http import ServerInfo, serve
 
@@ -240,6 +241,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.log_format or os.environ.get("LOG_FORMAT", "text").lower(),
     )
     log = logging.getLogger("pool")
+    settle_heap()  # the modules imported, no model loaded yet (pool/cli/_heap.py)
     # Opened before the server starts, so a signal is never a KeyboardInterrupt.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
