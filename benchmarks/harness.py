@@ -234,8 +234,10 @@ def zero_upstream(cpus: str | None = None) -> Iterator[Server]:
 
 
 @contextmanager
-def bare_server() -> Iterator[Server]:
-    with run_server("bare", [sys.executable, "-m", "benchmarks.bare_app", "--port", "0"]) as server:
+def bare_server(cpus: str | None = None) -> Iterator[Server]:
+    """``benchmarks/bare_app.py``: Hypercorn and an ASGI app that only answers."""
+    command = [sys.executable, "-m", "benchmarks.bare_app", "--port", "0"]
+    with run_server("bare", command, cpus=cpus) as server:
         yield server
 
 

@@ -4,6 +4,10 @@ One zero-work upstream (``benchmarks/zero_upstream.py``) is read, interleaved in
 round (A B C D A B C D):
 
 - ``direct``: the upstream itself;
+- ``bare``: ``benchmarks/bare_app.py``, Hypercorn and an ASGI app that answers the stub's
+  bytes at once, on the proxies' cores: the floor of any pool served by Hypercorn, which
+  reads, parses and answers each request as the pool does but calls no upstream (the
+  relay-capacity load leaves it out: it writes one event a send);
 - ``pass_through``: a pool's ``openai_remote`` model on ``/v1/chat/completions``, the
   upstream's own dialect, so the upstream's bytes go through
   (pool/backends/_pass_through.py);
@@ -36,6 +40,7 @@ from typing import Any
 from benchmarks._http import CHAT_DELTA_MARK, DELTA_MARK
 from benchmarks.harness import (
     Server,
+    bare_server,
     closed_loop,
     litellm_server,
     pool_server,
@@ -50,6 +55,7 @@ SHORT_TOKENS = 16
 # side: (server, path, delta mark)
 _SIDES = {
     "direct": ("direct", "/v1/chat/completions", CHAT_DELTA_MARK),
+    "bare": ("bare", "/v1/responses", DELTA_MARK),
     "pass_through": ("pool", "/v1/chat/completions", CHAT_DELTA_MARK),
     "translated": ("pool", "/v1/responses", DELTA_MARK),
     "translated_chat": ("pool_translated", "/v1/chat/completions", CHAT_DELTA_MARK),
@@ -155,6 +161,7 @@ async def pass_through(
             "target_inflight": 256,
         }
         servers = {"direct": upstream}
+        servers["bare"] = stack.enter_context(bare_server(cpus=proxies_cpus or None))
         servers["pool"] = stack.enter_context(
             pool_server({"relay": relay}, service=auth, cpus=proxies_cpus or None)
         )
@@ -188,9 +195,10 @@ async def pass_through(
             )
             for round_index in range(rounds):
                 for cell, concurrency, tokens, stream in cells:
-                    # LiteLLM takes minutes for the capacity load: it is left out there.
+                    # LiteLLM takes minutes for the capacity load, and the bare app has no
+                    # relay to measure there: both are left out of it.
                     for side in sides:  # interleaved: A B C D A B C D
-                        if side == "litellm" and cell.startswith("capacity"):
+                        if side in ("litellm", "bare") and cell.startswith("capacity"):
                             continue
                         progress(f"pass-through round {round_index + 1}/{rounds} {cell} {side}")
                         summary = await _phase(

@@ -8,7 +8,8 @@ and buffers), so at 16 JSON clients the young collections ran 260 times a second
 nothing to free, and promoted those objects. That brought a full collection every half
 second, which walked the whole heap (the imported modules, the app's routes and
 schemas: about 120,000 objects) for 65-80 ms with the loop stopped: every stream and
-request in flight waited, and it was the p99 (`docs/performance.md`, "The collector").
+request in flight waited, and it was the p99 (docs/performance.md, "The collector under
+load").
 
 The pool leaves almost no cycles per request (at a threshold of 10,000 a 4 s load ran no
 collection at all), so the collector has little to find and is told so:
