@@ -22,16 +22,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from benchmarks._http import CHAT_DELTA_MARK
-from benchmarks.harness import Server, closed_loop, percentile, pool_server, zero_upstream
+from benchmarks.harness import Server, closed_loop, measure, pool_server, zero_upstream
 from benchmarks.pass_through import _cpu_set, default_pinning
+from benchmarks.pertoken_counts import _relay_model
 
 # cell: (clients, tokens a request)
 CELLS = {"json c=16": (16, 1), "sse c=64": (64, 256)}
@@ -50,32 +51,31 @@ def _body(tokens: int) -> dict[str, Any]:
 
 async def _cell(server: Server, clients: int, tokens: int, seconds: float) -> dict[str, float]:
     body = _body(tokens)
-    used = server.cpu_seconds()
-    started = time.perf_counter()
-    results = await closed_loop(
+    summary = await measure(
         server,
-        clients,
-        10_000_000,
-        lambda index: (body, {}),
-        max_s=seconds + 60,
-        path="/v1/chat/completions",
-        delta_mark=CHAT_DELTA_MARK,
-        stop_after_s=seconds,
+        partial(
+            closed_loop,
+            server,
+            clients,
+            10_000_000,
+            lambda index: (body, {}),
+            max_s=seconds + 60,
+            path="/v1/chat/completions",
+            delta_mark=CHAT_DELTA_MARK,
+            stop_after_s=seconds,
+        ),
     )
-    wall = time.perf_counter() - started
-    used = server.cpu_seconds() - used
-    ok = sorted(r.latency_ms for r in results if r.error is None and r.status == 200)
-    if len(ok) != len(results):
-        raise SystemExit(f"{server.name}: {len(results) - len(ok)} requests failed")
-    p50 = percentile(ok, 0.5) or 0.0
+    if summary["errors"]:
+        raise SystemExit(f"{server.name}: {summary['errors_by_kind']}")
+    latencies, p50 = summary["latencies_ms"], summary["latency_ms"]["p50"]
     return {
-        "requests_per_s": len(ok) / wall,
-        "tokens_per_s": sum(r.tokens for r in results) / wall,
+        "requests_per_s": summary["requests_per_s"],
+        "tokens_per_s": summary["tokens_per_s"],
         "p50_ms": p50,
-        "p99_ms": percentile(ok, 0.99) or 0.0,
-        "max_ms": ok[-1],
-        "cpu_ms": used * 1000 / len(ok),
-        "stalled": sum(latency > 3 * p50 for latency in ok),
+        "p99_ms": summary["latency_ms"]["p99"],
+        "max_ms": max(latencies),
+        "cpu_ms": summary["server_cpu_ms_per_request"],
+        "stalled": sum(latency > 3 * p50 for latency in latencies),
     }
 
 
@@ -93,14 +93,7 @@ async def ab(other: Path, rounds: int, seconds: float) -> None:
     client_before = os.sched_getaffinity(0)
     with ExitStack() as stack:
         upstream = stack.enter_context(zero_upstream(upstream_cpus or None))
-        model = {
-            "backend": "openai_remote",
-            "enabled": True,
-            "remote_base_url": f"{upstream.url}/v1",
-            "remote_model": "zero",
-            "remote_timeout_s": 120,
-            "target_inflight": 256,
-        }
+        model = _relay_model(upstream.url)
         sides = {
             name: stack.enter_context(
                 pool_server(
