@@ -43,6 +43,9 @@ COALESCE_S = 0.02
 
 # A record that names no boot (written by hand, or by an older pool).
 _NO_BOOT = "-"
+# An id check that found Redis unreachable is tried once more after this pause.
+_CHECK_TRIES = 2
+_CHECK_RETRY_S = 0.2
 
 # Write a node's record unless it belongs to another boot (a live node under the same
 # id), or to the stale boot this node decided to take over.
@@ -209,28 +212,49 @@ class NodeRegistry:
 
         Another boot's record is watched for up to two of its heartbeats: renewed, the
         id is a live node's; gone or not renewed, a dead node's, which the first write
-        replaces. Redis unreachable: nothing to check now (the first write checks).
+        replaces. Redis unreachable: the check is tried once more (a connection cut short
+        once, as a loaded host's handshake can be, must not skip it), then nothing is
+        checked now (the first write checks).
 
         Raises:
             NodeIdInUse: another live node holds the id.
         """
-        key = self.keys.node(self.node_id)
-        try:
-            first = _parse(await call(self.client.get(key)))
-            if first is None or first.get("boot") == self.boot:
+        for attempt in range(_CHECK_TRIES):
+            try:
+                await self._check_id_once()
                 return
-            their_heartbeat = _positive(first.get("heartbeat_s"), self.heartbeat_s)
-            deadline = trio.current_time() + 2 * their_heartbeat
-            poll_s = min(max(their_heartbeat / 20, 0.01), 0.25)
-            while trio.current_time() < deadline:
-                await trio.sleep(poll_s)
-                now = _parse(await call(self.client.get(key)))
-                if now is None:
-                    return  # left or expired: the id is free
-                if (now.get("boot"), now.get("beat")) != (first.get("boot"), first.get("beat")):
-                    raise NodeIdInUse(self.node_id, now)
-        except RedisUnavailable:
+            except RedisUnavailable as exc:
+                if attempt + 1 == _CHECK_TRIES:
+                    log.warning(
+                        "cluster: node %s: Redis unreachable (%s): the id is checked at the"
+                        " first write",
+                        self.node_id,
+                        exc,
+                    )
+                    return
+                await trio.sleep(_CHECK_RETRY_S)
+
+    async def _check_id_once(self) -> None:
+        """:meth:`check_id`, one try.
+
+        Raises:
+            NodeIdInUse: another live node holds the id.
+            RedisUnavailable: a call failed.
+        """
+        key = self.keys.node(self.node_id)
+        first = _parse(await call(self.client.get(key)))
+        if first is None or first.get("boot") == self.boot:
             return
+        their_heartbeat = _positive(first.get("heartbeat_s"), self.heartbeat_s)
+        deadline = trio.current_time() + 2 * their_heartbeat
+        poll_s = min(max(their_heartbeat / 20, 0.01), 0.25)
+        while trio.current_time() < deadline:
+            await trio.sleep(poll_s)
+            now = _parse(await call(self.client.get(key)))
+            if now is None:
+                return  # left or expired: the id is free
+            if (now.get("boot"), now.get("beat")) != (first.get("boot"), first.get("beat")):
+                raise NodeIdInUse(self.node_id, now)
         self._stale_boot = str(first.get("boot") or _NO_BOOT)
         log.warning(
             "cluster: node %s: the record of boot %s (at %s) was not renewed for %.1f s;"

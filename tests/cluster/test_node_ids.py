@@ -19,6 +19,8 @@ import pytest
 import trio
 
 from pool.cluster import ClusterNode, NodeIdInUse, open_ledger
+from pool.cluster import _registry as registry_module
+from pool.cluster._redis import RedisUnavailable, call
 
 from .conftest import RedisServer, free_port
 from .test_pool_leases import cluster_settings
@@ -185,6 +187,32 @@ async def test_a_second_node_in_process_is_refused_before_its_pool_opens(
         assert refused.value.other["boot"] == first.boot
         assert "http://n1.invalid:8011" in str(refused.value)
         assert first.status()["redis"] == "ok"
+
+
+async def test_an_id_check_cut_short_once_is_tried_again(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded CI host once cut the second node's first Redis connection short (its
+    handshake failed): the check gave up and the node joined under a live id."""
+    steady = {**FAST, "heartbeat_s": 1.0, "node_ttl_s": 5.0}
+    async with registered(redis_server.url, "n1", **steady) as (_, first):
+        await until(lambda: first.registry.epoch is not None, 5)
+        failed: list[str] = []
+        # The second node's check runs in this task (open_cluster awaits it before its
+        # nursery starts); the first node's renewals run in tasks of their own.
+        checking = trio.lowlevel.current_task()
+
+        async def cut_short_once(awaitable: Any) -> Any:
+            if not failed and trio.lowlevel.current_task() is checking:
+                failed.append("first call")
+                raise RedisUnavailable("ConnectionError: Connection attempt failed")
+            return await call(awaitable)
+
+        monkeypatch.setattr(registry_module, "call", cut_short_once)
+        with pytest.raises(NodeIdInUse) as refused:
+            async with registered(redis_server.url, "n1", **steady):
+                raise AssertionError("joined under a live node's id")
+        assert failed and refused.value.other["boot"] == first.boot
 
 
 async def test_a_dead_nodes_record_is_taken_over(redis_server: RedisServer) -> None:
