@@ -69,6 +69,29 @@ async def test_keep_alive_from_config_unloads_after_idle(autojump_clock: trio.ab
         assert pool.model("m").load_count == 2
 
 
+async def test_a_request_that_comes_in_as_the_keep_alive_unload_starts_is_served(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The keep-alive timer found the model idle and asked it to unload; a request came
+    in before the model ran that command (seen in CI on three serving processes: a 409
+    ``model_unloading``). The unload is called off and the request served."""
+    slow = {"on_demand": True, "keep_alive": "5m", "stub_tokens_per_second": 2}
+    settings = stub_settings({"m": {**slow, "target_inflight": 1}})
+    async with open_pool(settings) as pool:
+        await pool.respond(ask("m", "warm"))
+        outcomes = [Outcome(), Outcome()]
+        async with trio.open_nursery() as nursery:
+            for outcome in outcomes:
+                nursery.start_soon(run_request, pool, ask("m", "one two"), outcome)
+            await wait_until(lambda: pool.model("m").queue_depth == 1)  # one runs, one waits
+            snapshot = await pool.model("m").unload("keep_alive")
+            assert snapshot.state == "loaded"
+        assert [(o.text, o.error) for o in outcomes] == [("one two", None)] * 2
+        assert pool.model("m").load_count == 1
+        # Idle again: the timer starts over, and unloads it in the end.
+        assert pool.snapshot("m").expires_in_s == pytest.approx(300, abs=1)
+
+
 async def test_activity_restarts_the_idle_timer(autojump_clock: trio.abc.Clock) -> None:
     settings = stub_settings({"m": {"on_demand": True, "keep_alive": 100}})
     async with open_pool(settings) as pool:

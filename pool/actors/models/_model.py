@@ -361,9 +361,11 @@ class ModelActor:
 
         ``reason``: ``evicted`` only from the pool's VRAM gate (the model then loads
         again on its next request); an asked-for unload of an evicted model makes it
-        stay unloaded. ``sleep`` (an eviction, runtimes that can sleep): the replicas
-        sleep instead of closing, and a load of the same plan on the same GPUs wakes
-        them (see :class:`Sleepers`); a replica that will not sleep closes them all.
+        stay unloaded; ``keep_alive`` (the idle timer) is called off if a request came
+        in since the timer found the model idle. ``sleep`` (an eviction, runtimes that
+        can sleep): the replicas sleep instead of closing, and a load of the same plan
+        on the same GPUs wakes them (see :class:`Sleepers`); a replica that will not
+        sleep closes them all.
         """
         return await self._call(_Command("unload", unload_reason=reason, sleep=sleep))
 
@@ -833,6 +835,11 @@ class ModelActor:
             if self.state == "unloaded" and reason == "requested":
                 await self._drop_sleepers()
                 self._forget_unload(reason)  # an evicted model asked to stay unloaded
+            return self.snapshot()
+        if reason == "keep_alive" and not self.idle:
+            # The keep-alive expired on an idle model, and a request came in before this
+            # command ran: it is served, and the timer starts again when it is done.
+            log.info("model=%s keep_alive unload called off: a request came in", self.name)
             return self.snapshot()
         self._set_state("unloading")
         unload_started = time.perf_counter()
