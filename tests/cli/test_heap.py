@@ -42,7 +42,7 @@ def test_serve_freezes_the_imported_heap_and_raises_the_young_threshold(tmp_path
         check=True,
     )
     before, at_serve = (json.loads(line) for line in done.stdout.splitlines()[-2:])
-    assert before["frozen"] == 0 and before["threshold"][0] == 700
+    assert before["frozen"] == 0 and before["threshold"][0] != YOUNG_THRESHOLD
     # The modules imported by then (pool, Trio, Hypercorn, pydantic...) are tens of
     # thousands of objects; a full collection no longer walks them.
     assert at_serve["frozen"] > 20_000
