@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import trio
 
 from pool import PoolError, open_pool
+from pool.actors.residency import _residency
 from pool.actors.residency._keep_alive import parse_keep_alive
+from pool.actors.residency._residence import Residence
+from pool.actors.residency._sleep import HostRam
 
 from .helpers import Outcome, ask, run_request, stub_settings, wait_until
 
@@ -162,6 +167,39 @@ async def test_eviction_takes_idle_models_only(autojump_clock: trio.abc.Clock) -
         # Now a comes back and b, idle, is the one evicted.
         assert (await pool.respond(ask("a"))).text == "a a a a"
         assert pool.snapshot("b").state == "unloaded"
+
+
+async def test_the_victims_door_closes_before_the_eviction_first_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eviction of a model that can sleep reads the host's free RAM in a thread first.
+    The victim's door is closed before that wait, so a request for it that arrives
+    meanwhile waits for it to load again rather than joining a model about to unload."""
+    reading, go_on = threading.Event(), threading.Event()
+
+    def slow_read() -> HostRam:
+        reading.set()
+        go_on.wait(30)
+        return HostRam(available_mib=0, total_mib=1024)  # too short: it unloads
+
+    monkeypatch.setattr(Residence, "sleep_ram_mib", lambda self: 100)
+    monkeypatch.setattr(_residency, "read_host_ram", slow_read)
+    settings = stub_settings(
+        {"a": {"on_demand": True, "keep_alive": -1}, "b": {"on_demand": True, "keep_alive": -1}},
+        max_loaded_models=1,
+        min_resident_s=0,
+    )
+    async with open_pool(settings) as pool:
+        await pool.respond(ask("a"))
+        b = Outcome()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_request, pool, ask("b", "bee"), b)
+            await trio.to_thread.run_sync(reading.wait, 30)
+            door_closed = pool.parts_for_tests().residency.door_closed(pool.model("a"))
+            go_on.set()
+        assert door_closed
+        assert b.text == "bee"
+        assert pool.snapshot("a").unload_reason == "evicted"
 
 
 async def test_eviction_prefers_low_priority_then_least_recent(

@@ -859,6 +859,10 @@ class Residency:
             victim.definition.priority,
             victim.placed_on,
         )
+        # Its door closes first, before anything here waits: a request for it that
+        # arrives now waits for the eviction to finish (and then reloads it) instead of
+        # joining a model about to unload, whose unload would refuse it if still queued.
+        self._yielding.setdefault(victim, (trio.Event(), incoming))
         # A model that can sleep keeps its weights in host RAM where the host has it.
         residence = self.residences[victim.name]
         need = residence.sleep_ram_mib()
@@ -866,9 +870,6 @@ class Residency:
         sleep, how = sleep_verdict(need, ram)
         why = self.gate.why_evict(victim, spared) + (f"; {how}" if how else "")
         self.decisions.record("evict", victim.name, why, for_model=incoming.name, sleep=sleep)
-        # Its door closes first: a request for it that arrives now waits for the eviction
-        # to finish (and then reloads it) instead of being refused by the unload.
-        self._yielding.setdefault(victim, (trio.Event(), incoming))
         view = self.gpus.view()
         expected = residence.releases()
         before = {g.index: held_mib(g) for g in view.gpus}
