@@ -36,7 +36,6 @@ from benchmarks.pertoken_counts import _relay_model
 
 # cell: (clients, tokens a request)
 CELLS = {"json c=16": (16, 1), "sse c=64": (64, 256)}
-_FIGURES = ("requests_per_s", "tokens_per_s", "p50_ms", "p99_ms", "max_ms", "cpu_ms", "stalled")
 
 
 def _body(tokens: int) -> dict[str, Any]:
@@ -123,7 +122,7 @@ async def ab(other: Path, rounds: int, seconds: float) -> None:
             os.sched_setaffinity(0, client_before)
         print(f"load average after: {os.getloadavg()}")
         for (cell, name), runs in figures.items():
-            medians = {key: statistics.median(run[key] for run in runs) for key in _FIGURES}
+            medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             print(_line(f"{cell} {name}: median of {len(runs)} rounds", medians))
 
 

@@ -225,9 +225,11 @@ class NodeRegistry:
                 return
             except RedisUnavailable as exc:
                 if attempt + 1 == _CHECK_TRIES:
+                    # At the start, and in the first write's own check: either way
+                    # the next write of the record (its script) refuses a live id.
                     log.warning(
-                        "cluster: node %s: Redis unreachable (%s): the id is checked at the"
-                        " first write",
+                        "cluster: node %s: Redis unreachable (%s): the id is not checked"
+                        " now; the next write of the record checks it",
                         self.node_id,
                         exc,
                     )

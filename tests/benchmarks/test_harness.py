@@ -34,6 +34,30 @@ def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
     assert (tmp_path / "overhead-stub" / "results.md").read_text().startswith("# overhead-stub")
 
 
+def test_quick_pass_through_has_every_side_and_the_bare_floor(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks", "run", "pass-through", "--quick"]
+    result = subprocess.run(
+        [*command, "--no-litellm", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "pass-through" / "results.json").read_text())
+    sides = ["direct", "bare", "pass_through", "translated", "translated_chat"]
+    for cell in ("json c=1", "json c=16", "sse c=1", "sse c=16"):
+        rows = [row for row in report["rows"] if row["cell"] == cell]
+        assert [row["side"] for row in rows] == sides
+        assert all(row["errors"] == 0 and row["rps"] > 0 for row in rows), rows
+    # The bare app relays nothing: the capacity load is the relay's, without it.
+    assert [row["side"] for row in report["capacity"]] == [
+        "direct",
+        "pass_through",
+        "translated",
+        "translated_chat",
+    ]
+
+
 def test_zero_upstream_streams_what_it_is_asked_for() -> None:
     async def ask(url: str) -> None:
         host, port = url.removeprefix("http://").rsplit(":", 1)
