@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from benchmarks._machine import describe
+from benchmarks.pass_through import UPSTREAMS
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.soak_faults import soak_faults
 
@@ -218,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         " proxies on the first, the upstream and the client on the second)",
     )
     run.add_argument(
+        "--upstream",
+        choices=UPSTREAMS,
+        default="zero",
+        help="pass-through: the upstream (benchmarks/pass_through.py); stub-pool's results"
+        " go to pass-through/stub-pool-upstream",
+    )
+    run.add_argument(
         "--minutes",
         type=float,
         help="soak: length of the run with faults (default 60, --quick 5; each fault once"
@@ -249,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         pin = tuple(args.pin.split(":")) if args.pin else None
         if pin is not None and len(pin) != 3:
             parser.error("--pin takes PROXIES:UPSTREAM:CLIENT")
-        scenario = partial(scenario, litellm=not args.no_litellm, pin=pin)
+        scenario = partial(
+            scenario, litellm=not args.no_litellm, pin=pin, upstream_kind=args.upstream
+        )
         command += " --no-litellm" if args.no_litellm else ""
         command += f" --pin {args.pin}" if args.pin else ""
+        if args.upstream != "zero":
+            name += f"/{args.upstream}-upstream"
+            command += f" --upstream {args.upstream}"
     if args.minutes is None:
         args.minutes = 5.0 if args.quick else 60.0
     if args.scenario == "soak" and not args.no_faults:

@@ -1,7 +1,16 @@
 """``pass-through``: the relay's two paths beside the upstream itself (issue #44).
 
-One zero-work upstream (``benchmarks/zero_upstream.py``) is read, interleaved in every
-round (A B C D A B C D):
+One upstream is read, interleaved in every round (A B C D A B C D). Two kinds
+(``--upstream``):
+
+- ``zero`` (the default): ``benchmarks/zero_upstream.py``, a bare asyncio protocol that
+  writes prepared bytes, about 0.02 ms of CPU a request: what a proxy costs, with next to
+  nothing beside it;
+- ``stub-pool``: a pool serving the ``stub`` backend, the upstream of issue #44's own
+  table (and of ``proxy-peers``): an OpenAI-compatible Python server with no model work,
+  whose requests/s a proxy's are a share of. Results go to ``pass-through/stub-pool-upstream``.
+
+The sides:
 
 - ``direct``: the upstream itself;
 - ``bare``: ``benchmarks/bare_app.py``, Hypercorn and an ASGI app that answers the stub's
@@ -34,7 +43,7 @@ import os
 import secrets
 import shutil
 import time
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 from benchmarks._http import CHAT_DELTA_MARK, DELTA_MARK
@@ -48,9 +57,11 @@ from benchmarks.harness import (
     summarize,
     zero_upstream,
 )
+from benchmarks.stub_bodies import stub_text
 
 CAPACITY_TOKENS = 256
 SHORT_TOKENS = 16
+UPSTREAMS = ("zero", "stub-pool")
 
 # side: (server, path, delta mark)
 _SIDES = {
@@ -134,8 +145,25 @@ async def _phase(
     return summary
 
 
+def _upstream(kind: str, cpus: str | None) -> AbstractContextManager[Server]:
+    """The upstream every side reads, serving its model as ``zero``."""
+    if kind == "zero":
+        return zero_upstream(cpus=cpus)
+    stub = {
+        "backend": "stub",
+        "enabled": True,
+        "stub_reply": stub_text(CAPACITY_TOKENS),  # max_tokens cuts it per request
+        "target_inflight": 256,
+    }
+    return pool_server({"zero": stub}, name="stub-pool", cpus=cpus)
+
+
 async def pass_through(
-    quick: bool, *, litellm: bool = True, pin: tuple[str, str, str] | None = None
+    quick: bool,
+    *,
+    litellm: bool = True,
+    pin: tuple[str, str, str] | None = None,
+    upstream_kind: str = "zero",
 ) -> dict[str, Any]:
     proxies_cpus, upstream_cpus, client_cpus = pin or default_pinning()
     if not shutil.which("taskset"):
@@ -151,7 +179,7 @@ async def pass_through(
     client_before = os.sched_getaffinity(0)
     versions: dict[str, str | None] = {}
     with ExitStack() as stack:
-        upstream = stack.enter_context(zero_upstream(cpus=upstream_cpus or None))
+        upstream = stack.enter_context(_upstream(upstream_kind, upstream_cpus or None))
         relay = {
             "backend": "openai_remote",
             "enabled": True,
@@ -210,6 +238,7 @@ async def pass_through(
     return {
         "rows": _rows(raw),
         "capacity": _capacity_rows(raw),
+        "upstream": upstream_kind,
         "pinning": [
             {
                 "proxies": proxies_cpus or "unpinned",

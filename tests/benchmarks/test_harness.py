@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from benchmarks.__main__ import _versions
@@ -34,16 +35,23 @@ def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
     assert (tmp_path / "overhead-stub" / "results.md").read_text().startswith("# overhead-stub")
 
 
-def test_quick_pass_through_has_every_side_and_the_bare_floor(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("upstream", "folder"),
+    [("zero", "pass-through"), ("stub-pool", "pass-through/stub-pool-upstream")],
+)
+def test_quick_pass_through_has_every_side_and_the_bare_floor(
+    tmp_path: Path, upstream: str, folder: str
+) -> None:
     command = [sys.executable, "-m", "benchmarks", "run", "pass-through", "--quick"]
     result = subprocess.run(
-        [*command, "--no-litellm", "--out", str(tmp_path)],
+        [*command, "--no-litellm", "--upstream", upstream, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "pass-through" / "results.json").read_text())
+    report = json.loads((tmp_path / folder / "results.json").read_text())
+    assert report["upstream"] == upstream
     sides = ["direct", "bare", "pass_through", "translated", "translated_chat"]
     for cell in ("json c=1", "json c=16", "sse c=1", "sse c=16"):
         rows = [row for row in report["rows"] if row["cell"] == cell]
