@@ -144,10 +144,15 @@ def pool_server(
 
 @contextmanager
 def litellm_server(
-    model: str, upstream_base: str, master_key: str, cpus: str | None = None
+    model: str,
+    upstream_base: str,
+    master_key: str,
+    cpus: str | None = None,
+    upstream_model: str | None = None,
 ) -> Iterator[Server]:
     """LiteLLM's proxy (from its own environment, scripts/build-litellm-env) serving
-    ``model`` from the OpenAI-compatible ``upstream_base``; one worker, no database."""
+    ``model`` from the OpenAI-compatible ``upstream_base``, where it is named
+    ``upstream_model`` (default: the same); one worker, no database."""
     binary = subprocess.run(
         ["bash", "scripts/build-litellm-env"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -155,7 +160,7 @@ def litellm_server(
         "model_list:\n"
         f"  - model_name: {model}\n"
         "    litellm_params:\n"
-        f"      model: openai/{model}\n"
+        f"      model: openai/{upstream_model or model}\n"
         f"      api_base: {upstream_base}\n"
         "      api_key: none\n"
         "litellm_settings:\n"

@@ -203,16 +203,24 @@ async def pass_through(
         )
         if litellm:
             server = stack.enter_context(
-                litellm_server("relay", f"{upstream.url}/v1", key, cpus=proxies_cpus or None)
+                litellm_server(
+                    "relay",
+                    f"{upstream.url}/v1",
+                    key,
+                    cpus=proxies_cpus or None,
+                    upstream_model="zero",
+                )
             )
             servers["litellm"] = server
             versions["litellm"] = server.version
         if client_cpus:
             os.sched_setaffinity(0, _cpu_set(client_cpus))
         try:
-            for side in sides:  # warm-up
-                await _phase(servers, side, 4, 0.5, SHORT_TOKENS, True, headers)
-                await _phase(servers, side, 4, 0.5, 1, False, headers)
+            for side in sides:  # warm-up; a side that fails there would fail every phase
+                for tokens, stream in ((SHORT_TOKENS, True), (1, False)):
+                    warm = await _phase(servers, side, 4, 0.5, tokens, stream, headers)
+                    if warm["errors"]:
+                        raise RuntimeError(f"pass-through: {side} failed its warm-up: {warm}")
             cells: list[tuple[str, int, int, bool]] = [
                 (f"{mode} c={c}", c, tokens, mode == "sse")
                 for mode, tokens in (("json", 1), ("sse", SHORT_TOKENS))
