@@ -145,7 +145,16 @@ async def _phase(
     return summary
 
 
-def _upstream(kind: str, cpus: str | None) -> AbstractContextManager[Server]:
+async def warm_up(servers: dict[str, Server], side: str, headers: dict[str, str]) -> None:
+    """Half a second of each load on ``side``; a side that fails there would fail every
+    phase, so the run stops with its errors rather than give a table of zeros."""
+    for tokens, stream in ((SHORT_TOKENS, True), (1, False)):
+        warm = await _phase(servers, side, 4, 0.5, tokens, stream, headers)
+        if warm["errors"]:
+            raise RuntimeError(f"pass-through: {side} failed its warm-up: {warm}")
+
+
+def open_upstream(kind: str, cpus: str | None) -> AbstractContextManager[Server]:
     """The upstream every side reads, serving its model as ``zero``."""
     if kind == "zero":
         return zero_upstream(cpus=cpus)
@@ -179,7 +188,7 @@ async def pass_through(
     client_before = os.sched_getaffinity(0)
     versions: dict[str, str | None] = {}
     with ExitStack() as stack:
-        upstream = stack.enter_context(_upstream(upstream_kind, upstream_cpus or None))
+        upstream = stack.enter_context(open_upstream(upstream_kind, upstream_cpus or None))
         relay = {
             "backend": "openai_remote",
             "enabled": True,
@@ -216,11 +225,8 @@ async def pass_through(
         if client_cpus:
             os.sched_setaffinity(0, _cpu_set(client_cpus))
         try:
-            for side in sides:  # warm-up; a side that fails there would fail every phase
-                for tokens, stream in ((SHORT_TOKENS, True), (1, False)):
-                    warm = await _phase(servers, side, 4, 0.5, tokens, stream, headers)
-                    if warm["errors"]:
-                        raise RuntimeError(f"pass-through: {side} failed its warm-up: {warm}")
+            for side in sides:
+                await warm_up(servers, side, headers)
             cells: list[tuple[str, int, int, bool]] = [
                 (f"{mode} c={c}", c, tokens, mode == "sse")
                 for mode, tokens in (("json", 1), ("sse", SHORT_TOKENS))

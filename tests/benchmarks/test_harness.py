@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import trio
 from benchmarks.__main__ import _versions
 from benchmarks._http import CHAT_DELTA_MARK, Connection, Result
 from benchmarks.harness import installed_version, summarize, zero_upstream
+from benchmarks.pass_through import open_upstream, warm_up
 
 
 def test_quick_overhead_scenario_writes_results(tmp_path: Path) -> None:
@@ -64,6 +67,25 @@ def test_quick_pass_through_has_every_side_and_the_bare_floor(
         "translated",
         "translated_chat",
     ]
+
+
+def test_the_stub_pool_upstream_is_a_pool_serving_the_stub_as_zero() -> None:
+    """``--upstream stub-pool`` reads a pool (the quick run above only sees its label);
+    the zero-work upstream has no model list at all."""
+    with open_upstream("stub-pool", None) as pool:
+        models = json.loads(urllib.request.urlopen(f"{pool.url}/v1/models", timeout=10).read())
+    assert [(m["id"], m["owned_by"]) for m in models["data"]] == [("zero", "llm-pool")]
+    with open_upstream("zero", None) as zero, pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(f"{zero.url}/v1/models", timeout=10)
+
+
+def test_a_side_that_fails_its_warm_up_stops_the_run() -> None:
+    # The zero-work upstream answers Chat Completions only: read as the bare app's side
+    # (on /v1/responses) every request fails.
+    with zero_upstream() as upstream:
+        trio.run(warm_up, {"direct": upstream}, "direct", {})
+        with pytest.raises(RuntimeError, match="bare failed its warm-up"):
+            trio.run(warm_up, {"bare": upstream}, "bare", {})
 
 
 def test_zero_upstream_streams_what_it_is_asked_for() -> None:
